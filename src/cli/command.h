@@ -1,0 +1,36 @@
+// cli/command.h — self-registering subcommands of the `ratekv` tool.
+//
+// Each src/cli/cmd_<name>.cpp defines a static Registrar with a setup
+// function that adds its CLI11 subcommand (flags, help text) and sets its
+// callback. main.cpp builds the app from every registrar, sorted by name.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ratekv::cli {
+
+/// setup(app) must create exactly one subcommand on `app` and attach a
+/// callback; the callback throws ratekv::Error for user errors.
+using SetupFn = std::function<void(CLI::App& app)>;
+
+struct CommandEntry {
+  std::string name;
+  SetupFn setup;
+};
+
+std::vector<CommandEntry>& command_registry();
+
+/// Registers a subcommand at static-initialization time.
+struct Registrar {
+  Registrar(std::string name, SetupFn fn) { command_registry().push_back({std::move(name), std::move(fn)}); }
+};
+
+/// Refuses to overwrite an existing file unless `force` is set: throws
+/// ratekv::Error naming the flag and the path. Use for every output path.
+void check_output_path(const std::string& path, bool force, const std::string& flag);
+
+}  // namespace ratekv::cli

@@ -1,0 +1,52 @@
+// ratekv — command-line entry point. Subcommands live in cmd_*.cpp.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/command.h"
+#include "ratekv/error.h"
+#include "ratekv/log.h"
+
+namespace ratekv::cli {
+
+std::vector<CommandEntry>& command_registry() {
+  static std::vector<CommandEntry> r;
+  return r;
+}
+
+void check_output_path(const std::string& path, bool force, const std::string& flag) {
+  if (!force && std::filesystem::exists(path)) {
+    fail("{}: '{}' already exists; refusing to overwrite it (pass --force to replace it)", flag, path);
+  }
+}
+
+}  // namespace ratekv::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ratekv — rate–distortion-optimal KV-cache compression for RoPE LLMs.\n"
+      "Calibrate a GGUF model on unlabeled text, allocate bits (Block-GTQ, RateQuant, TaSQ),\n"
+      "measure attention error / perplexity / retrieval, and generate from a packed cache."};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str()
+      ->each([](const std::string& s) { ratekv::set_log_level(s); });
+  app.set_version_flag("--version", "ratekv 0.1.0");
+  auto& reg = ratekv::cli::command_registry();
+  std::sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (auto& c : reg) c.setup(app);
+  try {
+    spdlog::set_pattern("[%l] %v");
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const ratekv::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  }
+  return 0;
+}
