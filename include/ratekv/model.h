@@ -1,0 +1,204 @@
+// ratekv/model.h — Llama-family decoder on the CPU (fp32 compute).
+//
+// Pieces, one per source file in src/model/:
+//   config.cpp          ModelConfig from GGUF metadata, validation
+//   rope.cpp            RoPE: arch -> channel-pair layout table, rotation, inverse
+//   weights.cpp         weights dequantized to fp32 at load (tied embeddings)
+//   forward.cpp         the forward pass (RMSNorm, GQA attention through a
+//                       KVCache, SwiGLU FFN, LM head), hooks for calibration
+//   kv_cache_dense.cpp  DenseKVCache (declared in kv_cache.h)
+//
+// Conventions. Activations are row-major with the token index outermost:
+// hidden states (n, d_model), Q (n, n_heads, head_dim), K/V (n, n_kv_heads,
+// head_dim). Head and channel order are the GGUF tensor order (DESIGN.md §1);
+// for arch "llama" the converter permuted Q/K rows so RoPE pairs channels
+// (2i, 2i+1).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ratekv/kv_cache.h"
+
+namespace ratekv {
+
+class GgufFile;
+
+// ---------------------------------------------------------------------------
+// RoPE (Su et al., RoFormer §3.4). Block i (i = 0 .. head_dim/2 - 1) is a pair
+// of channels (a_i, b_i) rotated by the angle pos · θ^(−2i/head_dim):
+//   x'_a = x_a cos − x_b sin,   x'_b = x_a sin + x_b cos.
+// ---------------------------------------------------------------------------
+
+/// Which channels form a RoPE block.
+enum class RopeLayout {
+  Interleaved,  ///< block i = channels (2i, 2i+1)          — GGUF "llama"
+  NeoX,         ///< block i = channels (i, i + head_dim/2) — "gemma3", "qwen2"
+};
+
+/// The one arch -> layout table (DESIGN.md §1). Throws Error naming the
+/// architecture when it is not in the table.
+RopeLayout rope_layout_for_arch(const std::string& arch);
+/// "interleaved" or "neox".
+const char* rope_layout_name(RopeLayout layout);
+
+/// The two channels of every RoPE block: element i is {a_i, b_i} for block i,
+/// whose frequency is θ^(−2i/head_dim). head_dim must be even and positive
+/// (Error otherwise).
+std::vector<std::array<int, 2>> rope_pairs(RopeLayout layout, int head_dim);
+
+/// Angular frequency of block i: θ^(−2i/head_dim) (radians per position).
+double rope_frequency(int block, int head_dim, double theta);
+
+/// cos/sin of pos · θ^(−2i/head_dim) for the head_dim/2 blocks (angles in
+/// double, rounded to float). cos_out and sin_out hold head_dim/2 floats.
+void rope_angles(int64_t pos, int head_dim, double theta, float* cos_out, float* sin_out);
+
+/// Rotates n_vecs contiguous vectors of head_dim channels (layout (n_vecs,
+/// head_dim)) in place with precomputed cos/sin of one position (from
+/// rope_angles). inverse = true rotates by the negative angle (R_pᵀ).
+void apply_rope(float* x, int64_t n_vecs, int head_dim, RopeLayout layout, const float* cos,
+                const float* sin, bool inverse = false);
+
+/// Convenience: rotates n_vecs vectors (n_vecs, head_dim) all at position pos.
+/// Throws Error for an odd or non-positive head_dim or a non-finite /
+/// non-positive θ.
+void apply_rope(float* x, int64_t n_vecs, int head_dim, int64_t pos, RopeLayout layout,
+                double theta, bool inverse = false);
+
+// ---------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------
+
+/// Hyper-parameters of a Llama-family model, read from GGUF metadata
+/// `<arch>.*` (arch = general.architecture).
+struct ModelConfig {
+  std::string arch;          ///< general.architecture
+  int n_layers = 0;          ///< <arch>.block_count
+  int n_heads = 0;           ///< <arch>.attention.head_count (query heads)
+  int n_kv_heads = 0;        ///< <arch>.attention.head_count_kv (default n_heads)
+  int head_dim = 0;          ///< <arch>.attention.key_length, else d_model / n_heads
+  int d_model = 0;           ///< <arch>.embedding_length
+  int d_ff = 0;              ///< <arch>.feed_forward_length
+  int n_vocab = 0;           ///< rows of token_embd.weight
+  int64_t n_ctx_train = 0;   ///< <arch>.context_length
+  double rope_theta = 0;     ///< <arch>.rope.freq_base (default 10000)
+  float rms_eps = 0;         ///< <arch>.attention.layer_norm_rms_epsilon
+  RopeLayout rope_layout = RopeLayout::Interleaved;
+
+  /// Query heads per KV head (n_heads / n_kv_heads).
+  int gqa_ratio() const { return n_heads / n_kv_heads; }
+  /// Reads and validates the config. Throws Error naming the GGUF file and
+  /// key for a missing/ill-typed key or a failed validation.
+  static ModelConfig from_gguf(const GgufFile& f);
+  /// Checks positivity, n_heads % n_kv_heads == 0, even head_dim, finite
+  /// positive θ and ε. `source` names the file in messages. Throws Error.
+  void validate(const std::string& source) const;
+  /// Cache shape for a sequence of up to n_ctx tokens.
+  KVCacheShape kv_shape(int64_t n_ctx) const;
+  /// Bytes of K and V per token over all layers at fp16:
+  /// 2 (K,V) · n_layers · n_kv_heads · head_dim · 2 bytes.
+  int64_t kv_bytes_per_token_fp16() const;
+};
+
+// ---------------------------------------------------------------------------
+// Weights
+// ---------------------------------------------------------------------------
+
+/// One transformer block's weights, fp32. Linear weights are row-major
+/// (out_features, in_features) — the ggml layout (ne = {in, out}).
+struct LayerWeights {
+  std::vector<float> attn_norm;  ///< (d_model)
+  std::vector<float> wqkv;       ///< (n_heads·hd + 2·n_kv_heads·hd, d_model): Q rows, then K, then V
+  std::vector<float> wo;         ///< (d_model, n_heads·hd)
+  std::vector<float> ffn_norm;   ///< (d_model)
+  std::vector<float> w_gate_up;  ///< (2·d_ff, d_model): gate rows, then up rows
+  std::vector<float> w_down;     ///< (d_model, d_ff)
+};
+
+/// All weights, dequantized to fp32 at load.
+struct ModelWeights {
+  std::vector<float> token_embd;  ///< (n_vocab, d_model)
+  std::vector<float> output;      ///< (n_vocab, d_model); empty when tied to token_embd
+  std::vector<float> output_norm; ///< (d_model)
+  std::vector<LayerWeights> layers;
+  /// LM head matrix (n_vocab, d_model): `output`, or token_embd when tied.
+  const float* lm_head() const { return output.empty() ? token_embd.data() : output.data(); }
+  /// Bytes held by all weight vectors.
+  size_t bytes() const;
+  /// Dequantizes every tensor of the config's model. Throws Error naming the
+  /// tensor when it is missing or its shape is not the expected one.
+  static ModelWeights load(const GgufFile& f, const ModelConfig& cfg);
+};
+
+// ---------------------------------------------------------------------------
+// Forward pass
+// ---------------------------------------------------------------------------
+
+/// What a calibration hook sees for one layer and one forward chunk of n
+/// tokens. Pointers are valid only during the callback.
+struct LayerActivations {
+  int layer = 0;
+  int64_t n = 0;              ///< tokens in this chunk
+  const int32_t* pos = nullptr;  ///< (n) absolute positions
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  const float* q_pre = nullptr;   ///< (n, n_heads, head_dim) before RoPE
+  const float* q_post = nullptr;  ///< (n, n_heads, head_dim) after RoPE
+  const float* k_pre = nullptr;   ///< (n, n_kv_heads, head_dim) before RoPE
+  const float* k_post = nullptr;  ///< (n, n_kv_heads, head_dim) after RoPE
+  const float* v = nullptr;       ///< (n, n_kv_heads, head_dim)
+};
+
+/// Optional per-layer callbacks. on_layer runs after Q/K/V are projected and
+/// rotated, before the cache append/attend of that layer.
+struct ForwardHooks {
+  std::function<void(const LayerActivations&)> on_layer;
+};
+
+/// A loaded Llama-family model ("llama" arch). Immutable after load; forward()
+/// is not re-entrant on one object only because of scratch buffers — use one
+/// Model per thread.
+class Model {
+ public:
+  /// Reads the config and dequantizes all weights; the GgufFile may be closed
+  /// afterwards. Throws Error for an architecture whose forward pass is not
+  /// implemented (anything but "llama"), a bad config, or missing tensors.
+  static Model load(const GgufFile& f);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+
+  /// Positions >= this limit are refused (default: n_ctx_train). Raising it
+  /// past n_ctx_train is an explicit override (RoPE extrapolation).
+  void set_position_limit(int64_t limit);
+  int64_t position_limit() const { return pos_limit_; }
+
+  /// Runs n = tokens.size() tokens at positions pos0 .. pos0+n-1 through every
+  /// layer, appending their K/V to `cache` and attending over it.
+  /// logits: nullptr, or (n, n_vocab) when all_logits, else (n_vocab) for the
+  /// last token only. Throws Error for an empty chunk, a token id outside
+  /// [0, n_vocab), positions past position_limit() or not matching the cache
+  /// (pos0 != cache.n_tokens() is allowed only if the cache accepts it), a
+  /// cache shape different from the model's, or NaN/inf activations (naming
+  /// the layer).
+  void forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cache, float* logits,
+               bool all_logits, const ForwardHooks* hooks = nullptr);
+
+  /// A fresh fp32 cache for up to n_ctx tokens.
+  DenseKVCache make_dense_cache(int64_t n_ctx) const;
+
+ private:
+  ModelConfig cfg_;
+  ModelWeights w_;
+  int64_t pos_limit_ = 0;
+};
+
+/// In-place RMSNorm of n rows of width d: x ← x / sqrt(mean(x²) + eps) ⊙ weight.
+/// (Zhang & Sennrich 2019.) out may equal x.
+void rms_norm(const float* x, const float* weight, float* out, int64_t n, int d, float eps);
+
+}  // namespace ratekv

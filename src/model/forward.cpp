@@ -1,0 +1,174 @@
+// The Llama forward pass: embeddings → n_layers × (RMSNorm, QKV, RoPE, GQA
+// attention through the KVCache, output projection, RMSNorm, SwiGLU FFN) →
+// final RMSNorm → LM head. fp32 throughout; GEMMs through OpenBLAS.
+#include <cblas.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ratekv/error.h"
+#include "ratekv/gguf.h"
+#include "ratekv/model.h"
+
+namespace ratekv {
+
+namespace {
+
+// y (n, out) = x (n, in) · Wᵀ, W row-major (out, in).
+void linear(const float* x, const float* W, float* y, int64_t n, int64_t in, int64_t out) {
+  if (n == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.0f, W,
+                static_cast<int>(in), x, 1, 0.0f, y, 1);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
+                static_cast<int>(in), 1.0f, x, static_cast<int>(in), W, static_cast<int>(in), 0.0f, y,
+                static_cast<int>(out));
+  }
+}
+
+bool all_finite(const float* x, int64_t n) {
+  bool ok = true;
+#pragma omp parallel for reduction(&& : ok) schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) ok = ok && std::isfinite(x[i]);
+  return ok;
+}
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+void rms_norm(const float* x, const float* weight, float* out, int64_t n, int d, float eps) {
+#pragma omp parallel for schedule(static) if (n > 4)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * d;
+    float* oi = out + i * d;
+    double ss = 0;
+    for (int c = 0; c < d; ++c) ss += double{xi[c]} * xi[c];
+    const float r = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
+    for (int c = 0; c < d; ++c) oi[c] = xi[c] * r * weight[c];
+  }
+}
+
+Model Model::load(const GgufFile& f) {
+  Model m;
+  m.cfg_ = ModelConfig::from_gguf(f);
+  check(m.cfg_.arch == "llama",
+        "{}: general.architecture '{}': the forward pass is implemented for 'llama' only "
+        "(its RoPE layout is known, but norms/activations/attention of this family are not)",
+        f.path(), m.cfg_.arch);
+  m.w_ = ModelWeights::load(f, m.cfg_);
+  m.pos_limit_ = m.cfg_.n_ctx_train;
+  return m;
+}
+
+void Model::set_position_limit(int64_t limit) {
+  check(limit > 0 && limit <= std::numeric_limits<int32_t>::max(), "position limit {} must be in [1, 2^31)", limit);
+  pos_limit_ = limit;
+}
+
+DenseKVCache Model::make_dense_cache(int64_t n_ctx) const { return DenseKVCache(cfg_.kv_shape(n_ctx)); }
+
+void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cache, float* logits, bool all_logits,
+                    const ForwardHooks* hooks) {
+  const ModelConfig& c = cfg_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  check(n > 0, "forward: empty token chunk");
+  check(pos0 >= 0, "forward: pos0 = {} must be non-negative", pos0);
+  check(pos0 + n <= pos_limit_,
+        "forward: positions {}..{} exceed the model's limit {} (context_length {}; raise it explicitly with "
+        "set_position_limit / --ctx-override to extrapolate RoPE)",
+        pos0, pos0 + n - 1, pos_limit_, c.n_ctx_train);
+  const KVCacheShape& cs = cache.shape();
+  check(cs.n_layers == c.n_layers && cs.n_heads == c.n_heads && cs.n_kv_heads == c.n_kv_heads &&
+            cs.head_dim == c.head_dim,
+        "forward: KV cache shape (layers {}, heads {}, kv heads {}, head_dim {}) does not match the model "
+        "(layers {}, heads {}, kv heads {}, head_dim {})",
+        cs.n_layers, cs.n_heads, cs.n_kv_heads, cs.head_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
+  for (int64_t i = 0; i < n; ++i) {
+    check(tokens[i] >= 0 && tokens[i] < c.n_vocab, "forward: token id {} at index {} outside [0, {})", tokens[i], i,
+          c.n_vocab);
+  }
+
+  const int d = c.d_model, hd = c.head_dim, half = hd / 2, H = c.n_heads, Hkv = c.n_kv_heads;
+  const int64_t qd = int64_t{H} * hd, kvd = int64_t{Hkv} * hd, qkvd = qd + 2 * kvd, dff = c.d_ff;
+
+  std::vector<int32_t> pos(n);
+  std::vector<float> rc(n * half), rs(n * half);
+  for (int64_t i = 0; i < n; ++i) {
+    pos[i] = static_cast<int32_t>(pos0 + i);
+    rope_angles(pos0 + i, hd, c.rope_theta, rc.data() + i * half, rs.data() + i * half);
+  }
+
+  std::vector<float> x(n * d), xn(n * d), qkv(n * qkvd), q(n * qd), k_pre(n * kvd), k(n * kvd), v(n * kvd),
+      att(n * qd), tmp(n * d), gu(n * 2 * dff), hbuf(n * dff);
+  std::vector<float> q_pre;
+  const bool want_hooks = hooks && hooks->on_layer;
+  if (want_hooks) q_pre.resize(n * qd);
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(x.data() + i * d, w_.token_embd.data() + int64_t{tokens[i]} * d, sizeof(float) * d);
+  }
+
+  AttnParams ap;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    // --- attention ---
+    rms_norm(x.data(), L.attn_norm.data(), xn.data(), n, d, c.rms_eps);
+    linear(xn.data(), L.wqkv.data(), qkv.data(), n, d, qkvd);
+#pragma omp parallel for schedule(static) if (n > 4)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* r = qkv.data() + i * qkvd;
+      float* qi = q.data() + i * qd;
+      float* ki = k.data() + i * kvd;
+      std::memcpy(qi, r, sizeof(float) * qd);
+      std::memcpy(k_pre.data() + i * kvd, r + qd, sizeof(float) * kvd);
+      std::memcpy(ki, r + qd, sizeof(float) * kvd);
+      std::memcpy(v.data() + i * kvd, r + qd + kvd, sizeof(float) * kvd);
+      if (want_hooks) std::memcpy(q_pre.data() + i * qd, r, sizeof(float) * qd);
+      apply_rope(qi, H, hd, c.rope_layout, rc.data() + i * half, rs.data() + i * half, false);
+      apply_rope(ki, Hkv, hd, c.rope_layout, rc.data() + i * half, rs.data() + i * half, false);
+    }
+    if (want_hooks) {
+      LayerActivations a;
+      a.layer = l;
+      a.n = n;
+      a.pos = pos.data();
+      a.n_heads = H;
+      a.n_kv_heads = Hkv;
+      a.head_dim = hd;
+      a.q_pre = q_pre.data();
+      a.q_post = q.data();
+      a.k_pre = k_pre.data();
+      a.k_post = k.data();
+      a.v = v.data();
+      hooks->on_layer(a);
+    }
+    cache.append(l, n, pos.data(), k_pre.data(), k.data(), v.data());
+    cache.attend(l, n, pos.data(), q.data(), att.data(), ap);
+    linear(att.data(), L.wo.data(), tmp.data(), n, qd, d);
+    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+    // --- SwiGLU FFN: down(silu(gate·x) ⊙ up·x) ---
+    rms_norm(x.data(), L.ffn_norm.data(), xn.data(), n, d, c.rms_eps);
+    linear(xn.data(), L.w_gate_up.data(), gu.data(), n, d, 2 * dff);
+#pragma omp parallel for schedule(static) if (n > 4)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* g = gu.data() + i * 2 * dff;
+      const float* u = g + dff;
+      float* h = hbuf.data() + i * dff;
+      for (int64_t j = 0; j < dff; ++j) h[j] = silu(g[j]) * u[j];
+    }
+    linear(hbuf.data(), L.w_down.data(), tmp.data(), n, dff, d);
+    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+    check(all_finite(x.data(), n * d), "forward: non-finite activation (NaN/inf) in the output of layer {}", l);
+  }
+
+  if (!logits) return;
+  const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
+  rms_norm(x.data() + first * d, w_.output_norm.data(), xn.data(), rows, d, c.rms_eps);
+  linear(xn.data(), w_.lm_head(), logits, rows, d, c.n_vocab);
+  check(all_finite(logits, rows * c.n_vocab), "forward: non-finite logits (NaN/inf) after the LM head");
+}
+
+}  // namespace ratekv

@@ -1,0 +1,191 @@
+// DenseKVCache: the fp32 reference KV cache and its causal GQA attention.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "ratekv/error.h"
+#include "ratekv/kv_cache.h"
+
+namespace ratekv {
+
+namespace {
+
+// Below this many queries per call, attention runs one (query head, token)
+// row at a time with OpenMP; from it up, per head with sgemm for Q·Kᵀ and P·V.
+constexpr int64_t kGemmMinQueries = 16;
+// Query rows per sgemm block in the batched path.
+constexpr int64_t kQueryBlock = 64;
+
+// Index range [lo, hi) of cached tokens a query at position p may see: cached
+// positions are strictly increasing, so it is contiguous.
+inline void key_range(const std::vector<int32_t>& kpos, int32_t p, int64_t window, int64_t& lo, int64_t& hi) {
+  hi = std::upper_bound(kpos.begin(), kpos.end(), p) - kpos.begin();
+  lo = 0;
+  if (window > 0) {
+    const int64_t first = static_cast<int64_t>(p) - window + 1;  // keys at > p − window
+    lo = std::lower_bound(kpos.begin(), kpos.end(), first, [](int32_t a, int64_t b) { return a < b; }) -
+         kpos.begin();
+  }
+}
+
+// Turns raw dot products s[0..len) into softmax probabilities in place (scale,
+// optional softcap, max-subtracted exp). Returns nothing; len > 0.
+inline void softmax_row(float* s, int64_t len, float scale, float softcap) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < len; ++j) {
+    float x = s[j] * scale;
+    if (softcap > 0) x = softcap * std::tanh(x / softcap);
+    s[j] = x;
+    mx = std::max(mx, x);
+  }
+  float sum = 0;
+  for (int64_t j = 0; j < len; ++j) {
+    s[j] = std::exp(s[j] - mx);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < len; ++j) s[j] *= inv;
+}
+
+}  // namespace
+
+DenseKVCache::DenseKVCache(const KVCacheShape& shape) : shape_(shape) {
+  check(shape.n_layers > 0 && shape.n_heads > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.n_ctx > 0,
+        "DenseKVCache: shape must be positive (n_layers {}, n_heads {}, n_kv_heads {}, head_dim {}, n_ctx {})",
+        shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.n_ctx);
+  check(shape.n_heads % shape.n_kv_heads == 0, "DenseKVCache: n_kv_heads {} must divide n_heads {}",
+        shape.n_kv_heads, shape.n_heads);
+  check(shape.n_ctx <= std::numeric_limits<int32_t>::max(), "DenseKVCache: n_ctx {} exceeds int32 positions",
+        shape.n_ctx);
+  layers_.resize(shape.n_layers);
+}
+
+void DenseKVCache::append(int layer, int64_t n, const int32_t* pos, const float* k_pre, const float* k_post,
+                          const float* v) {
+  check(layer >= 0 && layer < shape_.n_layers, "DenseKVCache::append: layer {} out of range [0, {})", layer,
+        shape_.n_layers);
+  check(n > 0, "DenseKVCache::append: n = {} must be positive", n);
+  Layer& L = layers_[layer];
+  const int64_t T = static_cast<int64_t>(L.pos.size());
+  check(T + n <= shape_.n_ctx, "DenseKVCache::append: layer {}: {} cached + {} new tokens exceed capacity n_ctx = {}",
+        layer, T, n, shape_.n_ctx);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t prev = (i == 0) ? (T > 0 ? L.pos.back() : -1) : pos[i - 1];
+    check(pos[i] > prev, "DenseKVCache::append: layer {}: position {} is not greater than the previous {}", layer,
+          pos[i], prev);
+  }
+  const int64_t row = int64_t{shape_.n_kv_heads} * shape_.head_dim;
+  L.k.resize((T + n) * row);
+  L.v.resize((T + n) * row);
+  float* kd = L.k.data() + T * row;
+  float* vd = L.v.data() + T * row;
+  std::memcpy(kd, k_post, sizeof(float) * n * row);
+  std::memcpy(vd, v, sizeof(float) * n * row);
+  std::vector<float> kp(k_pre, k_pre + n * row);
+  transform(layer, n, pos, kp.data(), kd, vd);
+  L.pos.insert(L.pos.end(), pos, pos + n);
+}
+
+void DenseKVCache::attend(int layer, int64_t n, const int32_t* pos, const float* q, float* out,
+                          const AttnParams& params) {
+  check(layer >= 0 && layer < shape_.n_layers, "DenseKVCache::attend: layer {} out of range [0, {})", layer,
+        shape_.n_layers);
+  check(n > 0, "DenseKVCache::attend: n = {} must be positive", n);
+  check(params.scale > 0 && std::isfinite(params.scale), "DenseKVCache::attend: scale {} must be finite and positive",
+        params.scale);
+  const Layer& L = layers_[layer];
+  const int64_t T = static_cast<int64_t>(L.pos.size());
+  const int H = shape_.n_heads, Hkv = shape_.n_kv_heads, d = shape_.head_dim, ratio = H / Hkv;
+  const int64_t qrow = int64_t{H} * d, kvrow = int64_t{Hkv} * d;
+  std::vector<int64_t> lo(n), hi(n);
+  for (int64_t i = 0; i < n; ++i) {
+    key_range(L.pos, pos[i], params.sliding_window, lo[i], hi[i]);
+    check(hi[i] > lo[i], "DenseKVCache::attend: layer {}: query at position {} sees no cached key (append first)",
+          layer, pos[i]);
+  }
+
+  if (n < kGemmMinQueries) {
+    // Decode path: one row (head h, query i) per iteration, OpenMP across rows.
+#pragma omp parallel
+    {
+      std::vector<float> s(T);
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < n * H; ++r) {
+        const int64_t i = r / H;
+        const int h = static_cast<int>(r % H), hk = h / ratio;
+        const float* qv = q + i * qrow + int64_t{h} * d;
+        const int64_t len = hi[i] - lo[i];
+        for (int64_t j = 0; j < len; ++j) {
+          const float* kv = L.k.data() + (lo[i] + j) * kvrow + int64_t{hk} * d;
+          float acc = 0;
+          for (int c = 0; c < d; ++c) acc += qv[c] * kv[c];
+          s[j] = acc;
+        }
+        softmax_row(s.data(), len, params.scale, params.softcap);
+        float* o = out + i * qrow + int64_t{h} * d;
+        std::fill(o, o + d, 0.0f);
+        for (int64_t j = 0; j < len; ++j) {
+          const float* vv = L.v.data() + (lo[i] + j) * kvrow + int64_t{hk} * d;
+          const float p = s[j];
+          for (int c = 0; c < d; ++c) o[c] += p * vv[c];
+        }
+      }
+    }
+    return;
+  }
+
+  // Prefill path: per head and block of query rows, S = Q·Kᵀ over the union
+  // of the rows' key ranges (sgemm), masked row softmax, O = P·V (sgemm).
+  std::vector<float> S;
+  for (int h = 0; h < H; ++h) {
+    const int hk = h / ratio;
+    for (int64_t i0 = 0; i0 < n; i0 += kQueryBlock) {
+      const int64_t bn = std::min(kQueryBlock, n - i0);
+      int64_t blo = lo[i0], bhi = hi[i0];
+      for (int64_t i = i0; i < i0 + bn; ++i) {
+        blo = std::min(blo, lo[i]);
+        bhi = std::max(bhi, hi[i]);
+      }
+      const int64_t len = bhi - blo;
+      S.resize(bn * len);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(bn), static_cast<int>(len), d, 1.0f,
+                  q + i0 * qrow + int64_t{h} * d, static_cast<int>(qrow), L.k.data() + blo * kvrow + int64_t{hk} * d,
+                  static_cast<int>(kvrow), 0.0f, S.data(), static_cast<int>(len));
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < bn; ++r) {
+        float* s = S.data() + r * len;
+        const int64_t a = lo[i0 + r] - blo, b = hi[i0 + r] - blo;
+        softmax_row(s + a, b - a, params.scale, params.softcap);
+        std::fill(s, s + a, 0.0f);
+        std::fill(s + b, s + len, 0.0f);
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(bn), d, static_cast<int>(len), 1.0f,
+                  S.data(), static_cast<int>(len), L.v.data() + blo * kvrow + int64_t{hk} * d,
+                  static_cast<int>(kvrow), 0.0f, out + i0 * qrow + int64_t{h} * d, static_cast<int>(qrow));
+    }
+  }
+}
+
+int64_t DenseKVCache::n_tokens() const { return static_cast<int64_t>(layers_[0].pos.size()); }
+
+void DenseKVCache::clear() {
+  for (auto& L : layers_) {
+    L.k.clear();
+    L.v.clear();
+    L.pos.clear();
+  }
+}
+
+size_t DenseKVCache::bytes() const {
+  size_t b = 0;
+  for (const auto& L : layers_) {
+    b += L.k.size() * sizeof(float) + L.v.size() * sizeof(float) + L.pos.size() * sizeof(int32_t);
+  }
+  return b;
+}
+
+}  // namespace ratekv
