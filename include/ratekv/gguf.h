@@ -42,6 +42,10 @@ std::string ggml_type_name(GgmlType t);
 int64_t ggml_block_size(GgmlType t);
 /// Bytes per block (e.g. Q4_1: 20 bytes per 32 weights). Throws Error if unsupported.
 int64_t ggml_block_bytes(GgmlType t);
+/// True for the types dequantize_row() decodes (F32, F16, BF16, Q8_0, Q4_0,
+/// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K). Other known types (Q8_1, Q2_K, Q3_K,
+/// Q8_K, I8..I64, F64) can be parsed and sized but not dequantized.
+bool ggml_can_dequantize(GgmlType t);
 
 /// GGUF metadata value types (on-disk enum).
 enum class GgufValueType : uint32_t {
@@ -68,6 +72,10 @@ struct GgufTensor {
   uint64_t nbytes;           // exact bytes of the data
   const uint8_t* data;       // points into the mapping (valid while the GgufFile lives)
   int64_t n_elements() const;
+  /// Rows = n_elements / ne[0] (1 for a 0-d tensor); a row is ne[0] elements.
+  int64_t n_rows() const;
+  /// Bytes of one row (ne[0] elements; ne[0] is a multiple of the block size).
+  uint64_t row_bytes() const;
 };
 
 /// A GGUF file mapped read-only into memory. Move-only.
@@ -123,5 +131,10 @@ class GgufFile {
 /// Q5_K, Q6_K. Scalar reference implementation (defines the format); throws
 /// Error for other types or a bad n.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
+
+/// Dequantizes rows [first_row, first_row + n_rows) of `t` (each ne[0]
+/// elements) into dst[n_rows * ne[0]], e.g. one token_embd row per token.
+/// Throws Error naming the tensor for an out-of-range row or unsupported type.
+void dequantize_rows(const GgufTensor& t, int64_t first_row, int64_t n_rows, float* dst);
 
 }  // namespace ratekv
