@@ -168,6 +168,9 @@ class Model {
   /// afterwards. Throws Error for an architecture whose forward pass is not
   /// implemented (anything but "llama"), a bad config, or missing tensors.
   static Model load(const GgufFile& f);
+  /// Builds a model from an explicit config and weights (tests, synthetic
+  /// models). Validates the config and every weight's size; throws Error.
+  static Model from_weights(ModelConfig cfg, ModelWeights w);
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }

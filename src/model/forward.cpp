@@ -39,7 +39,7 @@ inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 }  // namespace
 
 void rms_norm(const float* x, const float* weight, float* out, int64_t n, int d, float eps) {
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if (n * d >= 32768)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * d;
     float* oi = out + i * d;
@@ -58,6 +58,37 @@ Model Model::load(const GgufFile& f) {
         "(its RoPE layout is known, but norms/activations/attention of this family are not)",
         f.path(), m.cfg_.arch);
   m.w_ = ModelWeights::load(f, m.cfg_);
+  m.pos_limit_ = m.cfg_.n_ctx_train;
+  return m;
+}
+
+Model Model::from_weights(ModelConfig cfg, ModelWeights w) {
+  cfg.validate("Model::from_weights");
+  check(cfg.arch == "llama", "Model::from_weights: arch '{}': only 'llama' is implemented", cfg.arch);
+  const size_t d = cfg.d_model, qd = size_t(cfg.n_heads) * cfg.head_dim, kvd = size_t(cfg.n_kv_heads) * cfg.head_dim,
+               dff = cfg.d_ff, V = cfg.n_vocab;
+  auto need = [](const std::vector<float>& v, size_t n, const std::string& what) {
+    check(v.size() == n, "Model::from_weights: {} has {} floats, expected {}", what, v.size(), n);
+  };
+  need(w.token_embd, V * d, "token_embd");
+  if (!w.output.empty()) need(w.output, V * d, "output");
+  need(w.output_norm, d, "output_norm");
+  check(w.layers.size() == size_t(cfg.n_layers), "Model::from_weights: {} layers given, config has {}",
+        w.layers.size(), cfg.n_layers);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& L = w.layers[l];
+    const std::string p = "layer " + std::to_string(l) + " ";
+    need(L.attn_norm, d, p + "attn_norm");
+    need(L.wqkv, (qd + 2 * kvd) * d, p + "wqkv");
+    need(L.wo, d * qd, p + "wo");
+    need(L.ffn_norm, d, p + "ffn_norm");
+    need(L.w_gate_up, 2 * dff * d, p + "w_gate_up");
+    need(L.w_down, d * dff, p + "w_down");
+  }
+  cfg.rope_layout = rope_layout_for_arch(cfg.arch);
+  Model m;
+  m.cfg_ = std::move(cfg);
+  m.w_ = std::move(w);
   m.pos_limit_ = m.cfg_.n_ctx_train;
   return m;
 }
@@ -117,7 +148,7 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
     // --- attention ---
     rms_norm(x.data(), L.attn_norm.data(), xn.data(), n, d, c.rms_eps);
     linear(xn.data(), L.wqkv.data(), qkv.data(), n, d, qkvd);
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if (n >= 32)
     for (int64_t i = 0; i < n; ++i) {
       const float* r = qkv.data() + i * qkvd;
       float* qi = q.data() + i * qd;
@@ -152,7 +183,7 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
     // --- SwiGLU FFN: down(silu(gate·x) ⊙ up·x) ---
     rms_norm(x.data(), L.ffn_norm.data(), xn.data(), n, d, c.rms_eps);
     linear(xn.data(), L.w_gate_up.data(), gu.data(), n, d, 2 * dff);
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if (n * dff >= 32768)
     for (int64_t i = 0; i < n; ++i) {
       const float* g = gu.data() + i * 2 * dff;
       const float* u = g + dff;

@@ -109,8 +109,10 @@ void DenseKVCache::attend(int layer, int64_t n, const int32_t* pos, const float*
   }
 
   if (n < kGemmMinQueries) {
-    // Decode path: one row (head h, query i) per iteration, OpenMP across rows.
-#pragma omp parallel
+    // Decode path: one row (head h, query i) per iteration, OpenMP across rows
+    // (only when there is enough work to pay for waking the threads).
+    const bool par = n * H * T * d >= (int64_t{1} << 16);
+#pragma omp parallel if (par)
     {
       std::vector<float> s(T);
 #pragma omp for schedule(static)
@@ -155,7 +157,7 @@ void DenseKVCache::attend(int layer, int64_t n, const int32_t* pos, const float*
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(bn), static_cast<int>(len), d, 1.0f,
                   q + i0 * qrow + int64_t{h} * d, static_cast<int>(qrow), L.k.data() + blo * kvrow + int64_t{hk} * d,
                   static_cast<int>(kvrow), 0.0f, S.data(), static_cast<int>(len));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (bn * len >= 4096)
       for (int64_t r = 0; r < bn; ++r) {
         float* s = S.data() + r * len;
         const int64_t a = lo[i0 + r] - blo, b = hi[i0 + r] - blo;
