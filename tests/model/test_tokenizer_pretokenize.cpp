@@ -1,0 +1,202 @@
+// The regex pre-tokenizer (src/model/tokenizer_pretokenize.h): hand-checked
+// splits for the SmolLM2 ("smollm") cascade, and a randomized comparison with
+// an independent procedural scanner of the same rules (llama.cpp's
+// description of the GPT-2 regex), code point by code point.
+#include <gtest/gtest.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <random>
+
+#include "model/tokenizer_pretokenize.h"
+#include "model/tokenizer_utf8.h"
+#include "ratekv/error.h"
+
+using namespace ratekv;
+using namespace ratekv::tok;
+using Words = std::vector<std::string>;
+
+namespace {
+
+PreTokenizer smollm() { return PreTokenizer(*pre_tokenizer_regexes("smollm")); }
+
+// --- independent reference -------------------------------------------------
+// Unicode category of one code point, asked of PCRE2 with a one-character
+// anchored pattern (so only the category tables are shared, not the splitter).
+bool has_category(char32_t cp, const char* prop) {
+  int err;
+  PCRE2_SIZE eoff;
+  pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(prop), PCRE2_ZERO_TERMINATED,
+                                 PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED, &err, &eoff, nullptr);
+  std::string s;
+  utf8_append(s, cp == 0xD800 ? 0xFFFD : cp);
+  pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
+  const int rc = pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0, 0, md, nullptr);
+  pcre2_match_data_free(md);
+  pcre2_code_free(re);
+  return rc > 0;
+}
+bool is_letter(char32_t c) { return has_category(c, "\\p{L}"); }
+bool is_number(char32_t c) { return has_category(c, "\\p{N}"); }
+bool is_space(char32_t c) {  // Unicode White_Space
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// GPT-2 word rules on code points [b, e), appending [start, end) pairs.
+void gpt2_scan(const std::vector<char32_t>& cp, size_t b, size_t e, std::vector<std::pair<size_t, size_t>>& out) {
+  auto other = [&](size_t i) { return !is_space(cp[i]) && !is_letter(cp[i]) && !is_number(cp[i]); };
+  size_t pos = b;
+  while (pos < e) {
+    const char32_t c = cp[pos];
+    if (c == '\'' && pos + 1 < e) {
+      const char32_t n1 = cp[pos + 1];
+      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
+        out.emplace_back(pos, pos + 2);
+        pos += 2;
+        continue;
+      }
+      if (pos + 2 < e) {
+        const char32_t n2 = cp[pos + 2];
+        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+          out.emplace_back(pos, pos + 3);
+          pos += 3;
+          continue;
+        }
+      }
+    }
+    size_t p = pos + (c == ' ' ? 1 : 0);
+    if (p < e && (is_letter(cp[p]) || is_number(cp[p]) || other(p))) {
+      const int cls = is_letter(cp[p]) ? 0 : is_number(cp[p]) ? 1 : 2;
+      auto same = [&](size_t i) { return cls == 0 ? is_letter(cp[i]) : cls == 1 ? is_number(cp[i]) : other(i); };
+      while (p < e && same(p)) ++p;
+      out.emplace_back(pos, p);
+      pos = p;
+      continue;
+    }
+    size_t q = pos;
+    while (q < e && is_space(cp[q])) ++q;
+    if (q - pos > 1 && q < e) q -= 1;  // \s+(?!\S): leave the last space to the next word
+    if (q == pos) q = pos + 1;
+    out.emplace_back(pos, q);
+    pos = q;
+  }
+}
+
+Words reference_smollm(const std::string& text) {
+  std::vector<char32_t> cp;
+  std::vector<size_t> byte_off;
+  for (size_t pos = 0; pos < text.size();) {
+    byte_off.push_back(pos);
+    cp.push_back(utf8_decode_one(text, pos));
+  }
+  byte_off.push_back(text.size());
+  std::vector<std::pair<size_t, size_t>> spans;
+  size_t start = 0;
+  for (size_t i = 0; i <= cp.size(); ++i) {  // stage 1: every number alone
+    if (i == cp.size() || is_number(cp[i])) {
+      gpt2_scan(cp, start, i, spans);
+      if (i < cp.size()) spans.emplace_back(i, i + 1);
+      start = i + 1;
+    }
+  }
+  Words w;
+  for (auto [s, e] : spans) w.push_back(text.substr(byte_off[s], byte_off[e] - byte_off[s]));
+  return w;
+}
+
+}  // namespace
+
+TEST(PreTokenizer, SmolLMCascade) {
+  const auto r = pre_tokenizer_regexes("smollm");
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0], "\\p{N}");
+  EXPECT_EQ((*r)[1], gpt2_word_regex());
+  EXPECT_FALSE(pre_tokenizer_regexes("llama-bpe").has_value());
+  EXPECT_FALSE(pre_tokenizer_regexes("").has_value());
+  EXPECT_EQ(pre_tokenizer_regexes("gpt-2")->size(), 1u);
+}
+
+TEST(PreTokenizer, HandCheckedSplits) {
+  const PreTokenizer p = smollm();
+  EXPECT_EQ(p.split("Hello world"), (Words{"Hello", " world"}));
+  EXPECT_EQ(p.split("I'm here, they'll go"), (Words{"I", "'m", " here", ",", " they", "'ll", " go"}));
+  EXPECT_EQ(p.split("O'Neil's"), (Words{"O", "'", "Neil", "'s"}));
+  // Digits one by one; the space before a number stays a word of its own.
+  EXPECT_EQ(p.split("abc 12345 x"), (Words{"abc", " ", "1", "2", "3", "4", "5", " x"}));
+  EXPECT_EQ(p.split("3.14"), (Words{"3", ".", "1", "4"}));
+  // Whitespace runs: all but the last space, which joins the next word.
+  EXPECT_EQ(p.split("a   b"), (Words{"a", "  ", " b"}));
+  EXPECT_EQ(p.split("a  "), (Words{"a", "  "}));
+  EXPECT_EQ(p.split("\n\nfoo"), (Words{"\n", "\n", "foo"}));
+  EXPECT_EQ(p.split("a\r\nb"), (Words{"a", "\r", "\n", "b"}));
+  EXPECT_EQ(p.split("x\t\ty"), (Words{"x", "\t", "\t", "y"}));
+  // Punctuation runs take one leading space.
+  EXPECT_EQ(p.split("Wait!!! ..."), (Words{"Wait", "!!!", " ..."}));
+  // Unicode letters and numbers.
+  EXPECT_EQ(p.split("na\xC3\xAFve caf\xC3\xA9"), (Words{"na\xC3\xAFve", " caf\xC3\xA9"}));
+  EXPECT_EQ(p.split("x\xD9\xA3\xD9\xA4"), (Words{"x", "\xD9\xA3", "\xD9\xA4"}));  // Arabic-Indic 3, 4
+  EXPECT_EQ(p.split("\xC2\xBD"), (Words{"\xC2\xBD"}));                            // 1/2 is \p{N}
+  // Emoji are neither letters nor numbers: one run with the '!'.
+  EXPECT_EQ(p.split("hi \xF0\x9F\x98\x80\xF0\x9F\x98\x80!"), (Words{"hi", " \xF0\x9F\x98\x80\xF0\x9F\x98\x80!"}));
+  EXPECT_EQ(p.split(""), Words{});
+}
+
+TEST(PreTokenizer, NextLineIsWhitespaceAsInLlamaCpp) {
+  // U+0085 is White_Space (llama.cpp's \s) but not in PCRE2's UCP \s.
+  const PreTokenizer p = smollm();
+  EXPECT_EQ(p.split("a\xC2\x85\xC2\x85" "b"), (Words{"a", "\xC2\x85", "\xC2\x85", "b"}));
+  EXPECT_EQ(p.split("a\xE3\x80\x80\xE3\x80\x80"), (Words{"a", "\xE3\x80\x80\xE3\x80\x80"}));  // U+3000 x2 at end
+}
+
+TEST(PreTokenizer, SurrogatesAreOtherCharacters) {
+  const PreTokenizer p = smollm();
+  EXPECT_EQ(p.split("a\xED\xA0\x80" "b"), (Words{"a", "\xED\xA0\x80", "b"}));
+  EXPECT_EQ(p.split(" \xED\xA0\x80!"), (Words{" \xED\xA0\x80!"}));
+}
+
+TEST(PreTokenizer, MatchesIndependentScannerOnRandomText) {
+  const char32_t alphabet[] = {'a',    'b',    's',    't',    'r',    'e',     'v',     'm',    'l',     'd',
+                               'S',    '\'',   ' ',    ' ',    ' ',    '\t',    '\n',    '\r',   '0',     '7',
+                               0x663,  0xBD,   0xE9,   0x4E2D, 0x85,   0xA0,    0x3000,  0x2028, '!',     '.',
+                               '-',    '_',    0x1F600, 0x200D, 0x301, 0xFFFD, 0x10FFFF, 0xD800, 0xE000, 0x2160};
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<size_t> pick(0, std::size(alphabet) - 1);
+  std::uniform_int_distribution<int> len(0, 40);
+  const PreTokenizer p = smollm();
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string s;
+    const int n = len(rng);
+    for (int i = 0; i < n; ++i) utf8_append(s, alphabet[pick(rng)]);
+    const Words got = p.split(s);
+    ASSERT_EQ(got, reference_smollm(s)) << "iteration " << iter;
+    std::string joined;
+    for (const auto& w : got) {
+      ASSERT_FALSE(w.empty());
+      joined += w;
+    }
+    ASSERT_EQ(joined, s);
+  }
+}
+
+TEST(PreTokenizer, LongRunsDoNotExhaustTheMatcher) {
+  const PreTokenizer p = smollm();
+  const std::string spaces(1 << 20, ' ');
+  EXPECT_EQ(p.split(spaces), Words{spaces});
+  EXPECT_EQ(p.split(spaces + "x"), (Words{std::string((1 << 20) - 1, ' '), " x"}));
+  const std::string letters(1 << 20, 'q');
+  EXPECT_EQ(p.split(letters), Words{letters});
+  std::string digits(1000, '9');
+  EXPECT_EQ(p.split(digits).size(), 1000u);
+}
+
+TEST(PreTokenizer, BadPatternIsAnError) {
+  try {
+    PreTokenizer bad({"(unclosed"});
+    FAIL() << "expected ratekv::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(unclosed"), std::string::npos) << e.what();
+  }
+}
