@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Regenerate the llama.cpp reference fixtures under tests/fixtures/smollm2/ (run once by a
+# person, NEVER in CI). Formats: tests/fixtures/smollm2/README.md.
+#
+# Prerequisites:
+#   tools/fetch_assets.sh        (model + text/eval.txt)
+#   tools/build_llamacpp.sh      (llama.cpp CPU build, 15-25 min on 2 cores)
+#
+#   tools/make_reference_fixtures.sh [tokenizer] [logits] [greedy] [perplexity]
+#       (no argument: all four, in that order)
+#
+# Environment: RATEKV_ASSETS, RATEKV_LLAMA_ROOT as in the two scripts above.
+# Needs python3 (+ numpy for the logits fixture) and a C++17 compiler for tools/ref/llama_ref.cpp.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+ASSETS="${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}"
+ROOT="${RATEKV_LLAMA_ROOT:-$HOME/.cache/ratekv}"
+SRC="$ROOT/llama_cpp_python-0.3.36/vendor/llama.cpp"
+BIN="$ROOT/llama-build/bin"
+OUT="$REPO/tests/fixtures/smollm2"
+MODEL="$ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+EVAL="$ASSETS/text/eval.txt"
+F32_MODEL="$ROOT/ref/SmolLM2-135M-Instruct.F32-from-Q4_1.gguf"
+LLAMA_REF="$ROOT/ref/llama_ref"
+
+die() { echo "make_reference_fixtures.sh: error: $*" >&2; exit 1; }
+
+STEPS=("$@")
+(( ${#STEPS[@]} )) || STEPS=(tokenizer logits greedy perplexity)
+for s in "${STEPS[@]}"; do
+  case "$s" in tokenizer|logits|greedy|perplexity) ;; *) die "unknown step '$s' (expected tokenizer, logits, greedy or perplexity)";; esac
+done
+
+for t in llama-tokenize llama-perplexity; do
+  [[ -x "$BIN/$t" ]] || die "$BIN/$t not found: run tools/build_llamacpp.sh first"
+done
+[[ -e "$BIN/libllama.so" && -f "$SRC/include/llama.h" ]] || die "libllama.so or llama.h missing under $ROOT: run tools/build_llamacpp.sh first"
+"$HERE/fetch_assets.sh" --check >/dev/null || die "assets missing or corrupt: run tools/fetch_assets.sh first"
+command -v python3 >/dev/null || die "python3 not found"
+MODEL_SHA="$(sha256sum "$MODEL" | cut -d' ' -f1)"
+EVAL_SHA="$(sha256sum "$EVAL" | cut -d' ' -f1)"
+mkdir -p "$OUT" "$ROOT/ref"
+
+# The libllama helper (logits, greedy, F32 dequantization); rebuilt when its source changes.
+build_ref() {
+  if [[ ! -x "$LLAMA_REF" || "$HERE/ref/llama_ref.cpp" -nt "$LLAMA_REF" ]]; then
+    echo "make_reference_fixtures.sh: compiling tools/ref/llama_ref.cpp" >&2
+    c++ -std=c++17 -O2 -Wall -Wextra -I"$SRC/include" -I"$SRC/ggml/include" "$HERE/ref/llama_ref.cpp" \
+      -L"$BIN" -lllama -lggml -lggml-base -Wl,-rpath,"$BIN" -o "$LLAMA_REF"
+  fi
+  if [[ ! -f "$F32_MODEL" ]]; then
+    echo "make_reference_fixtures.sh: writing the F32 copy of the model to $F32_MODEL" >&2
+    "$LLAMA_REF" dequant "$MODEL" "$F32_MODEL.tmp" && mv "$F32_MODEL.tmp" "$F32_MODEL"
+  fi
+}
+
+for s in "${STEPS[@]}"; do
+  echo "make_reference_fixtures.sh: $s" >&2
+  case "$s" in
+    tokenizer)
+      python3 "$HERE/ref/tokenizer_fixture.py" "$BIN/llama-tokenize" "$MODEL" "$MODEL_SHA" "$OUT/tokenizer.json" ;;
+    logits)
+      build_ref
+      python3 "$HERE/ref/logits_fixture.py" "$LLAMA_REF" "$F32_MODEL" "$MODEL" "$MODEL_SHA" "$OUT" ;;
+    greedy)
+      build_ref
+      python3 "$HERE/ref/greedy_fixture.py" "$LLAMA_REF" "$F32_MODEL" "$MODEL" "$MODEL_SHA" "$OUT/greedy.json" ;;
+    perplexity)
+      build_ref
+      python3 "$HERE/ref/perplexity_fixture.py" "$BIN" "$MODEL" "$F32_MODEL" "$MODEL_SHA" "$EVAL" "$EVAL_SHA" \
+        "$OUT/perplexity.json" ;;
+  esac
+done
+ls -l "$OUT"

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/smollm2/tokenizer.json: token ids that llama.cpp's
+`llama-tokenize` gives for a set of awkward texts. Run by
+tools/make_reference_fixtures.sh; stdlib only.
+
+usage: tokenizer_fixture.py LLAMA_TOKENIZE MODEL MODEL_SHA256 OUT_JSON
+
+Every text is written byte-exactly to a file and tokenized with
+    llama-tokenize -m MODEL -f FILE --ids --no-escape --log-disable [--no-bos] [--no-parse-special]
+For each case the tool is run both with and without --no-bos and the two results
+must agree for add_bos=false (SmolLM2 declares tokenizer.ggml.add_bos_token=false, so
+llama.cpp never prepends BOS for it); the script fails otherwise.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHAT = "<|im_start|>user\nhi<|im_end|>"
+
+# (name, text, parse_special)
+CASES = [
+    ("prose", "The quick brown fox jumps over the lazy dog. It was the best of times, "
+              "it was the worst of times.", True),
+    ("python_code", "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
+                    "    return a  # O(n)\n\nprint(fib(10), [x**2 for x in range(3)])\n", True),
+    ("digit_runs", "1234567890123 and 3.14159, 2024-11-29, 1,000,000 and 007", True),
+    ("unicode_accents", "Café déjà vu, naïve façade, Zürich, Ångström, ñandú, œuvre", True),
+    ("unicode_cjk", "日本語のテキストと中文文本，한국어 텍스트。", True),
+    ("unicode_cyrillic", "Привет, мир! Съешь же ещё этих мягких французских булок.", True),
+    ("emoji", "I love 🦙 and 🚀! Family: 👨\u200d👩\u200d👧\u200d👦, flags 🇫🇷🇯🇵, heart ❤️ 👍🏽", True),
+    ("whitespace_tabs", "a  b   c    d\t\te\t \t f\n\n\n   g     ", True),
+    ("crlf", "line one\r\nline two\r\n\r\nline four\r\n", True),
+    ("leading_spaces", "   leading and trailing spaces   ", True),
+    ("contractions", "don't I'M we've they'll she'd it's YOU'RE O'Neil's can't", True),
+    ("special_parsed", CHAT, True),
+    ("special_unparsed", CHAT, False),
+    ("empty", "", True),
+    ("single_newline", "\n", True),
+    ("punctuation_runs", "Wait!!! Really??? ... --- ___ *** ((nested)) [[x]] {{y}} <tag/> a->b; c::d", True),
+    ("rst_markup", "Use :func:`os.path.join` and ``str.split()``.\n\n.. note::\n\n   See :pep:`8`.\n", True),
+    ("chat_template", "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                      "<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", True),
+    ("repeated_chars", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa zzzz 0000000000", True),
+    ("mixed_case_words", "HTTPServer XMLHttpRequest camelCase snake_case SCREAMING_CASE iPhone", True),
+]
+
+
+def run(tool, model, path, no_bos, parse_special):
+    cmd = [tool, "-m", model, "-f", path, "--ids", "--no-escape", "--log-disable"]
+    if no_bos:
+        cmd.append("--no-bos")
+    if not parse_special:
+        cmd.append("--no-parse-special")
+    res = subprocess.run(cmd, capture_output=True, check=False)
+    if res.returncode != 0:
+        sys.exit(f"tokenizer_fixture.py: {' '.join(cmd)} failed:\n{res.stderr.decode(errors='replace')}")
+    lines = [l for l in res.stdout.decode().splitlines() if l.startswith("[")]
+    if len(lines) != 1:
+        sys.exit(f"tokenizer_fixture.py: unexpected output of {' '.join(cmd)}:\n{res.stdout.decode()}")
+    return json.loads(lines[0]), " ".join(os.path.basename(c) if c == tool else c for c in cmd)
+
+
+def main():
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    tool, model, model_sha, out = sys.argv[1:]
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text, parse_special in CASES:
+            path = os.path.join(tmp, name + ".txt")
+            with open(path, "wb") as f:
+                f.write(text.encode("utf-8"))
+            ids_default, _ = run(tool, model, path, False, parse_special)
+            ids, _ = run(tool, model, path, True, parse_special)
+            if ids != ids_default:
+                sys.exit(f"tokenizer_fixture.py: case {name}: ids with and without --no-bos differ; "
+                         "this model was expected not to add BOS")
+            cases.append({"name": name, "text": text, "add_bos": False,
+                          "parse_special": parse_special, "ids": ids})
+    doc = {
+        "model_sha256": model_sha,
+        "generator": "llama-tokenize (llama.cpp vendored in PyPI llama-cpp-python==0.3.36)",
+        "command": "llama-tokenize -m MODEL -f CASE_FILE --ids --no-escape --log-disable --no-bos "
+                   "[--no-parse-special when parse_special is false]",
+        "note": "add_bos is false for every case: the model's tokenizer.ggml.add_bos_token is false, "
+                "and llama-tokenize gives identical ids with and without --no-bos (checked).",
+        "cases": cases,
+    }
+    # One case per line: readable diffs, compact id lists.
+    body = ",\n  ".join(json.dumps(c, ensure_ascii=False) for c in doc.pop("cases"))
+    head = json.dumps(doc, ensure_ascii=False, indent=1)[:-2]
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(head + ',\n "cases": [\n  ' + body + "\n ]\n}\n")
+
+
+if __name__ == "__main__":
+    main()
