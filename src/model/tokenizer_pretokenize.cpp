@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 
+#include "model/tokenizer_unicode_additions.h"
 #include "ratekv/error.h"
 
 namespace ratekv::tok {
@@ -17,10 +18,14 @@ const char* const kWhiteSpaceClass =
     "\\x{09}-\\x{0D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}"
     "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 
+std::string letter_class() { return std::string("[\\p{L}") + kExtraLetterClass + "]"; }
+std::string number_class() { return std::string("[\\p{N}") + kExtraNumberClass + "]"; }
+
 std::string gpt2_word_regex() {
   const std::string ws = kWhiteSpaceClass;
-  return "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" + ws + "\\p{L}\\p{N}]+|[" + ws + "]+(?![^" +
-         ws + "])";
+  const std::string l = std::string("\\p{L}") + kExtraLetterClass, n = std::string("\\p{N}") + kExtraNumberClass;
+  return "'s|'t|'re|'ve|'m|'ll|'d| ?[" + l + "]+| ?[" + n + "]+| ?[^" + ws + l + n + "]+|[" + ws + "]+(?![^" + ws +
+         "])";
 }
 
 std::optional<std::vector<std::string>> pre_tokenizer_regexes(std::string_view pre) {
@@ -28,7 +33,7 @@ std::optional<std::vector<std::string>> pre_tokenizer_regexes(std::string_view p
       "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"};
   static constexpr std::array<std::string_view, 2> kGpt2 = {"gpt-2", "phi-2"};
   for (auto n : kDigitsThenGpt2)
-    if (n == pre) return std::vector<std::string>{"\\p{N}", gpt2_word_regex()};
+    if (n == pre) return std::vector<std::string>{number_class(), gpt2_word_regex()};
   for (auto n : kGpt2)
     if (n == pre) return std::vector<std::string>{gpt2_word_regex()};
   return std::nullopt;

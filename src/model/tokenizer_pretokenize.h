@@ -13,8 +13,11 @@
 // llama.cpp's table for each tokenizer.ggml.pre value, with one adjustment:
 // llama.cpp's "\s" is the Unicode White_Space property (25 code points,
 // including U+0085), while PCRE2's UCP "\s" omits U+0085, so we spell the
-// class out (kWhiteSpaceClass). "\p{L}" / "\p{N}" are Unicode general
-// categories L* / N* (PCRE2's Unicode tables).
+// class out (kWhiteSpaceClass). Letters / numbers are Unicode general
+// categories L* / N*: PCRE2's \p{L} / \p{N} plus the code points that became
+// letters / numbers by Unicode 15.1 (llama.cpp's table version) but are missing
+// from PCRE2 10.42's Unicode 14 tables (tokenizer_unicode_additions.h,
+// generated): letter_class(), number_class().
 #pragma once
 
 #include <functional>
@@ -30,14 +33,19 @@ namespace ratekv::tok {
 /// (Unicode White_Space), for use inside [...] in a PCRE2 pattern.
 extern const char* const kWhiteSpaceClass;
 
+/// "[\p{L}...]": Unicode 15.1 letters. "[\p{N}...]": Unicode 15.1 numbers.
+std::string letter_class();
+std::string number_class();
+
 /// The GPT-2 word regex ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
-/// ?[^\s\p{L}\p{N}]+|\s+(?!\S)) in PCRE2 syntax with kWhiteSpaceClass.
+/// ?[^\s\p{L}\p{N}]+|\s+(?!\S)) in PCRE2 syntax with kWhiteSpaceClass,
+/// letter_class() and number_class().
 std::string gpt2_word_regex();
 
 /// The regex cascade llama.cpp uses for tokenizer.ggml.pre == `pre`, or
 /// nullopt when `pre` is not supported here. Supported:
 ///   "smollm" (and "starcoder", "refact", "command-r", "codeshell", "exaone",
-///   "minerva-7b", which share it): {"\p{N}", gpt2_word_regex()} — every
+///   "minerva-7b", which share it): {number_class(), gpt2_word_regex()} — every
 ///   digit is its own word, then GPT-2 words;
 ///   "gpt-2", "phi-2": {gpt2_word_regex()}.
 std::optional<std::vector<std::string>> pre_tokenizer_regexes(std::string_view pre);
