@@ -89,3 +89,21 @@ TEST_F(SmolLM2Tokenizer, MatchesLlamaCppFixture) {
     EXPECT_EQ(tok_->decode(got), text) << "case " << name;
   }
 }
+
+// 10.7 KB of seeded random bytes (tools/ref/tokenizer_stress_fixture.py):
+// every Unicode block the pre-tokenizer distinguishes, invalid UTF-8,
+// surrogates, control bytes without a token, special-token texts.
+TEST_F(SmolLM2Tokenizer, MatchesLlamaCppOnStressBytes) {
+  const std::string fixture = std::string(RATEKV_SOURCE_DIR) + "/tests/fixtures/smollm2/tokenizer_stress.json";
+  std::ifstream in(fixture);
+  ASSERT_TRUE(in.good()) << "missing " << fixture;
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const std::string hex = j.at("text_hex");
+  ASSERT_EQ(hex.size() % 2, 0u);
+  std::string text;
+  for (size_t i = 0; i < hex.size(); i += 2) text.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  const auto want = j.at("ids").get<std::vector<int32_t>>();
+  const auto got = tok_->encode(text, j.at("add_bos"), j.at("parse_special"));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "first difference at id index " << i;
+}
