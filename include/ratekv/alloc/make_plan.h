@@ -1,0 +1,85 @@
+// ratekv/alloc/make_plan.h — build a plan from calibration statistics with one
+// of the allocators (the library side of `ratekv plan`).
+//
+// Methods and what the budgets mean (budgets are bits per element; unit
+// "effective" = codes + every stored norm/scale, "code" = the bits of a uniform
+// codec at that many code bits, i.e. effective = code + its metadata):
+//   uniform              K and V: whole-head TQ-MSE at the largest b with
+//                        b + 16/d ≤ budget (effective) or b = budget (code,
+//                        must be an integer). With `avg_bits` set it is the
+//                        RateQuant baseline instead: the better of
+//                        K⌈b⌉V⌊b⌋ / K⌊b⌋V⌈b⌉ under the fitted curves.
+//   block-gtq            K: Block-GTQ over RoPE blocks (alloc/block_gtq.h) at
+//                        budget·d bits per head (code unit: (b + 16/d)·d, the
+//                        effective rate of uniform b); V: uniform TQ-MSE.
+//   ratequant            2N components, average `avg_bits` (default (k+v)/2)
+//                        of code bits per element, exact integer allocation
+//                        with curves `curves_from` (default: `quantizer`) and
+//                        sensitivity `sensitivity`; codec kind `quantizer`.
+//                        With unit "effective" the per-element metadata of the
+//                        quantizer is subtracted first (B rounded down).
+//   ratequant+block-gtq  RateQuant with curves fitted on "block-gtq" gives each
+//                        component b_i; keys then split (b_i + 16/d)·d bits
+//                        over RoPE blocks with Block-GTQ, values use TQ-MSE.
+// Rotation seeds: group g of side s of (layer l, head h) gets a seed derived
+// deterministically from (seed, l, h, s, g) by SplitMix64; the plan stores it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ratekv/alloc/ratequant.h"
+#include "ratekv/alloc/stats.h"
+#include "ratekv/plan.h"
+
+namespace ratekv::alloc {
+
+/// What to build. b_min / b_max < 0 select the method's defaults
+/// (block-gtq: 0..4; uniform: 0..8; ratequant: 1..8).
+struct PlanRequest {
+  std::string method = "uniform";  ///< uniform | block-gtq | ratequant | ratequant+block-gtq
+  double k_bits = 3.0;
+  double v_bits = 3.0;
+  std::optional<double> avg_bits;         ///< ratequant / uniform-baseline average per component
+  std::string budget_unit = "effective";  ///< effective | code
+  int b_min = -1;
+  int b_max = -1;
+  uint64_t seed = 0;
+  int fp16_window = 0;
+  int sink_tokens = 0;
+  std::string quantizer = "tq-mse";  ///< ratequant codec: tq-mse | kivi | quarot
+  std::string curves_from;           ///< curves used to allocate ("" = quantizer's own)
+  std::string sensitivity = "grad";  ///< sensitivity estimator name in the stats
+  int group_size = 32;               ///< kivi / quarot scale group
+  std::string stats_file;            ///< recorded in the plan
+};
+
+/// Numbers behind the allocation, for the summary and --json.
+struct PlanDiagnostics {
+  /// Block-GTQ: J of the allocation and of uniform TQ-MSE at the same budget,
+  /// per (layer, head) row-major; empty for other methods.
+  std::vector<double> key_j;
+  std::vector<double> key_j_uniform;
+  std::optional<RateQuantResult> ratequant;  ///< ratequant methods
+  std::optional<UniformSplit> uniform_split;  ///< uniform with avg_bits
+  double predicted_uniform = 0.0;             ///< RateQuant objective at the uniform split (if computed)
+  nlohmann::json to_json() const;
+};
+
+/// Builds and validates a plan. Throws ratekv::Error for unknown methods or
+/// quantizers, missing sensitivities/curves in the stats (naming what is
+/// there), budgets outside the bounds, and a non-integral code budget.
+Plan make_plan(const CalibStats& stats, const PlanRequest& req, PlanDiagnostics* diag = nullptr);
+
+/// A readable per-layer table: K and V bit histograms ("4:10 3:12 0:10" =
+/// blocks or heads per width) and effective bits, plus totals.
+std::string plan_summary(const Plan& plan);
+
+/// Seed of group g of side (0 = K, 1 = V) of (layer, head), from the plan seed.
+uint32_t group_seed(uint64_t seed, int layer, int head, int side, int group);
+
+}  // namespace ratekv::alloc

@@ -1,0 +1,83 @@
+// ratekv/alloc/stats.h — the calibration statistics the allocators consume.
+//
+// `ratekv calibrate` measures these on unlabeled text (DESIGN.md §3, §4);
+// `ratekv plan` turns them into a plan. In memory: CalibStats. On disk (until
+// the safetensors stats file exists) a JSON file, format "ratekv-calib-stats",
+// version 1:
+//
+//   {
+//     "format": "ratekv-calib-stats", "version": 1,
+//     "model": {"arch": "llama", "n_layers": 30, "n_kv_heads": 3, "head_dim": 64,
+//               "rope_layout": "interleaved", "file": "…gguf", "sha256": "…"},
+//     "source": "calib.txt", "n_tokens": 2048,
+//     "q_block_energy": [[[…d/2…] × n_kv_heads] × n_layers],   // see CalibStats
+//     "k_block_energy": [[[…d/2…] × n_kv_heads] × n_layers],
+//     "sensitivity": {"grad": {"k": [[…n_kv_heads…] × n_layers], "v": […]},
+//                     "activation": {…}},                         // optional, any names
+//     "curves": {"tq-mse": {"beta_k": 3.5, "beta_v": 3.5,
+//                           "alpha_k": [[…] × n_layers], "alpha_v": […]}}   // optional
+//   }
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ratekv/plan.h"
+
+namespace ratekv::alloc {
+
+/// Per-component sensitivities w of one estimator (e.g. "grad": mean over
+/// tokens of ‖∂L/∂K_{l,h,t}‖²; "activation": a magnitude proxy).
+/// Layout (n_layers, n_kv_heads), row-major; entries finite and ≥ 0.
+struct Sensitivity {
+  std::vector<double> k;
+  std::vector<double> v;
+};
+
+/// Fitted distortion curves D(b) = α β^(−b) of one quantizer: one β per side,
+/// one α per component. alpha_k / alpha_v: (n_layers, n_kv_heads) row-major,
+/// finite, ≥ 0; beta_k, beta_v finite, > 1.
+struct DistortionCurves {
+  double beta_k = 0.0;
+  double beta_v = 0.0;
+  std::vector<double> alpha_k;
+  std::vector<double> alpha_v;
+};
+
+/// Everything the allocators read from calibration.
+struct CalibStats {
+  ModelIdentity model;     ///< the model the statistics were measured on
+  std::string source;      ///< calibration text (file name), informational
+  int64_t n_tokens = 0;    ///< calibration tokens
+  /// E_{t, g∈G(h)} ‖q_{g,t}^{(i)}‖²: mean squared norm of RoPE block i of the
+  /// query heads reading KV head h (RoPE preserves block norms, so pre- or
+  /// post-RoPE is the same). (n_layers, n_kv_heads, head_dim/2) row-major.
+  std::vector<double> q_block_energy;
+  /// E_t ‖k_{h,t}^{(i)}‖², same layout.
+  std::vector<double> k_block_energy;
+  /// Sensitivity estimators by name ("grad", "activation"); may be empty.
+  std::map<std::string, Sensitivity> sensitivity;
+  /// Fitted curves by quantizer name ("tq-mse", "kivi", "quarot",
+  /// "block-gtq"); may be empty.
+  std::map<std::string, DistortionCurves> curves;
+
+  /// Block-GTQ energies s_i = ½(q_i + k_i) of (layer, head): (head_dim/2,).
+  std::vector<double> block_energies(int layer, int head) const;
+  /// Checks shapes and ranges; throws Error naming `name` and the field.
+  void validate(const std::string& name = "stats") const;
+};
+
+/// JSON form (see file comment).
+nlohmann::json stats_to_json(const CalibStats& s);
+/// Parses and validates; `name` prefixes errors.
+CalibStats stats_from_json(const nlohmann::json& j, const std::string& name);
+/// Reads a JSON statistics file. Throws Error for I/O, syntax, schema, shapes.
+CalibStats load_stats_json(const std::string& path);
+/// Writes a JSON statistics file (validates first).
+void save_stats_json(const CalibStats& s, const std::string& path);
+
+}  // namespace ratekv::alloc

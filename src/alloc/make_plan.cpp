@@ -1,0 +1,333 @@
+// Plan construction from calibration statistics (alloc/make_plan.h).
+#include "ratekv/alloc/make_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "ratekv/alloc/block_gtq.h"
+#include "ratekv/error.h"
+
+namespace ratekv::alloc {
+
+using nlohmann::json;
+
+uint32_t group_seed(uint64_t seed, int layer, int head, int side, int group) {
+  // SplitMix64 finalizer over a packed (layer, head, side, group) tag.
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (1 + ((uint64_t)layer << 32 | (uint64_t)head << 12 |
+                                                     (uint64_t)side << 11 | (uint64_t)group));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+namespace {
+
+struct Ctx {
+  const CalibStats& st;
+  const PlanRequest& rq;
+  int d() const { return st.model.head_dim; }
+};
+
+std::string keys_of(const auto& map) {
+  std::string s;
+  for (const auto& [k, v] : map) s += (s.empty() ? "" : ", ") + k;
+  return s.empty() ? "none" : s;
+}
+
+// Metadata bits per element of a whole-head codec of `quantizer`.
+double meta_per_element(const std::string& quantizer, int d, int group_size) {
+  if (quantizer == "kivi" || quantizer == "quarot") return 32.0 / group_size;
+  return 16.0 / d;  // tq-mse, block-gtq: one fp16 norm per head (or group)
+}
+
+Codec whole_head_codec(const std::string& quantizer, int bits, int d, int group_size, uint32_t seed) {
+  if (quantizer == "tq-mse" || quantizer == "block-gtq") return Codec::tq_mse(bits, d, seed);
+  Codec c;
+  c.kind = quantizer == "kivi" ? CodecKind::Kivi : CodecKind::QuaRot;
+  c.norm = NormStorage::None;
+  c.group_size = group_size;
+  CodecGroup g;
+  g.bits = bits;
+  g.seed = c.kind == CodecKind::QuaRot ? seed : 0;
+  for (int i = 0; i < d; ++i) g.channels.push_back(i);
+  c.groups.push_back(std::move(g));
+  return c;
+}
+
+Codec grouped_codec(const BlockAllocation& a, const PlanRequest& rq, int l, int h) {
+  Codec c;
+  c.kind = CodecKind::TqMseGrouped;
+  c.norm = NormStorage::FP16;
+  for (size_t g = 0; g < a.groups.size(); ++g) {
+    CodecGroup cg;
+    cg.bits = a.groups[g].bits;
+    cg.blocks = a.groups[g].blocks;
+    cg.seed = cg.bits > 0 ? group_seed(rq.seed, l, h, 0, (int)g) : 0;
+    c.groups.push_back(std::move(cg));
+  }
+  return c;
+}
+
+// The whole-head width for a uniform budget on one side.
+int uniform_width(double budget, const std::string& unit, const std::string& quantizer, int d, int group_size,
+                  int b_min, int b_max, const char* flag) {
+  int b;
+  if (unit == "code") {
+    check(std::abs(budget - std::round(budget)) < 1e-9,
+          "{} {}: with --budget-unit code a uniform codec needs a whole number of bits", flag, budget);
+    b = (int)std::round(budget);
+  } else {
+    b = (int)std::floor(budget - meta_per_element(quantizer, d, group_size) + 1e-9);
+  }
+  check(b >= b_min && b <= b_max,
+        "{} {} ({} bits per element): gives {} code bits per element, outside {}..{} for {} at head_dim {} "
+        "(metadata {:.4g} bits per element)",
+        flag, budget, unit, b, b_min, b_max, quantizer, d, meta_per_element(quantizer, d, group_size));
+  return b;
+}
+
+void check_quantizer(const std::string& q) {
+  check(q == "tq-mse" || q == "kivi" || q == "quarot",
+        "--quantizer \"{}\": expected tq-mse, kivi or quarot", q);
+}
+
+RateQuantProblem ratequant_problem(const Ctx& c, const std::string& curves_name, int b_min, int b_max,
+                                   int64_t total) {
+  const auto& st = c.st;
+  auto sit = st.sensitivity.find(c.rq.sensitivity);
+  check(sit != st.sensitivity.end(), "--sensitivity \"{}\": not in the statistics file (it has: {})",
+        c.rq.sensitivity, keys_of(st.sensitivity));
+  auto cit = st.curves.find(curves_name);
+  check(cit != st.curves.end(), "distortion curves \"{}\": not in the statistics file (it has: {})", curves_name,
+        keys_of(st.curves));
+  const size_t n = (size_t)st.model.n_layers * st.model.n_kv_heads;
+  RateQuantProblem p;
+  for (size_t i = 0; i < n; ++i)
+    for (int side = 0; side < 2; ++side) {
+      p.weight.push_back(side == 0 ? sit->second.k[i] : sit->second.v[i]);
+      p.alpha.push_back(side == 0 ? cit->second.alpha_k[i] : cit->second.alpha_v[i]);
+      p.beta.push_back(side == 0 ? cit->second.beta_k : cit->second.beta_v);
+      p.b_min.push_back(b_min);
+      p.b_max.push_back(b_max);
+    }
+  p.total_bits = total;
+  return p;
+}
+
+// Σ_i a_i β^(−b) with all K components at kb and all V at vb.
+double split_cost(const RateQuantProblem& p, int kb, int vb) {
+  std::vector<int> bits(p.weight.size());
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = i % 2 == 0 ? kb : vb;
+  return ratequant_distortion(p, bits);
+}
+
+}  // namespace
+
+json PlanDiagnostics::to_json() const {
+  json j = json::object();
+  if (!key_j.empty()) {
+    double a = 0, b = 0;
+    for (size_t i = 0; i < key_j.size(); ++i) {
+      a += key_j[i];
+      b += key_j_uniform[i];
+    }
+    j["block_gtq"] = {{"key_j", key_j}, {"key_j_uniform", key_j_uniform}, {"sum_j", a}, {"sum_j_uniform", b}};
+  }
+  if (ratequant) {
+    const auto& r = *ratequant;
+    j["ratequant"] = {{"bits", r.bits},
+                      {"distortion", r.distortion},
+                      {"relaxed_bits", r.relaxed.bits},
+                      {"relaxed_distortion", r.relaxed.distortion},
+                      {"relaxed_n_clipped", r.relaxed.n_clipped},
+                      {"log_lambda", r.relaxed.log_lambda},
+                      {"uniform_continuous_distortion", r.uniform_distortion},
+                      {"am_gm", r.am_gm},
+                      {"component_order", "(layer * n_kv_heads + head) * 2 + side, side 0 = K, 1 = V"}};
+  }
+  if (uniform_split)
+    j["uniform_split"] = {{"k_bits", uniform_split->k_bits}, {"v_bits", uniform_split->v_bits},
+                          {"predicted_distortion", uniform_split->cost}};
+  if (predicted_uniform > 0) j["predicted_uniform_distortion"] = predicted_uniform;
+  return j;
+}
+
+Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* diag) {
+  st.validate("stats");
+  check(rq.budget_unit == "effective" || rq.budget_unit == "code",
+        "--budget-unit \"{}\": expected effective or code", rq.budget_unit);
+  check(rq.fp16_window >= 0 && rq.sink_tokens >= 0, "--fp16-window / --sink-tokens: expected >= 0 (got {}, {})",
+        rq.fp16_window, rq.sink_tokens);
+  check(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0,
+        "--group-size {}: expected a divisor of head_dim {}", rq.group_size, st.model.head_dim);
+  PlanDiagnostics local;
+  PlanDiagnostics& dg = diag ? *diag : local;
+  dg = PlanDiagnostics{};
+  const Ctx c{st, rq};
+  const int d = c.d(), L = st.model.n_layers, H = st.model.n_kv_heads;
+
+  Plan p;
+  p.method = rq.method;
+  p.model = st.model;
+  p.stats_file = rq.stats_file;
+  p.seed = rq.seed;
+  p.fp16_window = rq.fp16_window;
+  p.sink_tokens = rq.sink_tokens;
+  p.budget_unit = rq.budget_unit;
+  p.budget_k = rq.k_bits;
+  p.budget_v = rq.v_bits;
+  p.layers.assign(L, std::vector<HeadPlan>(H));
+  auto seed_of = [&](int l, int h, int side) { return group_seed(rq.seed, l, h, side, 0); };
+
+  if (rq.method == "uniform") {
+    check_quantizer(rq.quantizer);
+    const int lo = rq.b_min < 0 ? 1 : rq.b_min, hi = rq.b_max < 0 ? 8 : rq.b_max;
+    check(lo >= 1 && lo <= hi && hi <= 8, "--bmin {} / --bmax {}: uniform needs 1 <= bmin <= bmax <= 8", lo, hi);
+    int kb, vb;
+    if (rq.avg_bits) {
+      // RateQuant's uniform baseline at a fractional average.
+      const double avg = *rq.avg_bits -
+                         (rq.budget_unit == "effective" ? meta_per_element(rq.quantizer, d, rq.group_size) : 0.0);
+      const std::string cn = rq.curves_from.empty() ? rq.quantizer : rq.curves_from;
+      const RateQuantProblem prob = ratequant_problem(c, cn, lo, hi, 0);
+      dg.uniform_split = best_uniform_split(avg, [&](int k, int v) { return split_cost(prob, k, v); });
+      kb = dg.uniform_split->k_bits;
+      vb = dg.uniform_split->v_bits;
+      check(kb >= lo && kb <= hi && vb >= lo && vb <= hi, "--bits {}: uniform split K{}V{} is outside {}..{}",
+            *rq.avg_bits, kb, vb, lo, hi);
+      p.budget_k = p.budget_v = *rq.avg_bits;
+    } else {
+      kb = uniform_width(rq.k_bits, rq.budget_unit, rq.quantizer, d, rq.group_size, lo, hi, "--kbits");
+      vb = uniform_width(rq.v_bits, rq.budget_unit, rq.quantizer, d, rq.group_size, lo, hi, "--vbits");
+    }
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        p.layers[l][h].key = whole_head_codec(rq.quantizer, kb, d, rq.group_size, seed_of(l, h, 0));
+        p.layers[l][h].value = whole_head_codec(rq.quantizer, vb, d, rq.group_size, seed_of(l, h, 1));
+      }
+  } else if (rq.method == "block-gtq") {
+    BlockGtqOptions opt;
+    opt.b_min = rq.b_min < 0 ? 0 : rq.b_min;
+    opt.b_max = rq.b_max < 0 ? 4 : rq.b_max;
+    const double kb_eff = rq.budget_unit == "code" ? rq.k_bits + 16.0 / d : rq.k_bits;
+    const int64_t kbudget = budget_bits_for(kb_eff, d);
+    const int vb = uniform_width(rq.v_bits, rq.budget_unit, "tq-mse", d, 0, 1, 8, "--vbits");
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        const std::vector<double> s = st.block_energies(l, h);
+        BlockAllocation a;
+        try {
+          a = allocate_block_gtq(s, kbudget, opt);
+        } catch (const Error& e) {
+          fail("--kbits {} ({}): {}", rq.k_bits, rq.budget_unit, e.what());
+        }
+        // Uniform at the same effective budget, for the J comparison (widths in opt's range).
+        BlockGtqOptions uopt = opt;
+        double ju = std::nan("");
+        try {
+          ju = allocate_block_uniform(s, kbudget, uopt).distortion;
+        } catch (const Error&) {
+        }
+        dg.key_j.push_back(a.distortion);
+        dg.key_j_uniform.push_back(ju);
+        p.layers[l][h].key = grouped_codec(a, rq, l, h);
+        p.layers[l][h].value = Codec::tq_mse(vb, d, seed_of(l, h, 1));
+      }
+  } else if (rq.method == "ratequant" || rq.method == "ratequant+block-gtq") {
+    const bool composed = rq.method == "ratequant+block-gtq";
+    const std::string quantizer = composed ? "block-gtq" : rq.quantizer;
+    if (!composed) check_quantizer(quantizer);
+    const std::string cn = rq.curves_from.empty() ? quantizer : rq.curves_from;
+    const int lo = rq.b_min < 0 ? 1 : rq.b_min, hi = rq.b_max < 0 ? 8 : rq.b_max;
+    check(lo >= 1 && lo <= hi && hi <= 8, "--bmin {} / --bmax {}: ratequant needs 1 <= bmin <= bmax <= 8", lo, hi);
+    const double avg = rq.avg_bits ? *rq.avg_bits : 0.5 * (rq.k_bits + rq.v_bits);
+    const int64_t M = 2 * (int64_t)L * H;
+    int64_t total;
+    if (rq.budget_unit == "code") {
+      const double t = avg * (double)M;
+      check(std::abs(t - std::round(t)) < 1e-6,
+            "--bits {}: {} components × {} = {} is not a whole number of bits; choose an average that is a "
+            "multiple of 1/{}",
+            avg, M, avg, t, M);
+      total = (int64_t)std::llround(t);
+    } else {
+      total = (int64_t)std::floor((avg - meta_per_element(quantizer, d, rq.group_size)) * (double)M + 1e-9);
+    }
+    const RateQuantProblem prob = ratequant_problem(c, cn, lo, hi, total);
+    dg.ratequant = allocate_ratequant(prob);
+    dg.predicted_uniform = 0.0;
+    {
+      const double code_avg = (double)total / M;
+      dg.uniform_split = best_uniform_split(std::clamp(code_avg, (double)lo, (double)hi),
+                                            [&](int k, int v) { return split_cost(prob, k, v); });
+      dg.predicted_uniform = dg.uniform_split->cost;
+    }
+    p.budget_k = p.budget_v = avg;
+    const auto& bits = dg.ratequant->bits;
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        const size_t i = ((size_t)l * H + h) * 2;
+        const int kb = bits[i], vb = bits[i + 1];
+        if (composed) {
+          BlockGtqOptions opt{0, 8, 16};
+          const BlockAllocation a = allocate_block_gtq(st.block_energies(l, h), (int64_t)kb * d + 16, opt);
+          p.layers[l][h].key = grouped_codec(a, rq, l, h);
+          p.layers[l][h].value = Codec::tq_mse(vb, d, seed_of(l, h, 1));
+        } else {
+          p.layers[l][h].key = whole_head_codec(quantizer, kb, d, rq.group_size, seed_of(l, h, 0));
+          p.layers[l][h].value = whole_head_codec(quantizer, vb, d, rq.group_size, seed_of(l, h, 1));
+        }
+      }
+  } else {
+    fail("--method \"{}\": expected uniform, block-gtq, ratequant or ratequant+block-gtq", rq.method);
+  }
+  p.validate("plan");
+  return p;
+}
+
+std::string plan_summary(const Plan& p) {
+  const int d = p.model.head_dim;
+  std::string out = fmt::format(
+      "plan: method {}, model {} ({} layers × {} KV heads, head_dim {}, {}), budget {} K {} V {}\n", p.method,
+      p.model.file.empty() ? p.model.arch : p.model.file, p.model.n_layers, p.model.n_kv_heads, d,
+      p.model.rope_layout, p.budget_unit, p.budget_k, p.budget_v);
+  out += "widths: bits:count, counting RoPE blocks for tq-mse-grouped and heads otherwise\n";
+  out += fmt::format("{:>5}  {:<32} {:>7}  {:<24} {:>7}\n", "layer", "K widths", "K eff", "V widths", "V eff");
+  auto hist = [&](const std::vector<HeadPlan>& heads, bool key) {
+    std::map<int, int, std::greater<>> count;
+    bool grouped = false;
+    for (const auto& h : heads) {
+      const Codec& c = key ? h.key : h.value;
+      if (c.kind == CodecKind::FP16) count[16]++;
+      for (const auto& g : c.groups) {
+        if (c.kind == CodecKind::TqMseGrouped) {
+          count[g.bits] += (int)g.blocks.size();
+          grouped = true;
+        } else {
+          count[g.bits]++;
+        }
+      }
+    }
+    std::string s = grouped ? "blk " : "";
+    for (const auto& [b, n] : count) s += fmt::format("{}:{} ", b, n);
+    return s;
+  };
+  for (size_t l = 0; l < p.layers.size(); ++l) {
+    double ke = 0, ve = 0;
+    for (const auto& h : p.layers[l]) {
+      ke += h.key.effective_bits(d);
+      ve += h.value.effective_bits(d);
+    }
+    ke /= p.layers[l].size();
+    ve /= p.layers[l].size();
+    out += fmt::format("{:>5}  {:<32} {:>7.4f}  {:<24} {:>7.4f}\n", l, hist(p.layers[l], true), ke,
+                       hist(p.layers[l], false), ve);
+  }
+  const auto a = p.achieved();
+  out += fmt::format("achieved effective bits/element: K {:.4f}  V {:.4f}  total {:.4f}   (code bits: K {:.4f}  V {:.4f})\n",
+                     a.k, a.v, a.total, a.k_code, a.v_code);
+  return out;
+}
+
+}  // namespace ratekv::alloc

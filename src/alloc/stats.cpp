@@ -1,0 +1,220 @@
+// Calibration statistics: validation and the JSON file (alloc/stats.h).
+#include "ratekv/alloc/stats.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ratekv/error.h"
+
+namespace ratekv::alloc {
+
+using nlohmann::json;
+
+namespace {
+
+void check_values(const std::vector<double>& v, size_t n, const std::string& name, const std::string& field) {
+  check(v.size() == n, "{}: {}: {} values, expected {}", name, field, v.size(), n);
+  for (size_t i = 0; i < v.size(); ++i)
+    check(std::isfinite(v[i]) && v[i] >= 0.0, "{}: {}[flat {}] = {}: expected finite and >= 0", name, field, i, v[i]);
+}
+
+// Nested arrays of fixed shape -> flat row-major vector.
+void flatten(const json& j, const std::vector<size_t>& shape, size_t dim, const std::string& path,
+             const std::string& name, std::vector<double>& out) {
+  check(j.is_array(), "{}: {}: expected an array", name, path);
+  check(j.size() == shape[dim], "{}: {}: {} entries, expected {}", name, path, j.size(), shape[dim]);
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string p = fmt::format("{}[{}]", path, i);
+    if (dim + 1 < shape.size()) {
+      flatten(j[i], shape, dim + 1, p, name, out);
+    } else {
+      check(j[i].is_number(), "{}: {}: expected a number", name, p);
+      const double x = j[i].get<double>();
+      check(std::isfinite(x) && x >= 0.0, "{}: {} = {}: expected finite and >= 0", name, p, x);
+      out.push_back(x);
+    }
+  }
+}
+
+json nest(const std::vector<double>& v, const std::vector<size_t>& shape, size_t dim, size_t& pos) {
+  json a = json::array();
+  for (size_t i = 0; i < shape[dim]; ++i) {
+    if (dim + 1 < shape.size()) a.push_back(nest(v, shape, dim + 1, pos));
+    else a.push_back(v[pos++]);
+  }
+  return a;
+}
+
+json nest(const std::vector<double>& v, const std::vector<size_t>& shape) {
+  size_t pos = 0;
+  return nest(v, shape, 0, pos);
+}
+
+const json& need(const json& o, const char* key, const std::string& path, const std::string& name) {
+  check(o.is_object(), "{}: {}: expected an object", name, path.empty() ? "<top>" : path);
+  auto it = o.find(key);
+  check(it != o.end(), "{}: {}{}: missing", name, path.empty() ? "" : path + ".", key);
+  return *it;
+}
+
+double need_number(const json& o, const char* key, const std::string& path, const std::string& name) {
+  const json& v = need(o, key, path, name);
+  check(v.is_number(), "{}: {}.{}: expected a number", name, path, key);
+  return v.get<double>();
+}
+
+}  // namespace
+
+std::vector<double> CalibStats::block_energies(int layer, int head) const {
+  check(layer >= 0 && layer < model.n_layers && head >= 0 && head < model.n_kv_heads,
+        "stats: (layer {}, head {}) outside ({} layers, {} KV heads)", layer, head, model.n_layers, model.n_kv_heads);
+  const size_t L = (size_t)model.head_dim / 2;
+  const size_t off = ((size_t)layer * model.n_kv_heads + head) * L;
+  std::vector<double> s(L);
+  for (size_t i = 0; i < L; ++i) s[i] = 0.5 * (q_block_energy[off + i] + k_block_energy[off + i]);
+  return s;
+}
+
+void CalibStats::validate(const std::string& name) const {
+  const auto& m = model;
+  check(!m.arch.empty(), "{}: model.arch: expected a non-empty string", name);
+  check(m.n_layers >= 1 && m.n_layers <= 4096, "{}: model.n_layers = {}: expected 1..4096", name, m.n_layers);
+  check(m.n_kv_heads >= 1 && m.n_kv_heads <= 1024, "{}: model.n_kv_heads = {}: expected 1..1024", name,
+        m.n_kv_heads);
+  check(m.head_dim >= 2 && m.head_dim <= 1024 && m.head_dim % 2 == 0,
+        "{}: model.head_dim = {}: expected an even number in 2..1024", name, m.head_dim);
+  check(m.rope_layout == "interleaved" || m.rope_layout == "neox",
+        "{}: model.rope_layout = \"{}\": expected \"interleaved\" or \"neox\"", name, m.rope_layout);
+  check(n_tokens >= 0, "{}: n_tokens = {}: expected >= 0", name, n_tokens);
+  const size_t nc = (size_t)m.n_layers * m.n_kv_heads, ne = nc * (m.head_dim / 2);
+  check_values(q_block_energy, ne, name, "q_block_energy");
+  check_values(k_block_energy, ne, name, "k_block_energy");
+  for (const auto& [key, s] : sensitivity) {
+    check_values(s.k, nc, name, "sensitivity." + key + ".k");
+    check_values(s.v, nc, name, "sensitivity." + key + ".v");
+  }
+  for (const auto& [key, c] : curves) {
+    check(std::isfinite(c.beta_k) && c.beta_k > 1.0, "{}: curves.{}.beta_k = {}: expected finite and > 1", name,
+          key, c.beta_k);
+    check(std::isfinite(c.beta_v) && c.beta_v > 1.0, "{}: curves.{}.beta_v = {}: expected finite and > 1", name,
+          key, c.beta_v);
+    check_values(c.alpha_k, nc, name, "curves." + key + ".alpha_k");
+    check_values(c.alpha_v, nc, name, "curves." + key + ".alpha_v");
+  }
+}
+
+json stats_to_json(const CalibStats& s) {
+  const auto& m = s.model;
+  const std::vector<size_t> s2 = {(size_t)m.n_layers, (size_t)m.n_kv_heads};
+  const std::vector<size_t> s3 = {(size_t)m.n_layers, (size_t)m.n_kv_heads, (size_t)m.head_dim / 2};
+  json j;
+  j["format"] = "ratekv-calib-stats";
+  j["version"] = 1;
+  j["model"] = {{"arch", m.arch},           {"n_layers", m.n_layers}, {"n_kv_heads", m.n_kv_heads},
+                {"head_dim", m.head_dim},   {"rope_layout", m.rope_layout}, {"file", m.file},
+                {"sha256", m.sha256}};
+  j["source"] = s.source;
+  j["n_tokens"] = s.n_tokens;
+  j["q_block_energy"] = nest(s.q_block_energy, s3);
+  j["k_block_energy"] = nest(s.k_block_energy, s3);
+  json sens = json::object();
+  for (const auto& [key, w] : s.sensitivity) sens[key] = {{"k", nest(w.k, s2)}, {"v", nest(w.v, s2)}};
+  j["sensitivity"] = std::move(sens);
+  json curves = json::object();
+  for (const auto& [key, c] : s.curves)
+    curves[key] = {{"beta_k", c.beta_k}, {"beta_v", c.beta_v}, {"alpha_k", nest(c.alpha_k, s2)},
+                   {"alpha_v", nest(c.alpha_v, s2)}};
+  j["curves"] = std::move(curves);
+  return j;
+}
+
+CalibStats stats_from_json(const json& j, const std::string& name) {
+  const json& fmt_ = need(j, "format", "", name);
+  check(fmt_ == "ratekv-calib-stats", "{}: format = {}: expected \"ratekv-calib-stats\"", name, fmt_.dump());
+  const json& ver = need(j, "version", "", name);
+  check(ver == 1, "{}: version = {}: this build reads statistics version 1", name, ver.dump());
+  CalibStats s;
+  const json& m = need(j, "model", "", name);
+  auto str = [&](const json& o, const char* key, const std::string& path) {
+    const json& v = need(o, key, path, name);
+    check(v.is_string(), "{}: {}.{}: expected a string", name, path, key);
+    return v.get<std::string>();
+  };
+  auto integer = [&](const json& o, const char* key, const std::string& path, int64_t lo, int64_t hi) {
+    const json& v = need(o, key, path, name);
+    check(v.is_number_integer(), "{}: {}{}: expected an integer", name, path.empty() ? "" : path + ".", key);
+    const int64_t x = v.get<int64_t>();
+    check(x >= lo && x <= hi, "{}: {}{} = {}: expected {}..{}", name, path.empty() ? "" : path + ".", key, x, lo, hi);
+    return x;
+  };
+  s.model.arch = str(m, "arch", "model");
+  s.model.n_layers = (int)integer(m, "n_layers", "model", 1, 4096);
+  s.model.n_kv_heads = (int)integer(m, "n_kv_heads", "model", 1, 1024);
+  s.model.head_dim = (int)integer(m, "head_dim", "model", 2, 1024);
+  s.model.rope_layout = str(m, "rope_layout", "model");
+  if (m.contains("file")) s.model.file = str(m, "file", "model");
+  if (m.contains("sha256")) s.model.sha256 = str(m, "sha256", "model");
+  check(s.model.head_dim % 2 == 0, "{}: model.head_dim = {}: expected an even number", name, s.model.head_dim);
+  if (j.contains("source")) s.source = str(j, "source", "");
+  if (j.contains("n_tokens")) s.n_tokens = integer(j, "n_tokens", "", 0, INT64_MAX);
+  const std::vector<size_t> s2 = {(size_t)s.model.n_layers, (size_t)s.model.n_kv_heads};
+  const std::vector<size_t> s3 = {s2[0], s2[1], (size_t)s.model.head_dim / 2};
+  flatten(need(j, "q_block_energy", "", name), s3, 0, "q_block_energy", name, s.q_block_energy);
+  flatten(need(j, "k_block_energy", "", name), s3, 0, "k_block_energy", name, s.k_block_energy);
+  if (j.contains("sensitivity")) {
+    const json& sens = j["sensitivity"];
+    check(sens.is_object(), "{}: sensitivity: expected an object", name);
+    for (const auto& [key, v] : sens.items()) {
+      const std::string p = "sensitivity." + key;
+      Sensitivity w;
+      flatten(need(v, "k", p, name), s2, 0, p + ".k", name, w.k);
+      flatten(need(v, "v", p, name), s2, 0, p + ".v", name, w.v);
+      s.sensitivity[key] = std::move(w);
+    }
+  }
+  if (j.contains("curves")) {
+    const json& cs = j["curves"];
+    check(cs.is_object(), "{}: curves: expected an object", name);
+    for (const auto& [key, v] : cs.items()) {
+      const std::string p = "curves." + key;
+      DistortionCurves c;
+      c.beta_k = need_number(v, "beta_k", p, name);
+      c.beta_v = need_number(v, "beta_v", p, name);
+      flatten(need(v, "alpha_k", p, name), s2, 0, p + ".alpha_k", name, c.alpha_k);
+      flatten(need(v, "alpha_v", p, name), s2, 0, p + ".alpha_v", name, c.alpha_v);
+      s.curves[key] = std::move(c);
+    }
+  }
+  s.validate(name);
+  return s;
+}
+
+CalibStats load_stats_json(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  check(!ec, "{}: cannot read statistics: {}", path, ec.message());
+  check(size <= (uint64_t)1 << 30, "{}: statistics file of {} bytes is larger than the 1 GiB limit", path, size);
+  std::ifstream in(path, std::ios::binary);
+  check((bool)in, "{}: cannot open statistics for reading", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+  return stats_from_json(j, std::filesystem::path(path).filename().string());
+}
+
+void save_stats_json(const CalibStats& s, const std::string& path) {
+  s.validate(path);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  check((bool)out, "{}: cannot open for writing", path);
+  out << stats_to_json(s).dump(1) << '\n';
+  check((bool)out, "{}: write failed", path);
+}
+
+}  // namespace ratekv::alloc
