@@ -6,7 +6,7 @@ export DEBIAN_FRONTEND=noninteractive
 PKGS=(build-essential cmake pkg-config ninja-build clang libclang-rt-14-dev
       libopenblas-dev libeigen3-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
       libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev libomp-dev liblemon-dev libfaiss-dev
-      python3.11-doc python3-pip)
+      python3.11-doc python3-pip unzip)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
