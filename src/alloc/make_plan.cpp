@@ -159,8 +159,10 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
         "--budget-unit \"{}\": expected effective or code", rq.budget_unit);
   check(rq.fp16_window >= 0 && rq.sink_tokens >= 0, "--fp16-window / --sink-tokens: expected >= 0 (got {}, {})",
         rq.fp16_window, rq.sink_tokens);
-  check(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0,
-        "--group-size {}: expected a divisor of head_dim {}", rq.group_size, st.model.head_dim);
+  if (rq.quantizer == "kivi" || rq.quantizer == "quarot")
+    check(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0,
+          "--group-size {}: expected a divisor of head_dim {} for --quantizer {}", rq.group_size, st.model.head_dim,
+          rq.quantizer);
   PlanDiagnostics local;
   PlanDiagnostics& dg = diag ? *diag : local;
   dg = PlanDiagnostics{};
