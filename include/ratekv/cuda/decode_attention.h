@@ -1,0 +1,114 @@
+// ratekv/cuda/decode_attention.h — CUDA (sm_90) decode attention over the
+// packed KV cache (docs/packed_format.md) and over an fp16 cache of the same
+// page structure, plus quantize-append of one decode token.
+//
+// Everything here takes DEVICE pointers and a cudaStream_t (as void*, so this
+// header needs no CUDA include) and is asynchronous. Errors in arguments throw
+// ratekv::Error before anything is launched; CUDA failures throw ratekv::Error
+// naming the call. Unsupported (head_dim, bits, dtype, GQA) combinations throw,
+// naming the combination; there is no fallback path.
+//
+// Shapes (row-major, innermost last):
+//   q    : (batch, n_heads, head_dim)    fp32 or fp16, post-RoPE
+//   k, v : (batch, n_kv_heads, head_dim) fp32 or fp16 (append input)
+//   out  : (batch, n_heads, head_dim)    fp32
+//   page_table : (batch, max_pages) int32 physical page ids; seq_lens : (batch) int32
+// GQA: query head q reads KV head q / (n_heads / n_kv_heads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ratekv/packed_format.h"
+
+namespace ratekv::cuda {
+
+enum class DType { f32, f16 };
+
+/// The sequences of one decode step, all device pointers.
+struct DecodeBatch {
+  const int32_t* page_table = nullptr;  ///< (batch, max_pages) physical page ids
+  int max_pages = 0;                    ///< row stride of page_table
+  const int32_t* seq_lens = nullptr;    ///< (batch) cached tokens; attention needs ≥ 1
+  int batch = 0;
+  int max_seq_len = 0;                  ///< host-known bound ≥ every seq_lens[b]
+};
+
+/// A layer's packed layout uploaded for the kernels, with its rotations and
+/// codebooks (TurboQuant-MSE, DESIGN.md §2).
+///   rotations: for h in heads, side in (key, value), group g: dim×dim fp32
+///              row-major, y = Π u (so x̂ = n Πᵀ c[idx]); concatenated.
+///   levels:    same order, 2^bits fp32 Lloyd–Max levels, strictly ascending.
+/// Throws Error when a span has the wrong length, levels are not ascending,
+/// n_heads is not a multiple of n_kv_heads, GQA > 16, head_dim ∉ {64,128,256},
+/// or the padded groups of a side need more tiles than the kernels hold
+/// (head_dim/16 + 2 for head_dim ≤ 128, 16 for 256).
+class PackedPlan {
+ public:
+  PackedPlan(const packed::LayerLayout& layout, int n_heads, std::span<const float> rotations,
+             std::span<const float> levels);
+  ~PackedPlan();
+  PackedPlan(const PackedPlan&) = delete;
+  PackedPlan& operator=(const PackedPlan&) = delete;
+
+  const packed::LayerLayout& layout() const { return layout_; }
+  int n_heads() const { return n_heads_; }
+  int head_dim() const { return layout_.head_dim(); }
+  int gqa() const { return n_heads_ / layout_.n_kv_heads(); }
+
+  struct Device;  ///< device-side tables (opaque)
+  const Device& device() const { return *dev_; }
+
+ private:
+  packed::LayerLayout layout_;
+  int n_heads_;
+  std::unique_ptr<Device> dev_;
+};
+
+/// How the packed kernel turns code planes into fp16 fragments:
+///  bitwise  — variant 1: per element, gather its b bits, look up the fp16 level;
+///  pair_lut — variant 2 (default): per element pair, one lookup in a 4^b-entry
+///             shared-memory table of half2 level pairs.
+/// Both compute the same numbers; both are tested against the CPU reference.
+enum class PackedDecodeVariant { bitwise, pair_lut };
+
+/// Workspace bytes for a decode step (split-K partial states + rotated query).
+size_t decode_workspace_bytes(int batch, int n_heads, int head_dim, int n_splits);
+
+/// Split count the kernels use when n_splits = 0 is passed (≥ 1).
+int default_splits(int batch, int n_kv_heads, int max_seq_len);
+
+/// Fused split-K decode attention over the packed cache:
+///   out[b,q] = Σ_g Π_gᵀ Σ_t softmax_t(scale · q·k̂_t) · n^V_{g,t} c_g[idx^V_{g,t}]
+/// with the score q·k̂_t = Σ_g n^K_{g,t} (Π_g q_g)·c_g[idx^K_{g,t}] computed in
+/// each key group's rotated domain. The rotated, scaled query is rounded to
+/// fp16 and the levels to fp16 (tensor cores, fp32 accumulation); P is rounded
+/// to fp16 after multiplying by the value norm. `pool` holds the layer's pages
+/// (layout.page_bytes() each). n_splits = 0 picks default_splits().
+void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
+                             const uint8_t* pool, const void* q, DType q_dtype, float scale,
+                             float* out, void* workspace, size_t workspace_bytes, int n_splits,
+                             void* stream,
+                             PackedDecodeVariant variant = PackedDecodeVariant::pair_lut);
+
+/// The fp16 baseline of the same structure. Pages hold, per (page, KV head),
+/// K (64, head_dim) then V (64, head_dim) fp16: page stride
+/// n_kv_heads · 2 · 64 · head_dim · 2 bytes. Query scaled and rounded to fp16.
+void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const DecodeBatch& batch,
+                           const uint16_t* pool, const void* q, DType q_dtype, float scale,
+                           float* out, void* workspace, size_t workspace_bytes, int n_splits,
+                           void* stream);
+
+/// Quantize-append of one decode token per sequence, all KV heads: token
+/// position seq_lens[b] (the length BEFORE the append) is written into its
+/// page slot. Per group: n = ‖x_g‖, y = Π_g (x_g / n) in fp32, idx = number of
+/// Lloyd–Max midpoints (fp32, ½(c_i + c_{i+1})) strictly below y, norm stored as
+/// fp16(n). Only the token's own bits are touched (bitwise atomics), so pages
+/// need not be zeroed. The caller advances seq_lens afterwards.
+void packed_append(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool, const void* k,
+                   const void* v, DType dtype, void* stream);
+
+}  // namespace ratekv::cuda

@@ -1,0 +1,177 @@
+// Shared pieces of the decode-attention kernels: the mma.m16n8k16 wrapper,
+// cp.async, the per-warp online-softmax state over a 16×16 score tile, the
+// split-K partial-state layout and the device tables of a PackedPlan.
+//
+// Register fragment convention (PTX ISA, mma.m16n8k16 .f16, g = lane/4, t = lane%4):
+//   A (16×16, row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
+//   B (16×8, "col"):      b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
+//   C (16×8, f32):        c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// The packed format stores, per 16×16 tile, bit e = 4h + 2kk + p of lane L's
+// byte = element (n-half h, k-half kk, pair element p): exactly b0/b1 of n-half h.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "head_tables.h"
+#include "ratekv/cuda/decode_attention.h"
+
+namespace ratekv::cuda::detail {
+
+#define RATEKV_CUDA_CHECK(expr)                                                              \
+  do {                                                                                       \
+    cudaError_t _e = (expr);                                                                 \
+    if (_e != cudaSuccess)                                                                   \
+      ::ratekv::cuda::detail::throw_error(::ratekv::cuda::detail::cat(                      \
+          "CUDA: ", #expr, " failed: ", cudaGetErrorString(_e), " (", __FILE__, ":", __LINE__, ")")); \
+  } while (0)
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- device helpers -------------------------------------------------------------
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack_halves(__half lo, __half hi) {
+  __half2 h = __halves2half2(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/// Online softmax over score tiles for the 16 query rows of a warp: this lane
+/// owns rows g and g+8. S (scores, natural-log scale) holds the C fragments of
+/// the two n-halves; on return S holds P = exp(S − m_new) and `alpha` the
+/// factor the accumulators must be scaled by. m is kept in log2 units.
+struct RowState {
+  float m[2] = {-INFINITY, -INFINITY};  // running max of scores·log2e, rows g, g+8
+  float l[2] = {0.f, 0.f};              // this lane's partial row sums
+
+  __device__ __forceinline__ void update(float (&S)[2][4], float (&alpha)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = fmaxf(fmaxf(S[0][2 * r], S[0][2 * r + 1]), fmaxf(S[1][2 * r], S[1][2 * r + 1]));
+      mx *= kLog2e;
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx);  // finite: every tile has a valid token
+      alpha[r] = exp2f(m[r] - m_new);
+      m[r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float p = exp2f(fmaf(S[h][2 * r + i], kLog2e, -m_new));
+          S[h][2 * r + i] = p;
+          sum += p;
+        }
+      l[r] = l[r] * alpha[r] + sum;
+    }
+  }
+};
+
+/// Split-K partial states in the workspace (fp32):
+///   o_part (batch·n_heads, n_splits, o_dim)  unnormalized Σ p_t v_t (rotated domain)
+///   m_part, l_part (batch·n_heads, n_splits) max (log2 units) and Σ p_t
+struct Partials {
+  float* o;
+  float* m;
+  float* l;
+  int n_splits;
+  int o_dim;  // rotated channels (tiles·16) or head_dim
+};
+
+/// Writes one warp's state (rows < n_rows) as split `split`.
+template <int NT>
+__device__ __forceinline__ void store_partial(const Partials& P, int row_base, int n_rows, int split,
+                                              RowState& st, const float (&O)[NT][2][4],
+                                              int n_tiles) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float l[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = st.l[r];
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 8 * r;
+    if (row >= n_rows) continue;
+    const size_t idx = (size_t)(row_base + row) * P.n_splits + split;
+    if (t == 0) {
+      P.m[idx] = st.m[r];
+      P.l[idx] = l[r];
+    }
+    float* o = P.o + idx * P.o_dim;
+#pragma unroll
+    for (int vt = 0; vt < NT; ++vt) {
+      if (vt >= n_tiles) break;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = vt * 16 + 8 * h + 2 * t;
+        *reinterpret_cast<float2*>(o + c) = make_float2(O[vt][h][2 * r], O[vt][h][2 * r + 1]);
+      }
+    }
+  }
+}
+
+/// Writes the empty state (no tokens in this split) for rows < n_rows.
+__device__ __forceinline__ void store_empty(const Partials& P, int row_base, int n_rows, int split) {
+  const int lane = threadIdx.x & 31;
+  for (int row = 0; row < n_rows; ++row) {
+    const size_t idx = (size_t)(row_base + row) * P.n_splits + split;
+    if (lane == 0) {
+      P.m[idx] = -INFINITY;
+      P.l[idx] = 0.f;
+    }
+  }
+}
+
+// ---- host helpers ---------------------------------------------------------------
+
+/// Carves the workspace: rotated query (fp16) then partial states.
+struct WorkspaceView {
+  __half* q;  // (batch·n_heads, q_dim)
+  Partials part;
+};
+WorkspaceView carve_workspace(void* ws, size_t ws_bytes, int batch, int n_heads, int head_dim,
+                              int n_splits);
+
+/// Launches the query prologue: (batch·n_heads, kMaxTiles·16) fp16 rows of
+/// scale·Π_g q_g per key group (tables == nullptr: scale·q, unrotated).
+void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,
+                         float scale, const HeadTables* tables, const float* rot,
+                         const int32_t* chans, __half* out, cudaStream_t stream);
+
+/// Launches the log-sum-exp merge of the split states and the back-rotation:
+/// out[b,q,:] = Σ_g Π_gᵀ o_g (tables == nullptr: identity, o_dim == head_dim).
+void launch_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int head_dim,
+                  const HeadTables* tables, const float* rotations, const int32_t* channels,
+                  float* out, cudaStream_t stream);
+
+}  // namespace ratekv::cuda::detail
+

@@ -1,0 +1,84 @@
+// Host-visible tables of a PackedPlan (plain C++: built by packed_plan.cpp,
+// read by the kernels) and the kernels' compile-time limits.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ratekv/cuda/decode_attention.h"
+
+namespace ratekv::cuda::detail {
+
+inline constexpr int kWarpsPerCta = 4;
+
+/// Throws ratekv::Error(msg). The CUDA translation units use this instead of
+/// ratekv::check/fail: nvcc cannot compile fmt's compile-time format strings.
+[[noreturn]] void throw_error(const std::string& msg);
+template <typename... A>
+std::string cat(const A&... a) {
+  std::ostringstream s;
+  (s << ... << a);
+  return s.str();
+}
+template <typename... A>
+void require(bool cond, const A&... a) {
+  if (!cond) throw_error(cat(a...));
+}
+/// Validates a DecodeBatch (names `what` in the message).
+void check_batch(const DecodeBatch& batch, const char* what);
+/// Most 16-channel tiles one side of one head may need (padded groups).
+inline constexpr int kMaxTiles = 18;
+inline constexpr int max_tiles_for(int head_dim) { return head_dim <= 128 ? head_dim / 16 + 2 : 16; }
+
+/// Per-KV-head tables the packed kernels read (built on the host from
+/// packed::LayerLayout; see packed_plan.cu).
+struct HeadTables {
+  uint32_t block_offset;          // bytes from the page start
+  int32_t stage_bytes;            // bytes of one staged 16-token tile (all pieces)
+  int32_t n_pieces;               // contiguous copies per tile
+  int32_t n_tiles[2];             // rotated 16-channel tiles per side
+  int32_t n_groups[2];
+  // Piece i of token tile s (0..3) of a page: src = piece_src[i] + s·piece_size[i]
+  // (from the head block), piece_size[i] bytes (multiple of 16), to stage + piece_dst[i].
+  int32_t piece_src[32];
+  int32_t piece_size[32];
+  int32_t piece_dst[32];
+  // Per rotated tile of each side: stage offset of its first plane, group, last-of-group flag.
+  int16_t tile_src[2][kMaxTiles];
+  int8_t tile_group[2][kMaxTiles];
+  int8_t tile_last[2][kMaxTiles];
+  int16_t norm_dst[2][8];         // stage offset of the group's 16 fp16 norms
+  int8_t bits[2][8];
+  uint16_t levels[2][8][16];      // fp16 bits of the Lloyd–Max levels, unused entries 0
+  // Pair lookup tables (decode variant `pair_lut`): per group 4^bits half2 words
+  // (level of the even element, level of the odd one), index bit 2j+p = plane j of element p.
+  int32_t lut_offset[2][8];       // words from the table start
+  int32_t lut_words;              // total words, rounded up to a multiple of 4
+  // Rotations / channels (append and the rotate kernels): offsets into flat arrays.
+  int32_t dim[2][8];
+  int32_t dim_pad[2][8];
+  int32_t tile_begin[2][8];
+  int32_t rot_offset[2][8];       // floats into PackedPlan::Device::rotations
+  int32_t chan_offset[2][8];      // ints into PackedPlan::Device::channels
+  int32_t code_offset[2][8];      // bytes from the head block start
+  int32_t norm_offset[2][8];
+  int32_t lvl_offset[2][8];       // floats into PackedPlan::Device::levels
+};
+
+}  // namespace ratekv::cuda::detail
+
+namespace ratekv::cuda {
+/// Device-side tables of a PackedPlan.
+struct PackedPlan::Device {
+  detail::HeadTables* heads = nullptr;  // (n_kv_heads), device
+  float* rotations = nullptr;
+  int32_t* channels = nullptr;
+  float* levels = nullptr;
+  std::vector<detail::HeadTables> host_heads;
+  int max_stage_bytes = 0;
+  int max_lut_words = 0;
+  int max_tiles[2] = {0, 0};
+};
+}  // namespace ratekv::cuda

@@ -1,0 +1,192 @@
+// PackedPlan: host tables built from packed::LayerLayout and uploaded; the
+// decode workspace size and the default split count.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "head_tables.h"
+#include "ratekv/error.h"
+#include "ratekv/fp16.h"
+
+#define RATEKV_CUDA_CHECK(expr)                                                              \
+  do {                                                                                       \
+    cudaError_t _e = (expr);                                                                 \
+    if (_e != cudaSuccess)                                                                   \
+      ::ratekv::fail("CUDA: {} failed: {} ({}:{})", #expr, cudaGetErrorString(_e), __FILE__, \
+                     __LINE__);                                                              \
+  } while (0)
+
+namespace ratekv::cuda {
+
+using detail::HeadTables;
+using packed::Side;
+
+namespace {
+constexpr int kRotDim = detail::kMaxTiles * 16;  // row stride of rotated q / partial o
+
+template <typename T>
+T* upload(const std::vector<T>& v) {
+  T* d = nullptr;
+  if (v.empty()) return nullptr;
+  RATEKV_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  RATEKV_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+}  // namespace
+
+PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
+                       std::span<const float> rotations, std::span<const float> levels)
+    : layout_(layout), n_heads_(n_heads), dev_(std::make_unique<Device>()) {
+  const int d = layout.head_dim();
+  const int hkv = layout.n_kv_heads();
+  check(d == 64 || d == 128 || d == 256,
+        "cuda packed plan: head_dim {} unsupported (kernels exist for 64, 128, 256)", d);
+  check(n_heads > 0 && n_heads % hkv == 0,
+        "cuda packed plan: n_heads {} is not a multiple of n_kv_heads {}", n_heads, hkv);
+  check(n_heads / hkv <= 16, "cuda packed plan: GQA {} > 16 query heads per KV head unsupported",
+        n_heads / hkv);
+  const int max_tiles = detail::max_tiles_for(d);
+  std::vector<float> rot, lvl;
+  std::vector<int32_t> chans;
+  size_t rot_used = 0, lvl_used = 0;
+  int max_stage = 0;
+  for (int h = 0; h < hkv; ++h) {
+    HeadTables T;
+    std::memset(&T, 0, sizeof(T));
+    const packed::HeadLayout& H = layout.head(h);
+    T.block_offset = (uint32_t)H.block_offset;
+    int dst = 0, piece = 0;
+    for (int s = 0; s < 2; ++s) {
+      const Side side = s == 0 ? Side::key : Side::value;
+      const auto& groups = H.side(side);
+      const auto& specs = s == 0 ? layout.spec(h).key : layout.spec(h).value;
+      T.n_groups[s] = (int)groups.size();
+      int tile = 0;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const packed::GroupLayout& G = groups[g];
+        const int nct = G.dim_pad / 16;
+        check(tile + nct <= max_tiles,
+              "cuda packed plan: KV head {} {} groups need {} padded 16-channel tiles; kernels for "
+              "head_dim {} hold at most {}",
+              h, s == 0 ? "key" : "value", tile + nct, d, max_tiles);
+        T.dim[s][g] = G.dim;
+        T.dim_pad[s][g] = G.dim_pad;
+        T.tile_begin[s][g] = tile;
+        T.bits[s][g] = (int8_t)G.bits;
+        T.code_offset[s][g] = (int32_t)G.code_offset;
+        T.norm_offset[s][g] = (int32_t)G.norm_offset;
+        // codes piece of one 16-token tile
+        const int size = nct * G.bits * packed::kChunkBytes;
+        T.piece_src[piece] = (int32_t)G.code_offset;
+        T.piece_size[piece] = size;
+        T.piece_dst[piece] = dst;
+        for (int k = 0; k < nct; ++k) {
+          T.tile_src[s][tile + k] = (int16_t)(dst + k * G.bits * packed::kChunkBytes);
+          T.tile_group[s][tile + k] = (int8_t)g;
+          T.tile_last[s][tile + k] = (int8_t)(k == nct - 1);
+        }
+        dst += size;
+        ++piece;
+        tile += nct;
+        // rotation, codebook, channels
+        const size_t rn = (size_t)G.dim * G.dim, ln = (size_t)1 << G.bits;
+        check(rot_used + rn <= rotations.size(),
+              "cuda packed plan: rotations has {} floats, layout needs more (KV head {} {} group {})",
+              rotations.size(), h, s == 0 ? "key" : "value", g);
+        check(lvl_used + ln <= levels.size(),
+              "cuda packed plan: levels has {} floats, layout needs more (KV head {} {} group {})",
+              levels.size(), h, s == 0 ? "key" : "value", g);
+        T.rot_offset[s][g] = (int32_t)rot.size();
+        rot.insert(rot.end(), rotations.begin() + rot_used, rotations.begin() + rot_used + rn);
+        rot_used += rn;
+        T.lvl_offset[s][g] = (int32_t)lvl.size();
+        for (size_t i = 0; i < ln; ++i) {
+          const float v = levels[lvl_used + i];
+          check(std::isfinite(v) && (i == 0 || v > levels[lvl_used + i - 1]),
+                "cuda packed plan: levels of KV head {} {} group {} are not finite and strictly "
+                "ascending",
+                h, s == 0 ? "key" : "value", g);
+          T.levels[s][g][i] = fp32_to_fp16(v);
+          lvl.push_back(v);
+        }
+        lvl_used += ln;
+        T.chan_offset[s][g] = (int32_t)chans.size();
+        chans.insert(chans.end(), specs[g].channels.begin(), specs[g].channels.end());
+      }
+      T.n_tiles[s] = tile;
+      dev_->max_tiles[s] = std::max(dev_->max_tiles[s], tile);
+    }
+    for (int s = 0; s < 2; ++s) {
+      for (int g = 0; g < T.n_groups[s]; ++g) {
+        T.piece_src[piece] = T.norm_offset[s][g];
+        T.piece_size[piece] = 16 * 2;
+        T.piece_dst[piece] = dst;
+        T.norm_dst[s][g] = (int16_t)dst;
+        dst += 32;
+        ++piece;
+      }
+    }
+    int lut = 0;
+    for (int s = 0; s < 2; ++s)
+      for (int g = 0; g < T.n_groups[s]; ++g) {
+        T.lut_offset[s][g] = lut;
+        lut += 1 << (2 * T.bits[s][g]);
+      }
+    T.lut_words = (lut + 3) / 4 * 4;
+    dev_->max_lut_words = std::max(dev_->max_lut_words, T.lut_words);
+    T.n_pieces = piece;
+    T.stage_bytes = dst;
+    max_stage = std::max(max_stage, dst);
+    dev_->host_heads.push_back(T);
+  }
+  check(rot_used == rotations.size(), "cuda packed plan: rotations has {} floats, layout uses {}",
+        rotations.size(), rot_used);
+  check(lvl_used == levels.size(), "cuda packed plan: levels has {} floats, layout uses {}",
+        levels.size(), lvl_used);
+  dev_->max_stage_bytes = max_stage;
+  dev_->heads = upload(dev_->host_heads);
+  dev_->rotations = upload(rot);
+  dev_->channels = upload(chans);
+  dev_->levels = upload(lvl);
+}
+
+PackedPlan::~PackedPlan() {
+  cudaFree(dev_->heads);
+  cudaFree(dev_->rotations);
+  cudaFree(dev_->channels);
+  cudaFree(dev_->levels);
+}
+
+size_t decode_workspace_bytes(int batch, int n_heads, int /*head_dim*/, int n_splits) {
+  const size_t rows = (size_t)batch * n_heads;
+  return rows * kRotDim * sizeof(uint16_t) + rows * n_splits * (kRotDim + 2) * sizeof(float) + 256;
+}
+
+int default_splits(int batch, int n_kv_heads, int max_seq_len) {
+  const int tiles = (max_seq_len + 15) / 16;
+  // Aim at ~2048 warps in flight (132 SMs), at least 8 tiles (128 tokens) per split.
+  int want = (2048 + batch * n_kv_heads - 1) / (batch * n_kv_heads);
+  want = std::min(want, (tiles + 7) / 8);
+  want = std::max(want, 1);
+  return (want + detail::kWarpsPerCta - 1) / detail::kWarpsPerCta * detail::kWarpsPerCta;
+}
+
+
+namespace detail {
+
+void throw_error(const std::string& msg) { throw Error(msg); }
+
+void check_batch(const DecodeBatch& batch, const char* what) {
+  check(batch.batch > 0, "{}: batch {} must be positive", what, batch.batch);
+  check(batch.page_table && batch.seq_lens, "{}: page_table and seq_lens must be device pointers",
+        what);
+  check(batch.max_seq_len >= 1, "{}: max_seq_len {} must be at least 1", what, batch.max_seq_len);
+  check((int64_t)batch.max_pages * packed::kPageTokens >= batch.max_seq_len,
+        "{}: max_pages {} x {} tokens < max_seq_len {}", what, batch.max_pages,
+        packed::kPageTokens, batch.max_seq_len);
+}
+
+}  // namespace detail
+}  // namespace ratekv::cuda

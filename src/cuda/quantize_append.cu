@@ -1,0 +1,106 @@
+// Quantize-append of one decode token per sequence into the packed cache
+// (TurboQuant-MSE, DESIGN.md §2; bit placement: docs/packed_format.md).
+// Grid (batch, n_kv_heads, 2 sides), one warp per channel group.
+#include "attention_common.cuh"
+#include "ratekv/cuda/decode_attention.h"
+
+namespace ratekv::cuda {
+
+using detail::HeadTables;
+
+namespace {
+
+template <typename TX>
+__global__ void __launch_bounds__(256) append_kernel(
+    const HeadTables* __restrict__ tables, const float* __restrict__ rot,
+    const int32_t* __restrict__ chans, const float* __restrict__ levels, uint8_t* __restrict__ pool,
+    size_t page_bytes, const int32_t* __restrict__ page_table, int max_pages,
+    const int32_t* __restrict__ seq_lens, const TX* __restrict__ k, const TX* __restrict__ v,
+    int head_dim) {
+  __shared__ float xs[packed::kMaxGroupsPerSide][256];
+  const int b = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const HeadTables& T = tables[h];
+  if (warp >= T.n_groups[s]) return;
+  const int dim = T.dim[s][warp], dim_pad = T.dim_pad[s][warp], bits = T.bits[s][warp];
+  const float* R = rot + T.rot_offset[s][warp];
+  const int32_t* ch = chans + T.chan_offset[s][warp];
+  const float* lv = levels + T.lvl_offset[s][warp];
+  const TX* x = (s == 0 ? k : v) + ((size_t)b * gridDim.y + h) * head_dim;
+  float* xw = xs[warp];
+  float ss = 0.f;
+  for (int i = lane; i < dim; i += 32) {
+    const float xi = (float)x[ch[i]];
+    xw[i] = xi;
+    ss = fmaf(xi, xi, ss);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  __syncwarp();
+  const float n = sqrtf(ss);
+  const float inv = n > 0.f ? 1.f / n : 0.f;
+  const int pos = seq_lens[b];
+  const int slot = pos % packed::kPageTokens, r = slot % 16, tt = slot / 16;
+  uint8_t* base = pool + (size_t)page_table[(size_t)b * max_pages + pos / packed::kPageTokens] *
+                             page_bytes +
+                  T.block_offset;
+  const int nct = dim_pad / 16, n_levels = 1 << bits;
+  for (int j = lane; j < dim_pad; j += 32) {
+    uint32_t code = 0;
+    if (j < dim) {
+      float acc = 0.f;
+      for (int i = 0; i < dim; ++i) acc = fmaf(R[(size_t)j * dim + i], xw[i], acc);
+      const float y = acc * inv;
+      for (int l = 0; l + 1 < n_levels; ++l) code += y > 0.5f * (lv[l] + lv[l + 1]) ? 1u : 0u;
+    }
+    // element (token r, channel c) of tile (tt, ct): keys lane/bit as documented; values transposed
+    const int c = j % 16, ct = j / 16;
+    const int rr = s == 0 ? r : c, cc = s == 0 ? c : r;
+    const int elane = 4 * (rr % 8) + (cc % 8) / 2, ebit = 4 * (rr / 8) + 2 * (cc / 8) + cc % 2;
+    for (int p = 0; p < bits; ++p) {
+      const size_t byte = (size_t)T.code_offset[s][warp] +
+                          ((size_t)(tt * nct + ct) * bits + p) * packed::kChunkBytes + elane;
+      uint32_t* word = reinterpret_cast<uint32_t*>(base + (byte & ~(size_t)3));
+      const uint32_t mask = 1u << (8 * (byte & 3) + ebit);
+      if ((code >> p) & 1u)
+        atomicOr(word, mask);
+      else
+        atomicAnd(word, ~mask);
+    }
+  }
+  if (lane == 0) {
+    __half hn = __float2half_rn(n);
+    *reinterpret_cast<__half*>(base + T.norm_offset[s][warp] + 2 * slot) = hn;
+  }
+}
+
+}  // namespace
+
+void packed_append(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool, const void* k,
+                   const void* v, DType dtype, void* stream_) {
+  detail::check_batch(batch, "packed_append");
+  detail::require(pool && k && v, "packed_append: pool, k and v must be device pointers");
+  const int d = plan.head_dim();
+  detail::require(d <= 256, "packed_append: head_dim ", d, " > 256 unsupported");
+  auto stream = static_cast<cudaStream_t>(stream_);
+  const auto& D = plan.device();
+  dim3 grid(batch.batch, plan.layout().n_kv_heads(), 2);
+  switch (dtype) {
+    case DType::f32:
+      append_kernel<float><<<grid, 256, 0, stream>>>(
+          D.heads, D.rotations, D.channels, D.levels, pool, plan.layout().page_bytes(),
+          batch.page_table, batch.max_pages, batch.seq_lens, static_cast<const float*>(k),
+          static_cast<const float*>(v), d);
+      break;
+    case DType::f16:
+      append_kernel<__half><<<grid, 256, 0, stream>>>(
+          D.heads, D.rotations, D.channels, D.levels, pool, plan.layout().page_bytes(),
+          batch.page_table, batch.max_pages, batch.seq_lens, static_cast<const __half*>(k),
+          static_cast<const __half*>(v), d);
+      break;
+    default: detail::throw_error(detail::cat("packed_append: unsupported input dtype ", (int)dtype));
+  }
+  RATEKV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ratekv::cuda

@@ -1,0 +1,504 @@
+// CUDA decode attention (packed and fp16) and quantize-append against CPU
+// references that round their inputs the way the kernels do (fp16 rotated
+// query, fp16 levels, fp16 K/V). Needs a GPU: skips when none is visible.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "ratekv/cuda/decode_attention.h"
+#include "ratekv/error.h"
+#include "ratekv/fp16.h"
+#include "ratekv/packed_format.h"
+
+using namespace ratekv;
+using namespace ratekv::packed;
+using ratekv::cuda::DType;
+
+namespace {
+
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  DevBuf(const std::vector<T>& v) : DevBuf(v.size()) {
+    if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~DevBuf() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+};
+
+// Haar-random orthogonal m×m (Gram–Schmidt on a Gaussian matrix), row-major.
+std::vector<float> random_rotation(int m, std::mt19937& rng) {
+  std::normal_distribution<double> N;
+  std::vector<double> a((size_t)m * m);
+  for (auto& x : a) x = N(rng);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < i; ++j) {
+      double d = 0;
+      for (int k = 0; k < m; ++k) d += a[(size_t)i * m + k] * a[(size_t)j * m + k];
+      for (int k = 0; k < m; ++k) a[(size_t)i * m + k] -= d * a[(size_t)j * m + k];
+    }
+    double n = 0;
+    for (int k = 0; k < m; ++k) n += a[(size_t)i * m + k] * a[(size_t)i * m + k];
+    n = std::sqrt(n);
+    for (int k = 0; k < m; ++k) a[(size_t)i * m + k] /= n;
+  }
+  return std::vector<float>(a.begin(), a.end());
+}
+
+// Ascending levels roughly on the scale of a rotated unit vector's coordinate.
+std::vector<float> test_levels(int m, int bits, std::mt19937& rng) {
+  const int n = 1 << bits;
+  std::uniform_real_distribution<float> jitter(-0.2f, 0.2f);
+  std::vector<float> l(n);
+  for (int i = 0; i < n; ++i)
+    l[i] = (2.f * i + 1.f - n + jitter(rng)) / n * 2.5f / std::sqrt((float)m);
+  return l;
+}
+
+// Block-GTQ-like keys: RoPE pairs shuffled into groups of widths 1..4 (sizes
+// not multiples of 16: padded); values one uniform group.
+HeadSpec mixed_head(int d, std::mt19937& rng) {
+  std::vector<int> blocks(d / 2);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  const int nb = d / 2;
+  const int cuts[4] = {0, nb / 4 + 1, nb / 2 + 3, nb};
+  HeadSpec h;
+  for (int g = 0; g < 3; ++g) {
+    GroupSpec G;
+    G.bits = 2 + g;
+    for (int b = cuts[g]; b < cuts[g + 1]; ++b) {
+      G.channels.push_back(2 * blocks[b]);
+      G.channels.push_back(2 * blocks[b] + 1);
+    }
+    h.key.push_back(G);
+  }
+  GroupSpec all;
+  for (int c = 0; c < d; ++c) all.channels.push_back(c);
+  all.bits = 3;
+  h.value = {all};
+  return h;
+}
+
+struct Plan {
+  std::unique_ptr<LayerLayout> layout;
+  std::vector<float> rot, lvl;
+  // per head, side, group: offsets into rot / lvl
+  std::vector<std::array<std::vector<size_t>, 2>> rot_at, lvl_at;
+};
+
+Plan make_plan(int d, int hkv, bool mixed, int kb, int vb, std::mt19937& rng) {
+  Plan P;
+  std::vector<HeadSpec> heads;
+  for (int h = 0; h < hkv; ++h)
+    heads.push_back(mixed ? mixed_head(d, rng) : LayerLayout::uniform(d, 1, kb, vb).spec(0));
+  P.layout = std::make_unique<LayerLayout>(d, heads);
+  P.rot_at.resize(hkv);
+  P.lvl_at.resize(hkv);
+  for (int h = 0; h < hkv; ++h)
+    for (int s = 0; s < 2; ++s)
+      for (const GroupSpec& G : s == 0 ? heads[h].key : heads[h].value) {
+        const int m = (int)G.channels.size();
+        P.rot_at[h][s].push_back(P.rot.size());
+        auto R = random_rotation(m, rng);
+        P.rot.insert(P.rot.end(), R.begin(), R.end());
+        P.lvl_at[h][s].push_back(P.lvl.size());
+        auto L = test_levels(m, G.bits, rng);
+        P.lvl.insert(P.lvl.end(), L.begin(), L.end());
+      }
+  return P;
+}
+
+struct Batch {
+  std::vector<int32_t> lens, page_table;
+  int max_pages = 0, n_pages = 0, max_len = 0;
+};
+
+Batch make_batch(const std::vector<int>& lens, std::mt19937& rng, int extra_tokens = 0) {
+  Batch B;
+  B.lens.assign(lens.begin(), lens.end());
+  for (int l : lens) {
+    B.max_len = std::max(B.max_len, l);
+    B.max_pages = std::max(B.max_pages, (l + extra_tokens + kPageTokens - 1) / kPageTokens);
+  }
+  B.n_pages = B.max_pages * (int)lens.size();
+  std::vector<int32_t> perm(B.n_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  B.page_table = perm;  // (batch, max_pages): every sequence owns max_pages shuffled pages
+  return B;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<double>& ref, size_t off, size_t n) {
+  double e = 0, r = 0;
+  for (size_t i = off; i < off + n; ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    e += (a[i] - ref[i]) * (a[i] - ref[i]);
+    r += ref[i] * ref[i];
+  }
+  return std::sqrt(e / r);
+}
+
+struct Case {
+  int d, hkv, gqa;
+  std::vector<int> lens;
+  bool mixed;
+  int kb, vb;
+  DType q_dtype;
+};
+
+std::string name(const Case& c) {
+  std::string s = "d=" + std::to_string(c.d) + " hkv=" + std::to_string(c.hkv) +
+                  " gqa=" + std::to_string(c.gqa) + (c.mixed ? " mixed" : " uniform K" +
+                  std::to_string(c.kb) + "V" + std::to_string(c.vb)) + " lens=";
+  for (int l : c.lens) s += std::to_string(l) + ",";
+  return s;
+}
+
+void run_packed_case(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(name(c));
+  std::mt19937 rng(seed);
+  Plan P = make_plan(c.d, c.hkv, c.mixed, c.kb, c.vb, rng);
+  const LayerLayout& L = *P.layout;
+  const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
+  Batch B = make_batch(c.lens, rng);
+  // Every bit pattern is a valid code: fill pages with random bytes, then
+  // valid fp16 norms in [0.5, 2).
+  HostPagePool pool{&L, std::vector<uint8_t>((size_t)B.n_pages * L.page_bytes())};
+  for (auto& x : pool.bytes) x = (uint8_t)rng();
+  std::uniform_real_distribution<float> U(0.5f, 2.f);
+  for (int p = 0; p < B.n_pages; ++p)
+    for (int h = 0; h < c.hkv; ++h)
+      for (Side s : {Side::key, Side::value})
+        for (int g = 0; g < (int)L.head(h).side(s).size(); ++g)
+          for (int t = 0; t < kPageTokens; ++t)
+            write_norm(L, pool.page(p), h, s, g, t, fp32_to_fp16(U(rng)));
+  std::normal_distribution<float> N;
+  std::vector<float> q((size_t)nb * hq * c.d);
+  for (auto& x : q) x = N(rng);
+  std::vector<uint16_t> q16(q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    q16[i] = fp32_to_fp16(q[i]);
+    if (c.q_dtype == DType::f16) q[i] = fp16_to_fp32(q16[i]);
+  }
+  const float scale = 1.f / std::sqrt((float)c.d);
+
+  // ---- GPU ----
+  cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
+  DevBuf<uint8_t> dpool(pool.bytes);
+  DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
+  DevBuf<float> dq(q);
+  DevBuf<uint16_t> dq16(q16);
+  DevBuf<float> dout((size_t)nb * hq * c.d);
+  CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+  const int splits = cuda::default_splits(nb, c.hkv, B.max_len);
+  const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, splits);
+  DevBuf<uint8_t> ws(ws_bytes);
+  cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
+  std::vector<std::vector<float>> outs;
+  for (auto variant : {cuda::PackedDecodeVariant::pair_lut, cuda::PackedDecodeVariant::bitwise}) {
+    CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+    cuda::packed_decode_attention(plan, db, dpool.p,
+                                  c.q_dtype == DType::f16 ? (void*)dq16.p : dq.p, c.q_dtype, scale,
+                                  dout.p, ws.p, ws_bytes, splits, nullptr, variant);
+    CK(cudaDeviceSynchronize());
+    outs.push_back(dout.get());
+  }
+  const std::vector<float>& out = outs[0];
+
+  // ---- CPU reference ----
+  std::vector<double> ref(out.size(), 0.0);
+  for (int b = 0; b < nb; ++b) {
+    const int T = c.lens[b];
+    for (int h = 0; h < c.hkv; ++h) {
+      const HeadSpec& spec = L.spec(h);
+      const auto& KG = L.head(h).key;
+      const auto& VG = L.head(h).value;
+      // decoded levels (fp16-rounded) and norms per token and group
+      std::vector<std::vector<float>> kc(KG.size()), vc(VG.size());
+      std::vector<std::vector<float>> kn(KG.size()), vn(VG.size());
+      for (size_t g = 0; g < KG.size(); ++g) {
+        kc[g].resize((size_t)T * KG[g].dim);
+        kn[g].resize(T);
+      }
+      for (size_t g = 0; g < VG.size(); ++g) {
+        vc[g].resize((size_t)T * VG[g].dim);
+        vn[g].resize(T);
+      }
+#pragma omp parallel for
+      for (int t = 0; t < T; ++t) {
+        auto page = std::as_const(pool).page(B.page_table[(size_t)b * B.max_pages + t / kPageTokens]);
+        std::vector<uint8_t> codes;
+        for (int s = 0; s < 2; ++s) {
+          const auto& G = s == 0 ? KG : VG;
+          for (size_t g = 0; g < G.size(); ++g) {
+            codes.resize(G[g].dim);
+            read_codes(L, page, h, s == 0 ? Side::key : Side::value, (int)g, t % kPageTokens, codes);
+            const float* lv = P.lvl.data() + P.lvl_at[h][s][g];
+            float* dst = (s == 0 ? kc : vc)[g].data() + (size_t)t * G[g].dim;
+            for (int j = 0; j < G[g].dim; ++j) dst[j] = round_fp16(lv[codes[j]]);
+            (s == 0 ? kn : vn)[g][t] = fp16_to_fp32(
+                read_norm(L, page, h, s == 0 ? Side::key : Side::value, (int)g, t % kPageTokens));
+          }
+        }
+      }
+      for (int r = 0; r < c.gqa; ++r) {
+        const int qh = h * c.gqa + r;
+        const float* qv = q.data() + ((size_t)b * hq + qh) * c.d;
+        std::vector<std::vector<double>> qr(KG.size());
+        for (size_t g = 0; g < KG.size(); ++g) {
+          const int m = KG[g].dim;
+          const float* R = P.rot.data() + P.rot_at[h][0][g];
+          qr[g].resize(m);
+          for (int j = 0; j < m; ++j) {
+            float acc = 0.f;
+            for (int i = 0; i < m; ++i) acc = std::fma(R[(size_t)j * m + i], qv[spec.key[g].channels[i]], acc);
+            qr[g][j] = round_fp16(scale * acc);
+          }
+        }
+        std::vector<double> sc(T);
+        double mx = -INFINITY;
+        for (int t = 0; t < T; ++t) {
+          double s = 0;
+          for (size_t g = 0; g < KG.size(); ++g) {
+            double dot = 0;
+            const float* kk = kc[g].data() + (size_t)t * KG[g].dim;
+            for (int j = 0; j < KG[g].dim; ++j) dot += qr[g][j] * kk[j];
+            s += kn[g][t] * dot;
+          }
+          sc[t] = s;
+          mx = std::max(mx, s);
+        }
+        double l = 0;
+        for (int t = 0; t < T; ++t) l += (sc[t] = std::exp(sc[t] - mx));
+        double* o = ref.data() + ((size_t)b * hq + qh) * c.d;
+        for (size_t g = 0; g < VG.size(); ++g) {
+          const int m = VG[g].dim;
+          std::vector<double> orot(m, 0.0);
+          for (int t = 0; t < T; ++t) {
+            const double w = sc[t] / l * vn[g][t];
+            const float* vv = vc[g].data() + (size_t)t * m;
+            for (int j = 0; j < m; ++j) orot[j] += w * vv[j];
+          }
+          const float* R = P.rot.data() + P.rot_at[h][1][g];
+          for (int i = 0; i < m; ++i) {
+            double acc = 0;
+            for (int j = 0; j < m; ++j) acc += (double)R[(size_t)j * m + i] * orot[j];
+            o[spec.value[g].channels[i]] = acc;
+          }
+        }
+      }
+    }
+    const size_t n = (size_t)hq * c.d;
+    const double e = rel_err(out, ref, (size_t)b * n, n);
+    EXPECT_LT(e, 1e-3) << "pair_lut variant, sequence " << b << " (length " << T << ")";
+    const double e1 = rel_err(outs[1], ref, (size_t)b * n, n);
+    EXPECT_LT(e1, 1e-3) << "bitwise variant, sequence " << b << " (length " << T << ")";
+    std::printf("  %s seq %d len %d: rel err %.2e (pair_lut) %.2e (bitwise)\n", name(c).c_str(), b,
+                T, e, e1);
+  }
+}
+
+}  // namespace
+
+// Small, fast case (also the compute-sanitizer case): mixed groups, GQA 4.
+TEST(CudaPackedDecode, Small) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  run_packed_case({64, 2, 4, {1, 97, 130}, true, 0, 0, DType::f32}, 11);
+}
+
+TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const Case cases[] = {
+      {128, 2, 4, {100003}, false, 3, 3, DType::f32},
+      {64, 3, 8, {1, 97, 4096}, true, 0, 0, DType::f32},
+      {128, 2, 8, {1, 97, 4096, 100003, 64, 65, 200, 5000}, true, 0, 0, DType::f16},
+      {256, 1, 1, {97, 4096, 1}, false, 4, 2, DType::f32},
+      {256, 2, 4, {100003, 1, 4096, 97, 33, 16, 17, 1000}, false, 2, 4, DType::f16},
+      {128, 8, 4, {4096, 97, 1}, false, 1, 1, DType::f32},
+      {64, 1, 1, {100003}, false, 4, 4, DType::f32},
+  };
+  uint32_t seed = 100;
+  for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+// ---- fp16 baseline kernel ---------------------------------------------------
+
+TEST(CudaFp16Decode, AgainstReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  struct C {
+    int d, hkv, gqa;
+    std::vector<int> lens;
+  };
+  const C cases[] = {{64, 3, 8, {1, 97, 4096}},
+                     {128, 2, 4, {100003, 1, 97, 4096, 5, 16, 17, 300}},
+                     {256, 1, 1, {97}}};
+  uint32_t seed = 7;
+  for (const C& c : cases) {
+    SCOPED_TRACE("d=" + std::to_string(c.d) + " gqa=" + std::to_string(c.gqa));
+    std::mt19937 rng(seed++);
+    Batch B = make_batch(c.lens, rng);
+    const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
+    const size_t page_elems = (size_t)c.hkv * 2 * kPageTokens * c.d;
+    std::normal_distribution<float> N;
+    std::vector<uint16_t> pool((size_t)B.n_pages * page_elems);
+    for (auto& x : pool) x = fp32_to_fp16(N(rng));
+    std::vector<float> q((size_t)nb * hq * c.d);
+    for (auto& x : q) x = N(rng);
+    const float scale = 1.f / std::sqrt((float)c.d);
+    DevBuf<uint16_t> dpool(pool);
+    DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
+    DevBuf<float> dq(q), dout((size_t)nb * hq * c.d);
+    CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));
+    const int splits = cuda::default_splits(nb, c.hkv, B.max_len);
+    const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, splits);
+    DevBuf<uint8_t> ws(ws_bytes);
+    cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
+    cuda::fp16_decode_attention(hq, c.hkv, c.d, db, dpool.p, dq.p, DType::f32, scale, dout.p,
+                                ws.p, ws_bytes, splits, nullptr);
+    CK(cudaDeviceSynchronize());
+    const auto out = dout.get();
+    std::vector<double> ref(out.size());
+    for (int b = 0; b < nb; ++b) {
+      const int T = c.lens[b];
+      for (int qh = 0; qh < hq; ++qh) {
+        const int h = qh / c.gqa;
+        std::vector<double> qs(c.d), sc(T);
+        for (int i = 0; i < c.d; ++i) qs[i] = round_fp16(scale * q[((size_t)b * hq + qh) * c.d + i]);
+        auto kv = [&](int t, int side, int i) {
+          const size_t p = B.page_table[(size_t)b * B.max_pages + t / kPageTokens];
+          return (double)fp16_to_fp32(pool[p * page_elems + ((size_t)h * 2 + side) * kPageTokens * c.d +
+                                           (size_t)(t % kPageTokens) * c.d + i]);
+        };
+        double mx = -INFINITY;
+        for (int t = 0; t < T; ++t) {
+          double s = 0;
+          for (int i = 0; i < c.d; ++i) s += qs[i] * kv(t, 0, i);
+          mx = std::max(mx, sc[t] = s);
+        }
+        double l = 0;
+        for (int t = 0; t < T; ++t) l += (sc[t] = std::exp(sc[t] - mx));
+        for (int i = 0; i < c.d; ++i) {
+          double o = 0;
+          for (int t = 0; t < T; ++t) o += sc[t] * kv(t, 1, i);
+          ref[((size_t)b * hq + qh) * c.d + i] = o / l;
+        }
+      }
+      const size_t n = (size_t)hq * c.d;
+      EXPECT_LT(rel_err(out, ref, (size_t)b * n, n), 1e-3) << "sequence " << b;
+    }
+  }
+}
+
+// ---- quantize-append --------------------------------------------------------
+
+TEST(CudaPackedAppend, MatchesReferenceQuantizerAndTouchesOnlyItsToken) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (int d : {64, 128, 256}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    std::mt19937 rng(300 + d);
+    const int hkv = 2, hq = 4;
+    Plan P = make_plan(d, hkv, d != 256, 3, 2, rng);
+    const LayerLayout& L = *P.layout;
+    const std::vector<int> pos = {0, 97, 4095, 63};
+    const int nb = (int)pos.size();
+    Batch B = make_batch(pos, rng, 1);
+    HostPagePool pool{&L, std::vector<uint8_t>((size_t)B.n_pages * L.page_bytes())};
+    for (auto& x : pool.bytes) x = (uint8_t)rng();
+    const std::vector<uint8_t> before = pool.bytes;
+    std::normal_distribution<float> N;
+    std::vector<float> k((size_t)nb * hkv * d), v(k.size());
+    for (auto& x : k) x = 3.f * N(rng);
+    for (auto& x : v) x = N(rng);
+    cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
+    DevBuf<uint8_t> dpool(pool.bytes);
+    DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
+    DevBuf<float> dk(k), dv(v);
+    cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len + 1};
+    cuda::packed_append(plan, db, dpool.p, dk.p, dv.p, DType::f32, nullptr);
+    CK(cudaDeviceSynchronize());
+    const auto after = dpool.get();
+    HostPagePool gpu{&L, after};
+    HostPagePool expect{&L, before};
+    int ambiguous = 0;
+    for (int b = 0; b < nb; ++b) {
+      const int page = B.page_table[(size_t)b * B.max_pages + pos[b] / kPageTokens];
+      const int slot = pos[b] % kPageTokens;
+      for (int h = 0; h < hkv; ++h)
+        for (int s = 0; s < 2; ++s) {
+          const Side side = s == 0 ? Side::key : Side::value;
+          const auto& specs = s == 0 ? L.spec(h).key : L.spec(h).value;
+          for (size_t g = 0; g < specs.size(); ++g) {
+            const int m = (int)specs[g].channels.size();
+            const float* x = (s == 0 ? k : v).data() + ((size_t)b * hkv + h) * d;
+            double nn = 0;
+            for (int c : specs[g].channels) nn += (double)x[c] * x[c];
+            nn = std::sqrt(nn);
+            const float* R = P.rot.data() + P.rot_at[h][s][g];
+            const float* lv = P.lvl.data() + P.lvl_at[h][s][g];
+            std::vector<uint8_t> got(m);
+            read_codes(L, gpu.page(page), h, side, (int)g, slot, got);
+            for (int j = 0; j < m; ++j) {
+              double y = 0;
+              for (int i = 0; i < m; ++i) y += (double)R[(size_t)j * m + i] * x[specs[g].channels[i]];
+              y /= nn;
+              int code = 0;
+              double closest = INFINITY;
+              for (int l = 0; l + 1 < (1 << specs[g].bits); ++l) {
+                const double mid = 0.5 * ((double)lv[l] + lv[l + 1]);
+                code += y > mid;
+                closest = std::min(closest, std::abs(y - mid));
+              }
+              if (got[j] != code) {
+                ++ambiguous;
+                ASSERT_LT(closest, 1e-5) << "b " << b << " h " << h << " side " << s << " group " << g
+                                         << " coord " << j << ": GPU code " << (int)got[j]
+                                         << ", reference " << code << " (y = " << y << ")";
+              }
+            }
+            const uint16_t gn = read_norm(L, gpu.page(page), h, side, (int)g, slot);
+            EXPECT_NEAR(fp16_to_fp32(gn), nn, std::abs(nn) * 1e-3);
+            write_codes(L, expect.page(page), h, side, (int)g, slot, got);
+            write_norm(L, expect.page(page), h, side, (int)g, slot, gn);
+          }
+        }
+    }
+    EXPECT_LE(ambiguous, 2);
+    // Bit placement equals the reference writer's, and nothing else changed.
+    EXPECT_TRUE(expect.bytes == after);
+  }
+}
+
+TEST(CudaPackedPlan, RejectsUnsupportedCombinations) {
+  const LayerLayout L96 = LayerLayout::uniform(96, 1, 2, 2);
+  std::vector<float> rot(2 * 96 * 96, 0.f), lvl = {-1, -0.3f, 0.3f, 1, -1, -0.3f, 0.3f, 1};
+  EXPECT_THROW(cuda::PackedPlan(L96, 4, rot, lvl), ratekv::Error);  // head_dim 96
+  const LayerLayout L64 = LayerLayout::uniform(64, 1, 2, 2);
+  rot.assign(2 * 64 * 64, 0.f);
+  EXPECT_THROW(cuda::PackedPlan(L64, 3 * 17, rot, lvl), ratekv::Error);  // GQA 51
+  std::vector<float> bad = lvl;
+  bad[1] = -2.f;  // not ascending
+  EXPECT_THROW(cuda::PackedPlan(L64, 4, rot, bad), ratekv::Error);
+  rot.pop_back();
+  EXPECT_THROW(cuda::PackedPlan(L64, 4, rot, lvl), ratekv::Error);  // wrong rotation size
+}

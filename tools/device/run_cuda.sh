@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call: build the CUDA path (tools/device/CMakeLists.txt), run its
+# tests, compute-sanitizer memcheck + racecheck on the small cases, the decode
+# benchmark and the torch SDPA flash baseline in the same run. Everything lands
+# in $OUT (all.log, build.log, test_cuda.json, cuda_decode_bench.json,
+# sdpa_flash.json, table.md). Usage (repo root): tools/device/run_cuda.sh [quick]
+set -uo pipefail
+OUT=${OUT:-/tmp/ratekv_cuda_out}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+B=/tmp/ratekv-cuda-build
+LOG=$OUT/all.log
+say() { echo "== $*" | tee -a "$LOG"; }
+say "env"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv; nvcc --version | tail -2; cmake --version | head -1; } 2>&1 | tee -a "$LOG"
+say "build"
+if ! { cmake -S "$ROOT/tools/device" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build $B -j16; } > "$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log" | tee -a "$LOG"; exit 1
+fi
+grep -E "Compiling entry|registers|spill" "$OUT/build.log" | grep -B1 -A1 registers | grep -E "registers|spill" | tee -a "$LOG"
+say "format tests"
+$B/test_cache_format 2>&1 | tail -3 | tee -a "$LOG"
+say "cuda tests"
+$B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" 2>&1 | grep -vE "^\[ RUN|^\[       OK" | tail -40 | tee -a "$LOG"
+say "compute-sanitizer memcheck (small decode + append)"
+compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda --gtest_filter='CudaPackedDecode.Small:CudaPackedAppend.*' 2>&1 | tail -6 | tee -a "$LOG"
+say "compute-sanitizer racecheck (small decode)"
+compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda --gtest_filter='CudaPackedDecode.Small' 2>&1 | tail -4 | tee -a "$LOG"
+say "benchmark"
+$B/bench_cuda_decode --out "$OUT/cuda_decode_bench.json" 2>&1 | tee -a "$LOG"
+say "torch SDPA flash baseline"
+PYTHONUNBUFFERED=1 python3 "$ROOT/tools/device/sdpa_baseline.py" --out "$OUT/sdpa_flash.json" 2>&1 | tee -a "$LOG"
+python3 "$ROOT/tools/device/summarize.py" "$OUT/cuda_decode_bench.json" "$OUT/sdpa_flash.json" > "$OUT/table.md" 2>&1
+cat "$OUT/table.md"
