@@ -59,6 +59,7 @@ class GgmlBlockQuantizer final : public Quantizer {
   int dim() const override { return dim_; }
   double code_bits_per_element() const override { return type_ == GgmlType::q8_0 ? 8.0 : 4.0; }
   double bits_per_element(int64_t T) const override;
+  using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
   /// Throws Error on non-finite input (ggml itself would produce garbage).
   void fake_quant(const float* x, int64_t T, float* xhat) const override;

@@ -38,6 +38,7 @@ class KIVIKey final : public Quantizer {
   int tokens_per_group() const override { return cfg_.group_size; }
   double code_bits_per_element() const override { return cfg_.bits; }
   double bits_per_element(int64_t T) const override;
+  using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
   /// x, xhat: (T, d) = the head's rows in token order starting at a group boundary.
   void fake_quant(const float* x, int64_t T, float* xhat) const override;
@@ -59,6 +60,7 @@ class KIVIValue final : public Quantizer {
   int dim() const override { return cfg_.dim; }
   double code_bits_per_element() const override { return cfg_.bits; }
   double bits_per_element(int64_t T) const override;
+  using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
   void fake_quant(const float* x, int64_t T, float* xhat) const override;
 

@@ -36,6 +36,7 @@ class QuaRot final : public Quantizer {
   int dim() const override { return cfg_.dim; }
   double code_bits_per_element() const override { return cfg_.bits; }
   double bits_per_element(int64_t T) const override;
+  using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
   void fake_quant(const float* x, int64_t T, float* xhat) const override;
 
