@@ -70,7 +70,7 @@ for s in "${STEPS[@]}"; do
     perplexity)
       build_ref
       python3 "$HERE/ref/perplexity_fixture.py" "$BIN" "$MODEL" "$F32_MODEL" "$MODEL_SHA" "$EVAL" "$EVAL_SHA" \
-        "$OUT/perplexity.json" ;;
+        "$OUT/perplexity.json" "$ROOT/ref/ppl_cache" ;;
   esac
 done
 ls -l "$OUT"

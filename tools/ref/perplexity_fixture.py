@@ -4,7 +4,12 @@ evaluation text, for two context sizes and several KV-cache types (the baselines
 evaluation compares ratekv's KV compression against). Run by
 tools/make_reference_fixtures.sh; stdlib only.
 
-usage: perplexity_fixture.py BIN_DIR Q4_1_MODEL F32_MODEL MODEL_SHA256 EVAL_TXT EVAL_SHA256 OUT_JSON
+usage: perplexity_fixture.py BIN_DIR Q4_1_MODEL F32_MODEL MODEL_SHA256 EVAL_TXT EVAL_SHA256 OUT_JSON CACHE_DIR
+
+Each llama-perplexity run takes minutes on 2 busy cores, so every finished run is cached in
+CACHE_DIR (keyed by model/eval hashes and arguments) and OUT_JSON is rewritten after each run:
+an interrupted invocation resumes where it stopped. Set RATEKV_PPL_EXTRA=1 to also run the
+extra variants (F32 and F16+flash-attention KV on the Q4_1 weights).
 
 llama-perplexity convention (tools/perplexity/perplexity.cpp): the text is tokenized whole
 (no BOS for this model), cut into n_chunk consecutive windows of n_ctx tokens; each window is
@@ -12,6 +17,7 @@ evaluated from an empty cache and only the predictions of tokens first+1 .. n_ct
 first = n_ctx/2 are scored, i.e. n_ctx/2 - 1 per window. PPL = exp(mean NLL) over all scored
 tokens of all windows.
 """
+import hashlib
 import json
 import os
 import re
@@ -19,32 +25,48 @@ import subprocess
 import sys
 
 CONTEXTS = [(512, 8), (2048, 2)]
-# (name, model key, cache type k/v, flash attention)
+# (name, model key, cache type k/v, flash attention). Quantized V cache needs flash attention
+# in llama.cpp, so the q8_0/q4_0 runs use -fa on.
 VARIANTS = [
     ("kv_f16", "q4_1", "f16", "off"),
-    ("kv_f32", "q4_1", "f32", "off"),
-    ("kv_f16_fa", "q4_1", "f16", "on"),
     ("kv_q8_0", "q4_1", "q8_0", "on"),
     ("kv_q4_0", "q4_1", "q4_0", "on"),
     ("f32_weights_kv_f32", "f32", "f32", "off"),
 ]
-THREADS = 2
+EXTRA_VARIANTS = [
+    ("kv_f32", "q4_1", "f32", "off"),
+    ("kv_f16_fa", "q4_1", "f16", "on"),
+]
+# One thread: on the shared, oversubscribed 2-core dev machine llama.cpp ran about 2x faster
+# with -t 1 than with -t 2 (spinning barriers), and ggml splits matmuls by output rows, so the
+# thread count does not change the numbers (checked: kv_f16 at n_ctx 512 gave the same PPL
+# with -t 2). Override with RATEKV_PPL_THREADS.
+THREADS = int(os.environ.get("RATEKV_PPL_THREADS", "1"))
 
 
 def main():
-    if len(sys.argv) != 8:
+    if len(sys.argv) != 9:
         sys.exit(__doc__)
-    bin_dir, q41, f32, model_sha, eval_txt, eval_sha, out = sys.argv[1:]
+    bin_dir, q41, f32, model_sha, eval_txt, eval_sha, out, cache_dir = sys.argv[1:]
+    os.makedirs(cache_dir, exist_ok=True)
     models = {"q4_1": q41, "f32": f32}
     tok = subprocess.run([os.path.join(bin_dir, "llama-tokenize"), "-m", q41, "-f", eval_txt, "--ids",
                           "--no-escape", "--log-disable"], capture_output=True, check=True)
     n_tokens = len(json.loads([l for l in tok.stdout.decode().splitlines() if l.startswith("[")][0]))
+    variants = VARIANTS + (EXTRA_VARIANTS if os.environ.get("RATEKV_PPL_EXTRA") == "1" else [])
     runs = []
     for n_ctx, n_chunks in CONTEXTS:
-        for name, model_key, kv, fa in VARIANTS:
+        for name, model_key, kv, fa in variants:
             args = ["-m", models[model_key], "-f", eval_txt, "-c", str(n_ctx), "--chunks", str(n_chunks),
                     "-b", str(n_ctx), "-t", str(THREADS), "-tb", str(THREADS),
                     "-ctk", kv, "-ctv", kv, "-fa", fa]
+            key = hashlib.sha256(json.dumps([model_sha, eval_sha, model_key] + args[2:]).encode()).hexdigest()
+            cached = os.path.join(cache_dir, key[:32] + ".json")
+            if os.path.exists(cached):
+                with open(cached) as f:
+                    runs.append(json.load(f))
+                write(out, model_sha, eval_sha, n_tokens, runs)
+                continue
             res = subprocess.run([os.path.join(bin_dir, "llama-perplexity")] + args,
                                  capture_output=True, check=False)
             log = res.stdout.decode(errors="replace") + res.stderr.decode(errors="replace")
@@ -55,7 +77,7 @@ def main():
             model_file = "SmolLM2-135M-Instruct.Q4_1.gguf" if model_key == "q4_1" else \
                 "SmolLM2-135M-Instruct.F32-from-Q4_1.gguf (llama_ref dequant)"
             cmd = ["llama-perplexity", "-m", model_file, "-f", "text/eval.txt"] + args[4:]
-            runs.append({
+            runs.append(run := {
                 "name": name, "weights": model_key, "n_ctx": n_ctx, "n_chunks": n_chunks,
                 "n_batch": n_ctx, "cache_type_k": kv, "cache_type_v": kv, "flash_attn": fa,
                 "n_threads": THREADS,
@@ -64,7 +86,13 @@ def main():
                 "running_ppl_per_chunk": running,
                 "command": " ".join(cmd),
             })
+            with open(cached, "w") as f:
+                json.dump(run, f)
+            write(out, model_sha, eval_sha, n_tokens, runs)
             print(f"perplexity n_ctx={n_ctx} {name}: {m.group(1)}", file=sys.stderr)
+
+
+def write(out, model_sha, eval_sha, n_tokens, runs):
     doc = {
         "model_sha256": model_sha,
         "eval_text": "text/eval.txt", "eval_text_sha256": eval_sha,
@@ -74,7 +102,7 @@ def main():
                        "each from an empty cache; tokens at positions n_ctx/2+1 .. n_ctx-1 scored "
                        "(n_ctx/2-1 per window); PPL = exp(mean NLL); ppl_stderr as printed by llama.cpp; "
                        "running_ppl_per_chunk[i] = PPL over windows 0..i; n_ubatch = llama.cpp default 512"),
-        "runs": runs,
+        "runs": list(runs),
     }
     body = ",\n  ".join(json.dumps(r) for r in doc.pop("runs"))
     head = json.dumps(doc, indent=1)[:-2]
