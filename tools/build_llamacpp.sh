@@ -32,7 +32,7 @@ BUILD="$ROOT/llama-build"
 TARGETS=(llama-tokenize llama-perplexity llama-bench llama-simple llama-completion)
 CMAKE_FLAGS=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
              -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
-             -DLLAMA_BUILD_UI=OFF -DGGML_CUDA=OFF)
+             -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_CUDA=OFF)
 
 die() { echo "build_llamacpp.sh: error: $*" >&2; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || die "'$1' not found on PATH; $2"; }
