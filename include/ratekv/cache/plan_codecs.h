@@ -1,0 +1,75 @@
+// ratekv/cache/plan_codecs.h — the quantizers a plan prescribes, built once
+// per (layer, KV head, side) and checked against the model (DESIGN.md §1).
+//
+// Plan codec kind → quantizer (quant/*.h), head_dim d, RoPE pairs of the
+// model's layout:
+//   fp16            none: values are stored rounded to fp16
+//   tq-mse          tq_mse {dim d, bits, seed, norm fp16}
+//   tq-mse-grouped  grouped_tq_mse: group g takes the channels
+//                   rope_pairs(layout)[i] of its blocks i, in listed order
+//                   (a_i, b_i per block), with its bits and seed; bits 0 drops them
+//   kivi            keys: kivi_key {bits, group_size = tokens per group}
+//                   (per_channel_tokens scope); values: kivi_value {bits,
+//                   group_size = channels per group}; both an fp16 scale and
+//                   zero per group, so 32/group_size metadata bits per element
+//   quarot          quarot {bits, seed, asymmetric (scale + zero), group_size,
+//                   rotation hadamard}
+//   q8_0, q4_0      ggml blocks of 32
+// Whole-head kinds must list the channels 0..d−1 in order (Error otherwise).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ratekv/model.h"
+#include "ratekv/plan.h"
+#include "ratekv/quant/quantizer.h"
+
+namespace ratekv::cache {
+
+/// Which half of the cache a codec encodes.
+enum class KVSide { key = 0, value = 1 };
+
+/// Quantizers of every (layer, KV head, side) of a plan. Immutable; the
+/// quantizers are thread-safe.
+class PlanCodecs {
+ public:
+  /// Validates the plan (Plan::validate) and that it matches the model
+  /// (arch, n_layers, n_kv_heads, head_dim, RoPE layout; Error listing each
+  /// mismatch), then builds the quantizers. `name` (file name) prefixes errors.
+  PlanCodecs(Plan plan, const ModelConfig& cfg, const std::string& name = "plan");
+
+  const Plan& plan() const { return plan_; }
+  const ModelConfig& config() const { return cfg_; }
+  /// The quantizer of (layer, head, side); nullptr for an fp16 codec.
+  const quant::Quantizer* quantizer(int layer, int head, KVSide side) const;
+
+  /// Quantize → dequantize T rows of one head. x, xhat: (T, head_dim)
+  /// contiguous, may alias. fp16 codecs round to fp16. For per_channel_tokens
+  /// codecs (KIVI keys) row 0 must start a token group; rows past the last
+  /// full group come back fp16-rounded (the quantizer's window).
+  void fake_quant(int layer, int head, KVSide side, const float* x, int64_t T, float* xhat) const;
+
+  /// The quantizer JSON description of a plan codec (see file comment).
+  /// Throws Error naming `field` for unsupported kinds or channel lists.
+  static nlohmann::json quantizer_json(const Codec& c, KVSide side, int head_dim, RopeLayout layout,
+                                       const std::string& field);
+
+ private:
+  Plan plan_;
+  ModelConfig cfg_;
+  std::vector<std::unique_ptr<quant::Quantizer>> q_;  // ((layer · n_kv_heads + head) · 2 + side)
+};
+
+/// A copy of `plan` whose every rotation seed (TQ kinds, quarot) is replaced
+/// by a deterministic mix of the stored seed and `run_seed` (SplitMix64);
+/// run_seed 0 returns the plan unchanged. Used to repeat an evaluation over
+/// independent rotations (DESIGN.md §9).
+Plan reseeded_plan(const Plan& plan, uint64_t run_seed);
+
+/// The PlanTarget of a model config (arch, shape, RoPE layout name).
+PlanTarget plan_target(const ModelConfig& cfg);
+
+}  // namespace ratekv::cache

@@ -1,0 +1,84 @@
+// ratekv/calib/kv_stats.h — calibration statistics of the K/V cache of one
+// model on one text: what the allocators and later methods need (DESIGN.md
+// §3 Block-GTQ energies, §5 TaSQ sufficient statistics). Produced by
+// `ratekv calibrate` (calib/calibrate.h); file format in
+// docs/calibration_stats.md.
+//
+// Every statistic is a mean over the N calibration tokens (all chunks), per
+// layer l and KV head h (query statistics per query head where noted).
+// Layouts are row-major; L = n_layers, H = n_heads, Hkv = n_kv_heads,
+// d = head_dim, B = d/2 RoPE blocks (block i = channels rope_pairs()[i]).
+//   q_block_energy (L, Hkv, B)  E_{t, g∈G(h)} ‖q_{g,t}^{(i)}‖²  (post-RoPE; RoPE keeps block norms)
+//   k_block_energy (L, Hkv, B)  E_t ‖k_{h,t}^{(i)}‖²            (post-RoPE)
+//   k_pre_mean     (L, Hkv, d)  E_t k_{h,t}                      (pre-RoPE)
+//   k_pre_cov      (L, Hkv, d, d) E_t (k−μ)(k−μ)ᵀ                (pre-RoPE, population covariance, 1/N)
+//   q_pre_sq       (L, H, d)    E_t q_{g,t,c}²                   (pre-RoPE, per query head)
+//   v_sq           (L, Hkv, d)  E_t v_{h,t,c}²
+// The pre-RoPE key covariance is of the raw projected keys: no TaSQ
+// weighting or per-token normalization is applied (a per-channel weighting W
+// transforms it as W Σ W; the per-token RMS normalization is not linear and
+// needs captures).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ratekv/alloc/stats.h"
+#include "ratekv/model.h"
+#include "ratekv/plan.h"
+
+namespace ratekv::calib {
+
+/// Calibration statistics (see file comment). All tensors in double in
+/// memory; stored as F32 on disk.
+struct KVStats {
+  static constexpr int kFormatVersion = 1;
+  static constexpr const char* kFormat = "ratekv-calib-stats";
+
+  ModelIdentity model;       ///< arch, n_layers, n_kv_heads, head_dim, rope layout, file, sha256
+  int n_heads = 0;           ///< query heads
+  std::string text_file;     ///< calibration text (file name, no directory)
+  std::string text_sha256;   ///< hex SHA-256 of the whole text file
+  int64_t n_tokens = 0;      ///< calibration tokens N
+  int64_t ctx = 0;           ///< tokens per forward chunk (fresh cache per chunk)
+
+  std::vector<double> q_block_energy;  ///< (L, Hkv, d/2)
+  std::vector<double> k_block_energy;  ///< (L, Hkv, d/2)
+  std::vector<double> k_pre_mean;      ///< (L, Hkv, d)
+  std::vector<double> k_pre_cov;       ///< (L, Hkv, d, d)
+  std::vector<double> q_pre_sq;        ///< (L, H, d)
+  std::vector<double> v_sq;            ///< (L, Hkv, d)
+
+  /// Checks shapes (from model / n_heads), N ≥ 1, finiteness, non-negative
+  /// energies and second moments. Throws Error naming `name` and the tensor.
+  void validate(const std::string& name = "stats") const;
+  /// Checks that the statistics were measured on a model with this config
+  /// (arch, n_layers, n_heads, n_kv_heads, head_dim, RoPE layout); throws
+  /// Error listing every mismatch ("stats made for n_layers = 30, model has 24").
+  void validate_against(const ModelConfig& cfg, const std::string& name = "stats") const;
+
+  /// The allocators' view (alloc/stats.h): identity, source, N and the two
+  /// block energies; no sensitivities or curves.
+  alloc::CalibStats to_alloc_stats() const;
+
+  /// Writes the safetensors file (validates first). Throws Error on I/O failure.
+  void save(const std::string& path) const;
+  /// Reads and validates a statistics file. Throws Error naming the file and
+  /// the tensor / metadata field for a wrong format, version, shape or value.
+  static KVStats load(const std::string& path);
+};
+
+/// The identity of `cfg` as plans and statistics record it (file and sha256 empty).
+ModelIdentity model_identity(const ModelConfig& cfg);
+
+/// True when `path` starts like a safetensors file (8-byte header length
+/// followed by '{'), false for anything else (e.g. a JSON document).
+bool is_safetensors_file(const std::string& path);
+
+/// Loads allocator statistics from either format: a safetensors file written
+/// by `ratekv calibrate` (converted with to_alloc_stats) or the JSON form of
+/// alloc/stats.h. Throws Error naming the file.
+alloc::CalibStats load_alloc_stats(const std::string& path);
+
+}  // namespace ratekv::calib

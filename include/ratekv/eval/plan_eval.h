@@ -1,0 +1,59 @@
+// ratekv/eval/plan_eval.h — evaluate KV-cache plans on a model and a text
+// against the fp32 cache and each other (the library side of `ratekv eval`;
+// DESIGN.md §3 metric, §9 protocol).
+//
+// For tokens cut into n_chunks = ⌊N/ctx⌋ windows of ctx tokens (llama.cpp's
+// perplexity windows; each from a fresh cache):
+//  * one fp32 pass gives the reference perplexity and, through ForwardHooks,
+//    every layer's post-RoPE q and k; each plan's keys k̂ are the fake-quant
+//    cache's reconstruction of the whole window (fake_quant_sequence), and
+//    RoPE-logit MAE and attention KL (eval/logit_error.h; K-only, V exact)
+//    are accumulated per layer;
+//  * per plan and run seed, perplexity with a FakeQuantKVCache quantizing K
+//    only and K+V.
+// Run seeds 0..n_seeds−1: seed 0 is the plan as stored, seed r > 0 the plan
+// with every rotation seed re-mixed with r (cache/plan_codecs.h
+// reseeded_plan). Plans without rotations (fp16, kivi, q8_0, q4_0) are
+// deterministic and run once; their spread is 0.
+// Report JSON (format "ratekv-eval", version 1): see docs/eval_report.md.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ratekv/model.h"
+#include "ratekv/plan.h"
+
+namespace ratekv::eval {
+
+/// One plan to evaluate; `name` labels its rows (unique).
+struct PlanEntry {
+  std::string name;
+  std::string file;
+  Plan plan;
+};
+
+struct EvalOptions {
+  int64_t ctx = 512;          ///< window length (tokens)
+  int n_seeds = 1;            ///< run seeds (≥ 1)
+  int64_t query_stride = 1;   ///< MAE/KL over query rows i ≡ 0 mod stride (all causal keys)
+  bool perplexity = true;     ///< run the quantized perplexity passes
+  int32_t bos_id = -1;        ///< ≥ 0: first token of each window replaced (llama.cpp add_bos)
+  double pair_tolerance = 0.02;  ///< plans whose K effective bits differ less are compared pairwise
+};
+
+/// Runs the evaluation and returns the report. Throws Error for duplicate
+/// names, plans that do not match the model, too few tokens for one window,
+/// or bad options.
+nlohmann::json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::vector<PlanEntry>& plans,
+                              const EvalOptions& opt);
+
+/// A readable text rendering of a report: summary rows (bits, MAE, KL, PPL
+/// with spreads), pairwise comparisons, and the per-layer MAE table.
+std::string format_eval_report(const nlohmann::json& report);
+
+}  // namespace ratekv::eval

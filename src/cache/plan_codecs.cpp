@@ -1,0 +1,145 @@
+// PlanCodecs: plan codec → quantizer, per (layer, KV head, side).
+#include "ratekv/cache/plan_codecs.h"
+
+#include "ratekv/error.h"
+#include "ratekv/fp16.h"
+
+namespace ratekv::cache {
+
+using nlohmann::json;
+
+namespace {
+
+void require_all_channels(const Codec& c, int d, const std::string& field) {
+  check(c.groups.size() == 1, "{}: kind {} needs exactly one group, got {}", field, codec_kind_name(c.kind),
+        c.groups.size());
+  const auto& ch = c.groups[0].channels;
+  bool ok = static_cast<int>(ch.size()) == d;
+  for (int i = 0; ok && i < d; ++i) ok = ch[i] == i;
+  check(ok, "{}: kind {} must list the channels 0..{} in order (channel subsets are only supported by "
+        "tq-mse-grouped)", field, codec_kind_name(c.kind), d - 1);
+}
+
+uint32_t mix32(uint64_t seed, uint64_t run) {
+  uint64_t z = seed ^ (run * 0x9e3779b97f4a7c15ull);
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<uint32_t>((z ^ (z >> 31)) >> 32);
+}
+
+}  // namespace
+
+PlanTarget plan_target(const ModelConfig& cfg) {
+  PlanTarget t;
+  t.arch = cfg.arch;
+  t.n_layers = cfg.n_layers;
+  t.n_kv_heads = cfg.n_kv_heads;
+  t.head_dim = cfg.head_dim;
+  t.rope_layout = rope_layout_name(cfg.rope_layout);
+  return t;
+}
+
+json PlanCodecs::quantizer_json(const Codec& c, KVSide side, int d, RopeLayout layout, const std::string& field) {
+  switch (c.kind) {
+    case CodecKind::FP16:
+      return json();
+    case CodecKind::TqMse: {
+      require_all_channels(c, d, field);
+      check(c.norm == NormStorage::FP16, "{}: tq-mse needs norm \"fp16\"", field);
+      return {{"kind", "tq_mse"}, {"dim", d},         {"bits", c.groups[0].bits}, {"seed", c.groups[0].seed},
+              {"rotation", "haar"}, {"norm", "fp16"}, {"norm_correction", false}};
+    }
+    case CodecKind::TqMseGrouped: {
+      check(c.norm == NormStorage::FP16, "{}: tq-mse-grouped needs norm \"fp16\"", field);
+      const auto pairs = rope_pairs(layout, d);
+      json groups = json::array();
+      for (size_t g = 0; g < c.groups.size(); ++g) {
+        const CodecGroup& cg = c.groups[g];
+        if (cg.blocks.empty()) continue;
+        std::vector<int> ch;
+        for (int b : cg.blocks) {
+          check(b >= 0 && b < d / 2, "{}.groups[{}]: block {} outside 0..{}", field, g, b, d / 2 - 1);
+          ch.push_back(pairs[b][0]);
+          ch.push_back(pairs[b][1]);
+        }
+        groups.push_back({{"channels", ch}, {"bits", cg.bits}, {"seed", cg.seed}});
+      }
+      return {{"kind", "grouped_tq_mse"}, {"dim", d},         {"rotation", "haar"},
+              {"norm", "fp16"},           {"norm_correction", false}, {"groups", groups}};
+    }
+    case CodecKind::Kivi:
+      require_all_channels(c, d, field);
+      return {{"kind", side == KVSide::key ? "kivi_key" : "kivi_value"},
+              {"dim", d},
+              {"bits", c.groups[0].bits},
+              {"group_size", c.group_size}};
+    case CodecKind::QuaRot:
+      require_all_channels(c, d, field);
+      return {{"kind", "quarot"},         {"dim", d},         {"bits", c.groups[0].bits}, {"seed", c.groups[0].seed},
+              {"symmetric", false}, {"group_size", c.group_size}, {"rotation", "hadamard"}};
+    case CodecKind::Q8_0:
+    case CodecKind::Q4_0:
+      require_all_channels(c, d, field);
+      return {{"kind", c.kind == CodecKind::Q8_0 ? "q8_0" : "q4_0"}, {"dim", d}};
+  }
+  fail("{}: unsupported codec kind", field);
+}
+
+PlanCodecs::PlanCodecs(Plan plan, const ModelConfig& cfg, const std::string& name)
+    : plan_(std::move(plan)), cfg_(cfg) {
+  plan_.validate(name);
+  plan_.validate_against(plan_target(cfg_), name);
+  const int L = cfg_.n_layers, H = cfg_.n_kv_heads, d = cfg_.head_dim;
+  check(static_cast<int>(plan_.layers.size()) == L, "{}: {} layers, model has {}", name, plan_.layers.size(), L);
+  q_.resize(static_cast<size_t>(L) * H * 2);
+  for (int l = 0; l < L; ++l) {
+    check(static_cast<int>(plan_.layers[l].size()) == H, "{}: layers[{}] has {} heads, model has {} KV heads", name,
+          l, plan_.layers[l].size(), H);
+    for (int h = 0; h < H; ++h)
+      for (int s = 0; s < 2; ++s) {
+        const Codec& c = s == 0 ? plan_.layers[l][h].key : plan_.layers[l][h].value;
+        const std::string field = fmt::format("{}: layers[{}].heads[{}].{}", name, l, h, s == 0 ? "key" : "value");
+        const json desc = quantizer_json(c, static_cast<KVSide>(s), d, cfg_.rope_layout, field);
+        if (desc.is_null()) continue;
+        try {
+          q_[(static_cast<size_t>(l) * H + h) * 2 + s] = quant::make_quantizer(desc);
+        } catch (const Error& e) {
+          fail("{}: {}", field, e.what());
+        }
+        check(q_[(static_cast<size_t>(l) * H + h) * 2 + s]->scope() != quant::QuantScope::per_token_shared,
+              "{}: per-token-shared codecs (TaSQ) are not supported by the fake-quant cache", field);
+      }
+  }
+}
+
+const quant::Quantizer* PlanCodecs::quantizer(int layer, int head, KVSide side) const {
+  check(layer >= 0 && layer < cfg_.n_layers && head >= 0 && head < cfg_.n_kv_heads,
+        "PlanCodecs: (layer {}, head {}) outside ({}, {})", layer, head, cfg_.n_layers, cfg_.n_kv_heads);
+  return q_[(static_cast<size_t>(layer) * cfg_.n_kv_heads + head) * 2 + static_cast<int>(side)].get();
+}
+
+void PlanCodecs::fake_quant(int layer, int head, KVSide side, const float* x, int64_t T, float* xhat) const {
+  const quant::Quantizer* q = quantizer(layer, head, side);
+  if (q == nullptr) {
+    const int64_t n = T * cfg_.head_dim;
+    for (int64_t i = 0; i < n; ++i) xhat[i] = round_fp16(x[i]);
+    return;
+  }
+  q->fake_quant(x, T, xhat);
+}
+
+Plan reseeded_plan(const Plan& plan, uint64_t run_seed) {
+  Plan p = plan;
+  if (run_seed == 0) return p;
+  for (auto& layer : p.layers)
+    for (auto& h : layer)
+      for (Codec* c : {&h.key, &h.value}) {
+        if (c->kind != CodecKind::TqMse && c->kind != CodecKind::TqMseGrouped && c->kind != CodecKind::QuaRot) continue;
+        for (auto& g : c->groups)
+          if (g.bits > 0) g.seed = mix32(g.seed, run_seed);
+      }
+  return p;
+}
+
+}  // namespace ratekv::cache

@@ -1,0 +1,208 @@
+// KVStats: validation, conversion to the allocators' statistics, and the
+// safetensors file format (docs/calibration_stats.md).
+#include "ratekv/calib/kv_stats.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ratekv/error.h"
+#include "ratekv/safetensors.h"
+
+namespace ratekv::calib {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kMetaKey = "ratekv";
+
+struct TensorSpec {
+  const char* name;
+  std::vector<double> KVStats::*field;
+  std::vector<int64_t> shape;
+  bool nonneg;  // energies and second moments
+};
+
+std::vector<TensorSpec> tensor_specs(const KVStats& s) {
+  const int64_t L = s.model.n_layers, H = s.n_heads, Hkv = s.model.n_kv_heads, d = s.model.head_dim;
+  return {
+      {"q_block_energy", &KVStats::q_block_energy, {L, Hkv, d / 2}, true},
+      {"k_block_energy", &KVStats::k_block_energy, {L, Hkv, d / 2}, true},
+      {"k_pre_mean", &KVStats::k_pre_mean, {L, Hkv, d}, false},
+      {"k_pre_cov", &KVStats::k_pre_cov, {L, Hkv, d, d}, false},
+      {"q_pre_sq", &KVStats::q_pre_sq, {L, H, d}, true},
+      {"v_sq", &KVStats::v_sq, {L, Hkv, d}, true},
+  };
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t x : shape) n *= x;
+  return n;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+}  // namespace
+
+ModelIdentity model_identity(const ModelConfig& cfg) {
+  ModelIdentity id;
+  id.arch = cfg.arch;
+  id.n_layers = cfg.n_layers;
+  id.n_kv_heads = cfg.n_kv_heads;
+  id.head_dim = cfg.head_dim;
+  id.rope_layout = rope_layout_name(cfg.rope_layout);
+  return id;
+}
+
+void KVStats::validate(const std::string& name) const {
+  check(model.n_layers > 0 && n_heads > 0 && model.n_kv_heads > 0 && model.head_dim > 0 && model.head_dim % 2 == 0,
+        "{}: model shape must be positive with an even head_dim (n_layers {}, n_heads {}, n_kv_heads {}, head_dim {})",
+        name, model.n_layers, n_heads, model.n_kv_heads, model.head_dim);
+  check(n_heads % model.n_kv_heads == 0, "{}: n_kv_heads {} must divide n_heads {}", name, model.n_kv_heads,
+        n_heads);
+  check(model.head_dim <= 4096 && model.n_layers <= 4096 && n_heads <= 4096,
+        "{}: model shape too large (n_layers {}, n_heads {}, head_dim {}; expected ≤ 4096 each)", name,
+        model.n_layers, n_heads, model.head_dim);
+  check(model.rope_layout == "interleaved" || model.rope_layout == "neox",
+        "{}: model.rope_layout '{}': expected interleaved or neox", name, model.rope_layout);
+  check(n_tokens >= 1, "{}: n_tokens = {}: expected ≥ 1", name, n_tokens);
+  check(ctx >= 1, "{}: ctx = {}: expected ≥ 1", name, ctx);
+  for (const auto& t : tensor_specs(*this)) {
+    const auto& v = this->*t.field;
+    check(static_cast<int64_t>(v.size()) == numel(t.shape), "{}: tensor {} has {} values, expected shape {} = {}",
+          name, t.name, v.size(), shape_str(t.shape), numel(t.shape));
+    for (size_t i = 0; i < v.size(); ++i) {
+      check(std::isfinite(v[i]), "{}: tensor {} has a non-finite value at flat index {}", name, t.name, i);
+      check(!t.nonneg || v[i] >= 0, "{}: tensor {} = {} at flat index {}: expected ≥ 0", name, t.name, v[i], i);
+    }
+  }
+}
+
+void KVStats::validate_against(const ModelConfig& cfg, const std::string& name) const {
+  std::string bad;
+  auto cmp = [&](const char* what, const std::string& have, const std::string& want) {
+    if (have != want) bad += fmt::format("{}{} = {}, model has {}", bad.empty() ? "" : "; ", what, have, want);
+  };
+  cmp("arch", model.arch, cfg.arch);
+  cmp("n_layers", std::to_string(model.n_layers), std::to_string(cfg.n_layers));
+  cmp("n_heads", std::to_string(n_heads), std::to_string(cfg.n_heads));
+  cmp("n_kv_heads", std::to_string(model.n_kv_heads), std::to_string(cfg.n_kv_heads));
+  cmp("head_dim", std::to_string(model.head_dim), std::to_string(cfg.head_dim));
+  cmp("rope_layout", model.rope_layout, rope_layout_name(cfg.rope_layout));
+  check(bad.empty(), "{}: statistics were made for another model: {}", name, bad);
+}
+
+alloc::CalibStats KVStats::to_alloc_stats() const {
+  alloc::CalibStats a;
+  a.model = model;
+  a.source = text_file;
+  a.n_tokens = n_tokens;
+  a.q_block_energy = q_block_energy;
+  a.k_block_energy = k_block_energy;
+  return a;
+}
+
+void KVStats::save(const std::string& path) const {
+  validate(path);
+  SafetensorsWriter w;
+  for (const auto& t : tensor_specs(*this)) {
+    const auto& v = this->*t.field;
+    std::vector<float> f(v.begin(), v.end());
+    w.add_f32(t.name, t.shape, f);
+  }
+  json meta = {
+      {"format", kFormat},
+      {"version", kFormatVersion},
+      {"model",
+       {{"arch", model.arch},
+        {"n_layers", model.n_layers},
+        {"n_heads", n_heads},
+        {"n_kv_heads", model.n_kv_heads},
+        {"head_dim", model.head_dim},
+        {"rope_layout", model.rope_layout},
+        {"file", model.file},
+        {"sha256", model.sha256}}},
+      {"text", {{"file", text_file}, {"sha256", text_sha256}}},
+      {"n_tokens", n_tokens},
+      {"ctx", ctx},
+  };
+  w.set_metadata("format", kFormat);
+  w.set_metadata(kMetaKey, meta.dump());
+  w.write(path);
+}
+
+KVStats KVStats::load(const std::string& path) {
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  const auto& md = f.metadata();
+  check(md.count("format") && md.at("format") == kFormat,
+        "{}: not a ratekv calibration statistics file (__metadata__.format must be \"{}\")", path, kFormat);
+  json m;
+  try {
+    m = json::parse(f.metadata_value(kMetaKey));
+  } catch (const json::exception& e) {
+    fail("{}: __metadata__.{} is not valid JSON: {}", path, kMetaKey, e.what());
+  }
+  KVStats s;
+  try {
+    const int version = m.at("version").get<int>();
+    check(version == kFormatVersion, "{}: format version {} is not supported (this build reads version {})", path,
+          version, kFormatVersion);
+    const json& mo = m.at("model");
+    s.model.arch = mo.at("arch").get<std::string>();
+    s.model.n_layers = mo.at("n_layers").get<int>();
+    s.n_heads = mo.at("n_heads").get<int>();
+    s.model.n_kv_heads = mo.at("n_kv_heads").get<int>();
+    s.model.head_dim = mo.at("head_dim").get<int>();
+    s.model.rope_layout = mo.at("rope_layout").get<std::string>();
+    s.model.file = mo.at("file").get<std::string>();
+    s.model.sha256 = mo.at("sha256").get<std::string>();
+    s.text_file = m.at("text").at("file").get<std::string>();
+    s.text_sha256 = m.at("text").at("sha256").get<std::string>();
+    s.n_tokens = m.at("n_tokens").get<int64_t>();
+    s.ctx = m.at("ctx").get<int64_t>();
+  } catch (const json::exception& e) {
+    fail("{}: __metadata__.{}: missing or mistyped field: {}", path, kMetaKey, e.what());
+  }
+  check(s.model.n_layers > 0 && s.n_heads > 0 && s.model.n_kv_heads > 0 && s.model.head_dim > 1 &&
+            s.model.head_dim <= 4096 && s.model.n_layers <= 4096 && s.n_heads <= 4096,
+        "{}: __metadata__ model shape out of range (n_layers {}, n_heads {}, n_kv_heads {}, head_dim {})", path,
+        s.model.n_layers, s.n_heads, s.model.n_kv_heads, s.model.head_dim);
+  for (const auto& t : tensor_specs(s)) {
+    f.expect(t.name, StDtype::F32, t.shape);
+    const std::vector<float> v = f.read_f32(t.name);
+    (s.*t.field).assign(v.begin(), v.end());
+  }
+  s.validate(path);
+  return s;
+}
+
+bool is_safetensors_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char buf[9] = {};
+  if (!in.read(buf, 9)) return false;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(buf[i]);
+  return n >= 2 && buf[8] == '{';
+}
+
+alloc::CalibStats load_alloc_stats(const std::string& path) {
+  check(std::filesystem::exists(path), "--stats '{}': file not found", path);
+  if (is_safetensors_file(path)) {
+    alloc::CalibStats a = KVStats::load(path).to_alloc_stats();
+    a.validate(path);
+    return a;
+  }
+  return alloc::load_stats_json(path);
+}
+
+}  // namespace ratekv::calib

@@ -1,0 +1,112 @@
+// `ratekv eval`: RoPE-logit MAE, attention KL and perplexity of KV-cache
+// plans against the fp32 cache and each other (eval/plan_eval.h).
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "cli/command.h"
+#include "cli/loaded_model.h"
+#include "cli/text_tokens.h"
+#include "ratekv/error.h"
+#include "ratekv/eval/baseline_plans.h"
+#include "ratekv/eval/plan_eval.h"
+#include "ratekv/log.h"
+#include "ratekv/sha256.h"
+
+namespace ratekv::cli {
+namespace {
+
+struct EvalArgs {
+  std::string model, text, json_out, plot_out;
+  std::vector<std::string> plans, baselines;
+  int64_t tokens = 2048, ctx = 512, query_stride = 1;
+  int seeds = 3;
+  bool no_ppl = false, force = false;
+};
+
+// tools/plot_eval.py: $RATEKV_TOOLS_DIR, else <exe dir>/../../tools (build/bin/ratekv).
+std::filesystem::path plot_script() {
+  if (const char* d = std::getenv("RATEKV_TOOLS_DIR")) return std::filesystem::path(d) / "plot_eval.py";
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path("tools/plot_eval.py") : exe.parent_path().parent_path().parent_path() / "tools" / "plot_eval.py";
+}
+
+void run(const EvalArgs& a) {
+  check(!a.plans.empty() || !a.baselines.empty(), "eval: give at least one --plan or --baseline");
+  check(a.tokens >= a.ctx, "--tokens {} must be at least --ctx {}", a.tokens, a.ctx);
+  if (!a.json_out.empty()) check_output_path(a.json_out, a.force, "--json");
+  if (!a.plot_out.empty()) {
+    check_output_path(a.plot_out, a.force, "--plot");
+    check(!a.json_out.empty(), "--plot needs --json (the plot is drawn from the JSON report)");
+    check(std::filesystem::exists(plot_script()), "--plot: {} not found (set RATEKV_TOOLS_DIR to the tools/ folder)",
+          plot_script().string());
+  }
+  LoadedModel lm = load_model(a.model);
+  const ModelConfig& cfg = lm.model->config();
+  std::vector<eval::PlanEntry> entries;
+  for (const auto& path : a.plans) {
+    eval::PlanEntry e;
+    e.file = path;
+    e.name = std::filesystem::path(path).stem().string();
+    e.plan = Plan::load(path);
+    entries.push_back(std::move(e));
+  }
+  for (const auto& b : a.baselines) {
+    eval::PlanEntry e;
+    e.name = b;
+    e.plan = eval::baseline_plan(b, cfg);
+    entries.push_back(std::move(e));
+  }
+  const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
+  eval::EvalOptions opt;
+  opt.ctx = a.ctx;
+  opt.n_seeds = a.seeds;
+  opt.query_stride = a.query_stride;
+  opt.perplexity = !a.no_ppl;
+  opt.bos_id = lm.add_bos ? lm.tokenizer->bos_id() : -1;
+  nlohmann::json rep = eval::evaluate_plans(*lm.model, ids, entries, opt);
+  rep["model"]["file"] = std::filesystem::path(a.model).filename().string();
+  rep["text"] = {{"file", std::filesystem::path(a.text).filename().string()}, {"sha256", sha256_file(a.text)}};
+  std::fputs(eval::format_eval_report(rep).c_str(), stdout);
+  std::fflush(stdout);
+  if (!a.json_out.empty()) {
+    std::ofstream out(a.json_out);
+    check(out.good(), "--json '{}': cannot open for writing", a.json_out);
+    out << rep.dump(2) << "\n";
+    check(out.good(), "--json '{}': write failed", a.json_out);
+    spdlog::info("wrote {}", a.json_out);
+  }
+  if (!a.plot_out.empty()) {
+    const std::string cmd = fmt::format("python3 '{}' '{}' '{}'", plot_script().string(), a.json_out, a.plot_out);
+    check(std::system(cmd.c_str()) == 0, "--plot: '{}' failed (is matplotlib installed? bash tools/install_deps.sh)", cmd);
+    spdlog::info("wrote {}", a.plot_out);
+  }
+}
+
+const Registrar reg("eval", [](CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  auto* c = app.add_subcommand(
+      "eval",
+      "Evaluate KV-cache plans against the fp32 cache and each other: per-layer RoPE-logit MAE and attention KL "
+      "(K-only, V exact), perplexity with K-only and K+V quantized (llama.cpp windows), over run seeds");
+  c->add_option("-m,--model", a->model, "GGUF model")->required()->check(CLI::ExistingFile);
+  c->add_option("--plan", a->plans, "plan file (repeatable); rows are named by the file stem")
+      ->check(CLI::ExistingFile);
+  c->add_option("--baseline", a->baselines, "built-in baseline cache: fp16, q8_0, q4_0, kivi2, kivi4 (repeatable)");
+  c->add_option("-f,--file", a->text, "evaluation text (UTF-8)")->required()->check(CLI::ExistingFile);
+  c->add_option("--tokens", a->tokens, "evaluation tokens (the first N of the text)")->capture_default_str();
+  c->add_option("--ctx", a->ctx, "window length (perplexity and MAE/KL windows)")->capture_default_str();
+  c->add_option("--seeds", a->seeds, "rotation run seeds (mean and paired spread)")->capture_default_str();
+  c->add_option("--query-stride", a->query_stride, "MAE/KL over every r-th query row (all causal keys)")
+      ->capture_default_str();
+  c->add_flag("--no-ppl", a->no_ppl, "skip the quantized perplexity passes");
+  c->add_option("--json", a->json_out, "write the report as JSON");
+  c->add_option("--plot", a->plot_out, "write a per-layer MAE plot (PNG; needs --json and matplotlib)");
+  c->add_flag("--force", a->force, "overwrite output files");
+  c->callback([a] { run(*a); });
+});
+
+}  // namespace
+}  // namespace ratekv::cli

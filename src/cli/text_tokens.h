@@ -1,0 +1,23 @@
+// cli/text_tokens.h — the first N tokens of a text file, as calibrate and
+// eval read them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ratekv/tokenizer.h"
+
+namespace ratekv::cli {
+
+/// Tokenizes a growing prefix of the UTF-8 text at `path` until it yields at
+/// least n_tokens + 64 tokens (or the whole file) and returns the first
+/// n_tokens. The 64-token margin keeps the returned tokens equal to those of
+/// tokenizing the whole file (a cut can only change the last pre-token).
+/// add_bos as Tokenizer::encode. n_tokens ≤ 0 means the whole file.
+/// Throws Error naming `flag` and the file when it cannot be read or holds
+/// fewer than n_tokens tokens.
+std::vector<int32_t> read_text_tokens(const Tokenizer& tok, const std::string& path, int64_t n_tokens, bool add_bos,
+                                      const std::string& flag);
+
+}  // namespace ratekv::cli

@@ -1,0 +1,303 @@
+// evaluate_plans(): the fp32 reference pass with MAE/KL hooks, then the
+// quantized perplexity passes (eval/plan_eval.h).
+#include "ratekv/eval/plan_eval.h"
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <set>
+
+#include "ratekv/cache/fake_quant_cache.h"
+#include "ratekv/cache/plan_codecs.h"
+#include "ratekv/error.h"
+#include "ratekv/eval/logit_error.h"
+#include "ratekv/eval/perplexity.h"
+#include "ratekv/log.h"
+
+namespace ratekv::eval {
+
+using nlohmann::json;
+
+namespace {
+
+bool uses_rotation(const Plan& p) {
+  for (const auto& layer : p.layers)
+    for (const auto& h : layer)
+      for (const Codec* c : {&h.key, &h.value})
+        if (c->kind == CodecKind::TqMse || c->kind == CodecKind::TqMseGrouped || c->kind == CodecKind::QuaRot)
+          return true;
+  return false;
+}
+
+// Mean and sample standard deviation (0 for one value).
+std::pair<double, double> mean_sd(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m += x;
+  m /= static_cast<double>(v.size());
+  double s = 0.0;
+  for (double x : v) s += (x - m) * (x - m);
+  return {m, v.size() > 1 ? std::sqrt(s / static_cast<double>(v.size() - 1)) : 0.0};
+}
+
+json stat_json(const std::vector<double>& per_seed) {
+  const auto [m, sd] = mean_sd(per_seed);
+  return {{"mean", m}, {"sd", sd}, {"per_seed", per_seed}};
+}
+
+// per_seed[s][l] -> {"layers_mean", "layers_sd", "mean" (over layers), "mean_sd" (over seeds), "per_seed"}
+json layer_stat_json(const std::vector<std::vector<double>>& per_seed) {
+  const size_t S = per_seed.size(), L = per_seed[0].size();
+  std::vector<double> lm(L), lsd(L), seed_means(S);
+  for (size_t l = 0; l < L; ++l) {
+    std::vector<double> v(S);
+    for (size_t s = 0; s < S; ++s) v[s] = per_seed[s][l];
+    std::tie(lm[l], lsd[l]) = mean_sd(v);
+  }
+  for (size_t s = 0; s < S; ++s) seed_means[s] = mean_sd(per_seed[s]).first;
+  const auto [m, sd] = mean_sd(seed_means);
+  return {{"layers_mean", lm}, {"layers_sd", lsd}, {"mean", m}, {"mean_sd", sd}, {"per_seed", per_seed}};
+}
+
+}  // namespace
+
+json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::vector<PlanEntry>& plans,
+                    const EvalOptions& opt) {
+  const ModelConfig& cfg = model.config();
+  check(opt.ctx >= 4, "eval: --ctx {} must be at least 4", opt.ctx);
+  check(opt.n_seeds >= 1 && opt.n_seeds <= 1000, "eval: --seeds {}: expected 1..1000", opt.n_seeds);
+  check(opt.query_stride >= 1, "eval: query stride {} must be ≥ 1", opt.query_stride);
+  const int64_t n_chunks = static_cast<int64_t>(tokens.size()) / opt.ctx;
+  check(n_chunks >= 1, "eval: {} tokens do not fill one window of --ctx {}", tokens.size(), opt.ctx);
+  {
+    std::set<std::string> names;
+    for (const auto& p : plans) check(names.insert(p.name).second, "eval: two plans are named '{}'", p.name);
+  }
+  const int L = cfg.n_layers, S = opt.n_seeds;
+  const size_t P = plans.size();
+
+  // Codecs per plan and run seed (deterministic plans: seed 0 only).
+  std::vector<std::vector<std::shared_ptr<const cache::PlanCodecs>>> codecs(P);
+  std::vector<bool> det(P);
+  for (size_t p = 0; p < P; ++p) {
+    det[p] = !uses_rotation(plans[p].plan);
+    const int ns = det[p] ? 1 : S;
+    for (int s = 0; s < ns; ++s)
+      codecs[p].push_back(std::make_shared<const cache::PlanCodecs>(cache::reseeded_plan(plans[p].plan, s), cfg,
+                                                                     plans[p].file.empty() ? plans[p].name : plans[p].file));
+  }
+
+  // --- fp32 pass: reference perplexity + MAE/KL hooks -----------------------
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<std::vector<LogitErrorSums>>> sums(P);  // [p][s][l]
+  for (size_t p = 0; p < P; ++p) sums[p].assign(codecs[p].size(), std::vector<LogitErrorSums>(L));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  ForwardHooks hooks;
+  hooks.on_layer = [&](const LayerActivations& a) {
+    const LogitErrorReference ref(a.q_post, a.k_post, a.n, a.n_heads, a.n_kv_heads, a.head_dim, scale,
+                                  opt.query_stride);
+    std::vector<float> khat(static_cast<size_t>(a.n) * a.n_kv_heads * a.head_dim);
+    for (size_t p = 0; p < P; ++p)
+      for (size_t s = 0; s < codecs[p].size(); ++s) {
+        const cache::PlanCodecs& c = *codecs[p][s];
+        cache::fake_quant_sequence(c, a.layer, cache::KVSide::key, a.k_post, a.n, c.plan().fp16_window,
+                                   c.plan().sink_tokens, khat.data());
+        sums[p][s][a.layer].merge(ref.compare(khat.data()));
+      }
+  };
+  const int64_t V = cfg.n_vocab, ctx = opt.ctx, first = ctx / 2;
+  std::vector<float> logits(static_cast<size_t>(ctx) * V);
+  std::vector<int32_t> win(ctx);
+  double fp_nll = 0.0;
+  int64_t scored = 0;
+  {
+    Progress prog("eval: fp32 reference + MAE/KL windows", n_chunks);
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      std::copy(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx, win.begin());
+      if (opt.bos_id >= 0) win[0] = opt.bos_id;
+      DenseKVCache kv = model.make_dense_cache(ctx);
+      model.forward(win, 0, kv, logits.data(), true, &hooks);
+      for (int64_t i = first; i < ctx - 1; ++i) fp_nll += token_nll(&logits[i * V], V, tokens[c * ctx + i + 1]);
+      scored += ctx - 1 - first;
+      prog.update(c + 1);
+    }
+    prog.finish();
+  }
+  const double fp_ppl = std::exp(fp_nll / static_cast<double>(scored));
+  spdlog::info("fp32 cache: perplexity {:.4f} over {} scored tokens ({} windows of {})", fp_ppl, scored, n_chunks, ctx);
+
+  // --- quantized perplexity passes -------------------------------------------
+  std::vector<std::vector<double>> ppl_k(P), ppl_kv(P);
+  if (opt.perplexity) {
+    for (size_t p = 0; p < P; ++p)
+      for (size_t s = 0; s < codecs[p].size(); ++s)
+        for (int mode = 0; mode < 2; ++mode) {
+          cache::FakeQuantOptions fo;
+          fo.quantize_v = mode == 1;
+          auto cod = codecs[p][s];
+          const CacheFactory make = [&, cod, fo](int64_t n) -> std::unique_ptr<KVCache> {
+            return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(n), cod, fo);
+          };
+          const std::string label =
+              fmt::format("eval: {} seed {} {} perplexity", plans[p].name, s, mode == 0 ? "K-only" : "K+V");
+          const PerplexityResult r = perplexity(model, tokens, ctx, n_chunks, make, opt.bos_id, label);
+          (mode == 0 ? ppl_k : ppl_kv)[p].push_back(r.ppl);
+          spdlog::info("{}: {:.4f}", label, r.ppl);
+        }
+  }
+
+  // --- report ---------------------------------------------------------------
+  json rep;
+  rep["format"] = "ratekv-eval";
+  rep["version"] = 1;
+  rep["model"] = {{"arch", cfg.arch},         {"n_layers", L},           {"n_heads", cfg.n_heads},
+                  {"n_kv_heads", cfg.n_kv_heads}, {"head_dim", cfg.head_dim}, {"rope_layout", rope_layout_name(cfg.rope_layout)}};
+  rep["n_tokens"] = tokens.size();
+  rep["ctx"] = ctx;
+  rep["n_chunks"] = n_chunks;
+  rep["ppl_scored_tokens"] = scored;
+  rep["query_stride"] = opt.query_stride;
+  rep["seeds"] = S;
+  rep["mae_definition"] =
+      "mean over (query head, query i, key j <= i) within each window of |q.k - q.khat|, post-RoPE, unscaled; "
+      "K-only (V exact); KL = mean over (query head, query) of KL(p || phat) in nats, p = softmax(q.k/sqrt(d))";
+  rep["fp"] = {{"name", "fp32 cache"}, {"ppl", fp_ppl}, {"bits", {{"k", 32.0}, {"v", 32.0}}}};
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rep["seconds"] = seconds;
+
+  json jp = json::array();
+  std::vector<std::vector<std::vector<double>>> mae(P), kl(P);  // [p][s][l], expanded to S seeds
+  for (size_t p = 0; p < P; ++p) {
+    for (int s = 0; s < S; ++s) {
+      const size_t si = det[p] ? 0 : static_cast<size_t>(s);
+      std::vector<double> m(L), k(L);
+      for (int l = 0; l < L; ++l) {
+        m[l] = sums[p][si][l].mae();
+        k[l] = sums[p][si][l].kl();
+      }
+      mae[p].push_back(m);
+      kl[p].push_back(k);
+    }
+    auto expand = [&](const std::vector<double>& v) {
+      std::vector<double> out;
+      for (int s = 0; s < S; ++s) out.push_back(v[det[p] ? 0 : s]);
+      return out;
+    };
+    const Plan::Achieved a = plans[p].plan.achieved();
+    json e = {{"name", plans[p].name},
+              {"file", plans[p].file},
+              {"method", plans[p].plan.method},
+              {"deterministic", static_cast<bool>(det[p])},
+              {"fp16_window", plans[p].plan.fp16_window},
+              {"sink_tokens", plans[p].plan.sink_tokens},
+              {"bits", {{"k", a.k}, {"v", a.v}, {"k_code", a.k_code}, {"v_code", a.v_code}}},
+              {"mae", layer_stat_json(mae[p])},
+              {"kl", layer_stat_json(kl[p])}};
+    if (opt.perplexity) {
+      e["ppl_k"] = stat_json(expand(ppl_k[p]));
+      e["ppl_kv"] = stat_json(expand(ppl_kv[p]));
+    }
+    jp.push_back(e);
+  }
+  rep["plans"] = jp;
+
+  // Pairwise comparisons of plans at equal effective K bits.
+  json cmp = json::array();
+  for (size_t a = 0; a < P; ++a)
+    for (size_t b = a + 1; b < P; ++b) {
+      const double ka = plans[a].plan.achieved().k, kb = plans[b].plan.achieved().k;
+      if (std::abs(ka - kb) >= opt.pair_tolerance) continue;
+      std::vector<double> red_layer(L), seed_red(S);
+      int lower = 0;
+      for (int l = 0; l < L; ++l) {
+        std::vector<double> r(S);
+        for (int s = 0; s < S; ++s) r[s] = mae[b][s][l] > 0 ? 1.0 - mae[a][s][l] / mae[b][s][l] : 0.0;
+        red_layer[l] = mean_sd(r).first;
+        const double ma = mean_sd([&] { std::vector<double> v; for (int s = 0; s < S; ++s) v.push_back(mae[a][s][l]); return v; }()).first;
+        const double mb = mean_sd([&] { std::vector<double> v; for (int s = 0; s < S; ++s) v.push_back(mae[b][s][l]); return v; }()).first;
+        lower += ma < mb;
+      }
+      for (int s = 0; s < S; ++s) {
+        double acc = 0.0;
+        for (int l = 0; l < L; ++l) acc += mae[b][s][l] > 0 ? 1.0 - mae[a][s][l] / mae[b][s][l] : 0.0;
+        seed_red[s] = acc / L;
+      }
+      json c = {{"a", plans[a].name},
+                {"b", plans[b].name},
+                {"k_bits_a", ka},
+                {"k_bits_b", kb},
+                {"n_layers", L},
+                {"layers_a_lower_mae", lower},
+                {"fraction_layers_a_lower_mae", static_cast<double>(lower) / L},
+                {"mae_reduction_per_layer", red_layer},
+                {"mae_reduction", stat_json(seed_red)}};
+      if (opt.perplexity) {
+        std::vector<double> dk(S), dkv(S);
+        for (int s = 0; s < S; ++s) {
+          dk[s] = ppl_k[a][det[a] ? 0 : s] - ppl_k[b][det[b] ? 0 : s];
+          dkv[s] = ppl_kv[a][det[a] ? 0 : s] - ppl_kv[b][det[b] ? 0 : s];
+        }
+        c["ppl_k_diff"] = stat_json(dk);
+        c["ppl_kv_diff"] = stat_json(dkv);
+      }
+      cmp.push_back(c);
+    }
+  rep["comparisons"] = cmp;
+  rep["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rep;
+}
+
+std::string format_eval_report(const json& r) {
+  std::string out;
+  const bool ppl = !r["plans"].empty() && r["plans"][0].contains("ppl_k");
+  out += fmt::format("ratekv eval: {} tokens, {} windows of {} (perplexity: {} scored tokens, llama.cpp convention), "
+                     "{} run seed(s), MAE/KL query stride {}\n",
+                     r["n_tokens"].get<int64_t>(), r["n_chunks"].get<int64_t>(), r["ctx"].get<int64_t>(),
+                     r["ppl_scored_tokens"].get<int64_t>(), r["seeds"].get<int>(), r["query_stride"].get<int64_t>());
+  out += "bits = effective bits per element (codes + norms/scales); MAE/KL: K-only, V exact, mean over layers "
+         "(± sd over seeds); PPL ± sd over seeds\n\n";
+  out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>16} | {:>18} | {:>16} | {:>16} |\n", "plan", "K bits", "V bits",
+                     "logit MAE", "attn KL (nats)", "PPL K-only", "PPL K+V");
+  out += fmt::format("|{:-<24}|{:->8}|{:->8}|{:->18}|{:->20}|{:->18}|{:->18}|\n", "", "", "", "", "", "", "");
+  const double fpp = r["fp"]["ppl"].get<double>();
+  out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>16} | {:>18} | {:>16.4f} | {:>16.4f} |\n", "fp32 cache", "32",
+                     "32", "0", "0", fpp, fpp);
+  auto pm = [](const json& j, const char* f) {
+    return fmt::format("{:.4f} ± {:.4f}", j["mean"].get<double>(), j["sd"].get<double>());
+  };
+  for (const auto& p : r["plans"]) {
+    out += fmt::format("| {:<22} | {:>6.3f} | {:>6.3f} | {:>16} | {:>18} | {:>16} | {:>16} |\n",
+                       p["name"].get<std::string>(), p["bits"]["k"].get<double>(), p["bits"]["v"].get<double>(),
+                       fmt::format("{:.4f} ± {:.4f}", p["mae"]["mean"].get<double>(), p["mae"]["mean_sd"].get<double>()),
+                       fmt::format("{:.5f} ± {:.5f}", p["kl"]["mean"].get<double>(), p["kl"]["mean_sd"].get<double>()),
+                       ppl ? pm(p["ppl_k"], "") : "-", ppl ? pm(p["ppl_kv"], "") : "-");
+  }
+  if (!r["comparisons"].empty()) {
+    out += "\nPairs at equal effective K bits (a vs b): layers where a has lower MAE, mean per-layer MAE reduction "
+           "1 - MAE_a/MAE_b (± sd over seeds), paired PPL difference a - b\n";
+    for (const auto& c : r["comparisons"]) {
+      out += fmt::format("  {} vs {} (K {:.3f} / {:.3f}): {}/{} layers lower ({:.0f} %), MAE reduction {:.1f} % ± {:.1f}",
+                         c["a"].get<std::string>(), c["b"].get<std::string>(), c["k_bits_a"].get<double>(),
+                         c["k_bits_b"].get<double>(), c["layers_a_lower_mae"].get<int>(), c["n_layers"].get<int>(),
+                         100.0 * c["fraction_layers_a_lower_mae"].get<double>(),
+                         100.0 * c["mae_reduction"]["mean"].get<double>(), 100.0 * c["mae_reduction"]["sd"].get<double>());
+      if (c.contains("ppl_k_diff"))
+        out += fmt::format(", ΔPPL K-only {:+.4f} ± {:.4f}, K+V {:+.4f} ± {:.4f}", c["ppl_k_diff"]["mean"].get<double>(),
+                           c["ppl_k_diff"]["sd"].get<double>(), c["ppl_kv_diff"]["mean"].get<double>(),
+                           c["ppl_kv_diff"]["sd"].get<double>());
+      out += "\n";
+    }
+  }
+  out += "\nPer-layer RoPE-logit MAE (mean over seeds)\n";
+  out += fmt::format("{:>5}", "layer");
+  for (const auto& p : r["plans"]) out += fmt::format(" {:>14.14}", p["name"].get<std::string>());
+  out += "\n";
+  const int L = r["model"]["n_layers"].get<int>();
+  for (int l = 0; l < L; ++l) {
+    out += fmt::format("{:>5}", l);
+    for (const auto& p : r["plans"]) out += fmt::format(" {:>14.4f}", p["mae"]["layers_mean"][l].get<double>());
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace ratekv::eval

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The main job (README's first command): install, fetch, build, then on
+# SmolLM2-135M-Instruct with the packaged texts
+#   1. calibrate on 2048 tokens of text/calib.txt           (ratekv calibrate)
+#   2. plan uniform TQ-MSE and Block-GTQ at K/V 2.25 and 3.25 effective bits
+#      per element (2 and 3 code bits + one fp16 norm per head for uniform)  (ratekv plan)
+#   3. evaluate them and the fp16 / q8_0 / q4_0 / KIVI baselines on 2048
+#      tokens of text/eval.txt: per-layer RoPE-logit MAE and attention KL
+#      (K-only), perplexity K-only and K+V (windows of 512)   (ratekv eval)
+#   4. write out/main_job/report.{md,json,png}
+# The K-only rows of the K2V2 / K3V3 plans are the K2 / K3 (V fp) results.
+#
+# usage: bash tools/main_job.sh [--seeds N] [--force] [--out DIR]
+#   --seeds N   rotation run seeds (default 1, env RATEKV_SEEDS); 3 for mean ± spread
+#   --force     overwrite an existing report in the output folder; without it an
+#               existing out/main_job is left alone and the run goes to out/main_job-<UTC time>
+#   --out DIR   output folder (default out/main_job)
+# Env: RATEKV_BUILD_DIR (default build), RATEKV_JOBS (default nproc), RATEKV_ASSETS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEEDS=${RATEKV_SEEDS:-1}
+FORCE=0
+OUT=out/main_job
+while (($#)); do
+  case "$1" in
+    --seeds) SEEDS=$2; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
+    *) echo "main_job.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [[ -e "$OUT/report.json" && $FORCE == 0 ]]; then
+  OUT="$OUT-$(date -u +%Y%m%d-%H%M%S)"
+  echo "main_job: a previous report exists; writing this run to $OUT (pass --force to overwrite)"
+fi
+mkdir -p "$OUT"
+FORCE_FLAG=(); ((FORCE)) && FORCE_FLAG=(--force)
+
+t_start=$(date +%s)
+step() { echo "== main_job [$(( $(date +%s) - t_start )) s] $*"; }
+
+step "dependencies"
+bash tools/install_deps.sh
+step "assets"
+bash tools/fetch_assets.sh >/dev/null
+A=${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}
+MODEL=$A/models/SmolLM2-135M-Instruct.Q4_1.gguf
+CALIB=$A/text/calib.txt
+EVAL=$A/text/eval.txt
+B=${RATEKV_BUILD_DIR:-build}
+J=${RATEKV_JOBS:-$(nproc)}
+step "build ($B, Release, -j$J)"
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release ${RATEKV_CMAKE_ARGS:-} >/dev/null
+cmake --build "$B" -j "$J" --target ratekv_cli
+R=$B/bin/ratekv
+export RATEKV_PROGRESS=1
+
+t_job=$(date +%s)
+step "calibrate: 2048 tokens of calib.txt"
+$R calibrate -m "$MODEL" -f "$CALIB" --tokens 2048 --ctx 512 -o "$OUT/calib_stats.safetensors" --force
+
+PLANS=()
+for bits in 2.25 3.25; do
+  tag=$([[ $bits == 2.25 ]] && echo K2V2 || echo K3V3)
+  for method in block-gtq uniform; do
+    name=$([[ $method == block-gtq ]] && echo gtq || echo uniform)-$tag
+    step "plan $name: --method $method --kbits $bits --vbits $bits (effective bits per element)"
+    $R plan --method "$method" --stats "$OUT/calib_stats.safetensors" --kbits "$bits" --vbits "$bits" \
+      -o "$OUT/$name.plan.json" --force >"$OUT/$name.summary.txt"
+    tail -n 1 "$OUT/$name.summary.txt"
+    PLANS+=(--plan "$OUT/$name.plan.json")
+  done
+done
+
+step "eval: 2048 tokens of eval.txt, windows of 512, $SEEDS seed(s)"
+$R eval -m "$MODEL" -f "$EVAL" --tokens 2048 --ctx 512 --seeds "$SEEDS" "${PLANS[@]}" \
+  --baseline fp16 --baseline q8_0 --baseline q4_0 --baseline kivi4 --baseline kivi2 \
+  --json "$OUT/report.json" "${FORCE_FLAG[@]}" >"$OUT/eval_table.txt"
+t_done=$(date +%s)
+cat "$OUT/eval_table.txt"
+
+step "report"
+python3 tools/plot_eval.py "$OUT/report.json" "$OUT/report.png"
+python3 tools/main_job_report.py "$OUT/report.json" tests/fixtures/smollm2/perplexity.json \
+  "$(( t_done - t_job ))" >"$OUT/report.md"
+step "done: calibrate+plan+eval took $(( t_done - t_job )) s; wrote $OUT/report.md, $OUT/report.json, $OUT/report.png"

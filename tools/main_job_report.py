@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Markdown report of the main job from a `ratekv eval --json` report.
+
+usage: main_job_report.py EVAL_REPORT.json LLAMA_PERPLEXITY.json SECONDS > report.md
+
+LLAMA_PERPLEXITY.json is tests/fixtures/smollm2/perplexity.json (llama-perplexity on the same model and
+text); missing is fine. Its running PPL after the same number of windows of the same length is put
+beside ratekv's rows, so both score exactly the same tokens. SECONDS: wall time of calibrate+plan+eval.
+"""
+import json
+import os
+import sys
+
+
+def pm(d, digits=4):
+    return f'{d["mean"]:.{digits}f} ± {d["sd"]:.{digits}f}'
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    with open(sys.argv[1]) as f:
+        r = json.load(f)
+    llama = None
+    if os.path.exists(sys.argv[2]):
+        with open(sys.argv[2]) as f:
+            llama = json.load(f)
+    seconds = int(sys.argv[3])
+    fp = r["fp"]["ppl"]
+    m = r["model"]
+    out = []
+    w = out.append
+    w("# ratekv main job report\n")
+    w(f'Model `{m.get("file", m["arch"])}` ({m["n_layers"]} layers, {m["n_heads"]} query / {m["n_kv_heads"]} KV heads, '
+      f'head_dim {m["head_dim"]}, RoPE {m["rope_layout"]}; weights Q4_1, K/V from the dequantized model). '
+      f'Evaluation: first {r["n_tokens"]} tokens of `{r.get("text", {}).get("file", "eval.txt")}`, '
+      f'{r["n_chunks"]} windows of {r["ctx"]} tokens from an empty cache (llama.cpp perplexity convention, '
+      f'{r["ppl_scored_tokens"]} scored tokens); {r["seeds"]} rotation seed(s); '
+      f'calibrate + plan + eval took {seconds} s.\n')
+    w("Bits are effective bits per element (codes + every stored norm/scale/zero); 'meta' = effective − code bits. "
+      "MAE = mean |q·k − q·k̂| over (query head, causal pair) per window, post-RoPE, unscaled; KL = attention "
+      "KL(p‖p̂) in nats; both K-only (V exact), mean over layers. ± = sd over seeds (0 for deterministic codecs). "
+      "The K-only column of a KxVx plan is the Kx (V exact) result.\n")
+    w("| plan | K bits | K meta | V bits | logit MAE | attn KL | PPL K-only | PPL K+V | ΔPPL K-only vs fp32 | ΔPPL K+V |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    w(f'| fp32 cache | 32 | 0 | 32 | 0 | 0 | {fp:.4f} | {fp:.4f} | 0 | 0 |')
+    for p in r["plans"]:
+        b = p["bits"]
+        row = (f'| {p["name"]} | {b["k"]:.4f} | {b["k"] - b["k_code"]:.4f} | {b["v"]:.4f} | '
+               f'{p["mae"]["mean"]:.4f} ± {p["mae"]["mean_sd"]:.4f} | {p["kl"]["mean"]:.5f} ± {p["kl"]["mean_sd"]:.5f} | ')
+        if "ppl_k" in p:
+            row += (f'{pm(p["ppl_k"])} | {pm(p["ppl_kv"])} | {p["ppl_k"]["mean"] - fp:+.4f} | '
+                    f'{p["ppl_kv"]["mean"] - fp:+.4f} |')
+        else:
+            row += "- | - | - | - |"
+        w(row)
+    if llama:
+        w("\n## llama.cpp on the same model and text\n")
+        w(f'`llama-perplexity` ({llama.get("generator", "")}); PPL after the first {r["n_chunks"]} windows of '
+          f'{r["ctx"]} (the running PPL, i.e. exactly the tokens scored above) and over all windows of its run.\n')
+        w("| llama.cpp cache -ctk/-ctv | flash attn | K/V bits | PPL (same windows) | PPL (run: windows) |")
+        w("|---|---|---|---|---|")
+        bits = {"f32": "32", "f16": "16", "q8_0": "8.5", "q4_0": "4.5"}
+        for run in llama["runs"]:
+            if run["n_ctx"] != r["ctx"] or run.get("weights") != "q4_1":
+                continue
+            rp = run["running_ppl_per_chunk"]
+            same = f'{rp[r["n_chunks"] - 1]:.4f}' if len(rp) >= r["n_chunks"] else "n/a"
+            w(f'| {run["cache_type_k"]} | {run["flash_attn"]} | {bits.get(run["cache_type_k"], "?")} | {same} | '
+              f'{run["ppl"]:.4f} ({run["n_chunks"]}) |')
+    else:
+        w(f"\n(llama.cpp reference perplexities not found at {sys.argv[2]}.)\n")
+
+    w("\n## Block-GTQ vs uniform TQ-MSE at equal effective bits\n")
+    w("Targets (issue 4): Block-GTQ has lower RoPE-logit MAE in ≥ 90 % of layers with a mean reduction ≥ 30 %, "
+      "and K-only perplexity closer to the fp32-cache perplexity.\n")
+    names = {p["name"]: p for p in r["plans"]}
+    for c in r["comparisons"]:
+        a, b = names[c["a"]], names[c["b"]]
+        if not ({"block-gtq", "uniform"} <= {a["method"], b["method"]}):
+            continue
+        gtq, uni = (a, b) if a["method"] == "block-gtq" else (b, a)
+        sign = 1 if gtq is a else -1
+        frac = c["fraction_layers_a_lower_mae"] if sign > 0 else 1 - c["fraction_layers_a_lower_mae"]
+        red = c["mae_reduction"]["mean"]
+        if sign < 0:
+            red = sum(1 - u / g for u, g in zip(gtq["mae"]["layers_mean"], uni["mae"]["layers_mean"])) / len(
+                gtq["mae"]["layers_mean"])
+        ppl_ok = None
+        if "ppl_k" in gtq:
+            ppl_ok = abs(gtq["ppl_k"]["mean"] - fp) < abs(uni["ppl_k"]["mean"] - fp)
+        w(f'### {gtq["name"]} vs {uni["name"]} (K {gtq["bits"]["k"]:.4f} vs {uni["bits"]["k"]:.4f} effective bits; '
+          f'K metadata {gtq["bits"]["k"] - gtq["bits"]["k_code"]:.4f} vs {uni["bits"]["k"] - uni["bits"]["k_code"]:.4f} '
+          f'bits/element)\n')
+        w(f'- layers where Block-GTQ has lower MAE: {round(frac * c["n_layers"])}/{c["n_layers"]} '
+          f'({100 * frac:.0f} %) — target ≥ 90 %: **{"met" if frac >= 0.9 else "not met"}**')
+        w(f'- mean per-layer MAE reduction 1 − MAE_gtq/MAE_uniform: {100 * red:.1f} %'
+          f'{" ± %.1f %% (sd over seeds)" % (100 * c["mae_reduction"]["sd"]) if r["seeds"] > 1 else ""}'
+          f' — target ≥ 30 %: **{"met" if red >= 0.3 else "not met"}**')
+        if ppl_ok is not None:
+            w(f'- PPL K-only: Block-GTQ {pm(gtq["ppl_k"])}, uniform {pm(uni["ppl_k"])}, fp32 {fp:.4f} — '
+              f'closer to fp32: **{"yes" if ppl_ok else "no"}**; K+V: {pm(gtq["ppl_kv"])} vs {pm(uni["ppl_kv"])}')
+        w("\n| layer | MAE Block-GTQ | MAE uniform | reduction | KL Block-GTQ | KL uniform |")
+        w("|---|---|---|---|---|---|")
+        for l, (g, u) in enumerate(zip(gtq["mae"]["layers_mean"], uni["mae"]["layers_mean"])):
+            w(f'| {l} | {g:.4f} | {u:.4f} | {100 * (1 - g / u):+.1f} % | {gtq["kl"]["layers_mean"][l]:.5f} | '
+              f'{uni["kl"]["layers_mean"][l]:.5f} |')
+        w("")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
