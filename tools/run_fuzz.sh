@@ -4,7 +4,8 @@
 #   usage: tools/run_fuzz.sh [SECONDS]
 # The io library is instrumented too (-fsanitize=fuzzer-no-link,address,
 # undefined) so the fuzzer sees coverage inside the parser. Seeds: generated
-# GGUF files (tools/make_gguf_seeds.py) for fuzz_gguf, plus fuzz/corpus/<name>/
+# tiny valid files (tools/make_gguf_seeds.py for fuzz_gguf,
+# tools/make_safetensors_seeds.py for fuzz_safetensors), plus fuzz/corpus/<name>/
 # when present. The growing corpus and crash artifacts stay in build-fuzz/.
 # Exits non-zero if any target finds a crash, leak, timeout or OOM.
 set -euo pipefail
@@ -26,7 +27,10 @@ status=0
 for t in "${targets[@]}"; do
   seeds="$BUILD/seeds/$t" corpus="$BUILD/corpus/$t" art="$BUILD/artifacts/$t"
   rm -rf "$seeds"; mkdir -p "$seeds" "$corpus" "$art"
-  if [ "$t" = fuzz_gguf ]; then python3 tools/make_gguf_seeds.py "$seeds"; fi
+  case "$t" in
+    fuzz_gguf) python3 tools/make_gguf_seeds.py "$seeds" ;;
+    fuzz_safetensors) python3 tools/make_safetensors_seeds.py "$seeds" ;;
+  esac
   if [ -d "fuzz/corpus/$t" ]; then cp fuzz/corpus/"$t"/* "$seeds"/ 2>/dev/null || true; fi
   echo "=== $t for ${SECS}s"
   # -rss_limit_mb / -malloc_limit_mb: an input that makes the parser allocate
