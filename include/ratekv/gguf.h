@@ -15,7 +15,10 @@
 // array lengths past the end of the file, counts that cannot fit the file,
 // nested arrays deeper than allowed, misaligned or overlapping tensor data,
 // unknown ggml types, and shapes whose byte size overflows. It never allocates
-// more than a small multiple of the file size.
+// more than a small multiple of the file size: every count is checked against
+// the remaining bytes before allocating; the worst case is a U8/BOOL metadata
+// array (1 byte on disk, one GgufValue of ~48 bytes in memory per element).
+// Tensor data is never copied; dequantize() allocates <= 7.2x the tensor bytes.
 #pragma once
 
 #include <cstdint>
