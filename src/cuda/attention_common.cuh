@@ -139,7 +139,8 @@ __device__ __forceinline__ void store_partial(const Partials& P, int row_base, i
   }
 }
 
-/// Writes the empty state (no tokens in this split) for rows < n_rows.
+/// Writes the empty state (no tokens in this split) for rows < n_rows: m = −∞,
+/// l = 0, o = 0 (so the merge may weight it by 0 without reading garbage).
 __device__ __forceinline__ void store_empty(const Partials& P, int row_base, int n_rows, int split) {
   const int lane = threadIdx.x & 31;
   for (int row = 0; row < n_rows; ++row) {
@@ -148,6 +149,7 @@ __device__ __forceinline__ void store_empty(const Partials& P, int row_base, int
       P.m[idx] = -INFINITY;
       P.l[idx] = 0.f;
     }
+    for (int c = lane; c < P.o_dim; c += 32) P.o[idx * P.o_dim + c] = 0.f;
   }
 }
 

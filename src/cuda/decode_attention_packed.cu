@@ -48,18 +48,26 @@ __device__ __forceinline__ void decode_tile(const uint8_t* __restrict__ src, int
 /// one word w (plane j in byte j); for the element pair (e, e+1) the index
 /// gathers bits e, e+1 of every plane (bit 2j+p = plane j of element e+p) and
 /// the pair table returns both fp16 levels as one half2 B-fragment register.
+/// CB > 0: bit width known at compile time (uniform plans); CB = 0: `bits`.
+template <int CB>
 __device__ __forceinline__ void decode_tile_lut(const uint8_t* __restrict__ src, int bits,
                                                 const uint32_t* __restrict__ lut,
                                                 uint32_t (&b)[2][2]) {
   const int lane = threadIdx.x & 31;
+  const int nb = CB ? CB : bits;
   uint32_t w = src[lane];
-  if (bits > 1) w |= (uint32_t)src[32 + lane] << 8;
-  if (bits > 2) w |= (uint32_t)src[64 + lane] << 16;
-  if (bits > 3) w |= (uint32_t)src[96 + lane] << 24;
+  if (nb > 1) w |= (uint32_t)src[32 + lane] << 8;
+  if (nb > 2) w |= (uint32_t)src[64 + lane] << 16;
+  if (nb > 3) w |= (uint32_t)src[96 + lane] << 24;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const uint32_t x = (w >> (2 * k)) & 0x03030303u;
-    const uint32_t idx = (x | (x >> 6) | (x >> 12) | (x >> 18)) & 0xffu;
+    uint32_t idx;
+    if (CB == 0)
+      idx = (x | (x >> 6) | (x >> 12) | (x >> 18)) & 0xffu;
+    else
+      idx = (x | (CB > 1 ? x >> 6 : 0u) | (CB > 2 ? x >> 12 : 0u) | (CB > 3 ? x >> 18 : 0u)) &
+            ((1u << (2 * CB)) - 1u);
     b[k >> 1][k & 1] = lut[idx];
   }
 }
@@ -81,12 +89,17 @@ __device__ void build_pair_luts(const HeadTables& T, uint32_t* lut) {
     }
 }
 
-template <int NT, bool kPairLut>
-__global__ void __launch_bounds__(128) packed_decode_kernel(
+/// D: head_dim; kPairLut: decode variant; UB > 0: uniform plan (one key and
+/// one value group over the whole head, both UB bits) with every table offset
+/// known at compile time; UB = 0: any plan, tables read from shared memory.
+template <int D, bool kPairLut, int UB>
+__global__ void __launch_bounds__(128, (UB > 0 && D <= 128) ? 4 : 1) packed_decode_kernel(
     const HeadTables* __restrict__ tables, const uint8_t* __restrict__ pool, size_t page_bytes,
     const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens,
     int tiles_per_split, int n_heads, int gqa, const __half* __restrict__ qrot,
     detail::Partials part) {
+  constexpr bool U = UB > 0;
+  constexpr int NT = U ? D / 16 : detail::max_tiles_for(D);  // tiles held in registers
   extern __shared__ __align__(16) uint8_t smem[];
   HeadTables& T = *reinterpret_cast<HeadTables*>(smem);
   const int h = blockIdx.y, b = blockIdx.z;
@@ -119,7 +132,7 @@ __global__ void __launch_bounds__(128) packed_decode_kernel(
 
   // Rotated query as A fragments (rows ≥ gqa are zero).
   uint32_t aq[NT][4];
-  const int nK = T.n_tiles[0], nV = T.n_tiles[1];
+  const int nK = U ? NT : T.n_tiles[0], nV = U ? NT : T.n_tiles[1];
 #pragma unroll
   for (int kt = 0; kt < NT; ++kt) {
     const __half* r0 = qrot + (size_t)(row_base + g) * detail::kMaxTiles * 16 + kt * 16 + 2 * t;
@@ -172,18 +185,20 @@ __global__ void __launch_bounds__(128) packed_decode_kernel(
     float Sg[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int kt = 0; kt < NT; ++kt) {
-      if (kt < nK) {
-        const int grp = T.tile_group[0][kt];
+      if (U || kt < nK) {
+        const int grp = U ? 0 : T.tile_group[0][kt];
         uint32_t bf[2][2];
-        if (kPairLut)
-          decode_tile_lut(sb + T.tile_src[0][kt], T.bits[0][grp], lut + T.lut_offset[0][grp], bf);
+        if (U)
+          decode_tile_lut<UB>(sb + kt * UB * 32, UB, lut, bf);
+        else if (kPairLut)
+          decode_tile_lut<0>(sb + T.tile_src[0][kt], T.bits[0][grp], lut + T.lut_offset[0][grp], bf);
         else
           decode_tile(sb + T.tile_src[0][kt], T.bits[0][grp],
                       reinterpret_cast<const __half*>(T.levels[0][grp]), bf);
         detail::mma_16816(Sg[0], aq[kt], bf[0][0], bf[0][1]);
         detail::mma_16816(Sg[1], aq[kt], bf[1][0], bf[1][1]);
-        if (T.tile_last[0][kt]) {
-          const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_dst[0][grp]);
+        if (U ? kt == NT - 1 : (bool)T.tile_last[0][kt]) {
+          const __half* nk = reinterpret_cast<const __half*>(sb + (U ? 4 * D * UB : T.norm_dst[0][grp]));
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -216,11 +231,12 @@ __global__ void __launch_bounds__(128) packed_decode_kernel(
     uint32_t pa[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int vt = 0; vt < NT; ++vt) {
-      if (vt < nV) {
-        const int grp = T.tile_group[1][vt];
+      if (U || vt < nV) {
+        const int grp = U ? 0 : T.tile_group[1][vt];
         if (grp != cur) {
           cur = grp;
-          const __half* nv = reinterpret_cast<const __half*>(sb + T.norm_dst[1][grp]);
+          const __half* nv =
+              reinterpret_cast<const __half*>(sb + (U ? 4 * D * UB + 32 : T.norm_dst[1][grp]));
           float n[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -233,8 +249,10 @@ __global__ void __launch_bounds__(128) packed_decode_kernel(
           pa[3] = detail::pack_half2(S[1][2] * n[2], S[1][3] * n[3]);
         }
         uint32_t bf[2][2];
-        if (kPairLut)
-          decode_tile_lut(sb + T.tile_src[1][vt], T.bits[1][grp], lut + T.lut_offset[1][grp], bf);
+        if (U)
+          decode_tile_lut<UB>(sb + (NT + vt) * UB * 32, UB, lut + (1 << (2 * UB)), bf);
+        else if (kPairLut)
+          decode_tile_lut<0>(sb + T.tile_src[1][vt], T.bits[1][grp], lut + T.lut_offset[1][grp], bf);
         else
           decode_tile(sb + T.tile_src[1][vt], T.bits[1][grp],
                       reinterpret_cast<const __half*>(T.levels[1][grp]), bf);
@@ -248,21 +266,38 @@ __global__ void __launch_bounds__(128) packed_decode_kernel(
   detail::store_partial<NT>(part, row_base, gqa, split, st, O, nV);
 }
 
-template <int NT, bool kPairLut>
+template <int D, bool kPairLut, int UB>
 void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
                    const detail::WorkspaceView& w, int tiles_per_split, cudaStream_t stream) {
-  const auto& D = plan.device();
+  const auto& dev = plan.device();
   const size_t smem = (sizeof(HeadTables) + 15) / 16 * 16 +
-                      (kPairLut ? (size_t)D.max_lut_words * 4 : 0) +
-                      (size_t)detail::kWarpsPerCta * kStages * D.max_stage_bytes;
-  RATEKV_CUDA_CHECK(cudaFuncSetAttribute(packed_decode_kernel<NT, kPairLut>,
+                      (kPairLut ? (size_t)dev.max_lut_words * 4 : 0) +
+                      (size_t)detail::kWarpsPerCta * kStages * dev.max_stage_bytes;
+  RATEKV_CUDA_CHECK(cudaFuncSetAttribute(packed_decode_kernel<D, kPairLut, UB>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   dim3 grid((w.part.n_splits + detail::kWarpsPerCta - 1) / detail::kWarpsPerCta,
             plan.layout().n_kv_heads(), batch.batch);
-  packed_decode_kernel<NT, kPairLut><<<grid, 32 * detail::kWarpsPerCta, smem, stream>>>(
-      D.heads, pool, plan.layout().page_bytes(), batch.page_table, batch.max_pages,
+  packed_decode_kernel<D, kPairLut, UB><<<grid, 32 * detail::kWarpsPerCta, smem, stream>>>(
+      dev.heads, pool, plan.layout().page_bytes(), batch.page_table, batch.max_pages,
       batch.seq_lens, tiles_per_split, plan.n_heads(), plan.gqa(), w.q, w.part);
   RATEKV_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Bit-width dispatch: uniform K2V2 / K3V3 / K4V4 plans get the kernel with
+/// compile-time widths and offsets; every other plan (Block-GTQ, RateQuant,
+/// K≠V widths, 1 bit) the general kernel, which reads widths and offsets from
+/// the head tables. Both compute the same numbers (tested).
+template <int D>
+void dispatch_bits(bool lut, int ub, const PackedPlan& plan, const DecodeBatch& batch,
+                   const uint8_t* pool, const detail::WorkspaceView& w, int tps,
+                   cudaStream_t stream) {
+  if (!lut) return launch_packed<D, false, 0>(plan, batch, pool, w, tps, stream);
+  switch (ub) {
+    case 2: return launch_packed<D, true, 2>(plan, batch, pool, w, tps, stream);
+    case 3: return launch_packed<D, true, 3>(plan, batch, pool, w, tps, stream);
+    case 4: return launch_packed<D, true, 4>(plan, batch, pool, w, tps, stream);
+    default: return launch_packed<D, true, 0>(plan, batch, pool, w, tps, stream);
+  }
 }
 
 }  // namespace
@@ -284,13 +319,11 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
                               D.heads, D.rotations, D.channels, w.q, stream);
   const bool lut = variant == PackedDecodeVariant::pair_lut;
-  switch (d * 2 + (lut ? 1 : 0)) {
-    case 64 * 2: launch_packed<detail::max_tiles_for(64), false>(plan, batch, pool, w, tps, stream); break;
-    case 64 * 2 + 1: launch_packed<detail::max_tiles_for(64), true>(plan, batch, pool, w, tps, stream); break;
-    case 128 * 2: launch_packed<detail::max_tiles_for(128), false>(plan, batch, pool, w, tps, stream); break;
-    case 128 * 2 + 1: launch_packed<detail::max_tiles_for(128), true>(plan, batch, pool, w, tps, stream); break;
-    case 256 * 2: launch_packed<detail::max_tiles_for(256), false>(plan, batch, pool, w, tps, stream); break;
-    case 256 * 2 + 1: launch_packed<detail::max_tiles_for(256), true>(plan, batch, pool, w, tps, stream); break;
+  const int ub = lut ? D.uniform_bits : 0;
+  switch (d) {
+    case 64: dispatch_bits<64>(lut, ub, plan, batch, pool, w, tps, stream); break;
+    case 128: dispatch_bits<128>(lut, ub, plan, batch, pool, w, tps, stream); break;
+    case 256: dispatch_bits<256>(lut, ub, plan, batch, pool, w, tps, stream); break;
     default:
       detail::throw_error(detail::cat("packed_decode_attention: head_dim ", d,
                                       " has no kernel (64, 128, 256)"));

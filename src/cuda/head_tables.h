@@ -79,6 +79,7 @@ struct PackedPlan::Device {
   std::vector<detail::HeadTables> host_heads;
   int max_stage_bytes = 0;
   int max_lut_words = 0;
+  int uniform_bits = 0;  ///< b when every head is one b-bit key and one b-bit value group over the head, else 0
   int max_tiles[2] = {0, 0};
 };
 }  // namespace ratekv::cuda

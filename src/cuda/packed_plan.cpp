@@ -146,6 +146,14 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
   check(lvl_used == levels.size(), "cuda packed plan: levels has {} floats, layout uses {}",
         levels.size(), lvl_used);
   dev_->max_stage_bytes = max_stage;
+  int ub = -1;
+  for (const HeadTables& T : dev_->host_heads) {
+    const bool u = T.n_groups[0] == 1 && T.n_groups[1] == 1 && T.dim[0][0] == d &&
+                   T.dim[1][0] == d && T.bits[0][0] == T.bits[1][0];
+    const int b = u ? T.bits[0][0] : 0;
+    ub = ub < 0 ? b : (ub == b ? ub : 0);
+  }
+  dev_->uniform_bits = std::max(ub, 0);
   dev_->heads = upload(dev_->host_heads);
   dev_->rotations = upload(rot);
   dev_->channels = upload(chans);

@@ -59,15 +59,19 @@ __global__ void rotate_query_kernel(const TQ* __restrict__ q, int head_dim, int 
   }
   const int h = (row % n_heads) / gqa;
   const HeadTables& T = tables[h];
+  // One warp per rotated coordinate j, lanes over i: coalesced rows of Π.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
   for (int g = 0; g < T.n_groups[0]; ++g) {
     const int dim = T.dim[0][g], dim_pad = T.dim_pad[0][g], base = T.tile_begin[0][g] * 16;
     const float* R = rot + T.rot_offset[0][g];
     const int32_t* ch = chans + T.chan_offset[0][g];
-    for (int j = threadIdx.x; j < dim_pad; j += blockDim.x) {
+    for (int j = warp; j < dim_pad; j += n_warps) {
       float acc = 0.f;
       if (j < dim)
-        for (int i = 0; i < dim; ++i) acc = fmaf(R[(size_t)j * dim + i], qs[ch[i]], acc);
-      o[base + j] = __float2half_rn(scale * acc);
+        for (int i = lane; i < dim; i += 32) acc = fmaf(R[(size_t)j * dim + i], qs[ch[i]], acc);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      if (lane == 0) o[base + j] = __float2half_rn(scale * acc);
     }
   }
 }
@@ -99,8 +103,9 @@ __global__ void merge_kernel(Partials P, int head_dim, int gqa, int n_heads,
     }
     for (int c = threadIdx.x; c < n_o; c += blockDim.x) {
       float acc = s0 == 0 ? 0.f : orot[c];
-      for (int s = 0; s < ns; ++s)
-        if (wsh[s] != 0.f) acc = fmaf(wsh[s], P.o[((size_t)row * P.n_splits + s0 + s) * P.o_dim + c], acc);
+      const float* o = P.o + ((size_t)row * P.n_splits + s0) * P.o_dim + c;
+#pragma unroll 8
+      for (int s = 0; s < ns; ++s) acc = fmaf(wsh[s], o[(size_t)s * P.o_dim], acc);  // empty splits: w = 0, o = 0
       orot[c] = acc;
     }
   }
@@ -118,6 +123,7 @@ __global__ void merge_kernel(Partials P, int head_dim, int gqa, int n_heads,
     const int32_t* ch = chans + T.chan_offset[1][g];
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
       float acc = 0.f;
+#pragma unroll 8
       for (int j = 0; j < dim; ++j) acc = fmaf(R[(size_t)j * dim + i], orot[base + j], acc);
       o[ch[i]] = acc * il;
     }

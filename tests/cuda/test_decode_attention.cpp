@@ -337,6 +337,8 @@ TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
       {256, 2, 4, {100003, 1, 4096, 97, 33, 16, 17, 1000}, false, 2, 4, DType::f16},
       {128, 8, 4, {4096, 97, 1}, false, 1, 1, DType::f32},
       {64, 1, 1, {100003}, false, 4, 4, DType::f32},
+      {64, 2, 8, {97, 1, 4096}, false, 2, 2, DType::f32},
+      {128, 8, 4, {4096, 1, 97}, false, 4, 4, DType::f16},
   };
   uint32_t seed = 100;
   for (const Case& c : cases) run_packed_case(c, seed++);
