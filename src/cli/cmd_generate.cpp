@@ -1,0 +1,137 @@
+// `ratekv generate -m MODEL -p PROMPT -n N [--temp T --seed S --top-k K] [--chat]`:
+// greedy (default) or sampled continuation; text on stdout, prefill/decode
+// tokens/s on stderr.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <regex>
+
+#include "cli/command.h"
+#include "cli/loaded_model.h"
+#include "ratekv/error.h"
+#include "ratekv/log.h"
+
+namespace ratekv::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model, prompt, cache = "fp32";
+  int n_predict = 64;
+  double temp = 0.0;
+  uint64_t seed = 0;
+  int top_k = 40;
+  bool chat = false;
+};
+
+// Wraps the prompt in the model's ChatML template (the only one supported):
+// optional default system turn (taken from tokenizer.chat_template), the user
+// turn, then the assistant header.
+std::string chat_prompt(const GgufFile& f, const std::string& user) {
+  const std::string tpl = f.get_string("tokenizer.chat_template", "");
+  check(tpl.find("<|im_start|>") != std::string::npos,
+        "--chat: {}: tokenizer.chat_template is not a ChatML (<|im_start|>) template; only ChatML is supported",
+        f.path());
+  std::string s;
+  std::smatch m;
+  static const std::regex sys(R"(<\|im_start\|>system\n([^<]*)<\|im_end\|>)");
+  if (std::regex_search(tpl, m, sys)) s += "<|im_start|>system\n" + m[1].str() + "<|im_end|>\n";
+  s += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+  return s;
+}
+
+// Picks the next token: argmax when temp <= 0, else a sample from
+// softmax(logits / temp) restricted to the top_k logits (top_k <= 0: all).
+int32_t pick_token(const float* logits, int n_vocab, double temp, int top_k, std::mt19937_64& rng) {
+  if (temp <= 0) return static_cast<int32_t>(std::max_element(logits, logits + n_vocab) - logits);
+  std::vector<int32_t> idx(n_vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  const int k = (top_k <= 0 || top_k > n_vocab) ? n_vocab : top_k;
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  std::vector<double> p(k);
+  const double mx = logits[idx[0]];
+  double sum = 0;
+  for (int i = 0; i < k; ++i) sum += (p[i] = std::exp((logits[idx[i]] - mx) / temp));
+  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * sum;
+  double acc = 0;
+  for (int i = 0; i < k; ++i) {
+    acc += p[i];
+    if (u < acc) return idx[i];
+  }
+  return idx[k - 1];
+}
+
+void run(const GenerateArgs& a) {
+  check(a.n_predict >= 0, "-n: {} must be >= 0", a.n_predict);
+  check(std::isfinite(a.temp) && a.temp >= 0, "--temp: {} must be a finite value >= 0", a.temp);
+  LoadedModel lm = load_model(a.model);
+  Model& model = *lm.model;
+  const Tokenizer& tok = *lm.tokenizer;
+  const std::string text = a.chat ? chat_prompt(*lm.file, a.prompt) : a.prompt;
+  std::vector<int32_t> prompt = tok.encode(text, /*add_bos=*/true, /*parse_special=*/a.chat);
+  check(!prompt.empty(), "-p: the prompt is empty after tokenization (and the model adds no BOS)");
+  const int64_t n_ctx = static_cast<int64_t>(prompt.size()) + a.n_predict;
+  check(n_ctx <= model.position_limit(), "-p/-n: prompt ({} tokens) + {} new tokens exceed the model context {}",
+        prompt.size(), a.n_predict, model.position_limit());
+  auto cache = make_cache(a.cache, model, n_ctx);
+  const int V = model.config().n_vocab;
+  std::vector<float> logits(V);
+  std::mt19937_64 rng(a.seed);
+
+  using clk = std::chrono::steady_clock;
+  const auto t0 = clk::now();
+  model.forward(prompt, 0, *cache, logits.data(), false);
+  const double t_prefill = std::chrono::duration<double>(clk::now() - t0).count();
+
+  std::vector<int32_t> out;
+  size_t printed = 0;
+  if (!a.chat) {
+    std::fputs(a.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  const auto t1 = clk::now();
+  int64_t n_decoded = 0;
+  for (int i = 0; i < a.n_predict; ++i) {
+    const int32_t next = pick_token(logits.data(), V, a.temp, a.top_k, rng);
+    if (tok.is_eog(next)) break;
+    out.push_back(next);
+    const std::string s = tok.decode(out, /*skip_special=*/false);
+    std::fwrite(s.data() + printed, 1, s.size() - printed, stdout);
+    std::fflush(stdout);
+    printed = s.size();
+    if (i + 1 == a.n_predict) break;
+    model.forward(std::span<const int32_t>(&next, 1), static_cast<int64_t>(prompt.size()) + i, *cache, logits.data(),
+                  false);
+    ++n_decoded;
+  }
+  const double t_decode = std::chrono::duration<double>(clk::now() - t1).count();
+  std::fputs("\n", stdout);
+  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), t_prefill,
+               prompt.size() / t_prefill);
+  std::fprintf(stderr, "decode:  %lld tokens in %.3f s (%.1f tokens/s)\n", static_cast<long long>(n_decoded),
+               t_decode, n_decoded > 0 ? n_decoded / t_decode : 0.0);
+  std::fprintf(stderr, "KV cache (%s): %.2f MiB for %lld tokens\n", a.cache.c_str(), cache->bytes() / 1048576.0,
+               static_cast<long long>(cache->n_tokens()));
+}
+
+Registrar reg("generate", [](CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand("generate", "Generate a continuation of a prompt (greedy unless --temp > 0)");
+  cmd->add_option("-m,--model", args->model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("-p,--prompt", args->prompt, "prompt text")->required();
+  cmd->add_option("-n,--n-predict", args->n_predict, "tokens to generate (stops early at end-of-generation)")
+      ->capture_default_str();
+  cmd->add_option("--temp", args->temp, "sampling temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "sample among the top-k logits (0 = all)")->capture_default_str();
+  cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's ChatML chat template (user turn)");
+  add_cache_option(cmd, args->cache);
+  cmd->callback([args] { run(*args); });
+});
+
+}  // namespace
+}  // namespace ratekv::cli
