@@ -65,6 +65,7 @@ __global__ void rotate_query_kernel(const TQ* __restrict__ q, int head_dim, int 
     const int dim = T.dim[0][g], dim_pad = T.dim_pad[0][g], base = T.tile_begin[0][g] * 16;
     const float* R = rot + T.rot_offset[0][g];
     const int32_t* ch = chans + T.chan_offset[0][g];
+#pragma unroll 4
     for (int j = warp; j < dim_pad; j += n_warps) {
       float acc = 0.f;
       if (j < dim)
