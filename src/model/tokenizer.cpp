@@ -156,12 +156,13 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
     // Per-word cache: word bytes -> [begin, end) in `pool`. Keys view `canon`.
     std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;
     std::vector<int32_t> pool;
-    constexpr size_t kMaxCacheWords = size_t{1} << 20;
+    // Bounded: at most 2^20 distinct words / 2^24 cached ids (64 MiB) at once.
+    constexpr size_t kMaxCacheWords = size_t{1} << 20, kMaxCachedIds = size_t{1} << 24;
     im.pre.split(cv, [&](size_t off, size_t len) {
       const std::string_view word = cv.substr(off, len);
       auto it = cache.find(word);
       if (it == cache.end()) {
-        if (cache.size() >= kMaxCacheWords || pool.size() >= (size_t{1} << 30)) {
+        if (cache.size() >= kMaxCacheWords || pool.size() >= kMaxCachedIds) {
           cache.clear();
           pool.clear();
         }
