@@ -7,6 +7,8 @@
 #include "ratekv/error.h"
 #include "ratekv/log.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+
 namespace ratekv::cli {
 
 std::vector<CommandEntry>& command_registry() {
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
   std::sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (auto& c : reg) c.setup(app);
   try {
+    // stdout carries results (tables, JSON); all logging goes to stderr.
+    spdlog::set_default_logger(spdlog::stderr_color_mt("ratekv"));
     spdlog::set_pattern("[%l] %v");
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
