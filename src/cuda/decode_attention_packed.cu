@@ -49,9 +49,7 @@ __device__ __forceinline__ void decode_tile(const uint8_t* __restrict__ src, int
 /// gathers bits e, e+1 of every plane (bit 2j+p = plane j of element e+p) and
 /// the pair table returns both fp16 levels as one half2 B-fragment register.
 /// CB > 0: bit width known at compile time (uniform plans); CB = 0: `bits`.
-/// kRep: the table holds 32 copies of each entry, entry i of lane L at word
-/// 32·i + L, so the lookups of a warp never conflict on a shared-memory bank.
-template <int CB, bool kRep = false>
+template <int CB>
 __device__ __forceinline__ void decode_tile_lut(const uint8_t* __restrict__ src, int bits,
                                                 const uint32_t* __restrict__ lut,
                                                 uint32_t (&b)[2][2]) {
@@ -70,32 +68,8 @@ __device__ __forceinline__ void decode_tile_lut(const uint8_t* __restrict__ src,
     else
       idx = (x | (CB > 1 ? x >> 6 : 0u) | (CB > 2 ? x >> 12 : 0u) | (CB > 3 ? x >> 18 : 0u)) &
             ((1u << (2 * CB)) - 1u);
-    b[k >> 1][k & 1] = kRep ? lut[idx * 32 + lane] : lut[idx];
+    b[k >> 1][k & 1] = lut[idx];
   }
-}
-
-/// Lane-replicated pair tables of a uniform UB-bit plan: key table then value
-/// table, each 4^UB entries × 32 lanes.
-template <int UB>
-__device__ void build_replicated_luts(const HeadTables& T, uint32_t* lut) {
-  constexpr int n = 1 << (2 * UB);
-  for (int e = threadIdx.x; e < 2 * n * 32; e += blockDim.x) {
-    const int s = e / (n * 32), idx = (e / 32) % n;
-    const __half* lv = reinterpret_cast<const __half*>(T.levels[s][0]);
-    int c0 = 0, c1 = 0;
-#pragma unroll
-    for (int j = 0; j < UB; ++j) {
-      c0 |= ((idx >> (2 * j)) & 1) << j;
-      c1 |= ((idx >> (2 * j + 1)) & 1) << j;
-    }
-    lut[e] = detail::pack_halves(lv[c0], lv[c1]);
-  }
-}
-
-/// Shared-memory words of the pair tables of a kernel instance (0: per plan).
-template <bool kPairLut, int UB>
-constexpr int replicated_lut_words() {
-  return kPairLut && (UB == 2 || UB == 3) ? 2 * (1 << (2 * UB)) * 32 : 0;
 }
 
 /// Builds the pair tables of this CTA's head in shared memory.
@@ -136,20 +110,15 @@ __global__ void __launch_bounds__(128, (UB > 0 && D <= 128) ? 4 : 1) packed_deco
   }
   __syncthreads();
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem + (sizeof(HeadTables) + 15) / 16 * 16);
-  constexpr int kRepWords = replicated_lut_words<kPairLut, UB>();
-  constexpr bool kRep = kRepWords > 0;
   if (kPairLut) {
-    if (kRep)
-      build_replicated_luts<(kRep ? UB : 1)>(T, lut);
-    else
-      build_pair_luts(T, lut);
+    build_pair_luts(T, lut);
     __syncthreads();
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x * detail::kWarpsPerCta + warp;
   if (split >= part.n_splits) return;
   const int stage_bytes = T.stage_bytes;
-  uint8_t* stages = reinterpret_cast<uint8_t*>(lut + (kRep ? kRepWords : kPairLut ? T.lut_words : 0)) +
+  uint8_t* stages = reinterpret_cast<uint8_t*>(lut + (kPairLut ? T.lut_words : 0)) +
                     (size_t)warp * kStages * stage_bytes;
   const int len = seq_lens[b];
   const int n_tiles_seq = (len + 15) / 16;
@@ -220,7 +189,7 @@ __global__ void __launch_bounds__(128, (UB > 0 && D <= 128) ? 4 : 1) packed_deco
         const int grp = U ? 0 : T.tile_group[0][kt];
         uint32_t bf[2][2];
         if (U)
-          decode_tile_lut<UB, kRep>(sb + kt * UB * 32, UB, lut, bf);
+          decode_tile_lut<UB>(sb + kt * UB * 32, UB, lut, bf);
         else if (kPairLut)
           decode_tile_lut<0>(sb + T.tile_src[0][kt], T.bits[0][grp], lut + T.lut_offset[0][grp], bf);
         else
@@ -281,8 +250,7 @@ __global__ void __launch_bounds__(128, (UB > 0 && D <= 128) ? 4 : 1) packed_deco
         }
         uint32_t bf[2][2];
         if (U)
-          decode_tile_lut<UB, kRep>(sb + (NT + vt) * UB * 32, UB,
-                                    lut + (1 << (2 * UB)) * (kRep ? 32 : 1), bf);
+          decode_tile_lut<UB>(sb + (NT + vt) * UB * 32, UB, lut + (1 << (2 * UB)), bf);
         else if (kPairLut)
           decode_tile_lut<0>(sb + T.tile_src[1][vt], T.bits[1][grp], lut + T.lut_offset[1][grp], bf);
         else
@@ -303,9 +271,7 @@ void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8
                    const detail::WorkspaceView& w, int tiles_per_split, cudaStream_t stream) {
   const auto& dev = plan.device();
   const size_t smem = (sizeof(HeadTables) + 15) / 16 * 16 +
-                      (replicated_lut_words<kPairLut, UB>() > 0
-                           ? (size_t)replicated_lut_words<kPairLut, UB>() * 4
-                           : kPairLut ? (size_t)dev.max_lut_words * 4 : 0) +
+                      (kPairLut ? (size_t)dev.max_lut_words * 4 : 0) +
                       (size_t)detail::kWarpsPerCta * kStages * dev.max_stage_bytes;
   RATEKV_CUDA_CHECK(cudaFuncSetAttribute(packed_decode_kernel<D, kPairLut, UB>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
