@@ -128,7 +128,8 @@ size_t TQMSE::packed_code_bytes() const { return cfg_.bits == 0 ? 0 : packed_byt
 
 float TQMSE::encode_packed(const float* x, uint8_t* codes) const {
   if (cfg_.bits == 0) return 0.0f;
-  std::vector<uint8_t> idx(cfg_.dim);
+  thread_local std::vector<uint8_t> idx;
+  idx.resize(cfg_.dim);
   const float n = encode(x, idx.data());
   pack_bits(idx.data(), idx.size(), cfg_.bits, codes);
   return n;
@@ -136,7 +137,8 @@ float TQMSE::encode_packed(const float* x, uint8_t* codes) const {
 
 void TQMSE::decode_packed(const uint8_t* codes, float norm, float* x) const {
   if (cfg_.bits == 0) return decode(nullptr, 0.0f, x);
-  std::vector<uint8_t> idx(cfg_.dim);
+  thread_local std::vector<uint8_t> idx;
+  idx.resize(cfg_.dim);
   unpack_bits(codes, idx.size(), cfg_.bits, idx.data());
   decode(idx.data(), norm, x);
 }
