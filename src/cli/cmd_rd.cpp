@@ -67,7 +67,8 @@ std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows
       hstart = 12;
     }
     check(hstart + hlen <= buf.size(), "{}: .npy header length {} runs past the file", path, hlen);
-    const std::string h(buf.data() + hstart, hlen);
+    std::string h(buf.data() + hstart, hlen);
+    while (!h.empty() && (h.back() == ' ' || h.back() == '\n')) h.pop_back();
     check(h.find("'descr': '<f4'") != std::string::npos, "{}: .npy dtype must be '<f4' (float32), header {}", path, h);
     check(h.find("'fortran_order': False") != std::string::npos, "{}: .npy must be C-ordered, header {}", path, h);
     const size_t s = h.find("'shape': (");
