@@ -19,8 +19,13 @@ void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t k) {
   for (int64_t i = 0; i < k / kGgmlBlock; ++i) {
     const float* xb = x + i * kGgmlBlock;
     float amax = 0.0f;
-    for (int j = 0; j < kGgmlBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    for (int j = 0; j < kGgmlBlock; ++j) {
+      check(std::isfinite(xb[j]), "q8_0: non-finite value at element {}", i * kGgmlBlock + j);
+      amax = std::max(amax, std::fabs(xb[j]));
+    }
     const float d = amax / 127.0f;
+    check(std::isfinite(fp16_to_fp32(fp32_to_fp16(d))), "q8_0: block {} (max |x| = {}) overflows the fp16 scale", i,
+          amax);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[i].d = fp32_to_fp16(d);
     for (int j = 0; j < kGgmlBlock; ++j) y[i].qs[j] = (int8_t)std::round(xb[j] * id);
@@ -40,12 +45,16 @@ void quantize_row_q4_0_ref(const float* x, BlockQ4_0* y, int64_t k) {
   for (int64_t i = 0; i < k / kGgmlBlock; ++i) {
     const float* xb = x + i * kGgmlBlock;
     float amax = 0.0f, mx = 0.0f;
-    for (int j = 0; j < kGgmlBlock; ++j)
+    for (int j = 0; j < kGgmlBlock; ++j) {
+      check(std::isfinite(xb[j]), "q4_0: non-finite value at element {}", i * kGgmlBlock + j);
       if (amax < std::fabs(xb[j])) {
         amax = std::fabs(xb[j]);
         mx = xb[j];
       }
+    }
     const float d = mx / -8.0f;
+    check(std::isfinite(fp16_to_fp32(fp32_to_fp16(d))), "q4_0: block {} (max |x| = {}) overflows the fp16 scale", i,
+          amax);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[i].d = fp32_to_fp16(d);
     for (int j = 0; j < kGgmlBlock / 2; ++j) {

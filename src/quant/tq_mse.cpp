@@ -56,7 +56,9 @@ float TQMSE::finish_norm(float n, const uint8_t* idx) const {
     for (int i = 0; i < cfg_.dim; ++i) c2 += (double)cb_->levels[idx[i]] * cb_->levels[idx[i]];
     n = (float)(n / std::sqrt(c2));
   }
-  return store_norm(cfg_.norm, n);
+  const float stored = store_norm(cfg_.norm, n);
+  check(std::isfinite(stored), "tq_mse: vector norm {} overflows its {} encoding", n, to_string(cfg_.norm));
+  return stored;
 }
 
 namespace {

@@ -75,6 +75,7 @@ void TQProd::fake_quant(const float* x, int64_t T, float* xhat) const {
     Eigen::Map<Eigen::VectorXf>(back.data(), m).noalias() =
         s_.transpose() * Eigen::Map<const Eigen::VectorXf>(s.data(), m);
     const float nst = round_fp16(n);
+    check(std::isfinite(nst), "tq_prod: norm {} of input row {} overflows fp16", n, t);
     float* out = xhat + t * m;
     for (int i = 0; i < m; ++i) out[i] = nst * (ut[i] + gamma * qjl_scale * back[i]);
   }

@@ -96,4 +96,13 @@ TEST(GgmlBlocks, QuantizerInterface) {
   EXPECT_EQ(xh, ref);
   x[5] = INFINITY;
   EXPECT_THROW(q8.fake_quant(x.data(), 3, xh.data()), Error);
+  std::vector<float> huge(32, 1.0f);
+  huge[7] = 1e7f;  // q8_0 scale 1e7/127 > 65504
+  std::vector<BlockQ8_0> b8(1);
+  EXPECT_THROW(quantize_row_q8_0_ref(huge.data(), b8.data(), 32), Error);
+  huge[7] = 1e5f;  // q8_0 scale fits (787), q4_0 scale 12500 fits too
+  EXPECT_NO_THROW(quantize_row_q8_0_ref(huge.data(), b8.data(), 32));
+  huge[7] = 6e5f;  // q4_0 scale 75000 overflows
+  EXPECT_THROW(quantize_row_q4_0_ref(huge.data(), b.data(), 32), Error);
+  EXPECT_THROW(quantize_row_q4_0_ref(huge.data(), b.data(), 31), Error);
 }

@@ -248,4 +248,8 @@ TEST(TQMSE, RejectsBadInput) {
   std::vector<uint8_t> idx(4);
   EXPECT_THROW(q.fake_quant(bad, 1, out), Error);
   EXPECT_THROW(q.encode_ref(bad, idx.data()), Error);
+  const float huge[4] = {1e5f, 0.0f, 0.0f, 0.0f};  // norm > 65504: no fp16 norm
+  EXPECT_THROW(q.fake_quant(huge, 1, out), Error);
+  TQMSE q32({.dim = 4, .bits = 2, .norm = NormCoding::fp32});
+  EXPECT_NO_THROW(q32.fake_quant(huge, 1, out));
 }

@@ -38,7 +38,9 @@ struct BlockQ4_0 {
 static_assert(sizeof(BlockQ8_0) == 34, "block_q8_0 is 34 bytes");
 static_assert(sizeof(BlockQ4_0) == 18, "block_q4_0 is 18 bytes");
 
-/// x: (k) fp32, k a multiple of 32 (else Error); y: (k/32) blocks.
+/// x: (k) fp32, k a multiple of 32; y: (k/32) blocks. Throws Error if k is
+/// not a multiple of 32, x holds a non-finite value, or a block's scale
+/// overflows fp16 (where ggml would silently store inf).
 void quantize_row_q8_0_ref(const float* x, BlockQ8_0* y, int64_t k);
 void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k);
 void quantize_row_q4_0_ref(const float* x, BlockQ4_0* y, int64_t k);
