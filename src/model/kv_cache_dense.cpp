@@ -4,7 +4,6 @@
 #include <cstring>
 #include <limits>
 
-#include <cblas.h>
 #include <omp.h>
 
 #include "ratekv/error.h"
@@ -13,12 +12,6 @@
 namespace ratekv {
 
 namespace {
-
-// Below this many queries per call, attention runs one (query head, token)
-// row at a time with OpenMP; from it up, per head with sgemm for Q·Kᵀ and P·V.
-constexpr int64_t kGemmMinQueries = 16;
-// Query rows per sgemm block in the batched path.
-constexpr int64_t kQueryBlock = 64;
 
 // Index range [lo, hi) of cached tokens a query at position p may see: cached
 // positions are strictly increasing, so it is contiguous.
@@ -108,66 +101,37 @@ void DenseKVCache::attend(int layer, int64_t n, const int32_t* pos, const float*
           layer, pos[i]);
   }
 
-  if (n < kGemmMinQueries) {
-    // Decode path: one row (head h, query i) per iteration, OpenMP across rows
-    // (only when there is enough work to pay for waking the threads).
-    const bool par = n * H * T * d >= (int64_t{1} << 16);
+  // One row (query i, head h) per iteration, OpenMP across rows (only when
+  // there is enough work to pay for waking the threads). Dot products and the
+  // P·V accumulation are SIMD loops over head_dim.
+  const bool par = n * H * T * d >= (int64_t{1} << 16);
 #pragma omp parallel if (par)
-    {
-      std::vector<float> s(T);
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < n * H; ++r) {
-        const int64_t i = r / H;
-        const int h = static_cast<int>(r % H), hk = h / ratio;
-        const float* qv = q + i * qrow + int64_t{h} * d;
-        const int64_t len = hi[i] - lo[i];
-        for (int64_t j = 0; j < len; ++j) {
-          const float* kv = L.k.data() + (lo[i] + j) * kvrow + int64_t{hk} * d;
-          float acc = 0;
-          for (int c = 0; c < d; ++c) acc += qv[c] * kv[c];
-          s[j] = acc;
-        }
-        softmax_row(s.data(), len, params.scale, params.softcap);
-        float* o = out + i * qrow + int64_t{h} * d;
-        std::fill(o, o + d, 0.0f);
-        for (int64_t j = 0; j < len; ++j) {
-          const float* vv = L.v.data() + (lo[i] + j) * kvrow + int64_t{hk} * d;
-          const float p = s[j];
-          for (int c = 0; c < d; ++c) o[c] += p * vv[c];
-        }
+  {
+    std::vector<float> s(T);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t r = 0; r < n * H; ++r) {
+      const int64_t i = r / H;
+      const int h = static_cast<int>(r % H), hk = h / ratio;
+      const float* qv = q + i * qrow + int64_t{h} * d;
+      const int64_t len = hi[i] - lo[i];
+      const float* kb = L.k.data() + lo[i] * kvrow + int64_t{hk} * d;
+      for (int64_t j = 0; j < len; ++j) {
+        const float* kv = kb + j * kvrow;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int c = 0; c < d; ++c) acc += qv[c] * kv[c];
+        s[j] = acc;
       }
-    }
-    return;
-  }
-
-  // Prefill path: per head and block of query rows, S = Q·Kᵀ over the union
-  // of the rows' key ranges (sgemm), masked row softmax, O = P·V (sgemm).
-  std::vector<float> S;
-  for (int h = 0; h < H; ++h) {
-    const int hk = h / ratio;
-    for (int64_t i0 = 0; i0 < n; i0 += kQueryBlock) {
-      const int64_t bn = std::min(kQueryBlock, n - i0);
-      int64_t blo = lo[i0], bhi = hi[i0];
-      for (int64_t i = i0; i < i0 + bn; ++i) {
-        blo = std::min(blo, lo[i]);
-        bhi = std::max(bhi, hi[i]);
+      softmax_row(s.data(), len, params.scale, params.softcap);
+      float* o = out + i * qrow + int64_t{h} * d;
+      std::fill(o, o + d, 0.0f);
+      const float* vb = L.v.data() + lo[i] * kvrow + int64_t{hk} * d;
+      for (int64_t j = 0; j < len; ++j) {
+        const float* vv = vb + j * kvrow;
+        const float p = s[j];
+#pragma omp simd
+        for (int c = 0; c < d; ++c) o[c] += p * vv[c];
       }
-      const int64_t len = bhi - blo;
-      S.resize(bn * len);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(bn), static_cast<int>(len), d, 1.0f,
-                  q + i0 * qrow + int64_t{h} * d, static_cast<int>(qrow), L.k.data() + blo * kvrow + int64_t{hk} * d,
-                  static_cast<int>(kvrow), 0.0f, S.data(), static_cast<int>(len));
-#pragma omp parallel for schedule(static) if (bn * len >= 4096)
-      for (int64_t r = 0; r < bn; ++r) {
-        float* s = S.data() + r * len;
-        const int64_t a = lo[i0 + r] - blo, b = hi[i0 + r] - blo;
-        softmax_row(s + a, b - a, params.scale, params.softcap);
-        std::fill(s, s + a, 0.0f);
-        std::fill(s + b, s + len, 0.0f);
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(bn), d, static_cast<int>(len), 1.0f,
-                  S.data(), static_cast<int>(len), L.v.data() + blo * kvrow + int64_t{hk} * d,
-                  static_cast<int>(kvrow), 0.0f, out + i0 * qrow + int64_t{h} * d, static_cast<int>(qrow));
     }
   }
 }

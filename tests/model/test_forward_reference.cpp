@@ -14,6 +14,8 @@
 
 #include "ratekv/gguf.h"
 #include "ratekv/model.h"
+#include "ratekv/perplexity.h"
+#include "ratekv/tokenizer.h"
 
 using namespace ratekv;
 namespace fs = std::filesystem;
@@ -227,5 +229,52 @@ TEST_F(RealModel, MatchesLlamaCppGreedy) {
     }
     std::printf("greedy %s: %zu/%zu ids required equal, all %s\n", c.at("name").get<std::string>().c_str(), must,
                 want.size(), got == want ? "equal" : "NOT equal past the low-margin step");
+  }
+}
+
+// llama-perplexity on the evaluation text, -c 512 --chunks 8: our fp32 runtime
+// against llama.cpp's fp32 run (F32 copy of the same weights, F32 KV cache)
+// within 1 %. Only the first 8·512 tokens matter, so a 64 KiB prefix of the
+// file is tokenized (far from the cut, tokens equal the whole file's).
+TEST_F(RealModel, PerplexityWithinOnePercentOfLlamaCpp) {
+  if (const char* s = std::getenv("RATEKV_SANITIZE_RUN"); s && std::string(s) == "1") {
+    GTEST_SKIP() << "model-scale perplexity skipped in the sanitizer run";
+  }
+  const auto j = load_fixture("perplexity.json");
+  if (j.is_null()) GTEST_SKIP() << "no " << fixture("perplexity.json");
+  const std::string text_path = assets_dir() + "/" + j.at("eval_text").get<std::string>();
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) GTEST_SKIP() << "no evaluation text at " << text_path;
+  std::string text(64 * 1024, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  const Tokenizer tok = Tokenizer::from_gguf(*file_);
+  const bool add_bos = file_->has("tokenizer.ggml.add_bos_token") && file_->get_bool("tokenizer.ggml.add_bos_token");
+  std::vector<int32_t> tokens = tok.encode(text, /*add_bos=*/true);
+  ASSERT_GE(tokens.size(), 8u * 512u + 100u);
+  tokens.resize(8 * 512 + 100);  // drop the tokens near the cut
+
+  const nlohmann::json* ref = nullptr;
+  const nlohmann::json* ref_f16 = nullptr;
+  for (const auto& r : j.at("runs")) {
+    if (r.at("n_ctx") == 512 && r.at("n_chunks") == 8 && r.at("name") == "f32_weights_kv_f32") ref = &r;
+    if (r.at("n_ctx") == 512 && r.at("n_chunks") == 8 && r.at("name") == "kv_f16") ref_f16 = &r;
+  }
+  ASSERT_NE(ref, nullptr) << "perplexity.json has no f32_weights_kv_f32 run at n_ctx 512, 8 chunks";
+  auto cache = model_->make_dense_cache(512);
+  const PerplexityResult r = perplexity(*model_, cache, tokens, 512, 8, add_bos, tok.bos_id());
+  const double want = ref->at("ppl").get<double>();
+  std::printf("perplexity c=512 x8: ours %.4f +/- %.4f (%lld scored), llama.cpp fp32 %.4f, llama.cpp f16-KV %.4f\n",
+              r.ppl, r.ppl_err, static_cast<long long>(r.n_scored), want,
+              ref_f16 ? ref_f16->at("ppl").get<double>() : 0.0);
+  EXPECT_EQ(r.n_scored, ref->at("scored_tokens").get<int64_t>());
+  EXPECT_NEAR(r.ppl, want, 0.01 * want);
+  // Per-chunk running PPL follows llama.cpp's too (same convention, chunk by chunk).
+  const auto running = ref->at("running_ppl_per_chunk").get<std::vector<double>>();
+  ASSERT_EQ(running.size(), r.chunk_ppl.size());
+  double nll = 0;
+  for (size_t c = 0; c < running.size(); ++c) {
+    nll += std::log(r.chunk_ppl[c]);
+    EXPECT_NEAR(std::exp(nll / static_cast<double>(c + 1)), running[c], 0.01 * running[c]) << "chunk " << c;
   }
 }
