@@ -38,12 +38,24 @@ std::string keys_of(const auto& map) {
 // Metadata bits per element of a whole-head codec of `quantizer`.
 double meta_per_element(const std::string& quantizer, int d, int group_size) {
   if (quantizer == "kivi" || quantizer == "quarot") return 32.0 / group_size;
+  if (quantizer == "q8_0" || quantizer == "q4_0") return 16.0 / 32.0;
+  if (quantizer == "fp16") return 0.0;
   return 16.0 / d;  // tq-mse, block-gtq: one fp16 norm per head (or group)
 }
 
 Codec whole_head_codec(const std::string& quantizer, int bits, int d, int group_size, uint32_t seed) {
   if (quantizer == "tq-mse" || quantizer == "block-gtq") return Codec::tq_mse(bits, d, seed);
+  if (quantizer == "fp16") return Codec::fp16();
   Codec c;
+  if (quantizer == "q8_0" || quantizer == "q4_0") {
+    c.kind = quantizer == "q8_0" ? CodecKind::Q8_0 : CodecKind::Q4_0;
+    c.group_size = 32;
+    CodecGroup g;
+    g.bits = bits;
+    for (int i = 0; i < d; ++i) g.channels.push_back(i);
+    c.groups.push_back(std::move(g));
+    return c;
+  }
   c.kind = quantizer == "kivi" ? CodecKind::Kivi : CodecKind::QuaRot;
   c.norm = NormStorage::None;
   c.group_size = group_size;
@@ -72,6 +84,15 @@ Codec grouped_codec(const BlockAllocation& a, const PlanRequest& rq, int l, int 
 // The whole-head width for a uniform budget on one side.
 int uniform_width(double budget, const std::string& unit, const std::string& quantizer, int d, int group_size,
                   int b_min, int b_max, const char* flag) {
+  // Fixed-width codecs (llama.cpp cache types, fp16): the budget must admit them.
+  const int fixed = quantizer == "q8_0" ? 8 : quantizer == "q4_0" ? 4 : quantizer == "fp16" ? 16 : 0;
+  if (fixed > 0) {
+    const double need = unit == "code" ? fixed : fixed + meta_per_element(quantizer, d, group_size);
+    check(unit == "code" ? std::abs(budget - need) < 1e-9 : budget >= need - 1e-9,
+          "{} {} ({} bits per element): {} stores {} {} bits per element", flag, budget, unit, quantizer,
+          unit == "code" ? "exactly" : "at least", need);
+    return fixed;
+  }
   int b;
   if (unit == "code") {
     check(std::abs(budget - std::round(budget)) < 1e-9,
@@ -85,6 +106,11 @@ int uniform_width(double budget, const std::string& unit, const std::string& qua
         "(metadata {:.4g} bits per element)",
         flag, budget, unit, b, b_min, b_max, quantizer, d, meta_per_element(quantizer, d, group_size));
   return b;
+}
+
+void check_uniform_quantizer(const std::string& q, const char* flag) {
+  check(q == "tq-mse" || q == "kivi" || q == "quarot" || q == "q8_0" || q == "q4_0" || q == "fp16",
+        "{} \"{}\": expected tq-mse, kivi, quarot, q8_0, q4_0 or fp16", flag, q);
 }
 
 void check_quantizer(const std::string& q) {
@@ -159,10 +185,11 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
         "--budget-unit \"{}\": expected effective or code", rq.budget_unit);
   check(rq.fp16_window >= 0 && rq.sink_tokens >= 0, "--fp16-window / --sink-tokens: expected >= 0 (got {}, {})",
         rq.fp16_window, rq.sink_tokens);
-  if (rq.quantizer == "kivi" || rq.quantizer == "quarot")
-    check(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0,
-          "--group-size {}: expected a divisor of head_dim {} for --quantizer {}", rq.group_size, st.model.head_dim,
-          rq.quantizer);
+  const std::string vquant = rq.v_quantizer.empty() ? rq.quantizer : rq.v_quantizer;
+  for (const std::string& q : {rq.quantizer, vquant})
+    if (q == "kivi" || q == "quarot")
+      check(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0,
+            "--group-size {}: expected a divisor of head_dim {} for {}", rq.group_size, st.model.head_dim, q);
   PlanDiagnostics local;
   PlanDiagnostics& dg = diag ? *diag : local;
   dg = PlanDiagnostics{};
@@ -183,12 +210,16 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
   auto seed_of = [&](int l, int h, int side) { return group_seed(rq.seed, l, h, side, 0); };
 
   if (rq.method == "uniform") {
-    check_quantizer(rq.quantizer);
+    check_uniform_quantizer(rq.quantizer, "--quantizer");
+    check_uniform_quantizer(vquant, "--vquantizer");
     const int lo = rq.b_min < 0 ? 1 : rq.b_min, hi = rq.b_max < 0 ? 8 : rq.b_max;
     check(lo >= 1 && lo <= hi && hi <= 8, "--bmin {} / --bmax {}: uniform needs 1 <= bmin <= bmax <= 8", lo, hi);
     int kb, vb;
     if (rq.avg_bits) {
       // RateQuant's uniform baseline at a fractional average.
+      check_quantizer(rq.quantizer);
+      check(vquant == rq.quantizer, "--bits: the uniform K/V split needs one quantizer for both sides (got {} and {})",
+            rq.quantizer, vquant);
       const double avg = *rq.avg_bits -
                          (rq.budget_unit == "effective" ? meta_per_element(rq.quantizer, d, rq.group_size) : 0.0);
       const std::string cn = rq.curves_from.empty() ? rq.quantizer : rq.curves_from;
@@ -201,12 +232,12 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       p.budget_k = p.budget_v = *rq.avg_bits;
     } else {
       kb = uniform_width(rq.k_bits, rq.budget_unit, rq.quantizer, d, rq.group_size, lo, hi, "--kbits");
-      vb = uniform_width(rq.v_bits, rq.budget_unit, rq.quantizer, d, rq.group_size, lo, hi, "--vbits");
+      vb = uniform_width(rq.v_bits, rq.budget_unit, vquant, d, rq.group_size, lo, hi, "--vbits");
     }
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
         p.layers[l][h].key = whole_head_codec(rq.quantizer, kb, d, rq.group_size, seed_of(l, h, 0));
-        p.layers[l][h].value = whole_head_codec(rq.quantizer, vb, d, rq.group_size, seed_of(l, h, 1));
+        p.layers[l][h].value = whole_head_codec(vquant, vb, d, rq.group_size, seed_of(l, h, 1));
       }
   } else if (rq.method == "block-gtq") {
     BlockGtqOptions opt;
@@ -238,6 +269,8 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       }
   } else if (rq.method == "ratequant" || rq.method == "ratequant+block-gtq") {
     const bool composed = rq.method == "ratequant+block-gtq";
+    check(rq.v_quantizer.empty() || rq.v_quantizer == rq.quantizer,
+          "--vquantizer {}: ratequant uses one quantizer for both sides (--quantizer)", rq.v_quantizer);
     const std::string quantizer = composed ? "block-gtq" : rq.quantizer;
     if (!composed) check_quantizer(quantizer);
     const std::string cn = rq.curves_from.empty() ? quantizer : rq.curves_from;

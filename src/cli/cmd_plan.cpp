@@ -107,8 +107,10 @@ const Registrar reg("plan", [](CLI::App& app) {
       ->check(CLI::ExistingFile);
   c->add_option("-o,--output", a->out, "output plan (.json)")->required();
   c->add_option("--seed", a->rq.seed, "seed of the per-group rotation seeds")->capture_default_str();
-  c->add_option("--quantizer", a->rq.quantizer, "uniform / ratequant codec: tq-mse | kivi | quarot")
+  c->add_option("--quantizer", a->rq.quantizer,
+                "codec: tq-mse | kivi | quarot; uniform also q8_0 | q4_0 | fp16 (llama.cpp cache types, fp16 cache)")
       ->capture_default_str();
+  c->add_option("--vquantizer", a->rq.v_quantizer, "uniform: value codec when it differs from --quantizer");
   c->add_option("--curves-from", a->rq.curves_from,
                 "allocate with another quantizer's fitted (α, β) curves (the mismatch experiment)");
   c->add_option("--sensitivity", a->rq.sensitivity, "sensitivity estimator in the stats (grad | activation)")

@@ -87,6 +87,45 @@ TEST(MakePlan, UniformCodeAndEffectiveBudgets) {
             "--kbits 2.5: with --budget-unit code a uniform codec needs a whole number of bits");
 }
 
+TEST(MakePlan, LlamaCppAndFp16Baselines) {
+  CalibStats st = synthetic_stats();
+  // q8_0 / q4_0 need head_dim divisible by 32: widen the synthetic model.
+  st.model.head_dim = 64;
+  st.q_block_energy.assign(3 * 2 * 32, 1.0);
+  st.k_block_energy.assign(3 * 2 * 32, 2.0);
+  PlanRequest rq;
+  rq.method = "uniform";
+  rq.quantizer = "q8_0";
+  rq.v_quantizer = "q4_0";
+  rq.k_bits = 8.5;
+  rq.v_bits = 4.5;
+  Plan p = make_plan(st, rq);
+  EXPECT_EQ(p.layers[1][1].key.kind, CodecKind::Q8_0);
+  EXPECT_EQ(p.layers[1][1].value.kind, CodecKind::Q4_0);
+  EXPECT_DOUBLE_EQ(p.achieved().k, 8.5);
+  EXPECT_DOUBLE_EQ(p.achieved().v, 4.5);
+  rq.v_bits = 4.4;
+  EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+            "--vbits 4.4 (effective bits per element): q4_0 stores at least 4.5 bits per element");
+  rq.budget_unit = "code";
+  rq.k_bits = 8;
+  rq.v_bits = 4;
+  EXPECT_DOUBLE_EQ(make_plan(st, rq).achieved().total, 6.5);
+  rq.quantizer = "fp16";
+  rq.v_quantizer = "";
+  rq.k_bits = rq.v_bits = 16;
+  p = make_plan(st, rq);
+  EXPECT_EQ(p.layers[0][0].value.kind, CodecKind::FP16);
+  EXPECT_DOUBLE_EQ(p.achieved().total, 16.0);
+  rq.quantizer = "kivi";
+  rq.k_bits = rq.v_bits = 2;
+  p = make_plan(st, rq);
+  EXPECT_DOUBLE_EQ(p.achieved().k, 3.0);  // 2 + fp16 scale and zero per 32
+  rq.quantizer = "q5_1";
+  EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+            "--quantizer \"q5_1\": expected tq-mse, kivi, quarot, q8_0, q4_0 or fp16");
+}
+
 TEST(MakePlan, BlockGtqMatchesTheAllocatorAndBeatsUniform) {
   const CalibStats st = synthetic_stats();
   PlanRequest rq;

@@ -4,9 +4,12 @@
 // Methods and what the budgets mean (budgets are bits per element; unit
 // "effective" = codes + every stored norm/scale, "code" = the bits of a uniform
 // codec at that many code bits, i.e. effective = code + its metadata):
-//   uniform              K and V: whole-head TQ-MSE at the largest b with
-//                        b + 16/d ≤ budget (effective) or b = budget (code,
-//                        must be an integer). With `avg_bits` set it is the
+//   uniform              K and V: whole-head `quantizer` (V: `v_quantizer`
+//                        if set) at the largest b with b + metadata ≤ budget
+//                        (effective) or b = budget (code, must be an
+//                        integer). q8_0 / q4_0 / fp16 have fixed widths (8.5,
+//                        4.5, 16 effective bits): the budget must admit them
+//                        (code unit: equal 8 / 4 / 16). With `avg_bits` set it is the
 //                        RateQuant baseline instead: the better of
 //                        K⌈b⌉V⌊b⌋ / K⌊b⌋V⌈b⌉ under the fitted curves.
 //   block-gtq            K: Block-GTQ over RoPE blocks (alloc/block_gtq.h) at
@@ -51,7 +54,8 @@ struct PlanRequest {
   uint64_t seed = 0;
   int fp16_window = 0;
   int sink_tokens = 0;
-  std::string quantizer = "tq-mse";  ///< ratequant codec: tq-mse | kivi | quarot
+  std::string quantizer = "tq-mse";  ///< codec: tq-mse | kivi | quarot (+ q8_0 | q4_0 | fp16 for uniform)
+  std::string v_quantizer;           ///< uniform only: value codec if different ("" = quantizer)
   std::string curves_from;           ///< curves used to allocate ("" = quantizer's own)
   std::string sensitivity = "grad";  ///< sensitivity estimator name in the stats
   int group_size = 32;               ///< kivi / quarot scale group
