@@ -2,6 +2,7 @@
 // plans against the fp32 cache and each other (eval/plan_eval.h).
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -49,7 +50,9 @@ void run(const EvalArgs& a) {
   for (const auto& path : a.plans) {
     eval::PlanEntry e;
     e.file = path;
-    e.name = std::filesystem::path(path).stem().string();
+    e.name = std::filesystem::path(path).filename().string();
+    for (const char* ext : {".json", ".plan"})
+      if (e.name.size() > std::strlen(ext) && e.name.ends_with(ext)) e.name.resize(e.name.size() - std::strlen(ext));
     e.plan = Plan::load(path);
     entries.push_back(std::move(e));
   }
@@ -92,7 +95,7 @@ const Registrar reg("eval", [](CLI::App& app) {
       "Evaluate KV-cache plans against the fp32 cache and each other: per-layer RoPE-logit MAE and attention KL "
       "(K-only, V exact), perplexity with K-only and K+V quantized (llama.cpp windows), over run seeds");
   c->add_option("-m,--model", a->model, "GGUF model")->required()->check(CLI::ExistingFile);
-  c->add_option("--plan", a->plans, "plan file (repeatable); rows are named by the file stem")
+  c->add_option("--plan", a->plans, "plan file (repeatable); rows are named by the file name without .json / .plan")
       ->check(CLI::ExistingFile);
   c->add_option("--baseline", a->baselines, "built-in baseline cache: fp16, q8_0, q4_0, kivi2, kivi4 (repeatable)");
   c->add_option("-f,--file", a->text, "evaluation text (UTF-8)")->required()->check(CLI::ExistingFile);

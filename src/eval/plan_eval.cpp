@@ -11,7 +11,7 @@
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/error.h"
 #include "ratekv/eval/logit_error.h"
-#include "ratekv/eval/perplexity.h"
+#include "ratekv/perplexity.h"
 #include "ratekv/log.h"
 
 namespace ratekv::eval {
@@ -68,6 +68,9 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
   check(opt.query_stride >= 1, "eval: query stride {} must be ≥ 1", opt.query_stride);
   const int64_t n_chunks = static_cast<int64_t>(tokens.size()) / opt.ctx;
   check(n_chunks >= 1, "eval: {} tokens do not fill one window of --ctx {}", tokens.size(), opt.ctx);
+  check(!opt.perplexity || n_chunks >= 2,
+        "eval: perplexity needs at least 2 windows (2·--ctx = {} tokens, llama-perplexity's rule); got {} tokens",
+        2 * opt.ctx, tokens.size());
   {
     std::set<std::string> names;
     for (const auto& p : plans) check(names.insert(p.name).second, "eval: two plans are named '{}'", p.name);
@@ -116,7 +119,7 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
       if (opt.bos_id >= 0) win[0] = opt.bos_id;
       DenseKVCache kv = model.make_dense_cache(ctx);
       model.forward(win, 0, kv, logits.data(), true, &hooks);
-      for (int64_t i = first; i < ctx - 1; ++i) fp_nll += token_nll(&logits[i * V], V, tokens[c * ctx + i + 1]);
+      for (int64_t i = first; i < ctx - 1; ++i) fp_nll += token_nll(&logits[i * V], static_cast<int>(V), tokens[c * ctx + i + 1]);
       scored += ctx - 1 - first;
       prog.update(c + 1);
     }
@@ -133,13 +136,14 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
         for (int mode = 0; mode < 2; ++mode) {
           cache::FakeQuantOptions fo;
           fo.quantize_v = mode == 1;
-          auto cod = codecs[p][s];
-          const CacheFactory make = [&, cod, fo](int64_t n) -> std::unique_ptr<KVCache> {
-            return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(n), cod, fo);
-          };
+          cache::FakeQuantKVCache kv(cfg.kv_shape(ctx), codecs[p][s], fo);
           const std::string label =
               fmt::format("eval: {} seed {} {} perplexity", plans[p].name, s, mode == 0 ? "K-only" : "K+V");
-          const PerplexityResult r = perplexity(model, tokens, ctx, n_chunks, make, opt.bos_id, label);
+          Progress prog(label, n_chunks);
+          const PerplexityResult r =
+              perplexity(model, kv, tokens, ctx, n_chunks, opt.bos_id >= 0, opt.bos_id,
+                         [&](int64_t done, const PerplexityResult&) { prog.update(done); });
+          prog.finish();
           (mode == 0 ? ppl_k : ppl_kv)[p].push_back(r.ppl);
           spdlog::info("{}: {:.4f}", label, r.ppl);
         }

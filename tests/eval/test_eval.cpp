@@ -1,6 +1,6 @@
-// Evaluation metrics: logit MAE / attention KL closed forms, the llama.cpp
-// perplexity convention on a tiny model, baseline plans, and a small
-// end-to-end evaluate_plans run.
+// Evaluation metrics: logit MAE / attention KL closed forms, baseline plans,
+// and a small end-to-end evaluate_plans run (perplexity itself is tested in
+// tests/model with ratekv/perplexity.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +11,6 @@
 #include "ratekv/error.h"
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/logit_error.h"
-#include "ratekv/eval/perplexity.h"
 #include "ratekv/eval/plan_eval.h"
 
 using namespace ratekv;
@@ -113,39 +112,6 @@ TEST(LogitError, GqaAndQueryStride) {
   EXPECT_EQ(st.rows, 4);
   EXPECT_NEAR(st.mae(), 25.0 / 8.0, 1e-6);
   EXPECT_THROW(logit_error(q.data(), k.data(), kh.data(), 3, 2, 1, 1, 0.0f), Error);
-}
-
-TEST(Perplexity, TokenNll) {
-  const float logits[3] = {0.0f, static_cast<float>(std::log(3.0)), -100.0f};
-  EXPECT_NEAR(token_nll(logits, 3, 1), std::log(4.0 / 3.0), 1e-6);
-  EXPECT_NEAR(token_nll(logits, 3, 0), std::log(4.0), 1e-6);
-  EXPECT_THROW(token_nll(logits, 3, 3), Error);
-}
-
-// The llama.cpp convention: windows of n_ctx from an empty cache, tokens
-// first+1 .. n_ctx−1 scored (first = n_ctx/2), checked against a direct loop.
-TEST(Perplexity, LlamaCppWindowConvention) {
-  Model m = tiny_model();
-  const auto t = tokens(50);  // 3 windows of 16 (+2 tokens unused)
-  const CacheFactory dense = [&](int64_t n) { return std::make_unique<DenseKVCache>(m.config().kv_shape(n)); };
-  const PerplexityResult r = perplexity(m, t, 16, 0, dense);
-  EXPECT_EQ(r.n_chunks, 3);
-  EXPECT_EQ(r.n_scored, 3 * 7);
-  const int V = m.config().n_vocab;
-  double nll = 0;
-  for (int c = 0; c < 3; ++c) {
-    auto cache = m.make_dense_cache(16);
-    std::vector<float> logits(16 * V);
-    m.forward(std::span<const int32_t>(t).subspan(c * 16, 16), 0, cache, logits.data(), true);
-    for (int i = 8; i < 15; ++i) nll += token_nll(&logits[i * V], V, t[c * 16 + i + 1]);
-  }
-  EXPECT_NEAR(r.ppl, std::exp(nll / 21), 1e-9 * r.ppl);
-  EXPECT_NEAR(r.chunk_nll.size(), 3, 0);
-  // Two windows only, and a BOS replacement changes the result.
-  EXPECT_EQ(perplexity(m, t, 16, 2, dense).n_scored, 14);
-  EXPECT_NE(perplexity(m, t, 16, 2, dense, 5).ppl, perplexity(m, t, 16, 2, dense).ppl);
-  EXPECT_THROW(perplexity(m, t, 16, 4, dense), Error);
-  EXPECT_THROW(perplexity(m, tokens(10), 16, 0, dense), Error);
 }
 
 TEST(BaselinePlans, EffectiveBits) {

@@ -9,8 +9,8 @@
 //    cache's reconstruction of the whole window (fake_quant_sequence), and
 //    RoPE-logit MAE and attention KL (eval/logit_error.h; K-only, V exact)
 //    are accumulated per layer;
-//  * per plan and run seed, perplexity with a FakeQuantKVCache quantizing K
-//    only and K+V.
+//  * per plan and run seed, perplexity (ratekv/perplexity.h, llama.cpp's
+//    convention) with a FakeQuantKVCache quantizing K only and K+V.
 // Run seeds 0..n_seeds−1: seed 0 is the plan as stored, seed r > 0 the plan
 // with every rotation seed re-mixed with r (cache/plan_codecs.h
 // reseeded_plan). Plans without rotations (fp16, kivi, q8_0, q4_0) are
