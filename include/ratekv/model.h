@@ -159,9 +159,9 @@ struct ForwardHooks {
   std::function<void(const LayerActivations&)> on_layer;
 };
 
-/// A loaded Llama-family model ("llama" arch). Immutable after load; forward()
-/// is not re-entrant on one object only because of scratch buffers — use one
-/// Model per thread.
+/// A loaded Llama-family model ("llama" arch). The weights are immutable after
+/// load; forward() allocates its activations per call and only reads the
+/// weights, so concurrent calls with distinct caches are safe.
 class Model {
  public:
   /// Reads the config and dequantizes all weights; the GgufFile may be closed
