@@ -10,12 +10,15 @@
 //      [K norms: n_k_groups × 64 fp16][V norms: n_v_groups × 64 fp16]
 //  * A group (channels sharing one bit width b ∈ 1..4, one TurboQuant-MSE
 //    encoder of dimension m = |channels|, DESIGN.md §2) is padded to
-//    m_pad = 16·⌈m/16⌉ rotated coordinates and cut into 16-token × 16-channel
-//    tiles. Each tile is stored as b bit planes; each plane is one 32-byte
-//    chunk whose byte L belongs to lane L of a warp and holds the 8 elements
-//    that lane owns in the mma.m16n8k16 B fragment (keys: k = channel, n =
-//    token; values: k = token, n = channel). Chunks are ordered
-//    (token tile, channel tile, plane). A b-bit code takes exactly b bits.
+//    m_pad = 16·⌈m/16⌉ rotated coordinates and cut into 16-channel tiles ct;
+//    a page's 64 tokens are 4 token tiles tt of 16. In every 16×16 tile
+//    (tt, ct), lane L of a warp owns the 8 elements it holds in the
+//    mma.m16n8k16 B fragment (keys: k = channel, n = token; values: k = token,
+//    n = channel). Per channel tile the codes of all 4 token tiles are b
+//    "lane-word rows" of 32 little-endian uint32 (word w of lane L at byte
+//    4·(32·(ct·b + w) + L)); inside them the b-bit code of element e of token
+//    tile tt sits in nibble e (code_bit_pos()), so one AND gives a byte-permute
+//    selector. A b-bit code takes exactly b bits.
 //  * Codes are indices into the group's Lloyd–Max codebook (2^b levels,
 //    ascending); the stored norm is fp16(‖x_g‖); x̂_g = n · Π_gᵀ c[idx] in the
 //    group's rotated domain (keys and values alike). Codebooks and rotations
@@ -32,20 +35,21 @@ namespace ratekv::packed {
 inline constexpr int kPageTokens = 64;     ///< token slots per page
 inline constexpr int kTileTokens = 16;     ///< tokens per tile (mma k/n extent)
 inline constexpr int kTileChannels = 16;   ///< rotated channels per tile
-inline constexpr int kChunkBytes = 32;     ///< one bit plane of one tile: 256 bits
 inline constexpr int kWarpLanes = 32;
+inline constexpr int kLaneRowBytes = 4 * kWarpLanes;  ///< one uint32 per lane
 inline constexpr int kMinBits = 1;
 inline constexpr int kMaxBits = 4;         ///< Lloyd–Max codebooks of ≤ 16 levels
 inline constexpr int kMaxGroupsPerSide = 8;
 inline constexpr int kTilesPerPage = kPageTokens / kTileTokens;
 
-/// One bit plane of one 16×16 tile: byte L is lane L's 8 fragment elements,
-/// bit e of it is element e (see element_of()).
-struct CodeChunk {
-  uint8_t lane_byte[kWarpLanes];
+/// One lane-word row: word L belongs to lane L. A channel tile of a b-bit group
+/// is b rows per page (32 lanes × 4 token tiles × 8 elements × b bits).
+struct LaneRow {
+  uint32_t lane_word[kWarpLanes];
 };
-static_assert(sizeof(CodeChunk) == kChunkBytes, "a chunk is 256 bits");
-static_assert(kChunkBytes * 8 == kTileTokens * kTileChannels, "one bit per tile element");
+static_assert(sizeof(LaneRow) == kLaneRowBytes, "a row is one word per lane");
+static_assert(kLaneRowBytes * 8 == kTilesPerPage * kTileTokens * kTileChannels,
+              "one row holds one bit of every element of a 64-token channel tile");
 
 /// The per-page norm array of one group: fp16 bits, slot t = token t of page.
 struct PageNorms {
@@ -56,15 +60,15 @@ static_assert(sizeof(PageNorms) % 16 == 0, "norm arrays keep 16-byte alignment")
 
 enum class Side : uint8_t { key = 0, value = 1 };
 
-/// Where one element (token r, rotated channel c) of a 16×16 tile lives in a
-/// chunk: byte `lane`, bit `bit`.
+/// Which lane owns one element (token r, rotated channel c) of a 16×16 tile
+/// and its fragment element index e (0..7):
 ///   keys   (B = Kᵀ, k = channel, n = token):
-///     lane = 4·(r mod 8) + (c mod 8)/2,  bit = 4·(r/8) + 2·(c/8) + c mod 2
+///     lane = 4·(r mod 8) + (c mod 8)/2,  e = 4·(r/8) + 2·(c/8) + c mod 2
 ///   values (B = V,  k = token,  n = channel): same with r and c swapped.
-/// bit = 4h + 2j + p addresses fragment register h (n-half), element pair j.
+/// e = 4h + 2j + p addresses fragment register h (n-half), element pair j.
 struct ElementPos {
   int lane;
-  int bit;
+  int elem;
 };
 constexpr ElementPos element_pos(Side side, int r, int c) {
   if (side == Side::value) {
@@ -73,6 +77,21 @@ constexpr ElementPos element_pos(Side side, int r, int c) {
     c = t;
   }
   return {4 * (r % 8) + (c % 8) / 2, 4 * (r / 8) + 2 * (c / 8) + c % 2};
+}
+
+/// Where bit i (0..bits−1) of the code of fragment element e (0..7) of token
+/// tile tt (0..3) lies among a lane's `bits` words of one channel tile: word
+/// `word`, bit `bit` (LSB = 0). Always nibble e (bit = 4e + …):
+///   bits 1, 2, 4: q = tt·bits; word q / 4, bit 4e + q mod 4 + i
+///   bits 3:       tt < 3: word tt, bit 4e + i;  tt = 3: word i, bit 4e + 3
+struct CodeBitPos {
+  int word;
+  int bit;
+};
+constexpr CodeBitPos code_bit_pos(int bits, int tt, int e, int i) {
+  if (bits == 3) return tt < 3 ? CodeBitPos{tt, 4 * e + i} : CodeBitPos{i, 4 * e + 3};
+  const int q = tt * bits;
+  return {q / 4, 4 * e + q % 4 + i};
 }
 
 /// One channel group of one side of one KV head.

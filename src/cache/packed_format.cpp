@@ -52,8 +52,8 @@ size_t head_base(const LayerLayout& L, size_t page_size, int h, int slot) {
   return L.head(h).block_offset;
 }
 
-// Byte offset (within the group's code segment) and bit of element (slot, c)
-// in plane j.
+// Byte offset (within the group's code segment) and bit of code bit j of
+// element (slot, c): lane-word row (ct·b + word), word of the owning lane.
 struct BitAddr {
   size_t byte;
   int bit;
@@ -61,10 +61,10 @@ struct BitAddr {
 BitAddr bit_addr(const GroupLayout& G, Side side, int slot, int c, int j) {
   const int tt = slot / kTileTokens, r = slot % kTileTokens;
   const int ct = c / kTileChannels, cc = c % kTileChannels;
-  const int n_ct = G.dim_pad / kTileChannels;
-  const size_t chunk = ((size_t)tt * (size_t)n_ct + (size_t)ct) * (size_t)G.bits + (size_t)j;
   const ElementPos e = element_pos(side, r, cc);
-  return {chunk * kChunkBytes + (size_t)e.lane, e.bit};
+  const CodeBitPos p = code_bit_pos(G.bits, tt, e.elem, j);
+  const size_t row = (size_t)ct * (size_t)G.bits + (size_t)p.word;
+  return {row * kLaneRowBytes + 4 * (size_t)e.lane + (size_t)(p.bit / 8), p.bit % 8};
 }
 
 }  // namespace

@@ -1,15 +1,18 @@
 // Fused split-K decode attention over the packed KV cache (DESIGN.md §6, §8;
-// docs/packed_format.md).
+// docs/packed_format.md, format version 2).
 //
 // Grid (⌈n_splits/4⌉, n_kv_heads, batch), 4 warps per CTA, one split per warp.
 // A warp owns the GQA query rows of one KV head (M = 16, rows ≥ gqa are zero)
-// and a contiguous range of 16-token tiles of one sequence. Per tile it
-// stages the tile's code planes and norms with 16-byte cp.async (NSTAGE deep),
-// decodes every code once into fp16 B fragments (shared by all query rows),
-// runs Q·Kᵀ per key group on tensor cores (mma.m16n8k16), folds the group norms
-// into the scores, updates the online softmax, folds the value norms into P and
-// runs P·V per value tile on tensor cores, accumulating in the rotated domain.
-// The split states {o, m, l} are merged and rotated back by merge_kernel.
+// and a contiguous range of pages (64 tokens each) of one sequence. Per page
+// it stages the KV head's whole head block (codes + norms, contiguous) with
+// 16-byte cp.async (double-buffered), then per 16-channel tile reads the b
+// lane words that hold all 4 token tiles, turns each token tile's 8 codes
+// into fp16 B fragments with byte permutes (prmt) from a codebook held in
+// registers (no shared-memory lookups), runs Q·Kᵀ on tensor cores
+// (mma.m16n8k16, the query A fragments shared by the CTA's warps), folds the
+// key norms into the 64 scores, updates the online softmax once per page,
+// folds the value norms into P and runs P·V per value tile, accumulating in
+// the rotated domain. merge_kernel merges the split states and rotates back.
 #include "attention_common.cuh"
 #include "ratekv/cuda/decode_attention.h"
 
@@ -19,144 +22,180 @@ using detail::HeadTables;
 
 namespace {
 
-constexpr int kStages = 4;
+constexpr int kStages = 2;  // pages in flight per warp (current + prefetch)
 
-/// Decodes the 8 codes this lane owns in one 16×16 tile (b planes at src,
-/// plane j at src + 32·j) into the two n-halves' B fragments.
-__device__ __forceinline__ void decode_tile(const uint8_t* __restrict__ src, int bits,
-                                            const __half* __restrict__ lv, uint32_t (&b)[2][2]) {
-  const int lane = threadIdx.x & 31;
-  uint32_t w = src[lane];
-  if (bits > 1) w |= (uint32_t)src[32 + lane] << 8;
-  if (bits > 2) w |= (uint32_t)src[64 + lane] << 16;
-  if (bits > 3) w |= (uint32_t)src[96 + lane] << 24;
-  __half v[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const uint32_t code =
-        ((w >> e) & 1u) | ((w >> (e + 7)) & 2u) | ((w >> (e + 14)) & 4u) | ((w >> (e + 21)) & 8u);
-    v[e] = lv[code];
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    b[h][0] = detail::pack_halves(v[4 * h], v[4 * h + 1]);
-    b[h][1] = detail::pack_halves(v[4 * h + 2], v[4 * h + 3]);
-  }
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
 }
 
-/// Variant 2 (default): two codes per lookup. The lane's b plane bytes sit in
-/// one word w (plane j in byte j); for the element pair (e, e+1) the index
-/// gathers bits e, e+1 of every plane (bit 2j+p = plane j of element e+p) and
-/// the pair table returns both fp16 levels as one half2 B-fragment register.
-/// CB > 0: bit width known at compile time (uniform plans); CB = 0: `bits`.
-template <int CB>
-__device__ __forceinline__ void decode_tile_lut(const uint8_t* __restrict__ src, int bits,
-                                                const uint32_t* __restrict__ lut,
-                                                uint32_t (&b)[2][2]) {
-  const int lane = threadIdx.x & 31;
-  const int nb = CB ? CB : bits;
-  uint32_t w = src[lane];
-  if (nb > 1) w |= (uint32_t)src[32 + lane] << 8;
-  if (nb > 2) w |= (uint32_t)src[64 + lane] << 16;
-  if (nb > 3) w |= (uint32_t)src[96 + lane] << 24;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t x = (w >> (2 * k)) & 0x03030303u;
-    uint32_t idx;
-    if (CB == 0)
-      idx = (x | (x >> 6) | (x >> 12) | (x >> 18)) & 0xffu;
-    else
-      idx = (x | (CB > 1 ? x >> 6 : 0u) | (CB > 2 ? x >> 12 : 0u) | (CB > 3 ? x >> 18 : 0u)) &
-            ((1u << (2 * CB)) - 1u);
-    b[k >> 1][k & 1] = lut[idx];
-  }
-}
+/// The codebook of one group as byte tables: lo[w] byte k = low byte of the
+/// fp16 level 4w + k, hi[w] the high byte (levels ≥ 2^bits are 0).
+struct Codebook {
+  uint32_t lo[4], hi[4];
+};
 
-/// Builds the pair tables of this CTA's head in shared memory.
-__device__ void build_pair_luts(const HeadTables& T, uint32_t* lut) {
-  for (int s = 0; s < 2; ++s)
-    for (int g = 0; g < T.n_groups[s]; ++g) {
-      const int bits = T.bits[s][g], n = 1 << (2 * bits);
-      const __half* lv = reinterpret_cast<const __half*>(T.levels[s][g]);
-      for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-        int c0 = 0, c1 = 0;
-        for (int j = 0; j < bits; ++j) {
-          c0 |= ((idx >> (2 * j)) & 1) << j;
-          c1 |= ((idx >> (2 * j + 1)) & 1) << j;
-        }
-        lut[T.lut_offset[s][g] + idx] = detail::pack_halves(lv[c0], lv[c1]);
-      }
+__device__ __forceinline__ void load_codebook(const uint32_t* __restrict__ t, int bits,
+                                              Codebook& cb) {
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    cb.lo[w] = t[w];
+    cb.hi[w] = t[4 + w];
+  }
+  if (bits == 4) {
+#pragma unroll
+    for (int w = 2; w < 4; ++w) {
+      cb.lo[w] = t[w];
+      cb.hi[w] = t[4 + w];
     }
+  }
 }
 
-/// D: head_dim; kPairLut: decode variant; UB > 0: uniform plan (one key and
-/// one value group over the whole head, both UB bits) with every table offset
-/// known at compile time; UB = 0: any plan, tables read from shared memory.
-template <int D, bool kPairLut, int UB>
-__global__ void __launch_bounds__(128, (UB > 0 && D <= 128) ? 4 : 1) packed_decode_kernel(
+/// The 8 codes of token tile tt as a word whose nibble e is element e's code
+/// (bits above `bits` zero), from the lane's `bits` words w (format v2,
+/// packed::code_bit_pos).
+template <int CB>
+__device__ __forceinline__ uint32_t code_nibbles(const uint32_t (&w)[4], int bits, int tt) {
+  const int b = CB ? CB : bits;
+  switch (b) {
+    case 1: return (w[0] >> tt) & 0x11111111u;
+    case 2: return (w[tt >> 1] >> (2 * (tt & 1))) & 0x33333333u;
+    case 3:
+      if (tt < 3) return w[tt] & 0x77777777u;
+      return ((w[0] >> 3) & 0x11111111u) | ((w[1] >> 2) & 0x22222222u) | ((w[2] >> 1) & 0x44444444u);
+    default: return w[tt];
+  }
+}
+
+/// Four codes (nibbles 0..3 of s) -> two half2 fragment registers
+/// (elements 0,1 and 2,3).
+template <int CB>
+__device__ __forceinline__ void nibbles_to_half2(uint32_t s, int bits, const Codebook& cb,
+                                                 uint32_t& r0, uint32_t& r1) {
+  uint32_t lo, hi;
+  if ((CB ? CB : bits) < 4) {
+    lo = prmt(cb.lo[0], cb.lo[1], s);
+    hi = prmt(cb.hi[0], cb.hi[1], s);
+  } else {
+    // 16 levels: two 8-byte halves, chosen per byte by code bit 3 (sign-mode
+    // prmt replicates bit 3 of nibble k into byte k of the mask).
+    const uint32_t s7 = s & 0x7777u;
+    const uint32_t m = prmt(s << 4, s, 0xD9C8u);
+    const uint32_t la = prmt(cb.lo[0], cb.lo[1], s7), lb = prmt(cb.lo[2], cb.lo[3], s7);
+    const uint32_t ha = prmt(cb.hi[0], cb.hi[1], s7), hb = prmt(cb.hi[2], cb.hi[3], s7);
+    lo = (la & ~m) | (lb & m);
+    hi = (ha & ~m) | (hb & m);
+  }
+  r0 = prmt(lo, hi, 0x5140u);
+  r1 = prmt(lo, hi, 0x7362u);
+}
+
+/// B fragments (n-half h, register kk) of one 16×16 tile from its 8 codes.
+template <int CB>
+__device__ __forceinline__ void decode_fragments(uint32_t nib, int bits, const Codebook& cb,
+                                                 uint32_t (&bf)[2][2]) {
+  nibbles_to_half2<CB>(nib, bits, cb, bf[0][0], bf[0][1]);
+  nibbles_to_half2<CB>(nib >> 16, bits, cb, bf[1][0], bf[1][1]);
+}
+
+/// Online-softmax update over the 64 scores of one page (4 token tiles of
+/// C fragments); on return S holds p = exp(S − m_new), alpha the rescale.
+__device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4][2][4],
+                                             float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) mx = fmaxf(mx, fmaxf(S[tt][h][2 * r], S[tt][h][2 * r + 1]));
+    mx *= detail::kLog2e;
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(st.m[r], mx);  // finite: every page has a valid token
+    alpha[r] = exp2f(st.m[r] - m_new);
+    st.m[r] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float p = exp2f(fmaf(S[tt][h][2 * r + i], detail::kLog2e, -m_new));
+          S[tt][h][2 * r + i] = p;
+          sum += p;
+        }
+    st.l[r] = st.l[r] * alpha[r] + sum;
+  }
+}
+
+/// D: head_dim; UB > 0: uniform plan (one key and one value group over the
+/// whole head, both UB bits) with widths and offsets known at compile time;
+/// UB = 0: any plan, widths/codebooks/offsets read per channel tile from the
+/// head tables in shared memory.
+template <int D, int UB>
+__global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
     const HeadTables* __restrict__ tables, const uint8_t* __restrict__ pool, size_t page_bytes,
     const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens,
-    int tiles_per_split, int n_heads, int gqa, const __half* __restrict__ qrot,
+    int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot,
     detail::Partials part) {
   constexpr bool U = UB > 0;
-  constexpr int NT = U ? D / 16 : detail::max_tiles_for(D);  // tiles held in registers
+  constexpr int NT = U ? D / 16 : detail::max_tiles_for(D);  // rotated tiles per side (max)
   extern __shared__ __align__(16) uint8_t smem[];
   HeadTables& T = *reinterpret_cast<HeadTables*>(smem);
+  constexpr int kTablesBytes = (sizeof(HeadTables) + 15) / 16 * 16;
+  uint4* qfrag = reinterpret_cast<uint4*>(smem + kTablesBytes);  // [NT][32] A fragments
   const int h = blockIdx.y, b = blockIdx.z;
+  const int row_base = b * n_heads + h * gqa;
   {
     const uint32_t* src = reinterpret_cast<const uint32_t*>(tables + h);
     uint32_t* dst = reinterpret_cast<uint32_t*>(smem);
     for (int i = threadIdx.x; i < (int)(sizeof(HeadTables) / 4); i += blockDim.x) dst[i] = src[i];
+    // Rotated query as A fragments (rows ≥ gqa and tiles ≥ n_tiles[0] are zero).
+    const int nK = U ? NT : tables[h].n_tiles[0];
+    for (int i = threadIdx.x; i < NT * 32; i += blockDim.x) {
+      const int kt = i >> 5, ln = i & 31, g = ln >> 2, t = ln & 3;
+      const __half* r0 = qrot + (size_t)(row_base + g) * detail::kMaxTiles * 16 + kt * 16 + 2 * t;
+      const __half* r1 = r0 + (size_t)8 * detail::kMaxTiles * 16;
+      const bool ok = kt < nK;
+      uint4 a;
+      a.x = ok && g < gqa ? *reinterpret_cast<const uint32_t*>(r0) : 0u;
+      a.y = ok && g + 8 < gqa ? *reinterpret_cast<const uint32_t*>(r1) : 0u;
+      a.z = ok && g < gqa ? *reinterpret_cast<const uint32_t*>(r0 + 8) : 0u;
+      a.w = ok && g + 8 < gqa ? *reinterpret_cast<const uint32_t*>(r1 + 8) : 0u;
+      qfrag[i] = a;
+    }
   }
   __syncthreads();
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + (sizeof(HeadTables) + 15) / 16 * 16);
-  if (kPairLut) {
-    build_pair_luts(T, lut);
-    __syncthreads();
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
   const int split = blockIdx.x * detail::kWarpsPerCta + warp;
   if (split >= part.n_splits) return;
   const int stage_bytes = T.stage_bytes;
-  uint8_t* stages = reinterpret_cast<uint8_t*>(lut + (kPairLut ? T.lut_words : 0)) +
-                    (size_t)warp * kStages * stage_bytes;
+  uint8_t* stages = smem + kTablesBytes + NT * 32 * 16 + (size_t)warp * kStages * stage_bytes;
   const int len = seq_lens[b];
-  const int n_tiles_seq = (len + 15) / 16;
-  const int tile_lo = split * tiles_per_split;
-  const int tile_hi = min(tile_lo + tiles_per_split, n_tiles_seq);
-  const int row_base = b * n_heads + h * gqa;
-  if (tile_lo >= tile_hi) {
+  const int n_pages_seq = (len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int page_lo = split * pages_per_split;
+  const int page_hi = min(page_lo + pages_per_split, n_pages_seq);
+  if (page_lo >= page_hi) {
     detail::store_empty(part, row_base, gqa, split);
     return;
   }
-
-  // Rotated query as A fragments (rows ≥ gqa are zero).
-  uint32_t aq[NT][4];
   const int nK = U ? NT : T.n_tiles[0], nV = U ? NT : T.n_tiles[1];
-#pragma unroll
-  for (int kt = 0; kt < NT; ++kt) {
-    const __half* r0 = qrot + (size_t)(row_base + g) * detail::kMaxTiles * 16 + kt * 16 + 2 * t;
-    const __half* r1 = r0 + (size_t)8 * detail::kMaxTiles * 16;
-    const bool ok = kt < nK;
-    aq[kt][0] = ok && g < gqa ? *reinterpret_cast<const uint32_t*>(r0) : 0u;
-    aq[kt][1] = ok && g + 8 < gqa ? *reinterpret_cast<const uint32_t*>(r1) : 0u;
-    aq[kt][2] = ok && g < gqa ? *reinterpret_cast<const uint32_t*>(r0 + 8) : 0u;
-    aq[kt][3] = ok && g + 8 < gqa ? *reinterpret_cast<const uint32_t*>(r1 + 8) : 0u;
-  }
-
   const int32_t* pt = page_table + (size_t)b * max_pages;
   const uint8_t* head_base = pool + T.block_offset;
-  auto issue = [&](int tile, int stage) {
-    const uint8_t* base = head_base + (size_t)pt[tile >> 2] * page_bytes;
-    const int sub = tile & 3;
+  auto issue = [&](int page, int stage) {
+    const uint8_t* src = head_base + (size_t)pt[page] * page_bytes;
     uint8_t* dst = stages + stage * stage_bytes;
-    for (int p = 0; p < T.n_pieces; ++p) {
-      const int size = T.piece_size[p];
-      const uint8_t* src = base + T.piece_src[p] + sub * size;
-      for (int u = lane * 16; u < size; u += 32 * 16) detail::cp_async16(dst + T.piece_dst[p] + u, src + u);
-    }
+    for (int u = lane * 16; u < stage_bytes; u += 32 * 16) detail::cp_async16(dst + u, src + u);
   };
 
+  Codebook cbK, cbV;
+  if (U) {
+    load_codebook(T.ptab[0][0], UB, cbK);
+    load_codebook(T.ptab[1][0], UB, cbV);
+  }
   float O[NT][2][4];
 #pragma unroll
   for (int vt = 0; vt < NT; ++vt)
@@ -166,56 +205,71 @@ __global__ void __launch_bounds__(128, (UB > 0 && D <= 128) ? 4 : 1) packed_deco
       for (int i = 0; i < 4; ++i) O[vt][hh][i] = 0.f;
   detail::RowState st;
 
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (tile_lo + i < tile_hi) issue(tile_lo + i, i);
-    detail::cp_async_commit();
-  }
-  for (int it = tile_lo; it < tile_hi; ++it) {
-    const int k = it - tile_lo;
-    if (it + kStages - 1 < tile_hi) issue(it + kStages - 1, (k + kStages - 1) % kStages);
+  issue(page_lo, 0);
+  detail::cp_async_commit();
+  for (int pg = page_lo; pg < page_hi; ++pg) {
+    const int k = pg - page_lo;
+    if (pg + 1 < page_hi) issue(pg + 1, (k + 1) % kStages);
     detail::cp_async_commit();
     detail::cp_async_wait<kStages - 1>();
     __syncwarp();
     const uint8_t* sb = stages + (k % kStages) * stage_bytes;
-    const int valid = min(16, len - it * 16);
+    const int valid = len - pg * packed::kPageTokens;  // tokens of this page in use (may be > 64)
 
-    // ---- S = Σ_g n^K_g ∘ (Q̃_g · C_gᵀ) ----
-    float S[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    float Sg[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // ---- S = Σ_g n^K_g ∘ (Q̃_g · C_gᵀ), 64 tokens ----
+    float S[4][2][4], Sg[4][2][4];
+#pragma unroll
+    for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) S[tt][hh][i] = Sg[tt][hh][i] = 0.f;
 #pragma unroll
     for (int kt = 0; kt < NT; ++kt) {
       if (U || kt < nK) {
         const int grp = U ? 0 : T.tile_group[0][kt];
-        uint32_t bf[2][2];
-        if (U)
-          decode_tile_lut<UB>(sb + kt * UB * 32, UB, lut, bf);
-        else if (kPairLut)
-          decode_tile_lut<0>(sb + T.tile_src[0][kt], T.bits[0][grp], lut + T.lut_offset[0][grp], bf);
-        else
-          decode_tile(sb + T.tile_src[0][kt], T.bits[0][grp],
-                      reinterpret_cast<const __half*>(T.levels[0][grp]), bf);
-        detail::mma_16816(Sg[0], aq[kt], bf[0][0], bf[0][1]);
-        detail::mma_16816(Sg[1], aq[kt], bf[1][0], bf[1][1]);
+        const int bits = U ? UB : T.bits[0][grp];
+        if (!U) load_codebook(T.ptab[0][grp], bits, cbK);
+        const uint32_t* rows = reinterpret_cast<const uint32_t*>(sb + (U ? kt * UB * 128 : T.tile_src[0][kt])) + lane;
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = j < bits ? rows[32 * j] : 0u;
+        const uint4 a4 = qfrag[kt * 32 + lane];
+        const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+          uint32_t bf[2][2];
+          decode_fragments<UB>(code_nibbles<UB>(w, bits, tt), bits, cbK, bf);
+          detail::mma_16816(Sg[tt][0], a, bf[0][0], bf[0][1]);
+          detail::mma_16816(Sg[tt][1], a, bf[1][0], bf[1][1]);
+        }
         if (U ? kt == NT - 1 : (bool)T.tile_last[0][kt]) {
-          const __half* nk = reinterpret_cast<const __half*>(sb + (U ? 4 * D * UB : T.norm_dst[0][grp]));
+          const __half2* nk = reinterpret_cast<const __half2*>(sb + T.norm_offset[0][grp]);
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
+          for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              S[hh][i] = fmaf(__half2float(nk[8 * hh + 2 * t + (i & 1)]), Sg[hh][i], S[hh][i]);
-              Sg[hh][i] = 0.f;
+            for (int hh = 0; hh < 2; ++hh) {
+              const float2 n = __half22float2(nk[8 * tt + 4 * hh + t]);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                S[tt][hh][i] = fmaf((i & 1) ? n.y : n.x, Sg[tt][hh][i], S[tt][hh][i]);
+                Sg[tt][hh][i] = 0.f;
+              }
             }
         }
       }
     }
+    if (valid < packed::kPageTokens) {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
+      for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (8 * hh + 2 * t + (i & 1) >= valid) S[hh][i] = -INFINITY;
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (16 * tt + 8 * hh + 2 * t + (i & 1) >= valid) S[tt][hh][i] = -INFINITY;
+    }
     float alpha[2];
-    st.update(S, alpha);
+    softmax_page(st, S, alpha);
 #pragma unroll
     for (int vt = 0; vt < NT; ++vt)
 #pragma unroll
@@ -228,36 +282,44 @@ __global__ void __launch_bounds__(128, (UB > 0 && D <= 128) ? 4 : 1) packed_deco
 
     // ---- O += (P ∘ n^V_g) · C_g per value tile ----
     int cur = -1;
-    uint32_t pa[4] = {0u, 0u, 0u, 0u};
+    uint32_t pa[4][4];
 #pragma unroll
     for (int vt = 0; vt < NT; ++vt) {
       if (U || vt < nV) {
         const int grp = U ? 0 : T.tile_group[1][vt];
+        const int bits = U ? UB : T.bits[1][grp];
         if (grp != cur) {
           cur = grp;
-          const __half* nv =
-              reinterpret_cast<const __half*>(sb + (U ? 4 * D * UB + 32 : T.norm_dst[1][grp]));
-          float n[4];
+          if (!U) load_codebook(T.ptab[1][grp], bits, cbV);
+          const __half2* nv = reinterpret_cast<const __half2*>(sb + T.norm_offset[1][grp]);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int tok = 8 * (j >> 1) + 2 * t + (j & 1);
-            n[j] = tok < valid ? __half2float(nv[tok]) : 0.f;
+          for (int tt = 0; tt < 4; ++tt) {
+            float n[4];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int tok = 16 * tt + 8 * hh + 2 * t;
+              const float2 f = __half22float2(nv[tok >> 1]);
+              n[2 * hh] = tok < valid ? f.x : 0.f;  // unwritten slots may hold NaN norms
+              n[2 * hh + 1] = tok + 1 < valid ? f.y : 0.f;
+            }
+            pa[tt][0] = detail::pack_half2(S[tt][0][0] * n[0], S[tt][0][1] * n[1]);
+            pa[tt][1] = detail::pack_half2(S[tt][0][2] * n[0], S[tt][0][3] * n[1]);
+            pa[tt][2] = detail::pack_half2(S[tt][1][0] * n[2], S[tt][1][1] * n[3]);
+            pa[tt][3] = detail::pack_half2(S[tt][1][2] * n[2], S[tt][1][3] * n[3]);
           }
-          pa[0] = detail::pack_half2(S[0][0] * n[0], S[0][1] * n[1]);
-          pa[1] = detail::pack_half2(S[0][2] * n[0], S[0][3] * n[1]);
-          pa[2] = detail::pack_half2(S[1][0] * n[2], S[1][1] * n[3]);
-          pa[3] = detail::pack_half2(S[1][2] * n[2], S[1][3] * n[3]);
         }
-        uint32_t bf[2][2];
-        if (U)
-          decode_tile_lut<UB>(sb + (NT + vt) * UB * 32, UB, lut + (1 << (2 * UB)), bf);
-        else if (kPairLut)
-          decode_tile_lut<0>(sb + T.tile_src[1][vt], T.bits[1][grp], lut + T.lut_offset[1][grp], bf);
-        else
-          decode_tile(sb + T.tile_src[1][vt], T.bits[1][grp],
-                      reinterpret_cast<const __half*>(T.levels[1][grp]), bf);
-        detail::mma_16816(O[vt][0], pa, bf[0][0], bf[0][1]);
-        detail::mma_16816(O[vt][1], pa, bf[1][0], bf[1][1]);
+        const uint32_t* rows = reinterpret_cast<const uint32_t*>(
+                                   sb + (U ? (NT + vt) * UB * 128 : T.tile_src[1][vt])) + lane;
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = j < bits ? rows[32 * j] : 0u;
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+          uint32_t bf[2][2];
+          decode_fragments<UB>(code_nibbles<UB>(w, bits, tt), bits, cbV, bf);
+          detail::mma_16816(O[vt][0], pa[tt], bf[0][0], bf[0][1]);
+          detail::mma_16816(O[vt][1], pa[tt], bf[1][0], bf[1][1]);
+        }
       }
     }
     __syncwarp();
@@ -266,37 +328,35 @@ __global__ void __launch_bounds__(128, (UB > 0 && D <= 128) ? 4 : 1) packed_deco
   detail::store_partial<NT>(part, row_base, gqa, split, st, O, nV);
 }
 
-template <int D, bool kPairLut, int UB>
+template <int D, int UB>
 void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
-                   const detail::WorkspaceView& w, int tiles_per_split, cudaStream_t stream) {
+                   const detail::WorkspaceView& w, int pages_per_split, cudaStream_t stream) {
   const auto& dev = plan.device();
-  const size_t smem = (sizeof(HeadTables) + 15) / 16 * 16 +
-                      (kPairLut ? (size_t)dev.max_lut_words * 4 : 0) +
+  constexpr int NT = UB > 0 ? D / 16 : detail::max_tiles_for(D);
+  const size_t smem = (sizeof(HeadTables) + 15) / 16 * 16 + (size_t)NT * 32 * 16 +
                       (size_t)detail::kWarpsPerCta * kStages * dev.max_stage_bytes;
-  RATEKV_CUDA_CHECK(cudaFuncSetAttribute(packed_decode_kernel<D, kPairLut, UB>,
+  RATEKV_CUDA_CHECK(cudaFuncSetAttribute(packed_decode_kernel<D, UB>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   dim3 grid((w.part.n_splits + detail::kWarpsPerCta - 1) / detail::kWarpsPerCta,
             plan.layout().n_kv_heads(), batch.batch);
-  packed_decode_kernel<D, kPairLut, UB><<<grid, 32 * detail::kWarpsPerCta, smem, stream>>>(
+  packed_decode_kernel<D, UB><<<grid, 32 * detail::kWarpsPerCta, smem, stream>>>(
       dev.heads, pool, plan.layout().page_bytes(), batch.page_table, batch.max_pages,
-      batch.seq_lens, tiles_per_split, plan.n_heads(), plan.gqa(), w.q, w.part);
+      batch.seq_lens, pages_per_split, plan.n_heads(), plan.gqa(), w.q, w.part);
   RATEKV_CUDA_CHECK(cudaGetLastError());
 }
 
-/// Bit-width dispatch: uniform K2V2 / K3V3 / K4V4 plans get the kernel with
-/// compile-time widths and offsets; every other plan (Block-GTQ, RateQuant,
-/// K≠V widths, 1 bit) the general kernel, which reads widths and offsets from
-/// the head tables. Both compute the same numbers (tested).
+/// Width dispatch: uniform K2V2 / K3V3 / K4V4 plans get the instance with
+/// compile-time widths and offsets (variant `specialized`); every other plan
+/// (Block-GTQ, RateQuant, K≠V widths, 1 bit) and variant `runtime_tables` the
+/// general instance. Both compute the same numbers (tested).
 template <int D>
-void dispatch_bits(bool lut, int ub, const PackedPlan& plan, const DecodeBatch& batch,
-                   const uint8_t* pool, const detail::WorkspaceView& w, int tps,
-                   cudaStream_t stream) {
-  if (!lut) return launch_packed<D, false, 0>(plan, batch, pool, w, tps, stream);
+void dispatch_bits(int ub, const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
+                   const detail::WorkspaceView& w, int pps, cudaStream_t stream) {
   switch (ub) {
-    case 2: return launch_packed<D, true, 2>(plan, batch, pool, w, tps, stream);
-    case 3: return launch_packed<D, true, 3>(plan, batch, pool, w, tps, stream);
-    case 4: return launch_packed<D, true, 4>(plan, batch, pool, w, tps, stream);
-    default: return launch_packed<D, true, 0>(plan, batch, pool, w, tps, stream);
+    case 2: return launch_packed<D, 2>(plan, batch, pool, w, pps, stream);
+    case 3: return launch_packed<D, 3>(plan, batch, pool, w, pps, stream);
+    case 4: return launch_packed<D, 4>(plan, batch, pool, w, pps, stream);
+    default: return launch_packed<D, 0>(plan, batch, pool, w, pps, stream);
   }
 }
 
@@ -311,19 +371,18 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   auto stream = static_cast<cudaStream_t>(stream_);
   const int d = plan.head_dim(), hq = plan.n_heads();
   if (n_splits <= 0) n_splits = default_splits(batch.batch, plan.layout().n_kv_heads(), batch.max_seq_len);
-  const int n_tiles = (batch.max_seq_len + 15) / 16;
-  const int tps = (n_tiles + n_splits - 1) / n_splits;
+  const int n_pages = (batch.max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int pps = (n_pages + n_splits - 1) / n_splits;
   const detail::WorkspaceView w =
       detail::carve_workspace(workspace, workspace_bytes, batch.batch, hq, d, n_splits);
   const auto& D = plan.device();
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
                               D.heads, D.rotations, D.channels, w.q, stream);
-  const bool lut = variant == PackedDecodeVariant::pair_lut;
-  const int ub = lut ? D.uniform_bits : 0;
+  const int ub = variant == PackedDecodeVariant::specialized ? D.uniform_bits : 0;
   switch (d) {
-    case 64: dispatch_bits<64>(lut, ub, plan, batch, pool, w, tps, stream); break;
-    case 128: dispatch_bits<128>(lut, ub, plan, batch, pool, w, tps, stream); break;
-    case 256: dispatch_bits<256>(lut, ub, plan, batch, pool, w, tps, stream); break;
+    case 64: dispatch_bits<64>(ub, plan, batch, pool, w, pps, stream); break;
+    case 128: dispatch_bits<128>(ub, plan, batch, pool, w, pps, stream); break;
+    case 256: dispatch_bits<256>(ub, plan, batch, pool, w, pps, stream); break;
     default:
       detail::throw_error(detail::cat("packed_decode_attention: head_dim ", d,
                                       " has no kernel (64, 128, 256)"));

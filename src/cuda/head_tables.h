@@ -36,26 +36,19 @@ inline constexpr int max_tiles_for(int head_dim) { return head_dim <= 128 ? head
 /// packed::LayerLayout; see packed_plan.cu).
 struct HeadTables {
   uint32_t block_offset;          // bytes from the page start
-  int32_t stage_bytes;            // bytes of one staged 16-token tile (all pieces)
-  int32_t n_pieces;               // contiguous copies per tile
+  int32_t stage_bytes;            // bytes of the head block (staged whole per page)
   int32_t n_tiles[2];             // rotated 16-channel tiles per side
   int32_t n_groups[2];
-  // Piece i of token tile s (0..3) of a page: src = piece_src[i] + s·piece_size[i]
-  // (from the head block), piece_size[i] bytes (multiple of 16), to stage + piece_dst[i].
-  int32_t piece_src[32];
-  int32_t piece_size[32];
-  int32_t piece_dst[32];
-  // Per rotated tile of each side: stage offset of its first plane, group, last-of-group flag.
-  int16_t tile_src[2][kMaxTiles];
+  // Per rotated tile of each side: head-block offset of its first lane-word
+  // row, its group, last-of-group flag.
+  int32_t tile_src[2][kMaxTiles];
   int8_t tile_group[2][kMaxTiles];
   int8_t tile_last[2][kMaxTiles];
-  int16_t norm_dst[2][8];         // stage offset of the group's 16 fp16 norms
   int8_t bits[2][8];
   uint16_t levels[2][8][16];      // fp16 bits of the Lloyd–Max levels, unused entries 0
-  // Pair lookup tables (decode variant `pair_lut`): per group 4^bits half2 words
-  // (level of the even element, level of the odd one), index bit 2j+p = plane j of element p.
-  int32_t lut_offset[2][8];       // words from the table start
-  int32_t lut_words;              // total words, rounded up to a multiple of 4
+  // Byte-permute codebooks: ptab[s][g][w] byte k = low byte of fp16 level 4w+k
+  // (w = 0..3), ptab[s][g][4+w] the high bytes.
+  uint32_t ptab[2][8][8];
   // Rotations / channels (append and the rotate kernels): offsets into flat arrays.
   int32_t dim[2][8];
   int32_t dim_pad[2][8];
@@ -78,7 +71,6 @@ struct PackedPlan::Device {
   float* levels = nullptr;
   std::vector<detail::HeadTables> host_heads;
   int max_stage_bytes = 0;
-  int max_lut_words = 0;
   int uniform_bits = 0;  ///< b when every head is one b-bit key and one b-bit value group over the head, else 0
   int max_tiles[2] = {0, 0};
 };

@@ -57,7 +57,6 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
     std::memset(&T, 0, sizeof(T));
     const packed::HeadLayout& H = layout.head(h);
     T.block_offset = (uint32_t)H.block_offset;
-    int dst = 0, piece = 0;
     for (int s = 0; s < 2; ++s) {
       const Side side = s == 0 ? Side::key : Side::value;
       const auto& groups = H.side(side);
@@ -77,18 +76,12 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
         T.bits[s][g] = (int8_t)G.bits;
         T.code_offset[s][g] = (int32_t)G.code_offset;
         T.norm_offset[s][g] = (int32_t)G.norm_offset;
-        // codes piece of one 16-token tile
-        const int size = nct * G.bits * packed::kChunkBytes;
-        T.piece_src[piece] = (int32_t)G.code_offset;
-        T.piece_size[piece] = size;
-        T.piece_dst[piece] = dst;
         for (int k = 0; k < nct; ++k) {
-          T.tile_src[s][tile + k] = (int16_t)(dst + k * G.bits * packed::kChunkBytes);
+          T.tile_src[s][tile + k] =
+              (int32_t)(G.code_offset + (size_t)k * G.bits * packed::kLaneRowBytes);
           T.tile_group[s][tile + k] = (int8_t)g;
           T.tile_last[s][tile + k] = (int8_t)(k == nct - 1);
         }
-        dst += size;
-        ++piece;
         tile += nct;
         // rotation, codebook, channels
         const size_t rn = (size_t)G.dim * G.dim, ln = (size_t)1 << G.bits;
@@ -109,6 +102,8 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
                 "ascending",
                 h, s == 0 ? "key" : "value", g);
           T.levels[s][g][i] = fp32_to_fp16(v);
+          T.ptab[s][g][i / 4] |= (uint32_t)(T.levels[s][g][i] & 0xffu) << (8 * (i % 4));
+          T.ptab[s][g][4 + i / 4] |= (uint32_t)(T.levels[s][g][i] >> 8) << (8 * (i % 4));
           lvl.push_back(v);
         }
         lvl_used += ln;
@@ -118,27 +113,8 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
       T.n_tiles[s] = tile;
       dev_->max_tiles[s] = std::max(dev_->max_tiles[s], tile);
     }
-    for (int s = 0; s < 2; ++s) {
-      for (int g = 0; g < T.n_groups[s]; ++g) {
-        T.piece_src[piece] = T.norm_offset[s][g];
-        T.piece_size[piece] = 16 * 2;
-        T.piece_dst[piece] = dst;
-        T.norm_dst[s][g] = (int16_t)dst;
-        dst += 32;
-        ++piece;
-      }
-    }
-    int lut = 0;
-    for (int s = 0; s < 2; ++s)
-      for (int g = 0; g < T.n_groups[s]; ++g) {
-        T.lut_offset[s][g] = lut;
-        lut += 1 << (2 * T.bits[s][g]);
-      }
-    T.lut_words = (lut + 3) / 4 * 4;
-    dev_->max_lut_words = std::max(dev_->max_lut_words, T.lut_words);
-    T.n_pieces = piece;
-    T.stage_bytes = dst;
-    max_stage = std::max(max_stage, dst);
+    T.stage_bytes = (int32_t)H.block_bytes;
+    max_stage = std::max(max_stage, T.stage_bytes);
     dev_->host_heads.push_back(T);
   }
   check(rot_used == rotations.size(), "cuda packed plan: rotations has {} floats, layout uses {}",
@@ -173,12 +149,22 @@ size_t decode_workspace_bytes(int batch, int n_heads, int /*head_dim*/, int n_sp
 }
 
 int default_splits(int batch, int n_kv_heads, int max_seq_len) {
-  const int tiles = (max_seq_len + 15) / 16;
-  // Aim at ~2048 warps in flight (132 SMs), at least 8 tiles (128 tokens) per split.
-  int want = (2048 + batch * n_kv_heads - 1) / (batch * n_kv_heads);
-  want = std::min(want, (tiles + 7) / 8);
-  want = std::max(want, 1);
-  return (want + detail::kWarpsPerCta - 1) / detail::kWarpsPerCta * detail::kWarpsPerCta;
+  // Splits are ranges of 64-token pages, one warp each. Aim at one full wave:
+  // ~12 resident warps per SM (3 CTAs of 4 warps at head_dim ≤ 128), so every
+  // warp streams a long run of pages and none waits for a second wave.
+  int sms = 132;
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0)
+      sms = n;
+  }
+  const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int rows = batch * n_kv_heads;
+  int want = std::max(1, sms * 12 / rows);
+  want = std::min(want, pages);
+  if (want >= detail::kWarpsPerCta) want = want / detail::kWarpsPerCta * detail::kWarpsPerCta;
+  return std::max(want, 1);
 }
 
 

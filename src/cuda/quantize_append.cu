@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(256) append_kernel(
   uint8_t* base = pool + (size_t)page_table[(size_t)b * max_pages + pos / packed::kPageTokens] *
                              page_bytes +
                   T.block_offset;
-  const int nct = dim_pad / 16, n_levels = 1 << bits;
+  const int n_levels = 1 << bits;
   for (int j = lane; j < dim_pad; j += 32) {
     uint32_t code = 0;
     if (j < dim) {
@@ -53,15 +53,18 @@ __global__ void __launch_bounds__(256) append_kernel(
       const float y = acc * inv;
       for (int l = 0; l + 1 < n_levels; ++l) code += y > 0.5f * (lv[l] + lv[l + 1]) ? 1u : 0u;
     }
-    // element (token r, channel c) of tile (tt, ct): keys lane/bit as documented; values transposed
+    // element (token r, channel c) of tile (tt, ct): lane and fragment element
+    // as documented (values transposed); bit p of the code at
+    // packed::code_bit_pos(bits, tt, e, p) of that lane's words of tile ct.
     const int c = j % 16, ct = j / 16;
     const int rr = s == 0 ? r : c, cc = s == 0 ? c : r;
-    const int elane = 4 * (rr % 8) + (cc % 8) / 2, ebit = 4 * (rr / 8) + 2 * (cc / 8) + cc % 2;
+    const int elane = 4 * (rr % 8) + (cc % 8) / 2, e = 4 * (rr / 8) + 2 * (cc / 8) + cc % 2;
     for (int p = 0; p < bits; ++p) {
-      const size_t byte = (size_t)T.code_offset[s][warp] +
-                          ((size_t)(tt * nct + ct) * bits + p) * packed::kChunkBytes + elane;
-      uint32_t* word = reinterpret_cast<uint32_t*>(base + (byte & ~(size_t)3));
-      const uint32_t mask = 1u << (8 * (byte & 3) + ebit);
+      const packed::CodeBitPos at = packed::code_bit_pos(bits, tt, e, p);
+      uint32_t* word = reinterpret_cast<uint32_t*>(
+          base + (size_t)T.code_offset[s][warp] +
+          ((size_t)(ct * bits + at.word) * packed::kWarpLanes + elane) * 4);
+      const uint32_t mask = 1u << at.bit;
       if ((code >> p) & 1u)
         atomicOr(word, mask);
       else

@@ -160,10 +160,11 @@ TEST(PackedFormat, BytesPerTokenArithmetic) {
 
 // Hand-computed golden bytes: one head, one key group of 16 channels at 2 bits,
 // token slot 0, code of channel c = c mod 4, norm 1.5 (fp16 0x3E00).
-// Key order: lane = (c mod 8)/2 for r = 0, bit = 2·(c/8) + c mod 2.
-//   lane 0 holds channels 0,1,8,9 (codes 0,1,0,1): plane0 0b1010, plane1 0
-//   lane 1 holds channels 2,3,10,11 (codes 2,3,2,3): plane0 0b1010, plane1 0b1111
-//   lanes 2, 3 repeat lanes 0, 1.
+// Key order for r = 0: lane = (c mod 8)/2, element e = 2·(c/8) + c mod 2; a
+// 2-bit code of token tile 0 sits in word 0, nibble e (bits 4e, 4e+1).
+//   lane 0 holds channels 0,1,8,9 (codes 0,1,0,1): word 0x00001010
+//   lane 1 holds channels 2,3,10,11 (codes 2,3,2,3): word 0x00003232
+//   lanes 2, 3 repeat lanes 0, 1; word of lane L at byte 4L (little endian).
 TEST(PackedFormat, GoldenBytesTinyKey) {
   HeadSpec h;
   GroupSpec g;
@@ -180,10 +181,10 @@ TEST(PackedFormat, GoldenBytesTinyKey) {
   write_codes(L, page, 0, Side::key, 0, 0, codes);
   write_norm(L, page, 0, Side::key, 0, 0, 0x3E00);
   std::vector<uint8_t> expect(L.page_bytes(), 0);
-  const uint8_t plane0[4] = {0x0A, 0x0A, 0x0A, 0x0A}, plane1[4] = {0x00, 0x0F, 0x00, 0x0F};
   for (int l = 0; l < 4; ++l) {
-    expect[l] = plane0[l];
-    expect[32 + l] = plane1[l];
+    const uint8_t byte = l % 2 ? 0x32 : 0x10;
+    expect[4 * l] = byte;
+    expect[4 * l + 1] = byte;
   }
   const size_t norm_at = 256 + 128;  // after key codes (256 B) and value codes (128 B)
   expect[norm_at] = 0x00;
@@ -191,12 +192,38 @@ TEST(PackedFormat, GoldenBytesTinyKey) {
   EXPECT_EQ(page, expect);
 
   // Values are transposed: slot r=3, channel 9, 1 bit, code 1 ->
-  // lane = 4·(9 mod 8) + (3 mod 8)/2 = 5, bit = 4·(9/8) + 2·(3/8) + 3 mod 2 = 5.
+  // lane = 4·(9 mod 8) + (3 mod 8)/2 = 5, e = 4·(9/8) + 2·(3/8) + 3 mod 2 = 5,
+  // 1 bit, token tile 0: word 0, bit 4·5 = 20 -> byte 4·5 + 2, bit 4.
   std::vector<uint8_t> vcodes(16, 0);
   vcodes[9] = 1;
   write_codes(L, page, 0, Side::value, 0, 3, vcodes);
-  expect[256 + 5] = 1u << 5;
+  expect[256 + 22] = 1u << 4;
   EXPECT_EQ(page, expect);
+  // Slot 63 = token tile 3, row 15 of a 2-bit key: word 1, nibble bits 2..3.
+  // Channel 0, r = 15: lane 4·7 = 28, e = 4; code 3 -> bits 18, 19 of word 1.
+  std::vector<uint8_t> k63(16, 0);
+  k63[0] = 3;
+  write_codes(L, page, 0, Side::key, 0, 63, k63);
+  expect[128 + 4 * 28 + 2] = 0x0C;
+  EXPECT_EQ(page, expect);
+}
+
+// Every (word, bit) of a lane's b words is the home of exactly one
+// (token tile, element, code bit), and each code's bits share one nibble.
+TEST(PackedFormat, CodeBitPositionsCoverEveryBitOnce) {
+  for (int b = 1; b <= 4; ++b) {
+    std::vector<int> hits(32 * b, 0);
+    for (int tt = 0; tt < 4; ++tt)
+      for (int e = 0; e < 8; ++e)
+        for (int i = 0; i < b; ++i) {
+          const CodeBitPos p = code_bit_pos(b, tt, e, i);
+          ASSERT_GE(p.word, 0);
+          ASSERT_LT(p.word, b);
+          ASSERT_EQ(p.bit / 4, e) << "bits " << b << " tt " << tt;
+          ++hits[32 * p.word + p.bit];
+        }
+    EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; })) << b;
+  }
 }
 
 TEST(PackedFormat, ElementPositionsCoverEveryBitOnce) {
@@ -207,9 +234,9 @@ TEST(PackedFormat, ElementPositionsCoverEveryBitOnce) {
         const ElementPos e = element_pos(side, r, c);
         ASSERT_GE(e.lane, 0);
         ASSERT_LT(e.lane, 32);
-        ASSERT_GE(e.bit, 0);
-        ASSERT_LT(e.bit, 8);
-        ++hits[e.lane * 8 + e.bit];
+        ASSERT_GE(e.elem, 0);
+        ASSERT_LT(e.elem, 8);
+        ++hits[e.lane * 8 + e.elem];
       }
     EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
   }

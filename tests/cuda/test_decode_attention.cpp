@@ -216,7 +216,7 @@ void run_packed_case(const Case& c, uint32_t seed) {
   DevBuf<uint8_t> ws(ws_bytes);
   cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
   std::vector<std::vector<float>> outs;
-  for (auto variant : {cuda::PackedDecodeVariant::pair_lut, cuda::PackedDecodeVariant::bitwise}) {
+  for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
     CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
     cuda::packed_decode_attention(plan, db, dpool.p,
                                   c.q_dtype == DType::f16 ? (void*)dq16.p : dq.p, c.q_dtype, scale,
@@ -311,10 +311,10 @@ void run_packed_case(const Case& c, uint32_t seed) {
     }
     const size_t n = (size_t)hq * c.d;
     const double e = rel_err(out, ref, (size_t)b * n, n);
-    EXPECT_LT(e, 1e-3) << "pair_lut variant, sequence " << b << " (length " << T << ")";
+    EXPECT_LT(e, 1e-3) << "specialized variant, sequence " << b << " (length " << T << ")";
     const double e1 = rel_err(outs[1], ref, (size_t)b * n, n);
-    EXPECT_LT(e1, 1e-3) << "bitwise variant, sequence " << b << " (length " << T << ")";
-    std::printf("  %s seq %d len %d: rel err %.2e (pair_lut) %.2e (bitwise)\n", name(c).c_str(), b,
+    EXPECT_LT(e1, 1e-3) << "runtime_tables variant, sequence " << b << " (length " << T << ")";
+    std::printf("  %s seq %d len %d: rel err %.2e (specialized) %.2e (runtime_tables)\n", name(c).c_str(), b,
                 T, e, e1);
   }
 }

@@ -3,7 +3,9 @@
 # tests, compute-sanitizer memcheck + racecheck on the small cases, the decode
 # benchmark and the torch SDPA flash baseline in the same run. Everything lands
 # in $OUT (all.log, build.log, test_cuda.json, cuda_decode_bench.json,
-# sdpa_flash.json, table.md). Usage (repo root): tools/device/run_cuda.sh [quick]
+# sdpa_flash.json, table.md). Usage (repo root): tools/device/run_cuda.sh
+# PREBUILT=DIR: use test_cache_format, test_cuda and bench_cuda_decode already
+# built in DIR (same toolkit, sm_90) instead of building here.
 set -uo pipefail
 OUT=${OUT:-/tmp/ratekv_cuda_out}
 mkdir -p "$OUT"
@@ -14,10 +16,13 @@ say() { echo "== $*" | tee -a "$LOG"; }
 say "env"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv; nvcc --version | tail -2; cmake --version | head -1; } 2>&1 | tee -a "$LOG"
 say "build"
-if ! { cmake -S "$ROOT/tools/device" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build $B -j16; } > "$OUT/build.log" 2>&1; then
+if [ -n "${PREBUILT:-}" ]; then
+  B=$(cd "$PREBUILT" && pwd); echo "prebuilt binaries in $B" | tee -a "$LOG"
+elif ! { cmake -S "$ROOT/tools/device" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build $B -j16; } > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log" | tee -a "$LOG"; exit 1
-fi
+else
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" | grep -B1 -A1 registers | grep -E "registers|spill" | tee -a "$LOG"
+fi
 say "format tests"
 $B/test_cache_format 2>&1 | tail -3 | tee -a "$LOG"
 say "cuda tests"

@@ -68,12 +68,15 @@ class PackedPlan {
   std::unique_ptr<Device> dev_;
 };
 
-/// How the packed kernel turns code planes into fp16 fragments:
-///  bitwise  — variant 1: per element, gather its b bits, look up the fp16 level;
-///  pair_lut — variant 2 (default): per element pair, one lookup in a 4^b-entry
-///             shared-memory table of half2 level pairs.
-/// Both compute the same numbers; both are tested against the CPU reference.
-enum class PackedDecodeVariant { bitwise, pair_lut };
+/// Which instance of the packed kernel runs:
+///  runtime_tables — the general instance: bit widths, codebooks and offsets
+///                   read per 16-channel tile from the head tables (any plan);
+///  specialized    — (default) for uniform K2V2 / K3V3 / K4V4 plans the
+///                   instance with compile-time widths and offsets, else as
+///                   runtime_tables.
+/// Both decode codes with byte permutes from a codebook in registers and
+/// compute the same numbers; both are tested against the CPU reference.
+enum class PackedDecodeVariant { runtime_tables, specialized };
 
 /// Workspace bytes for a decode step (split-K partial states + rotated query).
 size_t decode_workspace_bytes(int batch, int n_heads, int head_dim, int n_splits);
@@ -92,7 +95,7 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                              const uint8_t* pool, const void* q, DType q_dtype, float scale,
                              float* out, void* workspace, size_t workspace_bytes, int n_splits,
                              void* stream,
-                             PackedDecodeVariant variant = PackedDecodeVariant::pair_lut);
+                             PackedDecodeVariant variant = PackedDecodeVariant::specialized);
 
 /// The fp16 baseline of the same structure. Pages hold, per (page, KV head),
 /// K (64, head_dim) then V (64, head_dim) fp16: page stride
