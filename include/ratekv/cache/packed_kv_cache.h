@@ -1,0 +1,157 @@
+// ratekv/cache/packed_kv_cache.h — a KV cache that really stores codes in the
+// packed format (docs/packed_format.md) and computes attention from them
+// (DESIGN.md §6).
+//
+// Serves TQ-MSE-family plans: every (layer, KV head, side) codec must be
+// "tq-mse" (one group over the head) or "tq-mse-grouped" (Block-GTQ, RateQuant
+// over TQ-MSE; groups at 0 bits are dropped = reconstructed as 0) with code
+// widths 1..4 bits (the format's range). Any other kind (fp16, kivi, quarot,
+// q8_0, q4_0) is rejected with an Error naming the kind and the plan field.
+//
+// Storage per layer: pages of packed::kPageTokens code slots (one page = all
+// KV heads, LayerLayout built from the layer's groups), allocated one at a
+// time as tokens arrive; a page table (logical page → page); token regions as
+// in FakeQuantKVCache:
+//   [0, S)            sink tokens: fp16 rows (uint16), kept forever
+//   [S, max(S, T−W))  quantized: codes + fp16 norms in the pages (slot t − S)
+//   [max(S, T−W), T)  fp16 window: attention reads the rows rounded to fp16;
+//                     the cache keeps the appended fp32 rows (W · row floats,
+//                     bounded) so a token leaving the window is quantized
+//                     from its original values, exactly as FakeQuantKVCache.
+// bytes() = pages + sink rows + window rows + positions, all as allocated.
+//
+// Attention (never expands the cache): for each KV head the query rows of
+// its GQA heads are rotated once per key group (q_rot = Π_g q[channels_g]).
+// Per page the codes are unpacked once per KV head and shared by all rows:
+//   * few rows (decode): key scores from a per-step table
+//     tab[i][j] = q_rot[i] · c[j] (m × 2^b per group and row),
+//     s_t = Σ_g n_{g,t} Σ_i tab_g[i][idx_{t,i}];
+//   * many rows (prefill): codes → levels tile n_t·c[idx] (m × 64), once
+//     per page, and S = Q_rot · tile (vectorized axpy loops).
+// Values are accumulated in each group's rotated domain (o_rot += p_t n_t
+// c[idx_t]) and rotated back once per output row (x = Π_gᵀ o_rot). The key
+// range is split over the sequence (pages) into parts with partial states
+// {o, m, l} (flash-decoding) merged by log-sum-exp; OpenMP over (KV head,
+// part) for decode and (KV head, query block) for prefill.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "ratekv/cache/plan_codecs.h"
+#include "ratekv/kv_cache.h"
+#include "ratekv/packed_format.h"
+#include "ratekv/quant/tq_mse.h"
+
+namespace ratekv::cache {
+
+struct PackedCacheOptions {
+  std::optional<int> fp16_window;  ///< overrides plan.fp16_window (≥ 0)
+  std::optional<int> sink_tokens;  ///< overrides plan.sink_tokens (≥ 0)
+  /// Decode attention splits a KV head's pages into parts of at least this
+  /// many pages (partial states merged by log-sum-exp). ≥ 1.
+  int pages_per_split = 8;
+};
+
+/// Partial softmax-attention state of one query row over a subset of the
+/// keys: o = Σ_t e^{s_t − m} v_t (unnormalized), l = Σ_t e^{s_t − m}.
+/// merge() combines two disjoint subsets (log-sum-exp rescaling); an empty
+/// state has m = −∞, l = 0.
+struct AttnPartial {
+  float m;
+  float l;
+};
+
+/// Merges partial state (m_b, l_b, o_b) into (a, o_a); o_a, o_b: len floats.
+void merge_partial(AttnPartial& a, float* o_a, const AttnPartial& b, const float* o_b, int len);
+
+class PackedKVCache final : public KVCache {
+ public:
+  /// Throws Error when `shape` (layers, KV heads, head_dim) differs from the
+  /// codecs' model, a codec kind is not tq-mse / tq-mse-grouped (message
+  /// names the kind and the plan field), a group width is outside 1..4, a
+  /// side has every group dropped, or a window/sink override is negative.
+  PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const PlanCodecs> codecs,
+                PackedCacheOptions opt = {});
+
+  const KVCacheShape& shape() const override { return shape_; }
+  /// Quantizes the n new tokens of every KV head (prefill: the whole chunk in
+  /// one call, OpenMP over KV heads) and writes codes + fp16 norms into pages.
+  void append(int layer, int64_t n, const int32_t* pos, const float* k_pre, const float* k_post,
+              const float* v) override;
+  /// Causal attention of n queries over the cached tokens, from the codes
+  /// (see the file comment). Same rules and errors as DenseKVCache::attend.
+  void attend(int layer, int64_t n, const int32_t* pos, const float* q, float* out,
+              const AttnParams& params) override;
+  int64_t n_tokens() const override;
+  void clear() override;
+  /// Bytes held: allocated pages + sink/window rows + positions.
+  size_t bytes() const override;
+  /// Bytes of the allocated code pages only (all layers).
+  size_t page_bytes() const;
+
+  const PlanCodecs& codecs() const { return *codecs_; }
+  const packed::LayerLayout& layout(int layer) const { return layers_.at(layer).layout; }
+  /// Physical page of logical page i of `layer` (read-only view).
+  std::span<const uint8_t> page(int layer, int i) const;
+  /// Tokens of `layer` stored as codes.
+  int64_t n_quantized(int layer) const { return layers_.at(layer).n_codes; }
+  int fp16_window() const { return window_; }
+  int sink_tokens() const { return sink_; }
+
+ private:
+  struct Group {                   // one channel group of one side of one KV head
+    const quant::TQMSE* tq = nullptr;
+    std::vector<int> channels;     // head channels, code i ↔ channels[i]
+    const float* levels = nullptr; // Lloyd–Max levels (2^bits)
+    int dim = 0, dim_pad = 0, bits = 0;
+    size_t code_offset = 0, norm_offset = 0;  // within a page (head block included)
+    int rot_offset = 0;            // start of this group in the per-side rotated vector
+  };
+  struct Head {
+    std::array<std::vector<Group>, 2> side;  // key, value
+    std::array<int, 2> rot_dim{0, 0};        // Σ dims per side
+  };
+  struct Layer {
+    packed::LayerLayout layout;
+    std::vector<Head> heads;
+    std::vector<std::unique_ptr<uint8_t[]>> pages;  // page table: logical i → pages[i]
+    int64_t n_codes = 0;               // tokens stored as codes
+    std::vector<uint16_t> sink_k, sink_v;  // (≤ S, n_kv_heads, head_dim) fp16 bits
+    std::vector<float> win_k, win_v;       // (tokens in window, n_kv_heads, head_dim) fp32 originals
+    int64_t win_start = 0;                 // token index of win_k row 0
+    std::vector<int32_t> pos;
+  };
+
+  void quantize_rows(Layer& L, int layer, const float* k, const float* v, int64_t n);
+  void attend_rows(const Layer& L, int hk, int64_t rows, const float* q_orig, const float* q_rot,
+                   const int64_t* lo, const int64_t* hi, int64_t a, int64_t b, const AttnParams& p,
+                   float* m, float* l, float* o_rot, float* o_plain) const;
+
+  KVCacheShape shape_;
+  std::shared_ptr<const PlanCodecs> codecs_;
+  PackedCacheOptions opt_;
+  int window_ = 0, sink_ = 0;
+  std::vector<Layer> layers_;
+};
+
+// ---- fast paths of the packed format, tested against the scalar reference ---
+
+/// Writes the codes of one token slot of one group (codes[i] for rotated
+/// coordinate i < G.dim; padding written as 0) into the group's code segment
+/// `seg` (G.code_bytes bytes). Same bytes as packed::write_codes. Codes must be
+/// < 2^bits (not checked: the quantizer produced them).
+void pack_token_codes(const packed::GroupLayout& G, packed::Side side, uint8_t* seg, int slot,
+                      const uint8_t* codes);
+
+/// Unpacks the codes of tokens [0, n_slots) of a group's code segment into
+/// codes (n_slots rounded up to 16, dim_pad) row-major u8. Same values as
+/// packed::read_codes for the written slots.
+void unpack_codes(const packed::GroupLayout& G, packed::Side side, const uint8_t* seg, int n_slots,
+                  uint8_t* codes);
+
+}  // namespace ratekv::cache

@@ -1,0 +1,652 @@
+// PackedKVCache: codes in the packed format, attention from the codes
+// (include/ratekv/cache/packed_kv_cache.h, DESIGN.md §6).
+#include "ratekv/cache/packed_kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <omp.h>
+
+#include "ratekv/error.h"
+#include "ratekv/fp16.h"
+#include "ratekv/quant/grouped_tq_mse.h"
+
+namespace ratekv::cache {
+
+using packed::kPageTokens;
+using packed::kTileChannels;
+using packed::kTileTokens;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Query rows per KV head up to which keys are scored with the per-step table
+// (decode); above it, per-page levels tiles and axpy loops (prefill).
+constexpr int64_t kLutMaxRows = 8;
+// Queries per prefill work item.
+constexpr int64_t kQueryBlock = 32;
+
+// (token r, channel c) of every (lane, bit) of a chunk, per side.
+struct InverseTable {
+  uint8_t r[2][packed::kWarpLanes][8];
+  uint8_t c[2][packed::kWarpLanes][8];
+  InverseTable() {
+    for (int s = 0; s < 2; ++s)
+      for (int r0 = 0; r0 < kTileTokens; ++r0)
+        for (int c0 = 0; c0 < kTileChannels; ++c0) {
+          const packed::ElementPos e = packed::element_pos(static_cast<packed::Side>(s), r0, c0);
+          r[s][e.lane][e.elem] = static_cast<uint8_t>(r0);
+          c[s][e.lane][e.elem] = static_cast<uint8_t>(c0);
+        }
+  }
+};
+const InverseTable& inverse_table() {
+  static const InverseTable t;
+  return t;
+}
+
+// Token index range [lo, hi) visible to a query at position p (positions
+// strictly increasing): as DenseKVCache.
+void key_range(const std::vector<int32_t>& kpos, int32_t p, int64_t window, int64_t& lo, int64_t& hi) {
+  hi = std::upper_bound(kpos.begin(), kpos.end(), p) - kpos.begin();
+  lo = 0;
+  if (window > 0) {
+    const int64_t first = static_cast<int64_t>(p) - window + 1;
+    lo = std::lower_bound(kpos.begin(), kpos.end(), first, [](int32_t a, int64_t b) { return a < b; }) -
+         kpos.begin();
+  }
+}
+
+inline float logit(float dot, const AttnParams& p) {
+  float x = dot * p.scale;
+  if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
+  return x;
+}
+
+inline float norm_at(const uint8_t* page, size_t norm_offset, int slot) {
+  uint16_t h;
+  std::memcpy(&h, page + norm_offset + 2 * static_cast<size_t>(slot), 2);  // little endian (x86/arm64)
+  return fp16_to_fp32(h);
+}
+
+}  // namespace
+
+void merge_partial(AttnPartial& a, float* o_a, const AttnPartial& b, const float* o_b, int len) {
+  if (b.m == kNegInf) return;
+  if (a.m == kNegInf) {
+    a = b;
+    std::memcpy(o_a, o_b, sizeof(float) * len);
+    return;
+  }
+  const float m = std::max(a.m, b.m);
+  const float fa = std::exp(a.m - m), fb = std::exp(b.m - m);
+  for (int i = 0; i < len; ++i) o_a[i] = o_a[i] * fa + o_b[i] * fb;
+  a.l = a.l * fa + b.l * fb;
+  a.m = m;
+}
+
+// ---- format fast paths ---------------------------------------------------------
+
+// Address of code bit i of element (slot, rotated coordinate c) in a group's
+// code segment: lane-word row (ct·b + word) of 32 uint32, word of the owning
+// lane, bit (packed_format.h code_bit_pos / element_pos).
+void pack_token_codes(const packed::GroupLayout& G, packed::Side side, uint8_t* seg, int slot,
+                      const uint8_t* codes) {
+  const int tt = slot / kTileTokens, r = slot % kTileTokens;
+  for (int c = 0; c < G.dim_pad; ++c) {
+    const unsigned code = c < G.dim ? codes[c] : 0u;
+    const int ct = c / kTileChannels;
+    const packed::ElementPos e = packed::element_pos(side, r, c % kTileChannels);
+    for (int i = 0; i < G.bits; ++i) {
+      const packed::CodeBitPos p = packed::code_bit_pos(G.bits, tt, e.elem, i);
+      uint8_t& byte = seg[(static_cast<size_t>(ct) * G.bits + p.word) * packed::kLaneRowBytes + 4 * e.lane + p.bit / 8];
+      const int bit = p.bit % 8;
+      byte = static_cast<uint8_t>((byte & ~(1u << bit)) | (((code >> i) & 1u) << bit));
+    }
+  }
+}
+
+namespace {
+
+// The b-bit code of fragment element e of token tile tt from a lane's b words.
+// Wherever the format keeps a code's bits contiguous in one word (every case
+// but 3-bit token tile 3) one shift and mask; else bit by bit.
+template <int B>
+inline unsigned extract_code(const uint32_t* w, int tt, int e) {
+  const packed::CodeBitPos p0 = packed::code_bit_pos(B, tt, e, 0);
+  if (B != 3 || tt < 3) return (w[p0.word] >> p0.bit) & ((1u << B) - 1u);
+  unsigned code = 0;
+  for (int i = 0; i < B; ++i) {
+    const packed::CodeBitPos p = packed::code_bit_pos(B, tt, e, i);
+    code |= ((w[p.word] >> p.bit) & 1u) << i;
+  }
+  return code;
+}
+
+template <int B>
+void unpack_codes_b(const packed::GroupLayout& G, int s, const uint8_t* seg, int n_tt, uint8_t* codes) {
+  const InverseTable& inv = inverse_table();
+  const int n_ct = G.dim_pad / kTileChannels;
+  for (int ct = 0; ct < n_ct; ++ct)
+    for (int lane = 0; lane < packed::kWarpLanes; ++lane) {
+      uint32_t w[B];
+      for (int j = 0; j < B; ++j)
+        std::memcpy(&w[j], seg + (static_cast<size_t>(ct) * B + j) * packed::kLaneRowBytes + 4 * lane, 4);
+      for (int tt = 0; tt < n_tt; ++tt) {
+        uint8_t* tile = codes + static_cast<size_t>(tt) * kTileTokens * G.dim_pad + ct * kTileChannels;
+        for (int e = 0; e < 8; ++e)
+          tile[inv.r[s][lane][e] * G.dim_pad + inv.c[s][lane][e]] = static_cast<uint8_t>(extract_code<B>(w, tt, e));
+      }
+    }
+}
+
+}  // namespace
+
+void unpack_codes(const packed::GroupLayout& G, packed::Side side, const uint8_t* seg, int n_slots,
+                  uint8_t* codes) {
+  const int s = static_cast<int>(side);
+  const int n_tt = (n_slots + kTileTokens - 1) / kTileTokens;
+  switch (G.bits) {
+    case 1: return unpack_codes_b<1>(G, s, seg, n_tt, codes);
+    case 2: return unpack_codes_b<2>(G, s, seg, n_tt, codes);
+    case 3: return unpack_codes_b<3>(G, s, seg, n_tt, codes);
+    case 4: return unpack_codes_b<4>(G, s, seg, n_tt, codes);
+    default: fail("unpack_codes: {} bits outside 1..4", G.bits);
+  }
+}
+
+// ---- construction ------------------------------------------------------------------
+
+PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const PlanCodecs> codecs,
+                             PackedCacheOptions opt)
+    : shape_(shape), codecs_(std::move(codecs)), opt_(opt) {
+  check(codecs_ != nullptr, "PackedKVCache: no plan codecs");
+  check(shape.n_layers > 0 && shape.n_heads > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.n_ctx > 0,
+        "PackedKVCache: shape must be positive (n_layers {}, n_heads {}, n_kv_heads {}, head_dim {}, n_ctx {})",
+        shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.n_ctx);
+  check(shape.n_heads % shape.n_kv_heads == 0, "PackedKVCache: n_kv_heads {} must divide n_heads {}",
+        shape.n_kv_heads, shape.n_heads);
+  check(shape.n_ctx <= std::numeric_limits<int32_t>::max(), "PackedKVCache: n_ctx {} exceeds int32 positions",
+        shape.n_ctx);
+  const ModelConfig& c = codecs_->config();
+  check(shape.n_layers == c.n_layers && shape.n_kv_heads == c.n_kv_heads && shape.head_dim == c.head_dim,
+        "PackedKVCache: cache shape (layers {}, KV heads {}, head_dim {}) does not match the plan's model "
+        "(layers {}, KV heads {}, head_dim {})",
+        shape.n_layers, shape.n_kv_heads, shape.head_dim, c.n_layers, c.n_kv_heads, c.head_dim);
+  window_ = opt_.fp16_window.value_or(codecs_->plan().fp16_window);
+  sink_ = opt_.sink_tokens.value_or(codecs_->plan().sink_tokens);
+  check(window_ >= 0 && sink_ >= 0, "PackedKVCache: fp16 window {} and sink tokens {} must be ≥ 0", window_, sink_);
+  check(opt_.pages_per_split >= 1, "PackedKVCache: pages_per_split {} must be ≥ 1", opt_.pages_per_split);
+
+  const int Hkv = shape.n_kv_heads, d = shape.head_dim;
+  layers_.reserve(shape.n_layers);
+  for (int l = 0; l < shape.n_layers; ++l) {
+    std::vector<packed::HeadSpec> specs(Hkv);
+    std::vector<Head> heads(Hkv);
+    for (int h = 0; h < Hkv; ++h)
+      for (int s = 0; s < 2; ++s) {
+        const Codec& codec = s == 0 ? codecs_->plan().layers[l][h].key : codecs_->plan().layers[l][h].value;
+        const std::string field = fmt::format("plan: layers[{}].heads[{}].{}", l, h, s == 0 ? "key" : "value");
+        check(codec.kind == CodecKind::TqMse || codec.kind == CodecKind::TqMseGrouped,
+              "PackedKVCache: {}: codec kind '{}' has no packed storage (the packed cache serves tq-mse and "
+              "tq-mse-grouped plans; use --cache fake for other kinds)",
+              field, codec_kind_name(codec.kind));
+        const quant::Quantizer* q = codecs_->quantizer(l, h, static_cast<KVSide>(s));
+        std::vector<std::pair<const quant::TQMSE*, std::vector<int>>> groups;
+        if (const auto* tq = dynamic_cast<const quant::TQMSE*>(q)) {
+          std::vector<int> all(d);
+          for (int i = 0; i < d; ++i) all[i] = i;
+          groups.emplace_back(tq, std::move(all));
+        } else if (const auto* gq = dynamic_cast<const quant::GroupedTQMSE*>(q)) {
+          for (size_t g = 0; g < gq->codecs().size(); ++g)
+            if (gq->codecs()[g].bits() > 0) groups.emplace_back(&gq->codecs()[g], gq->config().groups[g].channels);
+        } else {
+          fail("PackedKVCache: {}: quantizer '{}' is not TQ-MSE", field, q ? quant::to_string(q->kind()) : "none");
+        }
+        check(!groups.empty(), "PackedKVCache: {}: every group is at 0 bits (nothing to store)", field);
+        auto& spec_side = s == 0 ? specs[h].key : specs[h].value;
+        int off = 0;
+        for (auto& [tq, ch] : groups) {
+          check(tq->bits() >= packed::kMinBits && tq->bits() <= packed::kMaxBits,
+                "PackedKVCache: {}: {}-bit group; the packed format stores {}..{} bits", field, tq->bits(),
+                packed::kMinBits, packed::kMaxBits);
+          spec_side.push_back(packed::GroupSpec{ch, tq->bits()});
+          Group G;
+          G.tq = tq;
+          G.channels = ch;
+          G.levels = tq->codebook().levels.data();
+          G.bits = tq->bits();
+          G.dim = static_cast<int>(ch.size());
+          G.rot_offset = off;
+          off += G.dim;
+          heads[h].side[s].push_back(std::move(G));
+        }
+        heads[h].rot_dim[s] = off;
+      }
+    packed::LayerLayout layout(d, std::move(specs));
+    for (int h = 0; h < Hkv; ++h)
+      for (int s = 0; s < 2; ++s)
+        for (size_t g = 0; g < heads[h].side[s].size(); ++g) {
+          const packed::GroupLayout& gl = layout.head(h).side(static_cast<packed::Side>(s))[g];
+          Group& G = heads[h].side[s][g];
+          G.dim_pad = gl.dim_pad;
+          G.code_offset = layout.head(h).block_offset + gl.code_offset;
+          G.norm_offset = layout.head(h).block_offset + gl.norm_offset;
+        }
+    layers_.push_back(Layer{std::move(layout), std::move(heads), {}, 0, {}, {}, {}, {}, 0, {}});
+  }
+}
+
+// ---- append --------------------------------------------------------------------------
+
+void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const float* v, int64_t n) {
+  (void)layer;
+  const int Hkv = shape_.n_kv_heads, d = shape_.head_dim;
+  const int64_t row = int64_t{Hkv} * d;
+  const size_t page_bytes = L.layout.page_bytes();
+  const int64_t c0 = L.n_codes, c1 = c0 + n;
+  while (static_cast<int64_t>(L.pages.size()) * kPageTokens < c1)
+    L.pages.push_back(std::make_unique<uint8_t[]>(page_bytes));  // value-initialized (zeros)
+#pragma omp parallel for schedule(static) if (Hkv > 1 && n * d >= 4096)
+  for (int h = 0; h < Hkv; ++h) {
+    std::vector<float> xg(d);
+    std::vector<uint8_t> idx(d);
+    for (int s = 0; s < 2; ++s) {
+      const float* src = s == 0 ? k : v;
+      for (size_t g = 0; g < L.heads[h].side[s].size(); ++g) {
+        const Group& G = L.heads[h].side[s][g];
+        const packed::GroupLayout& gl = L.layout.head(h).side(static_cast<packed::Side>(s))[g];
+        for (int64_t t = 0; t < n; ++t) {
+          const float* x = src + t * row + int64_t{h} * d;
+          for (int i = 0; i < G.dim; ++i) xg[i] = x[G.channels[i]];
+          const float norm = G.tq->encode(xg.data(), idx.data());
+          const int64_t c = c0 + t;
+          uint8_t* page = L.pages[c / kPageTokens].get();
+          const int slot = static_cast<int>(c % kPageTokens);
+          pack_token_codes(gl, static_cast<packed::Side>(s), page + G.code_offset, slot, idx.data());
+          const uint16_t hbits = fp32_to_fp16(norm);
+          std::memcpy(page + G.norm_offset + 2 * static_cast<size_t>(slot), &hbits, 2);
+        }
+      }
+    }
+  }
+  L.n_codes = c1;
+}
+
+void PackedKVCache::append(int layer, int64_t n, const int32_t* pos, const float* k_pre, const float* k_post,
+                           const float* v) {
+  (void)k_pre;
+  check(layer >= 0 && layer < shape_.n_layers, "PackedKVCache::append: layer {} out of range [0, {})", layer,
+        shape_.n_layers);
+  check(n > 0, "PackedKVCache::append: n = {} must be positive", n);
+  Layer& L = layers_[layer];
+  const int64_t T0 = static_cast<int64_t>(L.pos.size()), T = T0 + n;
+  check(T <= shape_.n_ctx, "PackedKVCache::append: layer {}: {} cached + {} new tokens exceed capacity n_ctx = {}",
+        layer, T0, n, shape_.n_ctx);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t prev = (i == 0) ? (T0 > 0 ? L.pos.back() : -1) : pos[i - 1];
+    check(pos[i] > prev, "PackedKVCache::append: layer {}: position {} is not greater than the previous {}", layer,
+          pos[i], prev);
+  }
+  const int64_t row = int64_t{shape_.n_kv_heads} * shape_.head_dim;
+  int64_t t = T0;
+  // Sink rows: fp16 forever.
+  for (; t < T && t < sink_; ++t)
+    for (int64_t i = 0; i < row; ++i) {
+      L.sink_k.push_back(fp32_to_fp16(k_post[(t - T0) * row + i]));
+      L.sink_v.push_back(fp32_to_fp16(v[(t - T0) * row + i]));
+    }
+  if (L.win_k.empty()) L.win_start = t;  // every earlier token is sink or codes
+  L.win_k.insert(L.win_k.end(), k_post + (t - T0) * row, k_post + n * row);
+  L.win_v.insert(L.win_v.end(), v + (t - T0) * row, v + n * row);
+  L.pos.insert(L.pos.end(), pos, pos + n);
+  // Tokens that left the window (or never entered it, W = 0): quantize them.
+  const int64_t q_end = std::max<int64_t>(std::min<int64_t>(sink_, T), T - window_);
+  if (q_end > L.win_start) {
+    const int64_t m = q_end - L.win_start;
+    quantize_rows(L, layer, L.win_k.data(), L.win_v.data(), m);
+    L.win_k.erase(L.win_k.begin(), L.win_k.begin() + m * row);
+    L.win_v.erase(L.win_v.begin(), L.win_v.begin() + m * row);
+    L.win_start = q_end;
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------
+
+// Attention of R query rows of KV head hk over tokens [a, b) ∩ each row's
+// [lo, hi): online softmax per page, partial state (m, l, o_rot, o_plain).
+//   q_orig (R, d) post-RoPE queries, q_rot (R, Dk) rotated per key group,
+//   o_rot (R, Dv) value accumulator in the value groups' rotated domains,
+//   o_plain (R, d) accumulator of the fp16 sink/window rows.
+void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* q_orig, const float* q_rot,
+                                const int64_t* lo, const int64_t* hi, int64_t a, int64_t b, const AttnParams& p,
+                                float* m, float* l, float* o_rot, float* o_plain) const {
+  const int d = shape_.head_dim, Hkv = shape_.n_kv_heads;
+  const int64_t row = int64_t{Hkv} * d;
+  const Head& H = L.heads[hk];
+  const int Dk = H.rot_dim[0], Dv = H.rot_dim[1];
+  std::fill(m, m + R, kNegInf);
+  std::fill(l, l + R, 0.0f);
+  std::fill(o_rot, o_rot + R * Dv, 0.0f);
+  std::fill(o_plain, o_plain + R * d, 0.0f);
+
+  const int64_t T = static_cast<int64_t>(L.pos.size());
+  const int64_t s_end = std::min<int64_t>(sink_, T);
+  const int64_t q_end = s_end + L.n_codes;
+
+  // Rescales row r's state to the new max mx (≥ m[r]).
+  auto rescale = [&](int64_t r, float mx) {
+    if (mx == m[r]) return;
+    const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx);
+    l[r] *= alpha;
+    for (int i = 0; i < Dv; ++i) o_rot[r * Dv + i] *= alpha;
+    for (int i = 0; i < d; ++i) o_plain[r * d + i] *= alpha;
+    m[r] = mx;
+  };
+
+  // fp16 rows (sink and window), one token at a time.
+  std::vector<float> kr(d), vr(d);
+  auto plain_token = [&](int64_t t) {
+    if (t < s_end) {
+      for (int i = 0; i < d; ++i) {
+        kr[i] = fp16_to_fp32(L.sink_k[t * row + int64_t{hk} * d + i]);
+        vr[i] = fp16_to_fp32(L.sink_v[t * row + int64_t{hk} * d + i]);
+      }
+    } else {
+      const int64_t w = t - L.win_start;
+      for (int i = 0; i < d; ++i) {
+        kr[i] = round_fp16(L.win_k[w * row + int64_t{hk} * d + i]);
+        vr[i] = round_fp16(L.win_v[w * row + int64_t{hk} * d + i]);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      if (t < lo[r] || t >= hi[r]) continue;
+      float dot = 0;
+      for (int i = 0; i < d; ++i) dot += q_orig[r * d + i] * kr[i];
+      const float s = logit(dot, p);
+      if (s > m[r]) rescale(r, s);
+      const float e = std::exp(s - m[r]);
+      l[r] += e;
+      for (int i = 0; i < d; ++i) o_plain[r * d + i] += e * vr[i];
+    }
+  };
+  for (int64_t t = a; t < std::min(b, s_end); ++t) plain_token(t);
+
+  // Code tokens [ca, cb) as code slots.
+  const int64_t ca = std::max(a, s_end) - s_end, cb = std::min(b, q_end) - s_end;
+  if (cb > ca) {
+    const bool lut = R <= kLutMaxRows;
+    // Per-step tables tab[r][g][i·2^b + j] = q_rot[r][i]·c[j] (decode path).
+    std::vector<std::vector<float>> tabs;
+    if (lut) {
+      tabs.resize(R * H.side[0].size());
+      for (int64_t r = 0; r < R; ++r)
+        for (size_t g = 0; g < H.side[0].size(); ++g) {
+          const Group& G = H.side[0][g];
+          const int nl = 1 << G.bits;
+          auto& tab = tabs[r * H.side[0].size() + g];
+          tab.resize(static_cast<size_t>(G.dim) * nl);
+          const float* qr = q_rot + r * Dk + G.rot_offset;
+          for (int i = 0; i < G.dim; ++i)
+            for (int j = 0; j < nl; ++j) tab[i * nl + j] = qr[i] * G.levels[j];
+        }
+    }
+    int max_pad = 0;
+    for (int s = 0; s < 2; ++s)
+      for (const Group& G : H.side[s]) max_pad = std::max(max_pad, G.dim_pad);
+    std::vector<uint8_t> codes(static_cast<size_t>(kPageTokens) * max_pad);
+    std::vector<float> tile(static_cast<size_t>(kPageTokens) * max_pad);
+    std::vector<float> S(static_cast<size_t>(R) * kPageTokens);
+    std::vector<float> nrm(kPageTokens);
+
+    for (int64_t pg = ca / kPageTokens; pg * kPageTokens < cb; ++pg) {
+      const uint8_t* page = L.pages[pg].get();
+      const int u0 = static_cast<int>(std::max<int64_t>(ca - pg * kPageTokens, 0));
+      const int u1 = static_cast<int>(std::min<int64_t>(cb - pg * kPageTokens, kPageTokens));
+      const int nu = u1 - u0;
+      const int64_t t0 = s_end + pg * kPageTokens;  // token index of slot 0
+      // Rows that see any token of this page.
+      // Scores S[r][u] (u relative to u0).
+      std::fill(S.begin(), S.begin() + R * kPageTokens, 0.0f);
+      for (size_t g = 0; g < H.side[0].size(); ++g) {
+        const Group& G = H.side[0][g];
+        const packed::GroupLayout& gl = L.layout.head(hk).key[g];
+        unpack_codes(gl, packed::Side::key, page + G.code_offset, u1, codes.data());
+        for (int u = u0; u < u1; ++u) nrm[u] = norm_at(page, G.norm_offset, u);
+        if (lut) {
+          const int nl = 1 << G.bits;
+          for (int64_t r = 0; r < R; ++r) {
+            const float* tab = tabs[r * H.side[0].size() + g].data();
+            float* sr = S.data() + r * kPageTokens;
+            for (int u = u0; u < u1; ++u) {
+              const uint8_t* cu = codes.data() + static_cast<size_t>(u) * G.dim_pad;
+              float acc = 0;
+              for (int i = 0; i < G.dim; ++i) acc += tab[i * nl + cu[i]];
+              sr[u - u0] += nrm[u] * acc;
+            }
+          }
+        } else {
+          // Transposed levels tile with the norms folded in, tile[i][u] =
+          // n_u·c[idx_{u,i}], then S[r] += Σ_i q_rot[r][i]·tile[i] (axpy over
+          // the page's tokens: contiguous, vectorizes without reassociation).
+          for (int u = u0; u < u1; ++u) {
+            const uint8_t* cu = codes.data() + static_cast<size_t>(u) * G.dim_pad;
+            for (int i = 0; i < G.dim; ++i) tile[static_cast<size_t>(i) * kPageTokens + (u - u0)] = G.levels[cu[i]] * nrm[u];
+          }
+          for (int64_t r = 0; r < R; ++r) {
+            float* __restrict sr = S.data() + r * kPageTokens;
+            const float* qr = q_rot + r * Dk + G.rot_offset;
+            for (int i = 0; i < G.dim; ++i) {
+              const float qi = qr[i];
+              const float* __restrict ti = tile.data() + static_cast<size_t>(i) * kPageTokens;
+              for (int u = 0; u < nu; ++u) sr[u] += qi * ti[u];
+            }
+          }
+        }
+      }
+      // Masked online softmax over the page; S becomes the probabilities p.
+      for (int64_t r = 0; r < R; ++r) {
+        float* sr = S.data() + r * kPageTokens;
+        float mx = m[r];
+        for (int u = 0; u < nu; ++u) {
+          const int64_t t = t0 + u0 + u;
+          if (t < lo[r] || t >= hi[r]) {
+            sr[u] = kNegInf;
+          } else {
+            sr[u] = logit(sr[u], p);
+            mx = std::max(mx, sr[u]);
+          }
+        }
+        if (mx == kNegInf) {
+          std::fill(sr, sr + nu, 0.0f);
+          continue;
+        }
+        rescale(r, mx);
+        float sum = 0;
+        for (int u = 0; u < nu; ++u) {
+          sr[u] = std::exp(sr[u] - mx);  // exp(−∞) = 0 for masked slots
+          sum += sr[u];
+        }
+        l[r] += sum;
+      }
+      // Values: o_rot[r][g] += Σ_u p[r][u] · n_u · c[idx_u] in the group's rotated domain.
+      for (size_t g = 0; g < H.side[1].size(); ++g) {
+        const Group& G = H.side[1][g];
+        const packed::GroupLayout& gl = L.layout.head(hk).value[g];
+        unpack_codes(gl, packed::Side::value, page + G.code_offset, u1, codes.data());
+        for (int u = u0; u < u1; ++u) {
+          const float n = norm_at(page, G.norm_offset, u);
+          const uint8_t* cu = codes.data() + static_cast<size_t>(u) * G.dim_pad;
+          float* tu = tile.data() + static_cast<size_t>(u - u0) * G.dim;
+          for (int i = 0; i < G.dim; ++i) tu[i] = G.levels[cu[i]] * n;
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          const float* pr = S.data() + r * kPageTokens;
+          float* __restrict o = o_rot + r * Dv + G.rot_offset;
+          for (int u = 0; u < nu; ++u) {
+            const float w = pr[u];
+            if (w == 0.0f) continue;  // masked (or underflowed) token
+            const float* __restrict tu = tile.data() + static_cast<size_t>(u) * G.dim;
+            for (int i = 0; i < G.dim; ++i) o[i] += w * tu[i];
+          }
+        }
+      }
+    }
+  }
+
+  for (int64_t t = std::max(a, q_end); t < std::min(b, T); ++t) plain_token(t);
+}
+
+void PackedKVCache::attend(int layer, int64_t n, const int32_t* pos, const float* q, float* out,
+                           const AttnParams& params) {
+  check(layer >= 0 && layer < shape_.n_layers, "PackedKVCache::attend: layer {} out of range [0, {})", layer,
+        shape_.n_layers);
+  check(n > 0, "PackedKVCache::attend: n = {} must be positive", n);
+  check(params.scale > 0 && std::isfinite(params.scale), "PackedKVCache::attend: scale {} must be finite and positive",
+        params.scale);
+  const Layer& L = layers_[layer];
+  const int64_t T = static_cast<int64_t>(L.pos.size());
+  const int H = shape_.n_heads, Hkv = shape_.n_kv_heads, d = shape_.head_dim, ratio = H / Hkv;
+  const int64_t qrow = int64_t{H} * d;
+  std::vector<int64_t> qlo(n), qhi(n);
+  for (int64_t i = 0; i < n; ++i) {
+    key_range(L.pos, pos[i], params.sliding_window, qlo[i], qhi[i]);
+    check(qhi[i] > qlo[i], "PackedKVCache::attend: layer {}: query at position {} sees no cached key (append first)",
+          layer, pos[i]);
+  }
+
+  // Work items: (KV head, query block, sequence part). Decode (few rows):
+  // one query block, the pages split into parts; prefill: query blocks, one part.
+  const bool decode = n * ratio <= kLutMaxRows;
+  const int64_t qb = decode ? n : kQueryBlock;
+  const int64_t n_qblocks = (n + qb - 1) / qb;
+  const int64_t split_tokens = int64_t{opt_.pages_per_split} * kPageTokens;
+  const int64_t n_parts = decode ? std::max<int64_t>(1, (L.n_codes + split_tokens - 1) / split_tokens) : 1;
+  const int64_t s_end = std::min<int64_t>(sink_, T);
+  const int64_t n_items = int64_t{Hkv} * n_qblocks * n_parts;
+  const int64_t R_max = qb * ratio;
+  int max_dv = 0;
+  for (const Head& Hd : L.heads) max_dv = std::max(max_dv, Hd.rot_dim[1]);
+  // Partial states of every item: m, l (R_max), o_rot (R_max, max_dv), o_plain (R_max, d).
+  std::vector<float> st_m(n_items * R_max), st_l(n_items * R_max), st_o(n_items * R_max * max_dv),
+      st_p(n_items * R_max * d);
+  const bool par = n_items > 1 && n * H * T * d >= (int64_t{1} << 15);
+
+#pragma omp parallel for schedule(dynamic) if (par)
+  for (int64_t it = 0; it < n_items; ++it) {
+    const int hk = static_cast<int>(it / (n_qblocks * n_parts));
+    const int64_t qbi = (it / n_parts) % n_qblocks, part = it % n_parts;
+    const Head& Hd = L.heads[hk];
+    const int Dk = Hd.rot_dim[0];
+    const int64_t i0 = qbi * qb, nq = std::min(qb, n - i0), R = nq * ratio;
+    std::vector<float> q_orig(R * d), q_rot(R * Dk), qg(d), qr(d);
+    std::vector<int64_t> lo(R), hi(R);
+    int64_t a = std::numeric_limits<int64_t>::max(), b = 0;
+    for (int64_t i = 0; i < nq; ++i)
+      for (int j = 0; j < ratio; ++j) {
+        const int64_t r = i * ratio + j;
+        const float* qv = q + (i0 + i) * qrow + int64_t{hk * ratio + j} * d;
+        std::memcpy(q_orig.data() + r * d, qv, sizeof(float) * d);
+        for (const Group& G : Hd.side[0]) {
+          for (int c = 0; c < G.dim; ++c) qg[c] = qv[G.channels[c]];
+          G.tq->rotate(qg.data(), q_rot.data() + r * Dk + G.rot_offset);
+        }
+        lo[r] = qlo[i0 + i];
+        hi[r] = qhi[i0 + i];
+        a = std::min(a, lo[r]);
+        b = std::max(b, hi[r]);
+      }
+    if (decode) {  // this part's token range
+      const int64_t pa = part == 0 ? 0 : s_end + part * split_tokens;
+      const int64_t pb = part + 1 == n_parts ? T : s_end + (part + 1) * split_tokens;
+      a = std::max(a, pa);
+      b = std::min(b, pb);
+    }
+    float* m = st_m.data() + it * R_max;
+    float* l = st_l.data() + it * R_max;
+    float* o = st_o.data() + it * R_max * max_dv;
+    float* op = st_p.data() + it * R_max * d;
+    if (b > a) {
+      attend_rows(L, hk, R, q_orig.data(), q_rot.data(), lo.data(), hi.data(), a, b, params, m, l, o, op);
+    } else {
+      std::fill(m, m + R, kNegInf);
+      std::fill(l, l + R, 0.0f);
+    }
+  }
+
+  // Merge the parts (log-sum-exp), rotate back once per output row, normalize.
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t x = 0; x < int64_t{Hkv} * n_qblocks; ++x) {
+    const int hk = static_cast<int>(x / n_qblocks);
+    const int64_t qbi = x % n_qblocks;
+    const Head& Hd = L.heads[hk];
+    const int Dv = Hd.rot_dim[1];
+    const int64_t i0 = qbi * qb, nq = std::min(qb, n - i0), R = nq * ratio;
+    const int64_t it0 = x * n_parts;
+    std::vector<float> y(d), tmp(Dv + d), tmp2(Dv + d);
+    for (int64_t r = 0; r < R; ++r) {
+      AttnPartial acc{st_m[it0 * R_max + r], st_l[it0 * R_max + r]};
+      // o_rot and o_plain of part 0, concatenated.
+      std::memcpy(tmp.data(), st_o.data() + (it0 * R_max + r) * max_dv, sizeof(float) * Dv);
+      std::memcpy(tmp.data() + Dv, st_p.data() + (it0 * R_max + r) * d, sizeof(float) * d);
+      for (int64_t part = 1; part < n_parts; ++part) {
+        const int64_t it = it0 + part;
+        const AttnPartial other{st_m[it * R_max + r], st_l[it * R_max + r]};
+        std::memcpy(tmp2.data(), st_o.data() + (it * R_max + r) * max_dv, sizeof(float) * Dv);
+        std::memcpy(tmp2.data() + Dv, st_p.data() + (it * R_max + r) * d, sizeof(float) * d);
+        merge_partial(acc, tmp.data(), other, tmp2.data(), Dv + d);
+      }
+      const int64_t i = i0 + r / ratio;
+      const int h = hk * ratio + static_cast<int>(r % ratio);
+      float* outr = out + i * qrow + int64_t{h} * d;
+      const float inv = 1.0f / acc.l;
+      for (int c = 0; c < d; ++c) outr[c] = tmp[Dv + c] * inv;
+      for (const Group& G : Hd.side[1]) {
+        G.tq->unrotate(tmp.data() + G.rot_offset, y.data());
+        for (int c = 0; c < G.dim; ++c) outr[G.channels[c]] += y[c] * inv;
+      }
+    }
+  }
+}
+
+// ---- bookkeeping ---------------------------------------------------------------------
+
+int64_t PackedKVCache::n_tokens() const { return static_cast<int64_t>(layers_[0].pos.size()); }
+
+void PackedKVCache::clear() {
+  for (Layer& L : layers_) {
+    L.pages.clear();
+    L.n_codes = 0;
+    L.sink_k.clear();
+    L.sink_v.clear();
+    L.win_k.clear();
+    L.win_v.clear();
+    L.win_start = 0;
+    L.pos.clear();
+  }
+}
+
+size_t PackedKVCache::page_bytes() const {
+  size_t b = 0;
+  for (const Layer& L : layers_) b += L.pages.size() * L.layout.page_bytes();
+  return b;
+}
+
+size_t PackedKVCache::bytes() const {
+  size_t b = page_bytes();
+  for (const Layer& L : layers_)
+    b += (L.sink_k.size() + L.sink_v.size()) * sizeof(uint16_t) + (L.win_k.size() + L.win_v.size()) * sizeof(float) +
+         L.pos.size() * sizeof(int32_t);
+  return b;
+}
+
+std::span<const uint8_t> PackedKVCache::page(int layer, int i) const {
+  const Layer& L = layers_.at(layer);
+  check(i >= 0 && i < static_cast<int>(L.pages.size()), "PackedKVCache::page: page {} outside [0, {})", i,
+        L.pages.size());
+  return {L.pages[i].get(), L.layout.page_bytes()};
+}
+
+}  // namespace ratekv::cache

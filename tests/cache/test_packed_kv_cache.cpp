@@ -1,0 +1,362 @@
+// PackedKVCache: its pages hold exactly the quantizers' codes in the packed
+// format (checked with the scalar reference reader), attention from the codes
+// equals the fake-quant cache's fp32 attention over the decoded vectors to
+// fp32 rounding, byte counts match the format arithmetic, unsupported codecs
+// are clear errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "ratekv/cache/fake_quant_cache.h"
+#include "ratekv/cache/packed_kv_cache.h"
+#include "ratekv/error.h"
+#include "ratekv/fp16.h"
+#include "ratekv/quant/grouped_tq_mse.h"
+
+using namespace ratekv;
+using namespace ratekv::cache;
+
+namespace {
+
+ModelConfig config(int head_dim, int n_kv_heads, int ratio, int n_layers = 2) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.n_layers = n_layers;
+  c.n_heads = n_kv_heads * ratio;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = head_dim;
+  c.d_model = 16;
+  c.d_ff = 16;
+  c.n_vocab = 10;
+  c.n_ctx_train = 8192;
+  c.rope_theta = 10000.0;
+  c.rms_eps = 1e-5f;
+  c.rope_layout = RopeLayout::Interleaved;
+  return c;
+}
+
+// Block-GTQ-style keys: blocks {0, 3} at 4 bits (4 channels), blocks 1, 5..
+// 5+11 at 3 bits (24 channels: a padded 16-channel tile), the rest at 2 bits,
+// block 2 and the last block dropped (0 bits).
+Codec block_gtq_key(int d, uint32_t seed) {
+  Codec c;
+  c.kind = CodecKind::TqMseGrouped;
+  c.norm = NormStorage::FP16;
+  CodecGroup a, b, r, z;
+  a.bits = 4;
+  a.blocks = {0, 3};
+  a.seed = seed;
+  b.bits = 3;
+  b.blocks = {1};
+  for (int i = 5; i < 16; ++i) b.blocks.push_back(i);
+  b.seed = seed + 1;
+  r.bits = 2;
+  r.blocks = {4};
+  for (int i = 16; i < d / 2 - 1; ++i) r.blocks.push_back(i);
+  r.seed = seed + 2;
+  z.bits = 0;
+  z.blocks = {2, d / 2 - 1};
+  c.groups = {a, b, r, z};
+  return c;
+}
+
+Codec whole(CodecKind kind, int bits, int d, int group_size = 0) {
+  Codec c;
+  c.kind = kind;
+  c.group_size = group_size;
+  c.norm = kind == CodecKind::TqMse ? NormStorage::FP16 : NormStorage::None;
+  CodecGroup g;
+  g.bits = bits;
+  for (int i = 0; i < d; ++i) g.channels.push_back(i);
+  c.groups.push_back(g);
+  return c;
+}
+
+enum class PlanKind { uniform, block_gtq };
+
+std::shared_ptr<const PlanCodecs> make_codecs(const ModelConfig& cfg, PlanKind kind, int kbits = 3, int vbits = 2) {
+  Plan p;
+  p.method = "test";
+  static_cast<PlanTarget&>(p.model) = plan_target(cfg);
+  p.layers.assign(cfg.n_layers, std::vector<HeadPlan>(cfg.n_kv_heads));
+  for (int l = 0; l < cfg.n_layers; ++l)
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+      const uint32_t seed = 100 + 10 * l + h;
+      p.layers[l][h].key = kind == PlanKind::uniform ? Codec::tq_mse(kbits, cfg.head_dim, seed)
+                                                      : block_gtq_key(cfg.head_dim, seed);
+      p.layers[l][h].value = Codec::tq_mse(vbits, cfg.head_dim, seed + 1000);
+    }
+  return std::make_shared<PlanCodecs>(p, cfg, "test-plan");
+}
+
+// (T, n_kv_heads, d) with per-channel scales 0.2..3 (outlier channels, as
+// real keys have) and a mean offset.
+std::vector<float> kv_data(int64_t T, int Hkv, int d, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(T * Hkv * d);
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < Hkv; ++h)
+      for (int c = 0; c < d; ++c) x[(t * Hkv + h) * d + c] = (0.2f + 2.8f * ((c * 7 + h) % d) / d) * nd(rng) + 0.3f;
+  return x;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct Case {
+  PlanKind kind;
+  int64_t T;
+  int ratio;
+  int d;
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& i) {
+  return fmt::format("{}_T{}_gqa{}_d{}", i.param.kind == PlanKind::uniform ? "uniform" : "blockgtq", i.param.T,
+                     i.param.ratio, i.param.d);
+}
+
+class PackedEqualsFake : public testing::TestWithParam<Case> {};
+
+// Prefill T−k tokens in one call, decode the last k one at a time (both
+// caches), then compare decode attention (1 query) and prefill attention (a
+// block of queries, the sgemm path) on every layer.
+TEST_P(PackedEqualsFake, AttentionFromCodesEqualsFakeQuant) {
+  const Case cs = GetParam();
+  const int Hkv = 2, d = cs.d, H = Hkv * cs.ratio;
+  const ModelConfig cfg = config(d, Hkv, cs.ratio);
+  auto codecs = make_codecs(cfg, cs.kind);
+  const KVCacheShape shape = cfg.kv_shape(cs.T);
+  FakeQuantKVCache fake(shape, codecs);
+  PackedCacheOptions po;
+  po.pages_per_split = 2;  // several parts at T ≥ 129: exercises the log-sum-exp merge
+  PackedKVCache packed(shape, codecs, po);
+
+  const int64_t k = std::min<int64_t>(cs.T - 1, 3), T0 = cs.T - k;
+  const int64_t row = int64_t{Hkv} * d;
+  std::vector<int32_t> pos(cs.T);
+  for (int64_t t = 0; t < cs.T; ++t) pos[t] = static_cast<int32_t>(t);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const auto K = kv_data(cs.T, Hkv, d, 10 + l), V = kv_data(cs.T, Hkv, d, 20 + l);
+    for (KVCache* c : {static_cast<KVCache*>(&fake), static_cast<KVCache*>(&packed)}) {
+      c->append(l, T0, pos.data(), K.data(), K.data(), V.data());
+      for (int64_t t = T0; t < cs.T; ++t) c->append(l, 1, &pos[t], &K[t * row], &K[t * row], &V[t * row]);
+    }
+  }
+  ASSERT_EQ(packed.n_quantized(0), cs.T);
+
+  AttnParams ap;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int64_t nq_prefill = std::min<int64_t>(cs.T, 40);
+  double worst = 0;
+  for (int l = 0; l < cfg.n_layers; ++l)
+    for (int64_t nq : {int64_t{1}, nq_prefill}) {
+      std::mt19937 rng(77 + l);
+      std::normal_distribution<float> nd(0.0f, 1.5f);
+      std::vector<float> q(nq * H * d);
+      for (float& x : q) x = nd(rng);
+      const int32_t* qpos = pos.data() + (cs.T - nq);
+      std::vector<float> of(q.size()), op(q.size());
+      fake.attend(l, nq, qpos, q.data(), of.data(), ap);
+      packed.attend(l, nq, qpos, q.data(), op.data(), ap);
+      const double e = rel_err(op, of);
+      worst = std::max(worst, e);
+      EXPECT_LT(e, 1e-5) << "layer " << l << ", " << nq << " queries";
+    }
+  RecordProperty("max_rel_err", fmt::format("{:.3g}", worst));
+  std::printf("[ max rel err %s: %.3g ]\n", case_name({GetParam(), 0}).c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, PackedEqualsFake,
+                         testing::Values(Case{PlanKind::uniform, 1, 1, 64}, Case{PlanKind::uniform, 97, 3, 64},
+                                         Case{PlanKind::uniform, 200, 4, 128}, Case{PlanKind::uniform, 4096, 3, 64},
+                                         Case{PlanKind::uniform, 97, 1, 128}, Case{PlanKind::uniform, 4096, 4, 128},
+                                         Case{PlanKind::block_gtq, 1, 3, 128}, Case{PlanKind::block_gtq, 97, 4, 64},
+                                         Case{PlanKind::block_gtq, 200, 1, 64}, Case{PlanKind::block_gtq, 4096, 3, 64},
+                                         Case{PlanKind::block_gtq, 97, 3, 128},
+                                         Case{PlanKind::block_gtq, 4096, 1, 128}),
+                         case_name);
+
+// fp16 window and sink tokens: same regions and values as the fake-quant cache.
+TEST(PackedKVCache, WindowAndSinkEqualFakeQuant) {
+  const int Hkv = 2, d = 64, ratio = 3, H = Hkv * ratio;
+  const ModelConfig cfg = config(d, Hkv, ratio, 1);
+  auto codecs = make_codecs(cfg, PlanKind::block_gtq);
+  const KVCacheShape shape = cfg.kv_shape(300);
+  FakeQuantOptions fo;
+  fo.fp16_window = 7;
+  fo.sink_tokens = 4;
+  PackedCacheOptions po;
+  po.fp16_window = 7;
+  po.sink_tokens = 4;
+  po.pages_per_split = 1;
+  FakeQuantKVCache fake(shape, codecs, fo);
+  PackedKVCache packed(shape, codecs, po);
+  const int64_t T = 230, row = int64_t{Hkv} * d;
+  const auto K = kv_data(T, Hkv, d, 5), V = kv_data(T, Hkv, d, 6);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(2 * t);  // gaps: positions ≠ indices
+  AttnParams ap;
+  ap.scale = 0.125f;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  // Prefill 2 tokens (all sink), then 100, then decode one at a time.
+  int64_t t = 0;
+  for (int64_t n : {2, 100}) {
+    fake.append(0, n, &pos[t], &K[t * row], &K[t * row], &V[t * row]);
+    packed.append(0, n, &pos[t], &K[t * row], &K[t * row], &V[t * row]);
+    t += n;
+  }
+  for (; t < T; ++t) {
+    fake.append(0, 1, &pos[t], &K[t * row], &K[t * row], &V[t * row]);
+    packed.append(0, 1, &pos[t], &K[t * row], &K[t * row], &V[t * row]);
+    if (t % 16 != 5) continue;
+    std::vector<float> q(H * d), of(H * d), op(H * d);
+    for (float& x : q) x = nd(rng);
+    fake.attend(0, 1, &pos[t], q.data(), of.data(), ap);
+    packed.attend(0, 1, &pos[t], q.data(), op.data(), ap);
+    EXPECT_LT(rel_err(op, of), 1e-5) << "after " << t + 1 << " tokens";
+  }
+  EXPECT_EQ(packed.n_quantized(0), T - 7 - 4);
+  // Sliding-window attention sees only recent keys (all fp16 window + a few codes).
+  AttnParams sw = ap;
+  sw.sliding_window = 2 * 20;
+  std::vector<float> q(H * d), of(H * d), op(H * d);
+  for (float& x : q) x = nd(rng);
+  fake.attend(0, 1, &pos[T - 1], q.data(), of.data(), sw);
+  packed.attend(0, 1, &pos[T - 1], q.data(), op.data(), sw);
+  EXPECT_LT(rel_err(op, of), 1e-5);
+}
+
+// The pages hold exactly the quantizers' codes and fp16 norms, read back with
+// the format's scalar reference reader.
+TEST(PackedKVCache, PagesHoldTheQuantizerCodes) {
+  const int Hkv = 2, d = 64;
+  const ModelConfig cfg = config(d, Hkv, 2, 1);
+  auto codecs = make_codecs(cfg, PlanKind::block_gtq);
+  PackedKVCache packed(cfg.kv_shape(200), codecs);
+  const int64_t T = 131, row = int64_t{Hkv} * d;
+  const auto K = kv_data(T, Hkv, d, 8), V = kv_data(T, Hkv, d, 9);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
+  packed.append(0, 120, pos.data(), K.data(), K.data(), V.data());
+  for (int64_t t = 120; t < T; ++t) packed.append(0, 1, &pos[t], &K[t * row], &K[t * row], &V[t * row]);
+  const auto* gk = dynamic_cast<const quant::GroupedTQMSE*>(codecs->quantizer(0, 1, KVSide::key));
+  ASSERT_NE(gk, nullptr);
+  const packed::LayerLayout& L = packed.layout(0);
+  ASSERT_EQ(L.head(1).key.size(), 3u);  // the 0-bit group is not stored
+  for (int64_t t : {int64_t{0}, int64_t{63}, int64_t{64}, int64_t{119}, int64_t{130}}) {
+    std::vector<uint8_t> idx(gk->total_codes());
+    std::vector<float> norms(gk->codecs().size());
+    gk->encode(&K[t * row + d], idx.data(), norms.data());
+    auto page = packed.page(0, static_cast<int>(t / 64));
+    for (int g = 0; g < 3; ++g) {
+      std::vector<uint8_t> got(L.head(1).key[g].dim);
+      packed::read_codes(L, page, 1, packed::Side::key, g, static_cast<int>(t % 64), got);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], idx[gk->code_offset(g) + i]) << "token " << t << " group " << g << " code " << i;
+      EXPECT_EQ(packed::read_norm(L, page, 1, packed::Side::key, g, static_cast<int>(t % 64)),
+                fp32_to_fp16(norms[g]));
+    }
+  }
+}
+
+// The fast packer/unpacker produce the reference writer's bytes / reader's codes.
+TEST(PackedKVCache, FastPackUnpackMatchReference) {
+  std::vector<int> ch40(40), ch24(24);
+  for (int i = 0; i < 40; ++i) ch40[i] = 39 - i;  // channels 39..0 (any order)
+  for (int i = 0; i < 24; ++i) ch24[i] = 40 + i;
+  for (int bits = 1; bits <= 4; ++bits) {
+    packed::HeadSpec hs;
+    hs.key = {packed::GroupSpec{ch40, bits}, packed::GroupSpec{ch24, 5 - bits}};
+    hs.value = {packed::GroupSpec{ch24, bits}, packed::GroupSpec{ch40, 1 + bits % 4}};
+    const packed::LayerLayout L(64, {hs, hs});
+    std::vector<uint8_t> ref(L.page_bytes(), 0xA5), fast(L.page_bytes(), 0xA5);
+    std::mt19937 rng(bits);
+    for (int s = 0; s < 2; ++s)
+      for (int g = 0; g < 2; ++g) {
+        const packed::Side side = static_cast<packed::Side>(s);
+        const packed::GroupLayout& G = L.head(1).side(side)[g];
+        std::vector<uint8_t> all(64 * G.dim);
+        for (int slot = 0; slot < 64; ++slot) {
+          for (int i = 0; i < G.dim; ++i) all[slot * G.dim + i] = static_cast<uint8_t>(rng() % (1u << G.bits));
+          std::span<const uint8_t> c(&all[slot * G.dim], G.dim);
+          packed::write_codes(L, ref, 1, side, g, slot, c);
+          pack_token_codes(G, side, fast.data() + L.head(1).block_offset + G.code_offset, slot, c.data());
+        }
+        std::vector<uint8_t> un(64 * G.dim_pad);
+        unpack_codes(G, side, fast.data() + L.head(1).block_offset + G.code_offset, 64, un.data());
+        for (int slot = 0; slot < 64; ++slot)
+          for (int i = 0; i < G.dim; ++i)
+            ASSERT_EQ(un[slot * G.dim_pad + i], all[slot * G.dim + i]) << "bits " << bits << " slot " << slot;
+      }
+    EXPECT_EQ(fast, ref) << "bits " << bits;
+  }
+}
+
+// d = 64 K3V3 uniform: 24 + 24 B of codes + 2 + 2 B of norms = 52 B per token
+// per KV head (docs/packed_format.md §4) vs 256 B fp16, measured from the pages.
+TEST(PackedKVCache, BytesPerTokenFromAllocations) {
+  const int Hkv = 3, d = 64;
+  const ModelConfig cfg = config(d, Hkv, 3, 2);
+  auto codecs = make_codecs(cfg, PlanKind::uniform, 3, 3);
+  PackedKVCache packed(cfg.kv_shape(1000), codecs);
+  EXPECT_EQ(packed.page_bytes(), 0u);
+  const int64_t T = 640, row = int64_t{Hkv} * d;  // 10 full pages per layer
+  const auto K = kv_data(T, Hkv, d, 1);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
+  for (int l = 0; l < 2; ++l) packed.append(l, T, pos.data(), K.data(), K.data(), K.data());
+  const double per_token_head = double(packed.page_bytes()) / double(T * Hkv * cfg.n_layers);
+  EXPECT_EQ(per_token_head, 52.0);
+  size_t code_bytes = 0;
+  for (const auto& G : packed.layout(0).head(0).key) code_bytes += G.code_bytes;
+  for (const auto& G : packed.layout(0).head(0).value) code_bytes += G.code_bytes;
+  EXPECT_EQ(code_bytes / packed::kPageTokens, 48u);
+  EXPECT_EQ(2 * d * 2, 256);
+  EXPECT_EQ(packed.bytes(), packed.page_bytes() + 2 * T * sizeof(int32_t));
+  // One more token allocates one more page per layer touched.
+  const int32_t next = static_cast<int32_t>(T);
+  packed.append(0, 1, &next, K.data(), K.data(), K.data());
+  EXPECT_EQ(packed.page_bytes(), size_t(21) * packed.layout(0).page_bytes());
+  EXPECT_EQ(packed.layout(0).page_bytes(), size_t(52 * 64 * Hkv));
+  std::printf("[ d=64 K3V3: %.1f B/token/KV head (48 codes + 4 norms) vs 256 fp16: %.2fx ]\n", per_token_head,
+              256.0 / per_token_head);
+  packed.clear();
+  EXPECT_EQ(packed.bytes(), 0u);
+}
+
+TEST(PackedKVCache, UnsupportedCodecsAreErrors) {
+  const int Hkv = 2, d = 64;
+  const ModelConfig cfg = config(d, Hkv, 1, 1);
+  auto plan_with = [&](const Codec& key) {
+    Plan p;
+    p.method = "test";
+    static_cast<PlanTarget&>(p.model) = plan_target(cfg);
+    p.layers.assign(1, std::vector<HeadPlan>(Hkv, HeadPlan{key, Codec::tq_mse(2, d, 5)}));
+    return std::make_shared<PlanCodecs>(p, cfg);
+  };
+  auto msg = [&](const Codec& key) {
+    try {
+      PackedKVCache c(cfg.kv_shape(10), plan_with(key));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(whole(CodecKind::Kivi, 2, d, 32)).find("'kivi'"), std::string::npos);
+  EXPECT_NE(msg(whole(CodecKind::Q8_0, 8, d, 32)).find("'q8_0'"), std::string::npos);
+  EXPECT_NE(msg(Codec::fp16()).find("'fp16'"), std::string::npos);
+  EXPECT_NE(msg(Codec::tq_mse(6, d, 1)).find("6-bit group"), std::string::npos);
+  // Shape mismatch.
+  EXPECT_THROW(PackedKVCache(config(d, Hkv, 1, 2).kv_shape(10), plan_with(Codec::tq_mse(2, d, 1))), Error);
+}
+
+}  // namespace
