@@ -1,7 +1,8 @@
 // Fused split-K decode attention over the packed KV cache (DESIGN.md §6, §8;
 // docs/packed_format.md, format version 2).
 //
-// Grid (⌈n_splits/4⌉, n_kv_heads, batch), 4 warps per CTA, one split per warp.
+// Grid (⌈n_splits/W⌉, n_kv_heads, batch), W = 8 (uniform plans) or 4 warps per
+// CTA, one split per warp.
 // A warp owns the GQA query rows of one KV head (M = 16, rows ≥ gqa are zero)
 // and a contiguous range of pages (64 tokens each) of one sequence. Per page
 // it stages the KV head's whole head block (codes + norms, contiguous) with
@@ -23,6 +24,13 @@ using detail::HeadTables;
 namespace {
 
 constexpr int kStages = 2;  // pages in flight per warp (current + prefetch)
+// Warps (splits) per CTA; they share the head tables and the query fragments.
+// Uniform instances: 8 warps, ≤ 128 registers (2 CTAs = 16 warps per SM);
+// the general instance needs more registers: 4 warps, 3 CTAs per SM.
+template <int UB>
+constexpr int kWarps = UB > 0 ? 8 : 4;
+static_assert(detail::kPackedWarpsPerCta % kWarps<0> == 0 && detail::kPackedWarpsPerCta % kWarps<2> == 0,
+              "default_splits rounds to whole CTAs");
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
@@ -99,6 +107,14 @@ __device__ __forceinline__ void decode_fragments(uint32_t nib, int bits, const C
   nibbles_to_half2<CB>(nib >> 16, bits, cb, bf[1][0], bf[1][1]);
 }
 
+/// 2^x with the SFU's approximate exp2 (flush-to-zero; 2^−∞ = 0), one
+/// instruction instead of exp2f's range fix-ups.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// Online-softmax update over the 64 scores of one page (4 token tiles of
 /// C fragments); on return S holds p = exp(S − m_new), alpha the rescale.
 __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4][2][4],
@@ -114,7 +130,7 @@ __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4]
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(st.m[r], mx);  // finite: every page has a valid token
-    alpha[r] = exp2f(st.m[r] - m_new);
+    alpha[r] = fast_exp2(st.m[r] - m_new);
     st.m[r] = m_new;
     float sum = 0.f;
 #pragma unroll
@@ -123,7 +139,7 @@ __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4]
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float p = exp2f(fmaf(S[tt][h][2 * r + i], detail::kLog2e, -m_new));
+          const float p = fast_exp2(fmaf(S[tt][h][2 * r + i], detail::kLog2e, -m_new));
           S[tt][h][2 * r + i] = p;
           sum += p;
         }
@@ -136,7 +152,7 @@ __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4]
 /// UB = 0: any plan, widths/codebooks/offsets read per channel tile from the
 /// head tables in shared memory.
 template <int D, int UB>
-__global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
+__global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3) packed_decode_kernel(
     const HeadTables* __restrict__ tables, const uint8_t* __restrict__ pool, size_t page_bytes,
     const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens,
     int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot,
@@ -170,7 +186,7 @@ __global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-  const int split = blockIdx.x * detail::kWarpsPerCta + warp;
+  const int split = blockIdx.x * kWarps<UB> + warp;
   if (split >= part.n_splits) return;
   const int stage_bytes = T.stage_bytes;
   uint8_t* stages = smem + kTablesBytes + NT * 32 * 16 + (size_t)warp * kStages * stage_bytes;
@@ -191,11 +207,7 @@ __global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
     for (int u = lane * 16; u < stage_bytes; u += 32 * 16) detail::cp_async16(dst + u, src + u);
   };
 
-  Codebook cbK, cbV;
-  if (U) {
-    load_codebook(T.ptab[0][0], UB, cbK);
-    load_codebook(T.ptab[1][0], UB, cbV);
-  }
+  Codebook cbK, cbV;  // loaded per tile from shared memory (few registers live)
   float O[NT][2][4];
 #pragma unroll
   for (int vt = 0; vt < NT; ++vt)
@@ -229,7 +241,7 @@ __global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
       if (U || kt < nK) {
         const int grp = U ? 0 : T.tile_group[0][kt];
         const int bits = U ? UB : T.bits[0][grp];
-        if (!U) load_codebook(T.ptab[0][grp], bits, cbK);
+        load_codebook(T.ptab[0][grp], bits, cbK);
         const uint32_t* rows = reinterpret_cast<const uint32_t*>(sb + (U ? kt * UB * 128 : T.tile_src[0][kt])) + lane;
         uint32_t w[4];
 #pragma unroll
@@ -240,8 +252,8 @@ __global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
         for (int tt = 0; tt < 4; ++tt) {
           uint32_t bf[2][2];
           decode_fragments<UB>(code_nibbles<UB>(w, bits, tt), bits, cbK, bf);
-          detail::mma_16816(Sg[tt][0], a, bf[0][0], bf[0][1]);
-          detail::mma_16816(Sg[tt][1], a, bf[1][0], bf[1][1]);
+          detail::mma_16816(U ? S[tt][0] : Sg[tt][0], a, bf[0][0], bf[0][1]);
+          detail::mma_16816(U ? S[tt][1] : Sg[tt][1], a, bf[1][0], bf[1][1]);
         }
         if (U ? kt == NT - 1 : (bool)T.tile_last[0][kt]) {
           const __half2* nk = reinterpret_cast<const __half2*>(sb + T.norm_offset[0][grp]);
@@ -252,8 +264,12 @@ __global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
               const float2 n = __half22float2(nk[8 * tt + 4 * hh + t]);
 #pragma unroll
               for (int i = 0; i < 4; ++i) {
-                S[tt][hh][i] = fmaf((i & 1) ? n.y : n.x, Sg[tt][hh][i], S[tt][hh][i]);
-                Sg[tt][hh][i] = 0.f;
+                if (U) {
+                  S[tt][hh][i] *= (i & 1) ? n.y : n.x;  // one group: S = n ∘ (Q̃·Cᵀ)
+                } else {
+                  S[tt][hh][i] = fmaf((i & 1) ? n.y : n.x, Sg[tt][hh][i], S[tt][hh][i]);
+                  Sg[tt][hh][i] = 0.f;
+                }
               }
             }
         }
@@ -299,8 +315,9 @@ __global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
             for (int hh = 0; hh < 2; ++hh) {
               const int tok = 16 * tt + 8 * hh + 2 * t;
               const float2 f = __half22float2(nv[tok >> 1]);
-              n[2 * hh] = tok < valid ? f.x : 0.f;  // unwritten slots may hold NaN norms
-              n[2 * hh + 1] = tok + 1 < valid ? f.y : 0.f;
+              const bool full = valid >= packed::kPageTokens;
+              n[2 * hh] = full || tok < valid ? f.x : 0.f;  // unwritten slots may hold NaN norms
+              n[2 * hh + 1] = full || tok + 1 < valid ? f.y : 0.f;
             }
             pa[tt][0] = detail::pack_half2(S[tt][0][0] * n[0], S[tt][0][1] * n[1]);
             pa[tt][1] = detail::pack_half2(S[tt][0][2] * n[0], S[tt][0][3] * n[1]);
@@ -308,6 +325,7 @@ __global__ void __launch_bounds__(128, D <= 128 ? 3 : 1) packed_decode_kernel(
             pa[tt][3] = detail::pack_half2(S[tt][1][2] * n[2], S[tt][1][3] * n[3]);
           }
         }
+        if (U) load_codebook(T.ptab[1][0], UB, cbV);
         const uint32_t* rows = reinterpret_cast<const uint32_t*>(
                                    sb + (U ? (NT + vt) * UB * 128 : T.tile_src[1][vt])) + lane;
         uint32_t w[4];
@@ -334,12 +352,12 @@ void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8
   const auto& dev = plan.device();
   constexpr int NT = UB > 0 ? D / 16 : detail::max_tiles_for(D);
   const size_t smem = (sizeof(HeadTables) + 15) / 16 * 16 + (size_t)NT * 32 * 16 +
-                      (size_t)detail::kWarpsPerCta * kStages * dev.max_stage_bytes;
+                      (size_t)kWarps<UB> * kStages * dev.max_stage_bytes;
   RATEKV_CUDA_CHECK(cudaFuncSetAttribute(packed_decode_kernel<D, UB>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  dim3 grid((w.part.n_splits + detail::kWarpsPerCta - 1) / detail::kWarpsPerCta,
-            plan.layout().n_kv_heads(), batch.batch);
-  packed_decode_kernel<D, UB><<<grid, 32 * detail::kWarpsPerCta, smem, stream>>>(
+  dim3 grid((w.part.n_splits + kWarps<UB> - 1) / kWarps<UB>, plan.layout().n_kv_heads(),
+            batch.batch);
+  packed_decode_kernel<D, UB><<<grid, 32 * kWarps<UB>, smem, stream>>>(
       dev.heads, pool, plan.layout().page_bytes(), batch.page_table, batch.max_pages,
       batch.seq_lens, pages_per_split, plan.n_heads(), plan.gqa(), w.q, w.part);
   RATEKV_CUDA_CHECK(cudaGetLastError());

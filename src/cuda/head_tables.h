@@ -11,7 +11,8 @@
 
 namespace ratekv::cuda::detail {
 
-inline constexpr int kWarpsPerCta = 4;
+inline constexpr int kWarpsPerCta = 4;        // fp16 kernel
+inline constexpr int kPackedWarpsPerCta = 8;  // packed kernel
 
 /// Throws ratekv::Error(msg). The CUDA translation units use this instead of
 /// ratekv::check/fail: nvcc cannot compile fmt's compile-time format strings.

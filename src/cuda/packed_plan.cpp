@@ -149,9 +149,10 @@ size_t decode_workspace_bytes(int batch, int n_heads, int /*head_dim*/, int n_sp
 }
 
 int default_splits(int batch, int n_kv_heads, int max_seq_len) {
-  // Splits are ranges of 64-token pages, one warp each. Aim at one full wave:
-  // ~12 resident warps per SM (3 CTAs of 4 warps at head_dim ≤ 128), so every
-  // warp streams a long run of pages and none waits for a second wave.
+  // Splits are ranges of 64-token pages, one warp each, 8 per CTA. Aim at one
+  // full wave: ~16 resident warps per SM (2 CTAs of 8 warps at head_dim ≤ 128),
+  // so every warp streams a long run of pages and none waits for a second wave;
+  // at least 2 pages per split (prefetch overlap, fewer partial states).
   int sms = 132;
   int dev = 0;
   if (cudaGetDevice(&dev) == cudaSuccess) {
@@ -161,9 +162,10 @@ int default_splits(int batch, int n_kv_heads, int max_seq_len) {
   }
   const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
   const int rows = batch * n_kv_heads;
-  int want = std::max(1, sms * 12 / rows);
-  want = std::min(want, pages);
-  if (want >= detail::kWarpsPerCta) want = want / detail::kWarpsPerCta * detail::kWarpsPerCta;
+  int want = std::max(1, sms * 16 / rows);
+  want = std::min(want, (pages + 1) / 2);
+  const int cta = detail::kPackedWarpsPerCta;
+  if (want >= cta) want = want / cta * cta;
   return std::max(want, 1);
 }
 

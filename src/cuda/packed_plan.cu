@@ -65,7 +65,7 @@ __global__ void rotate_query_kernel(const TQ* __restrict__ q, int head_dim, int 
     const int dim = T.dim[0][g], dim_pad = T.dim_pad[0][g], base = T.tile_begin[0][g] * 16;
     const float* R = rot + T.rot_offset[0][g];
     const int32_t* ch = chans + T.chan_offset[0][g];
-#pragma unroll 4
+#pragma unroll 8
     for (int j = warp; j < dim_pad; j += n_warps) {
       float acc = 0.f;
       if (j < dim)
@@ -124,7 +124,7 @@ __global__ void merge_kernel(Partials P, int head_dim, int gqa, int n_heads,
     const int32_t* ch = chans + T.chan_offset[1][g];
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
       float acc = 0.f;
-#pragma unroll 8
+#pragma unroll 32  // many independent loads of Π in flight (cold in L2 at short T)
       for (int j = 0; j < dim; ++j) acc = fmaf(R[(size_t)j * dim + i], orot[base + j], acc);
       o[ch[i]] = acc * il;
     }
@@ -138,10 +138,10 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
                          const int32_t* chans, __half* out, cudaStream_t stream) {
   const int grid = batch * n_heads;
   if (q_f16)
-    rotate_query_kernel<__half><<<grid, 128, 0, stream>>>(
+    rotate_query_kernel<__half><<<grid, 256, 0, stream>>>(
         static_cast<const __half*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out);
   else
-    rotate_query_kernel<float><<<grid, 128, 0, stream>>>(
+    rotate_query_kernel<float><<<grid, 256, 0, stream>>>(
         static_cast<const float*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out);
   RATEKV_CUDA_CHECK(cudaGetLastError());
 }
