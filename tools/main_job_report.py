@@ -58,16 +58,18 @@ def main():
         w("\n## llama.cpp on the same model and text\n")
         w(f'`llama-perplexity` ({llama.get("generator", "")}); PPL after the first {r["n_chunks"]} windows of '
           f'{r["ctx"]} (the running PPL, i.e. exactly the tokens scored above) and over all windows of its run.\n')
-        w("| llama.cpp cache -ctk/-ctv | flash attn | K/V bits | PPL (same windows) | PPL (run: windows) |")
-        w("|---|---|---|---|---|")
+        w("ratekv dequantizes the Q4_1 weights to fp32 and computes in fp32; llama.cpp's `f32` weights row is the same "
+          "dequantized model run by llama.cpp, the others run the Q4_1 file with llama.cpp's quantized matmuls.\n")
+        w("| llama.cpp run | weights | cache -ctk/-ctv | flash attn | K/V bits | PPL (same windows) | PPL (run: windows) |")
+        w("|---|---|---|---|---|---|---|")
         bits = {"f32": "32", "f16": "16", "q8_0": "8.5", "q4_0": "4.5"}
         for run in llama["runs"]:
-            if run["n_ctx"] != r["ctx"] or run.get("weights") != "q4_1":
+            if run["n_ctx"] != r["ctx"]:
                 continue
             rp = run["running_ppl_per_chunk"]
             same = f'{rp[r["n_chunks"] - 1]:.4f}' if len(rp) >= r["n_chunks"] else "n/a"
-            w(f'| {run["cache_type_k"]} | {run["flash_attn"]} | {bits.get(run["cache_type_k"], "?")} | {same} | '
-              f'{run["ppl"]:.4f} ({run["n_chunks"]}) |')
+            w(f'| {run["name"]} | {run.get("weights", "?")} | {run["cache_type_k"]} | {run["flash_attn"]} | '
+              f'{bits.get(run["cache_type_k"], "?")} | {same} | {run["ppl"]:.4f} ({run["n_chunks"]}) |')
     else:
         w(f"\n(llama.cpp reference perplexities not found at {sys.argv[2]}.)\n")
 
