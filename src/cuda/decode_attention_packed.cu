@@ -107,6 +107,18 @@ __device__ __forceinline__ void decode_fragments(uint32_t nib, int bits, const C
   nibbles_to_half2<CB>(nib >> 16, bits, cb, bf[1][0], bf[1][1]);
 }
 
+/// mma.m16n8k16 for warps whose query rows are all < 8 (GQA ≤ 8): accumulates
+/// only c[0], c[1] (rows g); the rows g+8 come out of a zero accumulator and are
+/// dropped, so they hold no registers and need no softmax or rescaling.
+__device__ __forceinline__ void mma_16816_top(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+  float d2, d3;
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%10,%11};\n"
+      : "+f"(c[0]), "+f"(c[1]), "=f"(d2), "=f"(d3)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f));
+}
+
 /// 2^x with the SFU's approximate exp2 (flush-to-zero; 2^−∞ = 0), one
 /// instruction instead of exp2f's range fix-ups.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -117,10 +129,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 /// Online-softmax update over the 64 scores of one page (4 token tiles of
 /// C fragments); on return S holds p = exp(S − m_new), alpha the rescale.
+/// R8: only rows g (GQA ≤ 8).
+template <bool R8>
 __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4][2][4],
                                              float (&alpha)[2]) {
+  alpha[1] = 1.f;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < (R8 ? 1 : 2); ++r) {
     float mx = -INFINITY;
 #pragma unroll
     for (int tt = 0; tt < 4; ++tt)
@@ -148,7 +163,7 @@ __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4]
 }
 
 /// D: head_dim; UB > 0: uniform plan (one key and one value group over the
-/// whole head, both UB bits) with widths and offsets known at compile time;
+/// whole head, both UB bits) and GQA ≤ 8, widths and offsets known at compile time;
 /// UB = 0: any plan, widths/codebooks/offsets read per channel tile from the
 /// head tables in shared memory.
 template <int D, int UB>
@@ -158,6 +173,7 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
     int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot,
     detail::Partials part) {
   constexpr bool U = UB > 0;
+  constexpr bool R8 = U;  // query rows < 8 only (the host routes GQA > 8 to UB = 0)
   constexpr int NT = U ? D / 16 : detail::max_tiles_for(D);  // rotated tiles per side (max)
   extern __shared__ __align__(16) uint8_t smem[];
   HeadTables& T = *reinterpret_cast<HeadTables*>(smem);
@@ -247,13 +263,18 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
 #pragma unroll
         for (int j = 0; j < 4; ++j) w[j] = j < bits ? rows[32 * j] : 0u;
         const uint4 a4 = qfrag[kt * 32 + lane];
-        const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
+        const uint32_t a[4] = {a4.x, R8 ? 0u : a4.y, a4.z, R8 ? 0u : a4.w};
 #pragma unroll
         for (int tt = 0; tt < 4; ++tt) {
           uint32_t bf[2][2];
           decode_fragments<UB>(code_nibbles<UB>(w, bits, tt), bits, cbK, bf);
-          detail::mma_16816(U ? S[tt][0] : Sg[tt][0], a, bf[0][0], bf[0][1]);
-          detail::mma_16816(U ? S[tt][1] : Sg[tt][1], a, bf[1][0], bf[1][1]);
+          if (R8) {
+            mma_16816_top(S[tt][0], a, bf[0][0], bf[0][1]);
+            mma_16816_top(S[tt][1], a, bf[1][0], bf[1][1]);
+          } else {
+            detail::mma_16816(U ? S[tt][0] : Sg[tt][0], a, bf[0][0], bf[0][1]);
+            detail::mma_16816(U ? S[tt][1] : Sg[tt][1], a, bf[1][0], bf[1][1]);
+          }
         }
         if (U ? kt == NT - 1 : (bool)T.tile_last[0][kt]) {
           const __half2* nk = reinterpret_cast<const __half2*>(sb + T.norm_offset[0][grp]);
@@ -263,7 +284,7 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
             for (int hh = 0; hh < 2; ++hh) {
               const float2 n = __half22float2(nk[8 * tt + 4 * hh + t]);
 #pragma unroll
-              for (int i = 0; i < 4; ++i) {
+              for (int i = 0; i < (R8 ? 2 : 4); ++i) {
                 if (U) {
                   S[tt][hh][i] *= (i & 1) ? n.y : n.x;  // one group: S = n ∘ (Q̃·Cᵀ)
                 } else {
@@ -281,19 +302,21 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
+          for (int i = 0; i < (R8 ? 2 : 4); ++i)
             if (16 * tt + 8 * hh + 2 * t + (i & 1) >= valid) S[tt][hh][i] = -INFINITY;
     }
     float alpha[2];
-    softmax_page(st, S, alpha);
+    softmax_page<R8>(st, S, alpha);
 #pragma unroll
     for (int vt = 0; vt < NT; ++vt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         O[vt][hh][0] *= alpha[0];
         O[vt][hh][1] *= alpha[0];
-        O[vt][hh][2] *= alpha[1];
-        O[vt][hh][3] *= alpha[1];
+        if (!R8) {
+          O[vt][hh][2] *= alpha[1];
+          O[vt][hh][3] *= alpha[1];
+        }
       }
 
     // ---- O += (P ∘ n^V_g) · C_g per value tile ----
@@ -320,9 +343,9 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
               n[2 * hh + 1] = full || tok + 1 < valid ? f.y : 0.f;
             }
             pa[tt][0] = detail::pack_half2(S[tt][0][0] * n[0], S[tt][0][1] * n[1]);
-            pa[tt][1] = detail::pack_half2(S[tt][0][2] * n[0], S[tt][0][3] * n[1]);
+            pa[tt][1] = R8 ? 0u : detail::pack_half2(S[tt][0][2] * n[0], S[tt][0][3] * n[1]);
             pa[tt][2] = detail::pack_half2(S[tt][1][0] * n[2], S[tt][1][1] * n[3]);
-            pa[tt][3] = detail::pack_half2(S[tt][1][2] * n[2], S[tt][1][3] * n[3]);
+            pa[tt][3] = R8 ? 0u : detail::pack_half2(S[tt][1][2] * n[2], S[tt][1][3] * n[3]);
           }
         }
         if (U) load_codebook(T.ptab[1][0], UB, cbV);
@@ -335,8 +358,13 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
         for (int tt = 0; tt < 4; ++tt) {
           uint32_t bf[2][2];
           decode_fragments<UB>(code_nibbles<UB>(w, bits, tt), bits, cbV, bf);
-          detail::mma_16816(O[vt][0], pa[tt], bf[0][0], bf[0][1]);
-          detail::mma_16816(O[vt][1], pa[tt], bf[1][0], bf[1][1]);
+          if (R8) {
+            mma_16816_top(O[vt][0], pa[tt], bf[0][0], bf[0][1]);
+            mma_16816_top(O[vt][1], pa[tt], bf[1][0], bf[1][1]);
+          } else {
+            detail::mma_16816(O[vt][0], pa[tt], bf[0][0], bf[0][1]);
+            detail::mma_16816(O[vt][1], pa[tt], bf[1][0], bf[1][1]);
+          }
         }
       }
     }
@@ -363,7 +391,7 @@ void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8
   RATEKV_CUDA_CHECK(cudaGetLastError());
 }
 
-/// Width dispatch: uniform K2V2 / K3V3 / K4V4 plans get the instance with
+/// Width dispatch: uniform K2V2 / K3V3 / K4V4 plans (GQA ≤ 8) get the instance with
 /// compile-time widths and offsets (variant `specialized`); every other plan
 /// (Block-GTQ, RateQuant, K≠V widths, 1 bit) and variant `runtime_tables` the
 /// general instance. Both compute the same numbers (tested).
@@ -396,7 +424,8 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   const auto& D = plan.device();
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
                               D.heads, D.rotations, D.channels, w.q, stream);
-  const int ub = variant == PackedDecodeVariant::specialized ? D.uniform_bits : 0;
+  // Uniform instances hold only query rows < 8 (GQA ≤ 8); larger GQA takes the general one.
+  const int ub = variant == PackedDecodeVariant::specialized && plan.gqa() <= 8 ? D.uniform_bits : 0;
   switch (d) {
     case 64: dispatch_bits<64>(ub, plan, batch, pool, w, pps, stream); break;
     case 128: dispatch_bits<128>(ub, plan, batch, pool, w, pps, stream); break;

@@ -71,9 +71,9 @@ class PackedPlan {
 /// Which instance of the packed kernel runs:
 ///  runtime_tables — the general instance: bit widths, codebooks and offsets
 ///                   read per 16-channel tile from the head tables (any plan);
-///  specialized    — (default) for uniform K2V2 / K3V3 / K4V4 plans the
-///                   instance with compile-time widths and offsets, else as
-///                   runtime_tables.
+///  specialized    — (default) for uniform K2V2 / K3V3 / K4V4 plans with
+///                   GQA ≤ 8 the instance with compile-time widths and offsets
+///                   (and only the 8 query rows it needs), else as runtime_tables.
 /// Both decode codes with byte permutes from a codebook in registers and
 /// compute the same numbers; both are tested against the CPU reference.
 enum class PackedDecodeVariant { runtime_tables, specialized };
