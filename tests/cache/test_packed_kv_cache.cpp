@@ -6,12 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/error.h"
 #include "ratekv/fp16.h"
+#include "ratekv/gguf.h"
+#include "ratekv/model.h"
+#include "ratekv/tokenizer.h"
 #include "ratekv/quant/grouped_tq_mse.h"
 
 using namespace ratekv;
@@ -157,7 +162,7 @@ TEST_P(PackedEqualsFake, AttentionFromCodesEqualsFakeQuant) {
   const int64_t nq_prefill = std::min<int64_t>(cs.T, 40);
   double worst = 0;
   for (int l = 0; l < cfg.n_layers; ++l)
-    for (int64_t nq : {int64_t{1}, nq_prefill}) {
+    for (int64_t nq : {int64_t{1}, nq_prefill, cs.T <= 256 ? cs.T : int64_t{1}}) {  // + full causal prefill
       std::mt19937 rng(77 + l);
       std::normal_distribution<float> nd(0.0f, 1.5f);
       std::vector<float> q(nq * H * d);
@@ -176,7 +181,7 @@ TEST_P(PackedEqualsFake, AttentionFromCodesEqualsFakeQuant) {
 
 INSTANTIATE_TEST_SUITE_P(Plans, PackedEqualsFake,
                          testing::Values(Case{PlanKind::uniform, 1, 1, 64}, Case{PlanKind::uniform, 97, 3, 64},
-                                         Case{PlanKind::uniform, 200, 4, 128}, Case{PlanKind::uniform, 4096, 3, 64},
+                                         Case{PlanKind::uniform, 200, 4, 128}, Case{PlanKind::uniform, 4096, 3, 64}, Case{PlanKind::uniform, 256, 3, 64},
                                          Case{PlanKind::uniform, 97, 1, 128}, Case{PlanKind::uniform, 4096, 4, 128},
                                          Case{PlanKind::block_gtq, 1, 3, 128}, Case{PlanKind::block_gtq, 97, 4, 64},
                                          Case{PlanKind::block_gtq, 200, 1, 64}, Case{PlanKind::block_gtq, 4096, 3, 64},
@@ -357,6 +362,55 @@ TEST(PackedKVCache, UnsupportedCodecsAreErrors) {
   EXPECT_NE(msg(Codec::tq_mse(6, d, 1)).find("6-bit group"), std::string::npos);
   // Shape mismatch.
   EXPECT_THROW(PackedKVCache(config(d, Hkv, 1, 2).kv_shape(10), plan_with(Codec::tq_mse(2, d, 1))), Error);
+}
+
+// Real SmolLM2 activations: every layer's post-RoPE Q/K and V of a 300-token
+// prompt (captured from an fp32 forward), appended to both caches with the
+// real Block-GTQ K3V3 plan of bench/results/niah_plans; attention from the
+// codes equals the fake-quant attention on every layer.
+TEST(PackedKVCache, RealModelActivationsEqualFakeQuant) {
+  const char* env = std::getenv("RATEKV_ASSETS");
+  const std::string root = env ? env : std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") + "/.cache/ratekv/assets";
+  const std::string path = root + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "model asset missing: " << path;
+  GgufFile f = GgufFile::open(path);
+  Model model = Model::load(f);
+  const Tokenizer tok = Tokenizer::from_gguf(f);
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "The quick brown fox number " + std::to_string(i * 37) + " jumps over the lazy dog. ";
+  std::vector<int32_t> ids = tok.encode(text, false);
+  ids.resize(std::min<size_t>(ids.size(), 300));
+  const ModelConfig& cfg = model.config();
+  const int64_t T = static_cast<int64_t>(ids.size());
+  std::vector<std::vector<float>> qs(cfg.n_layers), ks(cfg.n_layers), vs(cfg.n_layers);
+  ForwardHooks hooks;
+  hooks.on_layer = [&](const LayerActivations& a) {
+    qs[a.layer].assign(a.q_post, a.q_post + a.n * a.n_heads * a.head_dim);
+    ks[a.layer].assign(a.k_post, a.k_post + a.n * a.n_kv_heads * a.head_dim);
+    vs[a.layer].assign(a.v, a.v + a.n * a.n_kv_heads * a.head_dim);
+  };
+  DenseKVCache dense = model.make_dense_cache(T);
+  model.forward(ids, 0, dense, nullptr, false, &hooks);
+  auto codecs = std::make_shared<PlanCodecs>(
+      Plan::load(std::string(RATEKV_SOURCE_DIR) + "/bench/results/niah_plans/block-gtq-k3v3.plan.json"), cfg);
+  FakeQuantKVCache fake(cfg.kv_shape(T), codecs);
+  PackedKVCache packed(cfg.kv_shape(T), codecs);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
+  AttnParams ap;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  double worst = 0;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    fake.append(l, T, pos.data(), ks[l].data(), ks[l].data(), vs[l].data());
+    packed.append(l, T, pos.data(), ks[l].data(), ks[l].data(), vs[l].data());
+    std::vector<float> of(qs[l].size()), op(qs[l].size());
+    fake.attend(l, T, pos.data(), qs[l].data(), of.data(), ap);
+    packed.attend(l, T, pos.data(), qs[l].data(), op.data(), ap);
+    const double e = rel_err(op, of);
+    worst = std::max(worst, e);
+    EXPECT_LT(e, 1e-5) << "layer " << l;
+  }
+  std::printf("[ SmolLM2 Block-GTQ K3V3, %lld tokens, 30 layers: max rel err %.3g ]\n", static_cast<long long>(T), worst);
 }
 
 }  // namespace
