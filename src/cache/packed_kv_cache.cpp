@@ -422,9 +422,19 @@ void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* 
             float* sr = S.data() + r * kPageTokens;
             for (int u = u0; u < u1; ++u) {
               const uint8_t* cu = codes.data() + static_cast<size_t>(u) * G.dim_pad;
-              float acc = 0;
-              for (int i = 0; i < G.dim; ++i) acc += tab[i * nl + cu[i]];
-              sr[u - u0] += nrm[u] * acc;
+              // Four independent partial sums: the table lookups are not
+              // serialized behind one add chain. dim is even (RoPE pairs or
+              // head_dim); the padded tail codes are 0 but never read.
+              float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+              int i = 0;
+              for (; i + 4 <= G.dim; i += 4) {
+                a0 += tab[i * nl + cu[i]];
+                a1 += tab[(i + 1) * nl + cu[i + 1]];
+                a2 += tab[(i + 2) * nl + cu[i + 2]];
+                a3 += tab[(i + 3) * nl + cu[i + 3]];
+              }
+              for (; i < G.dim; ++i) a0 += tab[i * nl + cu[i]];
+              sr[u - u0] += nrm[u] * ((a0 + a1) + (a2 + a3));
             }
           }
         } else {
