@@ -265,7 +265,7 @@ std::string format_eval_report(const json& r) {
   const double fpp = r["fp"]["ppl"].get<double>();
   out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>16} | {:>18} | {:>16.4f} | {:>16.4f} |\n", "fp32 cache", "32",
                      "32", "0", "0", fpp, fpp);
-  auto pm = [](const json& j, const char* f) {
+  auto pm = [](const json& j) {
     return fmt::format("{:.4f} ± {:.4f}", j["mean"].get<double>(), j["sd"].get<double>());
   };
   for (const auto& p : r["plans"]) {
@@ -273,7 +273,7 @@ std::string format_eval_report(const json& r) {
                        p["name"].get<std::string>(), p["bits"]["k"].get<double>(), p["bits"]["v"].get<double>(),
                        fmt::format("{:.4f} ± {:.4f}", p["mae"]["mean"].get<double>(), p["mae"]["mean_sd"].get<double>()),
                        fmt::format("{:.5f} ± {:.5f}", p["kl"]["mean"].get<double>(), p["kl"]["mean_sd"].get<double>()),
-                       ppl ? pm(p["ppl_k"], "") : "-", ppl ? pm(p["ppl_kv"], "") : "-");
+                       ppl ? pm(p["ppl_k"]) : "-", ppl ? pm(p["ppl_kv"]) : "-");
   }
   if (!r["comparisons"].empty()) {
     out += "\nPairs at equal effective K bits (a vs b): layers where a has lower MAE, mean per-layer MAE reduction "
