@@ -10,5 +10,7 @@ B=${RATEKV_BUILD_DIR:-build}
 J=${RATEKV_JOBS:-$(nproc)}
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release ${RATEKV_CMAKE_ARGS:-} >/dev/null
 cmake --build "$B" -j "$J"
+# Passive OpenMP waits: ctest -j runs several multi-threaded tests at once.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 export RATEKV_ASSETS=${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}
 ctest --test-dir "$B" --output-on-failure -j "$J" --timeout 900

@@ -10,10 +10,7 @@
 // The statistics file: the safetensors file of `ratekv calibrate` when the
 // calib module provides its reader, else (and always accepted) the JSON form
 // of alloc/stats.h.
-#if __has_include("ratekv/calib/kv_stats.h")
 #include "ratekv/calib/kv_stats.h"
-#define RATEKV_PLAN_HAVE_CALIB_STATS 1
-#endif
 
 namespace ratekv::cli {
 namespace {
@@ -25,17 +22,9 @@ struct PlanArgs {
   bool force = false, json = false, quiet = false;
 };
 
-alloc::CalibStats load_stats(const std::string& path) {
-#ifdef RATEKV_PLAN_HAVE_CALIB_STATS
-  return calib::load_alloc_stats(path);
-#else
-  return alloc::load_stats_json(path);
-#endif
-}
-
 void run(PlanArgs& a) {
   check_output_path(a.out, a.force, "-o");
-  alloc::CalibStats st = load_stats(a.stats);
+  alloc::CalibStats st = calib::load_alloc_stats(a.stats);  // safetensors or JSON
   a.rq.stats_file = std::filesystem::path(a.stats).filename().string();
   if (a.avg_bits >= 0) a.rq.avg_bits = a.avg_bits;
   alloc::PlanDiagnostics dg;
@@ -97,12 +86,7 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_option("--bmin", a->rq.b_min, "lowest width (default: block-gtq 0, others 1)");
   c->add_option("--bmax", a->rq.b_max, "highest width (default: block-gtq 4, others 8)");
   c->add_option("--stats", a->stats,
-#ifdef RATEKV_PLAN_HAVE_CALIB_STATS
-                "statistics from `ratekv calibrate` (.safetensors) or the JSON form (alloc/stats.h)"
-#else
-                "statistics in the JSON form of alloc/stats.h"
-#endif
-                )
+                "statistics from `ratekv calibrate` (.safetensors) or the JSON form (alloc/stats.h)")
       ->required()
       ->check(CLI::ExistingFile);
   c->add_option("-o,--output", a->out, "output plan (.json)")->required();
