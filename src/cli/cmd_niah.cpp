@@ -129,13 +129,11 @@ void run(const NiahArgs& a) {
       return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(n_ctx), e.codecs);
     };
     Progress progress("niah " + e.name, static_cast<int64_t>(a.ctx.size()) * a.depths * a.trials);
-    const eval::NiahGrid g =
-        eval::run_niah(model, *lm.tokenizer, lm.add_bos, hay_tok, make, nc, e.name,
-                       [&](int done, int) { progress.update(done); });
-    progress.finish();
-    std::cout << table(g) << std::endl;
-    nlohmann::ordered_json gj = g.to_json();
-    gj["plan"] = e.plan_file;
+    // Writes the report with this grid (partial or complete) appended.
+    auto grid_json = [&](const eval::NiahGrid& g, bool complete) {
+      nlohmann::ordered_json gj = g.to_json();
+      gj["complete"] = complete;
+      gj["plan"] = e.plan_file;
     gj["cache"] = e.plan_file.empty() ? "fp16 (fake-quant cache of an all-fp16 plan; its cache_bytes_per_token counts "
                                         "the fp32 evaluation copies, an fp16 K/V cache is fp16_bytes_per_token)"
                                       : a.cache;
@@ -143,13 +141,31 @@ void run(const NiahArgs& a) {
       const auto ach = e.codecs->plan().achieved();
       gj["effective_bits"] = {{"k", ach.k}, {"v", ach.v}, {"total", ach.total}};
     }
-    out["grids"].push_back(gj);
-    if (!a.json.empty()) {  // rewrite after every grid: partial results survive an interruption
+      return gj;
+    };
+    auto write = [&](const nlohmann::ordered_json& rep) {
+      if (a.json.empty()) return;
       std::ofstream f(a.json);
       check(static_cast<bool>(f), "--json: cannot open '{}' for writing", a.json);
-      f << out.dump(2) << "\n";
+      f << rep.dump(2) << "\n";
       check(static_cast<bool>(f), "--json: failed writing '{}'", a.json);
-    }
+    };
+    // After every round of trials (all depths once more) the partial grid is
+    // written: an interrupted run leaves a uniform grid with fewer trials.
+    const eval::NiahGrid g = eval::run_niah(
+        model, *lm.tokenizer, lm.add_bos, hay_tok, make, nc, e.name,
+        [&](int done, int, const eval::NiahGrid& partial) {
+          progress.update(done);
+          if (done % a.depths == 0 && done < static_cast<int>(a.ctx.size()) * a.depths * a.trials) {
+            nlohmann::ordered_json rep = out;
+            rep["grids"].push_back(grid_json(partial, false));
+            write(rep);
+          }
+        });
+    progress.finish();
+    std::cout << table(g) << std::endl;
+    out["grids"].push_back(grid_json(g, true));
+    write(out);
   }
 }
 

@@ -76,6 +76,7 @@ nlohmann::json NiahGrid::to_json() const {
   j["context_lengths"] = context_lengths;
   j["depths"] = depths;
   j["accuracy"] = accuracy;
+  j["trials_per_cell"] = trials_done;
   j["cache_bytes_per_token"] = cache_bytes_per_token;
   j["seconds"] = seconds;
   j["trials"] = tr;
@@ -84,7 +85,7 @@ nlohmann::json NiahGrid::to_json() const {
 
 NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
                   const std::function<std::unique_ptr<KVCache>(int64_t)>& make_cache, const NiahConfig& cfg,
-                  const std::string& name, const std::function<void(int, int)>& progress) {
+                  const std::string& name, const std::function<void(int, int, const NiahGrid&)>& progress) {
   check(!cfg.context_lengths.empty(), "niah: no context lengths");
   check(cfg.n_depths >= 2, "niah: {} depths (need ≥ 2)", cfg.n_depths);
   check(cfg.trials >= 1, "niah: {} trials per cell (need ≥ 1)", cfg.trials);
@@ -110,8 +111,10 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
     check(ctx + cfg.max_new_tokens <= model.position_limit(),
           "niah: context {} + {} answer tokens exceed the model's position limit {}", ctx, cfg.max_new_tokens,
           model.position_limit());
-    for (int di = 0; di < cfg.n_depths; ++di)
-      for (int tr = 0; tr < cfg.trials; ++tr) {
+    // Trial-major order: after k rounds every depth has k trials, so a run
+    // stopped early (progress callback output) is still a full, coarser grid.
+    for (int tr = 0; tr < cfg.trials; ++tr)
+      for (int di = 0; di < cfg.n_depths; ++di) {
         const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
         const std::vector<int32_t> needle = tok.encode(" The secret code for " + city + " is " + code + ". ", false);
         const std::vector<int32_t> tail =
@@ -163,10 +166,19 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
         t.answer = tok.decode(out, /*skip_special=*/true);
         t.needle_token = needle_at;
         t.correct = niah_correct(t.answer, code);
-        grid.accuracy[ci][di] += t.correct ? 1.0 / cfg.trials : 0.0;
         grid.trials.push_back(std::move(t));
+        // Accuracy of the cell over the trials done so far.
+        int n_cell = 0, n_ok = 0;
+        for (const NiahTrial& x : grid.trials)
+          if (x.context_length == ctx && x.depth == grid.depths[di]) {
+            ++n_cell;
+            n_ok += x.correct;
+          }
+        grid.accuracy[ci][di] = static_cast<double>(n_ok) / n_cell;
+        grid.trials_done = tr + 1;
         grid.cache_bytes_per_token = static_cast<double>(cache->bytes()) / static_cast<double>(cache->n_tokens());
-        if (progress) progress(++done, total);
+        grid.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        if (progress) progress(++done, total, grid);
       }
   }
   grid.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

@@ -50,7 +50,8 @@ struct NiahGrid {
   std::string name;
   std::vector<int64_t> context_lengths;
   std::vector<double> depths;
-  std::vector<std::vector<double>> accuracy;
+  std::vector<std::vector<double>> accuracy;  ///< over the trials done so far
+  int trials_done = 0;                        ///< trials per cell completed (last context length)
   std::vector<NiahTrial> trials;
   double cache_bytes_per_token = 0;  ///< cache.bytes()/n_tokens at the end of the last trial
   double seconds = 0;
@@ -70,10 +71,13 @@ bool niah_correct(const std::string& answer, const std::string& code);
 
 /// Runs the grid. haystack: its tokens (no BOS), at least as many as the
 /// largest context needs. make_cache(n_ctx) builds a fresh cache per trial.
-/// progress(done, total) after each trial (may be empty). Throws Error for an
+/// Trials run trial-major (round k visits every depth once), so a partial
+/// grid is uniform; progress(done, total, grid so far) after each trial (may
+/// be empty). Throws Error for an
 /// invalid config or a context too short for the prompt scaffolding.
 NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
                   const std::function<std::unique_ptr<KVCache>(int64_t)>& make_cache, const NiahConfig& cfg,
-                  const std::string& name, const std::function<void(int, int)>& progress = {});
+                  const std::string& name,
+                  const std::function<void(int, int, const NiahGrid&)>& progress = {});
 
 }  // namespace ratekv::eval
