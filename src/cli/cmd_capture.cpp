@@ -1,0 +1,122 @@
+// `ratekv capture`: dump real post-RoPE K and V vectors of chosen layers as
+// float32 .npy files, the input of `ratekv rd --data` (measured
+// rate–distortion curves on real K/V; DESIGN.md §4).
+//
+// Output, per captured layer l: DIR/k_layer<l>.npy and DIR/v_layer<l>.npy,
+// each (n_kv_heads · N, head_dim) float32, C order, head-major: row h·N + t is
+// token t of KV head h (post-RoPE keys; values as projected), so consecutive
+// rows are consecutive tokens of one head (what per-channel-over-tokens
+// codecs such as KIVI keys group).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "cli/command.h"
+#include "cli/loaded_model.h"
+#include "cli/text_tokens.h"
+#include "ratekv/error.h"
+#include "ratekv/log.h"
+
+namespace ratekv::cli {
+namespace {
+
+struct CaptureArgs {
+  std::string model, text, out_dir;
+  int64_t tokens = 2048, ctx = 512;
+  std::vector<int> layers;
+  bool force = false;
+};
+
+/// Writes a 2-D little-endian float32 .npy (format 1.0). Throws Error naming
+/// the path when the file cannot be written.
+void write_npy_f32(const std::string& path, const std::vector<float>& x, int64_t rows, int64_t cols) {
+  std::ostringstream h;
+  h << "{'descr': '<f4', 'fortran_order': False, 'shape': (" << rows << ", " << cols << "), }";
+  std::string header = h.str();
+  const size_t pre = 10;  // magic(6) + version(2) + header length(2)
+  const size_t total = (pre + header.size() + 1 + 63) / 64 * 64;
+  header.append(total - pre - header.size() - 1, ' ');
+  header.push_back('\n');
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  check(f != nullptr, "-o: cannot write '{}'", path);
+  const unsigned char magic[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  const uint16_t hl = (uint16_t)header.size();
+  const unsigned char hlb[2] = {(unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
+  bool ok = std::fwrite(magic, 1, 8, f) == 8 && std::fwrite(hlb, 1, 2, f) == 2 &&
+            std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
+            std::fwrite(x.data(), sizeof(float), x.size(), f) == x.size();
+  ok = (std::fclose(f) == 0) && ok;
+  check(ok, "-o: short write to '{}'", path);
+}
+
+void run(CaptureArgs& a) {
+  check(a.tokens >= 1, "--tokens {}: expected ≥ 1", a.tokens);
+  check(a.ctx >= 1, "--ctx {}: expected ≥ 1", a.ctx);
+  LoadedModel lm = load_model(a.model);
+  const ModelConfig& cfg = lm.model->config();
+  check(a.ctx <= cfg.n_ctx_train, "--ctx {}: the model's context is {} tokens", a.ctx, cfg.n_ctx_train);
+  if (a.layers.empty()) a.layers = {0, cfg.n_layers / 2, cfg.n_layers - 1};
+  for (int l : a.layers) check(l >= 0 && l < cfg.n_layers, "--layers: layer {} out of range 0..{}", l, cfg.n_layers - 1);
+  std::filesystem::create_directories(a.out_dir);
+  for (int l : a.layers) {
+    for (const char* side : {"k", "v"}) {
+      check_output_path(fmt::format("{}/{}_layer{}.npy", a.out_dir, side, l), a.force, "-o");
+    }
+  }
+  const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
+  const int64_t row = (int64_t)cfg.n_kv_heads * cfg.head_dim;
+  std::vector<std::vector<float>> ks(cfg.n_layers), vs(cfg.n_layers);
+  std::vector<char> want(cfg.n_layers, 0);
+  for (int l : a.layers) want[l] = 1;
+  ForwardHooks hooks;
+  hooks.on_layer = [&](const LayerActivations& act) {
+    if (!want[act.layer]) return;
+    ks[act.layer].insert(ks[act.layer].end(), act.k_post, act.k_post + act.n * row);
+    vs[act.layer].insert(vs[act.layer].end(), act.v, act.v + act.n * row);
+  };
+  DenseKVCache cache = lm.model->make_dense_cache(a.ctx);
+  Progress prog("capture", (int64_t)ids.size());
+  for (size_t p = 0; p < ids.size(); p += (size_t)a.ctx) {
+    const size_t n = std::min(ids.size() - p, (size_t)a.ctx);
+    cache.clear();
+    lm.model->forward(std::span<const int32_t>(ids.data() + p, n), 0, cache, nullptr, false, &hooks);
+    prog.update((int64_t)(p + n));
+  }
+  prog.finish();
+  // (N, n_kv_heads, head_dim) -> (n_kv_heads, N, head_dim)
+  const int64_t N = (int64_t)ids.size(), H = cfg.n_kv_heads, d = cfg.head_dim;
+  auto head_major = [&](const std::vector<float>& x) {
+    std::vector<float> y(x.size());
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        std::copy_n(x.data() + (t * H + h) * d, d, y.data() + (h * N + t) * d);
+    return y;
+  };
+  for (int l : a.layers) {
+    write_npy_f32(fmt::format("{}/k_layer{}.npy", a.out_dir, l), head_major(ks[l]), H * N, d);
+    write_npy_f32(fmt::format("{}/v_layer{}.npy", a.out_dir, l), head_major(vs[l]), H * N, d);
+  }
+  spdlog::info("wrote K/V of {} layer(s), {} tokens × {} KV heads each, to {}", a.layers.size(), ids.size(),
+               cfg.n_kv_heads, a.out_dir);
+}
+
+const Registrar reg("capture", [](CLI::App& app) {
+  auto a = std::make_shared<CaptureArgs>();
+  auto* c = app.add_subcommand("capture",
+                               "Dump post-RoPE K and V vectors of chosen layers as float32 .npy files "
+                               "(n_kv_heads·N, head_dim), head-major, the input of `ratekv rd --data`");
+  c->add_option("-m,--model", a->model, "GGUF model")->required()->check(CLI::ExistingFile);
+  c->add_option("-f,--file", a->text, "text (UTF-8); its first --tokens tokens are used")
+      ->required()
+      ->check(CLI::ExistingFile);
+  c->add_option("--tokens", a->tokens, "tokens to run")->capture_default_str();
+  c->add_option("--ctx", a->ctx, "tokens per forward chunk (fresh cache per chunk)")->capture_default_str();
+  c->add_option("--layers", a->layers, "layers to capture (default: first, middle, last)")->delimiter(',');
+  c->add_option("-o,--output", a->out_dir, "output directory")->required();
+  c->add_flag("--force", a->force, "overwrite existing .npy files");
+  c->callback([a] { run(*a); });
+});
+
+}  // namespace
+}  // namespace ratekv::cli
