@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -46,6 +47,11 @@ struct RdOptions {
 // Reads a float32 matrix (N, m): .npy (little-endian '<f4', C order, 2-D) or
 // raw .f32 (needs m). Throws Error naming the file and what is wrong.
 std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows) {
+  std::error_code ec;
+  check(std::filesystem::exists(path, ec), "--data: '{}' does not exist (expected gaussian, unit, or the path of a "
+        ".npy / raw .f32 file)", path);
+  check(std::filesystem::is_regular_file(path, ec), "--data: '{}' is not a regular file (expected gaussian, unit, or "
+        "the path of a .npy / raw .f32 file)", path);
   std::ifstream f(path, std::ios::binary);
   check((bool)f, "--data: cannot open '{}'", path);
   std::vector<char> buf((std::istreambuf_iterator<char>(f)), {});
@@ -77,9 +83,12 @@ std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows
     const int got = std::sscanf(h.c_str() + s + 10, "%lld, %lld", &a, &b);
     check(got == 2 && a >= 1 && b >= 1, "{}: .npy shape must be 2-D (N, m) with N, m ≥ 1, header {}", path, h);
     check(b <= (1 << 20), "{}: vector dimension {} is too large", path, b);
+    offset = hstart + hlen;
+    // Bound the row count by the bytes present before multiplying (a * b * 4 could overflow).
+    check((uint64_t)a <= (buf.size() - offset) / 4 / (uint64_t)b, "{}: shape ({}, {}) needs more data than the {} "
+          "bytes after the header", path, a, b, buf.size() - offset);
     rows = a;
     m = (int)b;
-    offset = hstart + hlen;
     check(buf.size() - offset == (size_t)(a * b) * 4, "{}: data is {} bytes, shape ({}, {}) needs {}", path,
           buf.size() - offset, a, b, a * b * 4);
   } else {
