@@ -183,6 +183,15 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
   st.validate("stats");
   check(rq.budget_unit == "effective" || rq.budget_unit == "code",
         "--budget-unit \"{}\": expected effective or code", rq.budget_unit);
+  // Budgets are bits per element: reject NaN / inf / negative / absurd values here, naming the flag, before any
+  // allocator converts them to integer widths.
+  auto check_budget = [](double b, const char* flag) {
+    check(std::isfinite(b) && b >= 0 && b <= 64, "{} {}: expected a finite number of bits per element in 0..64", flag,
+          b);
+  };
+  check_budget(rq.k_bits, "--kbits");
+  check_budget(rq.v_bits, "--vbits");
+  if (rq.avg_bits) check_budget(*rq.avg_bits, "--bits");
   check(rq.fp16_window >= 0 && rq.sink_tokens >= 0, "--fp16-window / --sink-tokens: expected >= 0 (got {}, {})",
         rq.fp16_window, rq.sink_tokens);
   const std::string vquant = rq.v_quantizer.empty() ? rq.quantizer : rq.v_quantizer;

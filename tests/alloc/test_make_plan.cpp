@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "ratekv/alloc/block_gtq.h"
 #include "ratekv/alloc/make_plan.h"
@@ -85,6 +86,30 @@ TEST(MakePlan, UniformCodeAndEffectiveBudgets) {
   rq.k_bits = 2.5;
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
             "--kbits 2.5: with --budget-unit code a uniform codec needs a whole number of bits");
+}
+
+TEST(MakePlan, RejectsNonFiniteOrOutOfRangeBudgets) {
+  // Regression: `ratekv plan --method uniform --kbits nan` used to cast NaN to int ("gives -2147483648 code bits"),
+  // and block-gtq errors for --kbits 99 did not name the flag.
+  const CalibStats st = synthetic_stats();
+  for (const char* method : {"uniform", "block-gtq", "ratequant"}) {
+    PlanRequest rq;
+    rq.method = method;
+    rq.k_bits = std::nan("");
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }), "--kbits nan: expected a finite number of bits per element in 0..64")
+        << method;
+    rq.k_bits = 3;
+    rq.v_bits = 99;
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }), "--vbits 99: expected a finite number of bits per element in 0..64")
+        << method;
+    rq.v_bits = -1;
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }), "--vbits -1: expected a finite number of bits per element in 0..64")
+        << method;
+    rq.v_bits = 3;
+    rq.avg_bits = std::numeric_limits<double>::infinity();
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }), "--bits inf: expected a finite number of bits per element in 0..64")
+        << method;
+  }
 }
 
 TEST(MakePlan, LlamaCppAndFp16Baselines) {
