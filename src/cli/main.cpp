@@ -51,6 +51,11 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of memory\n");
     return 1;
+  } catch (const std::exception& e) {
+    // Last resort: a library exception that escaped validation is still a
+    // clean error, never an abort. Each such case is a bug to report.
+    std::fprintf(stderr, "error: %s (internal: unexpected exception, please report)\n", e.what());
+    return 2;
   }
   return 0;
 }
