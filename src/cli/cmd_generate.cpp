@@ -126,7 +126,9 @@ Registrar reg("generate", [](CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--temp", args->temp, "sampling temperature; 0 = greedy")->capture_default_str();
   cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str();
-  cmd->add_option("--top-k", args->top_k, "sample among the top-k logits (0 = all)")->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "sample among the top-k logits (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's ChatML chat template (user turn)");
   add_cache_option(cmd, args->cache);
   add_plan_option(cmd, args->plan);

@@ -180,9 +180,13 @@ Registrar reg("niah", [](CLI::App& app) {
   cmd->add_option("--ctx", args->ctx, "context lengths in tokens (comma-separated)")
       ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--depths", args->depths, "needle depths 0..100% in this many steps")->capture_default_str();
-  cmd->add_option("--trials", args->trials, "trials per cell (different needles)")->capture_default_str();
-  cmd->add_option("--max-new", args->max_new, "answer tokens (greedy)")->capture_default_str();
+  cmd->add_option("--depths", args->depths, "needle depths 0..100% in this many steps (2..101)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 101));
+  cmd->add_option("--trials", args->trials, "trials per cell (different needles; 1..1000)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--max-new", args->max_new, "answer tokens (greedy; 1..256)")->capture_default_str()->check(CLI::Range(1, 256));
   cmd->add_option("--seed", args->seed, "needle seed")->capture_default_str();
   cmd->add_option("--haystack", args->haystack, "haystack directory (default $RATEKV_ASSETS/text/haystack)");
   cmd->add_flag("--no-fp16", args->no_fp16, "skip the fp16 baseline grid");

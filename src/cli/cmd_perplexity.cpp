@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@ struct PerplexityArgs {
 
 void run(const PerplexityArgs& a) {
   check(a.n_ctx >= 4, "-c: context {} is too small (need >= 4)", a.n_ctx);
+  if (!a.output.empty()) check_output_path(a.output, a.force, "--output");  // before the run, not after
   std::ifstream in(a.text, std::ios::binary);
   check(static_cast<bool>(in), "-f: cannot read '{}'", a.text);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -85,7 +87,6 @@ void run(const PerplexityArgs& a) {
              : fmt::format("PPL = {:.4f} +/- {:.5f}  (ctx {}, {} chunks, {} tokens scored of {} in file, cache {})\n",
                            ppl, ppl_err, n_ctx, n_chunks, count, tokens.size(), a.cache);
   if (!a.output.empty()) {
-    check_output_path(a.output, a.force, "--output");
     std::ofstream out(a.output);
     check(static_cast<bool>(out), "--output: cannot open '{}' for writing", a.output);
     out << report;
@@ -106,7 +107,8 @@ Registrar reg("perplexity", [](CLI::App& app) {
   cmd->add_option("-m,--model", args->model, "GGUF model file")->required()->check(CLI::ExistingFile);
   cmd->add_option("-f,--file", args->text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("-c,--ctx-size", args->n_ctx, "chunk length in tokens")->capture_default_str();
-  cmd->add_option("--chunks", args->chunks, "evaluate at most this many chunks (default: all)");
+  cmd->add_option("--chunks", args->chunks, "evaluate at most this many chunks (default: all)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_flag("--json", args->json, "print a JSON report");
   cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout");
   cmd->add_flag("--force", args->force, "overwrite --output if it exists");

@@ -29,8 +29,10 @@ struct Registrar {
   Registrar(std::string name, SetupFn fn) { command_registry().push_back({std::move(name), std::move(fn)}); }
 };
 
-/// Refuses to overwrite an existing file unless `force` is set: throws
-/// ratekv::Error naming the flag and the path. Use for every output path.
+/// Validates an output path before any work is done: throws ratekv::Error
+/// naming the flag and the path when it is empty, its directory does not
+/// exist, it is a directory, or it exists and `force` is not set. Call it for
+/// every output path at the start of a command.
 void check_output_path(const std::string& path, bool force, const std::string& flag);
 
 }  // namespace ratekv::cli

@@ -17,6 +17,11 @@ std::vector<CommandEntry>& command_registry() {
 }
 
 void check_output_path(const std::string& path, bool force, const std::string& flag) {
+  check(!path.empty(), "{}: empty output path", flag);
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  check(parent.empty() || std::filesystem::is_directory(parent), "{}: directory '{}' of '{}' does not exist", flag,
+        parent.string(), path);
+  check(!std::filesystem::is_directory(path), "{}: '{}' is a directory; expected a file path", flag, path);
   if (!force && std::filesystem::exists(path)) {
     fail("{}: '{}' already exists; refusing to overwrite it (pass --force to replace it)", flag, path);
   }

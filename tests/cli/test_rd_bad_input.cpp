@@ -6,6 +6,8 @@
 // skips when that binary has not been built.
 #include <gtest/gtest.h>
 
+#include "cli_runner.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -14,28 +16,11 @@
 #include <sys/wait.h>
 
 namespace fs = std::filesystem;
+using ratekv_test::cli_path;
+using ratekv_test::Result;
+using ratekv_test::run_cli;
 
 namespace {
-
-fs::path cli_path() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "bin" / "ratekv"; }
-
-struct Result {
-  int status = -1;  // exit status, or 128 + signal
-  std::string output;  // stdout and stderr together
-};
-
-Result run_cli(const std::string& args) {
-  const std::string cmd = "'" + cli_path().string() + "' " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-  return r;
-}
 
 class RdBadInput : public ::testing::Test {
  protected:
