@@ -110,6 +110,7 @@ void run(const GenerateArgs& a) {
   }
   const double t_decode = std::chrono::duration<double>(clk::now() - t1).count();
   std::fputs("\n", stdout);
+  std::fflush(stdout);  // the text ends before the timing lines on stderr
   std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), t_prefill,
                prompt.size() / t_prefill);
   std::fprintf(stderr, "decode:  %lld tokens in %.3f s (%.1f tokens/s)\n", static_cast<long long>(n_decoded),

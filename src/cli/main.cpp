@@ -32,7 +32,7 @@ void check_output_path(const std::string& path, bool force, const std::string& f
 int main(int argc, char** argv) {
   CLI::App app{
       "ratekv — rate–distortion-optimal KV-cache compression for RoPE LLMs.\n"
-      "Calibrate a GGUF model on unlabeled text, allocate bits (Block-GTQ, RateQuant, TaSQ),\n"
+      "Calibrate a GGUF model on unlabeled text, allocate bits (uniform, Block-GTQ, RateQuant),\n"
       "measure attention error / perplexity / retrieval, and generate from a packed cache."};
   app.require_subcommand(1);
   std::string log_level = "info";
