@@ -12,50 +12,17 @@
 #include "ratekv/calib/kv_stats.h"
 #include "ratekv/error.h"
 #include "ratekv/safetensors.h"
+#include "../support/tiny_model.h"
 
 using namespace ratekv;
 using namespace ratekv::calib;
 
 namespace {
 
-std::vector<float> randn(size_t n, std::mt19937& g, float sd, float mean = 0.0f) {
-  std::normal_distribution<float> nd(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
+using ratekv_test::randn;
 
 // 3 layers, 4 query heads / 2 KV heads, head_dim 6 (3 RoPE blocks), d_model 20.
-Model tiny_model(RopeLayout layout = RopeLayout::Interleaved) {
-  ModelConfig c;
-  c.arch = layout == RopeLayout::NeoX ? "qwen2" : "llama";  // the layout follows the arch (from_weights)
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 6;
-  c.d_model = 20;
-  c.d_ff = 13;
-  c.n_vocab = 37;
-  c.n_ctx_train = 64;
-  c.rope_theta = 100.0;
-  c.rms_eps = 1e-5f;
-  std::mt19937 g(7);
-  ModelWeights w;
-  const size_t d = 20, qd = 24, kvd = 12;
-  w.token_embd = randn(37 * d, g, 1.0f);
-  w.output_norm = randn(d, g, 0.1f, 1.0f);
-  for (int l = 0; l < 3; ++l) {
-    LayerWeights L;
-    L.attn_norm = randn(d, g, 0.1f, 1.0f);
-    L.ffn_norm = randn(d, g, 0.1f, 1.0f);
-    L.wqkv = randn((qd + 2 * kvd) * d, g, 0.4f);
-    L.wo = randn(d * qd, g, 0.2f);
-    L.w_gate_up = randn(2 * 13 * d, g, 0.3f);
-    L.w_down = randn(d * 13, g, 0.3f);
-    w.layers.push_back(std::move(L));
-  }
-  return Model::from_weights(c, std::move(w));
-}
+Model tiny_model(RopeLayout layout = RopeLayout::Interleaved) { return ratekv_test::tiny_model(7, layout); }
 
 const std::vector<int32_t> kTokens = {3, 36, 0, 17, 17, 5, 22, 9, 1, 30, 11};
 

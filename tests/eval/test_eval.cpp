@@ -13,17 +13,14 @@
 #include "ratekv/eval/logit_error.h"
 #include "ratekv/eval/plan_eval.h"
 
+#include "../support/tiny_model.h"
+
 using namespace ratekv;
 using namespace ratekv::eval;
 
 namespace {
 
-std::vector<float> randn(size_t n, std::mt19937& g, float sd, float mean = 0.0f) {
-  std::normal_distribution<float> nd(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
+using ratekv_test::randn;
 
 // 2 layers, 4 query / 2 KV heads, head_dim 32 (so q8_0 / kivi apply), d_model 24.
 Model tiny_model() {

@@ -8,49 +8,15 @@
 
 #include "ratekv/error.h"
 #include "ratekv/model.h"
+#include "../support/tiny_model.h"
 
 using namespace ratekv;
 
 namespace {
 
-std::vector<float> randn(size_t n, std::mt19937& g, float sd, float mean = 0.0f) {
-  std::normal_distribution<float> nd(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
-
 // Awkward sizes on purpose: d_model 20 ≠ n_heads·head_dim 24, odd d_ff and vocab.
-Model tiny_model(uint32_t seed = 1) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 6;
-  c.d_model = 20;
-  c.d_ff = 13;
-  c.n_vocab = 37;
-  c.n_ctx_train = 64;
-  c.rope_theta = 100.0;
-  c.rms_eps = 1e-5f;
-  std::mt19937 g(seed);
-  ModelWeights w;
-  const size_t d = 20, qd = 24, kvd = 12;
-  w.token_embd = randn(37 * d, g, 1.0f);
-  w.output_norm = randn(d, g, 0.1f, 1.0f);
-  for (int l = 0; l < 3; ++l) {
-    LayerWeights L;
-    L.attn_norm = randn(d, g, 0.1f, 1.0f);
-    L.ffn_norm = randn(d, g, 0.1f, 1.0f);
-    L.wqkv = randn((qd + 2 * kvd) * d, g, 0.4f);
-    L.wo = randn(d * qd, g, 0.2f);
-    L.w_gate_up = randn(2 * 13 * d, g, 0.3f);
-    L.w_down = randn(d * 13, g, 0.3f);
-    w.layers.push_back(std::move(L));
-  }
-  return Model::from_weights(c, std::move(w));
-}
+using ratekv_test::randn;
+using ratekv_test::tiny_model;
 
 const std::vector<int32_t> kTokens = {3, 36, 0, 17, 17, 5, 22, 9, 1, 30, 11};
 
