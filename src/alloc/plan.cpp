@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "alloc/json_file.h"
 #include "ratekv/error.h"
 
 namespace ratekv {
@@ -475,20 +476,7 @@ Plan Plan::from_json(const json& j, const std::string& name) {
 }
 
 Plan Plan::load(const std::string& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  check(!ec, "{}: cannot read plan: {}", path, ec.message());
-  check(size <= (uint64_t)1 << 30, "{}: plan file of {} bytes is larger than the 1 GiB limit", path, size);
-  std::ifstream in(path, std::ios::binary);
-  check((bool)in, "{}: cannot open plan for reading", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    fail("{}: invalid JSON: {}", path, e.what());
-  }
+  const json j = alloc::read_json_file(path, "plan");
   return from_json(j, std::filesystem::path(path).filename().string());
 }
 

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "alloc/json_file.h"
 #include "ratekv/error.h"
 
 namespace ratekv::alloc {
@@ -192,20 +193,7 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
 }
 
 CalibStats load_stats_json(const std::string& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  check(!ec, "{}: cannot read statistics: {}", path, ec.message());
-  check(size <= (uint64_t)1 << 30, "{}: statistics file of {} bytes is larger than the 1 GiB limit", path, size);
-  std::ifstream in(path, std::ios::binary);
-  check((bool)in, "{}: cannot open statistics for reading", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    fail("{}: invalid JSON: {}", path, e.what());
-  }
+  const json j = read_json_file(path, "statistics");
   return stats_from_json(j, std::filesystem::path(path).filename().string());
 }
 
