@@ -12,8 +12,8 @@ namespace ratekv::packed {
 namespace {
 
 void validate_side(const std::vector<GroupSpec>& groups, int head_dim, int h, const char* side) {
-  check(!groups.empty(), "packed layout: KV head {} has no {} groups (expected at least one)", h,
-        side);
+  // No groups is allowed: a side whose every channel is at 0 bits stores
+  // nothing (its keys score 0, its values contribute 0; docs/packed_format.md §5).
   check((int)groups.size() <= kMaxGroupsPerSide,
         "packed layout: KV head {} has {} {} groups (at most {} supported)", h, groups.size(), side,
         kMaxGroupsPerSide);

@@ -8,6 +8,10 @@
 #include <limits>
 
 #include <omp.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RATEKV_PACKED_FAST 1
+#endif
 
 #include "ratekv/error.h"
 #include "ratekv/fp16.h"
@@ -27,6 +31,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kLutMaxRows = 8;
 // Queries per prefill work item.
 constexpr int64_t kQueryBlock = 32;
+// Widest group the cache stores (5..8 bits: low nibble + extension pages).
+constexpr int kMaxWideBits = 8;
 
 // (token r, channel c) of every (lane, bit) of a chunk, per side.
 struct InverseTable {
@@ -157,6 +163,94 @@ void unpack_codes(const packed::GroupLayout& G, packed::Side side, const uint8_t
   }
 }
 
+// ---- decode fast path (AVX2): nibble words, tile rows, codebook permutes ------------
+
+namespace {
+
+#ifdef RATEKV_PACKED_FAST
+constexpr bool kHaveFast = true;
+#else
+constexpr bool kHaveFast = false;
+#endif
+
+// Column of natural-order position k (0..15) of a tile row read by tile_row():
+// k = 4j + n takes nibble n of the 16-bit half of lane word j; by element_pos
+// that is column 2j + n mod 2 + 8·⌊n/2⌋.
+constexpr int nat_col(int k) { return 2 * (k >> 2) + (k & 1) + 8 * ((k >> 1) & 1); }
+
+#ifdef RATEKV_PACKED_FAST
+// Nibble words of token tiles [tt0, tt1) of channel tile ct of a b-bit code
+// segment: nw[tt·32 + lane] has the code of fragment element e in nibble e
+// (code_bit_pos(): one shift and mask per word; 3 bits, tile 3: bit 3 of the
+// nibbles of words 0, 1, 2).
+template <int B>
+void nibble_words_b(const uint8_t* seg, int ct, int tt0, int tt1, uint32_t* nw) {
+  uint32_t w[B][packed::kWarpLanes];
+  std::memcpy(w, seg + static_cast<size_t>(ct) * B * packed::kLaneRowBytes, sizeof(w));
+  for (int tt = tt0; tt < tt1; ++tt) {
+    uint32_t* o = nw + tt * packed::kWarpLanes;
+    for (int L = 0; L < packed::kWarpLanes; ++L) {
+      if constexpr (B == 3) {
+        o[L] = tt < 3 ? (w[tt][L] & 0x77777777u)
+                      : (((w[0][L] >> 3) & 0x11111111u) | ((w[1][L] >> 2) & 0x22222222u) |
+                         ((w[2][L] >> 1) & 0x44444444u));
+      } else {
+        constexpr uint32_t mask = B == 1 ? 0x11111111u : B == 2 ? 0x33333333u : 0xFFFFFFFFu;
+        const int q = tt * B;
+        o[L] = (w[q / 4][L] >> (q % 4)) & mask;
+      }
+    }
+  }
+}
+
+void nibble_words(int bits, const uint8_t* seg, int ct, int tt0, int tt1, uint32_t* nw) {
+  switch (bits) {
+    case 1: return nibble_words_b<1>(seg, ct, tt0, tt1, nw);
+    case 2: return nibble_words_b<2>(seg, ct, tt0, tt1, nw);
+    case 3: return nibble_words_b<3>(seg, ct, tt0, tt1, nw);
+    default: return nibble_words_b<4>(seg, ct, tt0, tt1, nw);
+  }
+}
+
+// Row x (0..15) of a 16×16 tile as 16 nibbles in natural order: the 16-bit
+// half ⌊x/8⌋ of the nibble words of lanes 4(x mod 8) .. 4(x mod 8) + 3
+// (element_pos: keys row = token, values row = channel).
+inline uint64_t tile_row(const uint32_t* nw, int x) {
+  const uint32_t* p = nw + 4 * (x & 7);
+  const int sh = 16 * (x >> 3);
+  return static_cast<uint64_t>((p[0] >> sh) & 0xFFFFu) | (static_cast<uint64_t>((p[1] >> sh) & 0xFFFFu) << 16) |
+         (static_cast<uint64_t>((p[2] >> sh) & 0xFFFFu) << 32) | (static_cast<uint64_t>((p[3] >> sh) & 0xFFFFu) << 48);
+}
+
+struct LevelRegs {
+  __m256 lo, hi;
+  bool two;  // 16 levels: blend lo/hi on bit 3 of the code
+};
+
+// The 16 codebook levels of a natural-order row: a = positions 0..7, b = 8..15.
+inline void decode16(uint64_t x, const LevelRegs& t, __m256& a, __m256& b) {
+  const __m128i v = _mm_cvtsi64_si128(static_cast<long long>(x));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m128i bytes = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+  const __m256i i0 = _mm256_cvtepu8_epi32(bytes), i1 = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
+  a = _mm256_permutevar8x32_ps(t.lo, i0);
+  b = _mm256_permutevar8x32_ps(t.lo, i1);
+  if (t.two) {
+    a = _mm256_blendv_ps(a, _mm256_permutevar8x32_ps(t.hi, i0), _mm256_castsi256_ps(_mm256_slli_epi32(i0, 28)));
+    b = _mm256_blendv_ps(b, _mm256_permutevar8x32_ps(t.hi, i1), _mm256_castsi256_ps(_mm256_slli_epi32(i1, 28)));
+  }
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+}  // namespace
+
 // ---- construction ------------------------------------------------------------------
 
 PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const PlanCodecs> codecs,
@@ -183,8 +277,9 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
   const int Hkv = shape.n_kv_heads, d = shape.head_dim;
   layers_.reserve(shape.n_layers);
   for (int l = 0; l < shape.n_layers; ++l) {
-    std::vector<packed::HeadSpec> specs(Hkv);
+    std::vector<packed::HeadSpec> specs(Hkv), ext_specs(Hkv);
     std::vector<Head> heads(Hkv);
+    bool any_wide = false;
     for (int h = 0; h < Hkv; ++h)
       for (int s = 0; s < 2; ++s) {
         const Codec& codec = s == 0 ? codecs_->plan().layers[l][h].key : codecs_->plan().layers[l][h].value;
@@ -198,26 +293,35 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
         if (const auto* tq = dynamic_cast<const quant::TQMSE*>(q)) {
           std::vector<int> all(d);
           for (int i = 0; i < d; ++i) all[i] = i;
-          groups.emplace_back(tq, std::move(all));
+          if (tq->bits() > 0) groups.emplace_back(tq, std::move(all));
         } else if (const auto* gq = dynamic_cast<const quant::GroupedTQMSE*>(q)) {
           for (size_t g = 0; g < gq->codecs().size(); ++g)
             if (gq->codecs()[g].bits() > 0) groups.emplace_back(&gq->codecs()[g], gq->config().groups[g].channels);
         } else {
           fail("PackedKVCache: {}: quantizer '{}' is not TQ-MSE", field, q ? quant::to_string(q->kind()) : "none");
         }
-        check(!groups.empty(), "PackedKVCache: {}: every group is at 0 bits (nothing to store)", field);
+        // No groups (every channel at 0 bits): the side stores nothing.
         auto& spec_side = s == 0 ? specs[h].key : specs[h].value;
+        auto& ext_side = s == 0 ? ext_specs[h].key : ext_specs[h].value;
         int off = 0;
         for (auto& [tq, ch] : groups) {
-          check(tq->bits() >= packed::kMinBits && tq->bits() <= packed::kMaxBits,
-                "PackedKVCache: {}: {}-bit group; the packed format stores {}..{} bits", field, tq->bits(),
-                packed::kMinBits, packed::kMaxBits);
-          spec_side.push_back(packed::GroupSpec{ch, tq->bits()});
+          check(tq->bits() >= packed::kMinBits && tq->bits() <= kMaxWideBits,
+                "PackedKVCache: {}: {}-bit group; the packed cache stores {}..{} bits", field, tq->bits(),
+                packed::kMinBits, kMaxWideBits);
+          const bool wide = tq->bits() > packed::kMaxBits;
+          spec_side.push_back(packed::GroupSpec{ch, std::min(tq->bits(), packed::kMaxBits)});
+          if (wide) {
+            ext_side.push_back(packed::GroupSpec{ch, tq->bits() - packed::kMaxBits});
+            any_wide = true;
+          }
           Group G;
           G.tq = tq;
           G.channels = ch;
           G.levels = tq->codebook().levels.data();
           G.bits = tq->bits();
+          G.wide = wide;
+          if (!wide)
+            for (int j = 0; j < (1 << G.bits); ++j) G.lv16[j] = G.levels[j];
           G.dim = static_cast<int>(ch.size());
           G.rot_offset = off;
           off += G.dim;
@@ -235,7 +339,20 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
           G.code_offset = layout.head(h).block_offset + gl.code_offset;
           G.norm_offset = layout.head(h).block_offset + gl.norm_offset;
         }
-    layers_.push_back(Layer{std::move(layout), std::move(heads), {}, 0, {}, {}, {}, {}, 0, {}});
+    Layer L{std::move(layout), std::move(heads), {}, {}, {}, 0, {}, {}, {}, {}, 0, {}};
+    if (any_wide) {
+      L.ext_layout.emplace(d, std::move(ext_specs));
+      for (int h = 0; h < Hkv; ++h)
+        for (int s = 0; s < 2; ++s) {
+          size_t e = 0;  // index among this side's wide groups
+          for (Group& G : L.heads[h].side[s]) {
+            if (!G.wide) continue;
+            G.ext = L.ext_layout->head(h).side(static_cast<packed::Side>(s))[e++];
+            G.ext_code_offset = L.ext_layout->head(h).block_offset + G.ext.code_offset;
+          }
+        }
+    }
+    layers_.push_back(std::move(L));
   }
 }
 
@@ -247,12 +364,14 @@ void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const flo
   const int64_t row = int64_t{Hkv} * d;
   const size_t page_bytes = L.layout.page_bytes();
   const int64_t c0 = L.n_codes, c1 = c0 + n;
-  while (static_cast<int64_t>(L.pages.size()) * kPageTokens < c1)
-    L.pages.push_back(std::make_unique<uint8_t[]>(page_bytes));  // value-initialized (zeros)
+  while (static_cast<int64_t>(L.pages.size()) * kPageTokens < c1) {
+    L.pages.emplace_back(page_bytes, uint8_t{0});
+    if (L.ext_layout) L.ext_pages.emplace_back(L.ext_layout->page_bytes(), uint8_t{0});
+  }
 #pragma omp parallel for schedule(static) if (Hkv > 1 && n * d >= 4096)
   for (int h = 0; h < Hkv; ++h) {
     std::vector<float> xg(d);
-    std::vector<uint8_t> idx(d);
+    std::vector<uint8_t> idx(d), hi(d);
     for (int s = 0; s < 2; ++s) {
       const float* src = s == 0 ? k : v;
       for (size_t g = 0; g < L.heads[h].side[s].size(); ++g) {
@@ -263,8 +382,16 @@ void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const flo
           for (int i = 0; i < G.dim; ++i) xg[i] = x[G.channels[i]];
           const float norm = G.tq->encode(xg.data(), idx.data());
           const int64_t c = c0 + t;
-          uint8_t* page = L.pages[c / kPageTokens].get();
+          uint8_t* page = L.pages[c / kPageTokens].data();
           const int slot = static_cast<int>(c % kPageTokens);
+          if (G.wide) {  // low nibble in the page, high bits in the extension page
+            for (int i = 0; i < G.dim; ++i) {
+              hi[i] = static_cast<uint8_t>(idx[i] >> 4);
+              idx[i] &= 0x0F;
+            }
+            pack_token_codes(G.ext, static_cast<packed::Side>(s), L.ext_pages[c / kPageTokens].data() + G.ext_code_offset,
+                             slot, hi.data());
+          }
           pack_token_codes(gl, static_cast<packed::Side>(s), page + G.code_offset, slot, idx.data());
           const uint16_t hbits = fp32_to_fp16(norm);
           std::memcpy(page + G.norm_offset + 2 * static_cast<size_t>(slot), &hbits, 2);
@@ -314,6 +441,17 @@ void PackedKVCache::append(int layer, int64_t n, const int32_t* pos, const float
 }
 
 // ---- attention -----------------------------------------------------------------------
+
+void PackedKVCache::unpack_group(const Layer& L, int hk, int s, size_t g, int64_t pg, int n_slots, uint8_t* codes,
+                                 uint8_t* tmp) const {
+  const Group& G = L.heads[hk].side[s][g];
+  const packed::Side side = static_cast<packed::Side>(s);
+  unpack_codes(L.layout.head(hk).side(side)[g], side, L.pages[pg].data() + G.code_offset, n_slots, codes);
+  if (!G.wide) return;
+  unpack_codes(G.ext, side, L.ext_pages[pg].data() + G.ext_code_offset, n_slots, tmp);
+  const size_t n = static_cast<size_t>((n_slots + kTileTokens - 1) / kTileTokens) * kTileTokens * G.dim_pad;
+  for (size_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(codes[i] | (tmp[i] << 4));
+}
 
 // Attention of R query rows of KV head hk over tokens [a, b) ∩ each row's
 // [lo, hi): online softmax per page, partial state (m, l, o_rot, o_plain).
@@ -396,13 +534,34 @@ void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* 
     int max_pad = 0;
     for (int s = 0; s < 2; ++s)
       for (const Group& G : H.side[s]) max_pad = std::max(max_pad, G.dim_pad);
-    std::vector<uint8_t> codes(static_cast<size_t>(kPageTokens) * max_pad);
+    std::vector<uint8_t> codes(static_cast<size_t>(kPageTokens) * max_pad), codes_hi(codes.size());
+    // Fast path (decode rows, groups ≤ 4 bits): the rotated queries in each
+    // key group's natural tile order, qn[r][nat_offset + ct·16 + k] =
+    // q_rot[r][ct·16 + nat_col(k)] (0 for padded coordinates).
+    const bool fast_ok = lut && kHaveFast && !opt_.reference_attention;
+    std::vector<int> nat_off(H.side[0].size() + 1, 0);
+    for (size_t g = 0; g < H.side[0].size(); ++g) nat_off[g + 1] = nat_off[g] + H.side[0][g].dim_pad;
+    std::vector<float> qn, pwn;
+    std::vector<uint32_t> nw;
+    if (fast_ok) {
+      qn.assign(static_cast<size_t>(R) * nat_off.back(), 0.0f);
+      for (int64_t r = 0; r < R; ++r)
+        for (size_t g = 0; g < H.side[0].size(); ++g) {
+          const Group& G = H.side[0][g];
+          for (int i = 0; i < G.dim_pad; ++i) {
+            const int c = (i & ~15) + nat_col(i & 15);
+            if (c < G.dim) qn[r * nat_off.back() + nat_off[g] + i] = q_rot[r * Dk + G.rot_offset + c];
+          }
+        }
+      pwn.resize(static_cast<size_t>(R) * kPageTokens);
+      nw.resize(static_cast<size_t>(max_pad / kTileChannels) * packed::kTilesPerPage * packed::kWarpLanes);
+    }
     std::vector<float> tile(static_cast<size_t>(kPageTokens) * max_pad);
     std::vector<float> S(static_cast<size_t>(R) * kPageTokens);
     std::vector<float> nrm(kPageTokens);
 
     for (int64_t pg = ca / kPageTokens; pg * kPageTokens < cb; ++pg) {
-      const uint8_t* page = L.pages[pg].get();
+      const uint8_t* page = L.pages[pg].data();
       const int u0 = static_cast<int>(std::max<int64_t>(ca - pg * kPageTokens, 0));
       const int u1 = static_cast<int>(std::min<int64_t>(cb - pg * kPageTokens, kPageTokens));
       const int nu = u1 - u0;
@@ -412,8 +571,35 @@ void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* 
       std::fill(S.begin(), S.begin() + R * kPageTokens, 0.0f);
       for (size_t g = 0; g < H.side[0].size(); ++g) {
         const Group& G = H.side[0][g];
-        const packed::GroupLayout& gl = L.layout.head(hk).key[g];
-        unpack_codes(gl, packed::Side::key, page + G.code_offset, u1, codes.data());
+#ifdef RATEKV_PACKED_FAST
+        if (fast_ok && !G.wide) {
+          // S[r][u] += n_u · Σ_k qn[r][k] · c[code_k] over the group's channel tiles.
+          const int n_ct = G.dim_pad / kTileChannels, tt0 = u0 / kTileTokens, tt1 = (u1 + kTileTokens - 1) / kTileTokens;
+          for (int ct = 0; ct < n_ct; ++ct)
+            nibble_words(G.bits, page + G.code_offset, ct, tt0, tt1, nw.data() + ct * packed::kTilesPerPage * 32);
+          const LevelRegs lv{_mm256_loadu_ps(G.lv16.data()), _mm256_loadu_ps(G.lv16.data() + 8), G.bits == 4};
+          const float* qg = qn.data() + nat_off[g];
+          const size_t qstride = nat_off.back();
+          __m256 acc[kLutMaxRows];
+          for (int u = u0; u < u1; ++u) {
+            for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+            const uint32_t* nwu = nw.data() + (u / kTileTokens) * 32;
+            for (int ct = 0; ct < n_ct; ++ct) {
+              __m256 a, b;
+              decode16(tile_row(nwu + ct * packed::kTilesPerPage * 32, u % kTileTokens), lv, a, b);
+              for (int64_t r = 0; r < R; ++r) {
+                const float* q = qg + r * qstride + ct * kTileChannels;
+                acc[r] = _mm256_fmadd_ps(a, _mm256_loadu_ps(q), acc[r]);
+                acc[r] = _mm256_fmadd_ps(b, _mm256_loadu_ps(q + 8), acc[r]);
+              }
+            }
+            const float n = norm_at(page, G.norm_offset, u);
+            for (int64_t r = 0; r < R; ++r) S[r * kPageTokens + (u - u0)] += n * hsum(acc[r]);
+          }
+          continue;
+        }
+#endif
+        unpack_group(L, hk, 0, g, pg, u1, codes.data(), codes_hi.data());
         for (int u = u0; u < u1; ++u) nrm[u] = norm_at(page, G.norm_offset, u);
         if (lut) {
           const int nl = 1 << G.bits;
@@ -484,8 +670,40 @@ void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* 
       // Values: o_rot[r][g] += Σ_u p[r][u] · n_u · c[idx_u] in the group's rotated domain.
       for (size_t g = 0; g < H.side[1].size(); ++g) {
         const Group& G = H.side[1][g];
-        const packed::GroupLayout& gl = L.layout.head(hk).value[g];
-        unpack_codes(gl, packed::Side::value, page + G.code_offset, u1, codes.data());
+#ifdef RATEKV_PACKED_FAST
+        if (fast_ok && !G.wide) {
+          // The value tile is the key tile transposed: row x = channel, its 16
+          // tokens in natural order. pwn[r][tt·16 + k] = p_t·n_t of token
+          // tt·16 + nat_col(k) (0 outside [u0, u1)); o_rot[r][c] += Σ levels·pwn.
+          const int n_ct = G.dim_pad / kTileChannels, tt0 = u0 / kTileTokens, tt1 = (u1 + kTileTokens - 1) / kTileTokens;
+          for (int i = tt0 * kTileTokens; i < tt1 * kTileTokens; ++i) {
+            const int u = (i & ~15) + nat_col(i & 15);
+            const bool in = u >= u0 && u < u1;
+            const float n = in ? norm_at(page, G.norm_offset, u) : 0.0f;
+            for (int64_t r = 0; r < R; ++r) pwn[r * kPageTokens + i] = in ? S[r * kPageTokens + (u - u0)] * n : 0.0f;
+          }
+          for (int ct = 0; ct < n_ct; ++ct)
+            nibble_words(G.bits, page + G.code_offset, ct, tt0, tt1, nw.data() + ct * packed::kTilesPerPage * 32);
+          const LevelRegs lv{_mm256_loadu_ps(G.lv16.data()), _mm256_loadu_ps(G.lv16.data() + 8), G.bits == 4};
+          __m256 acc[kLutMaxRows];
+          for (int ct = 0; ct < n_ct; ++ct)
+            for (int x = 0; x < kTileChannels && ct * kTileChannels + x < G.dim; ++x) {
+              for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+              for (int tt = tt0; tt < tt1; ++tt) {
+                __m256 a, b;
+                decode16(tile_row(nw.data() + (ct * packed::kTilesPerPage + tt) * 32, x), lv, a, b);
+                for (int64_t r = 0; r < R; ++r) {
+                  const float* w = pwn.data() + r * kPageTokens + tt * kTileTokens;
+                  acc[r] = _mm256_fmadd_ps(a, _mm256_loadu_ps(w), acc[r]);
+                  acc[r] = _mm256_fmadd_ps(b, _mm256_loadu_ps(w + 8), acc[r]);
+                }
+              }
+              for (int64_t r = 0; r < R; ++r) o_rot[r * Dv + G.rot_offset + ct * kTileChannels + x] += hsum(acc[r]);
+            }
+          continue;
+        }
+#endif
+        unpack_group(L, hk, 1, g, pg, u1, codes.data(), codes_hi.data());
         for (int u = u0; u < u1; ++u) {
           const float n = norm_at(page, G.norm_offset, u);
           const uint8_t* cu = codes.data() + static_cast<size_t>(u) * G.dim_pad;
@@ -628,6 +846,7 @@ int64_t PackedKVCache::n_tokens() const { return static_cast<int64_t>(layers_[0]
 void PackedKVCache::clear() {
   for (Layer& L : layers_) {
     L.pages.clear();
+    L.ext_pages.clear();
     L.n_codes = 0;
     L.sink_k.clear();
     L.sink_v.clear();
@@ -640,7 +859,10 @@ void PackedKVCache::clear() {
 
 size_t PackedKVCache::page_bytes() const {
   size_t b = 0;
-  for (const Layer& L : layers_) b += L.pages.size() * L.layout.page_bytes();
+  for (const Layer& L : layers_) {
+    b += L.pages.size() * L.layout.page_bytes();
+    if (L.ext_layout) b += L.ext_pages.size() * L.ext_layout->page_bytes();
+  }
   return b;
 }
 
@@ -656,7 +878,20 @@ std::span<const uint8_t> PackedKVCache::page(int layer, int i) const {
   const Layer& L = layers_.at(layer);
   check(i >= 0 && i < static_cast<int>(L.pages.size()), "PackedKVCache::page: page {} outside [0, {})", i,
         L.pages.size());
-  return {L.pages[i].get(), L.layout.page_bytes()};
+  return {L.pages[i].data(), L.layout.page_bytes()};
+}
+
+const packed::LayerLayout* PackedKVCache::ext_layout(int layer) const {
+  const Layer& L = layers_.at(layer);
+  return L.ext_layout ? &*L.ext_layout : nullptr;
+}
+
+std::span<const uint8_t> PackedKVCache::ext_page(int layer, int i) const {
+  const Layer& L = layers_.at(layer);
+  check(L.ext_layout.has_value(), "PackedKVCache::ext_page: layer {} has no 5..8-bit groups", layer);
+  check(i >= 0 && i < static_cast<int>(L.ext_pages.size()), "PackedKVCache::ext_page: page {} outside [0, {})", i,
+        L.ext_pages.size());
+  return {L.ext_pages[i].data(), L.ext_layout->page_bytes()};
 }
 
 }  // namespace ratekv::cache

@@ -78,9 +78,31 @@ Codec whole(CodecKind kind, int bits, int d, int group_size = 0) {
   return c;
 }
 
-enum class PlanKind { uniform, block_gtq };
+// A tq-mse-grouped codec with every block at 0 bits: the side stores nothing
+// (what a RateQuant + Block-GTQ plan gives a head with a zero budget).
+Codec all_zero_grouped(int d) {
+  Codec c;
+  c.kind = CodecKind::TqMseGrouped;
+  c.norm = NormStorage::FP16;
+  CodecGroup z;
+  z.bits = 0;
+  for (int i = 0; i < d / 2; ++i) z.blocks.push_back(i);
+  c.groups = {z};
+  return c;
+}
 
-std::shared_ptr<const PlanCodecs> make_codecs(const ModelConfig& cfg, PlanKind kind, int kbits = 3, int vbits = 2) {
+// uniform: K kbits V vbits everywhere. block_gtq: block_gtq_key keys, V vbits.
+// ratequant: RateQuant over TQ-MSE, a width per (layer, KV head, side), from
+// kRqK / kRqV at index (l·H + h) mod 8; with the tests' 2 layers × 2 KV heads
+// keys get 2, 5, 1, 4 and values 3, 1, 8, 2: heads of a layer differ, K ≠ V,
+// and both sides have a 5..8-bit (extension page) group.
+// zero_side: block_gtq, but layer 0 head 0 keys and layer 1 head 1 values at
+// 0 bits on every block.
+enum class PlanKind { uniform, block_gtq, ratequant, zero_side };
+constexpr int kRqK[] = {2, 5, 1, 4, 8, 3, 7, 6};
+constexpr int kRqV[] = {3, 1, 8, 2, 6, 4, 5, 7};
+
+Plan make_plan(const ModelConfig& cfg, PlanKind kind, int kbits = 3, int vbits = 2) {
   Plan p;
   p.method = "test";
   static_cast<PlanTarget&>(p.model) = plan_target(cfg);
@@ -88,11 +110,31 @@ std::shared_ptr<const PlanCodecs> make_codecs(const ModelConfig& cfg, PlanKind k
   for (int l = 0; l < cfg.n_layers; ++l)
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
       const uint32_t seed = 100 + 10 * l + h;
-      p.layers[l][h].key = kind == PlanKind::uniform ? Codec::tq_mse(kbits, cfg.head_dim, seed)
-                                                      : block_gtq_key(cfg.head_dim, seed);
-      p.layers[l][h].value = Codec::tq_mse(vbits, cfg.head_dim, seed + 1000);
+      const int i = (l * cfg.n_kv_heads + h) % 8;
+      HeadPlan& hp = p.layers[l][h];
+      switch (kind) {
+        case PlanKind::uniform:
+          hp.key = Codec::tq_mse(kbits, cfg.head_dim, seed);
+          hp.value = Codec::tq_mse(vbits, cfg.head_dim, seed + 1000);
+          break;
+        case PlanKind::block_gtq:
+        case PlanKind::zero_side:
+          hp.key = block_gtq_key(cfg.head_dim, seed);
+          hp.value = Codec::tq_mse(vbits, cfg.head_dim, seed + 1000);
+          if (kind == PlanKind::zero_side && l == 0 && h == 0) hp.key = all_zero_grouped(cfg.head_dim);
+          if (kind == PlanKind::zero_side && l == 1 && h == 1) hp.value = all_zero_grouped(cfg.head_dim);
+          break;
+        case PlanKind::ratequant:
+          hp.key = Codec::tq_mse(kRqK[i], cfg.head_dim, seed);
+          hp.value = Codec::tq_mse(kRqV[i], cfg.head_dim, seed + 1000);
+          break;
+      }
     }
-  return std::make_shared<PlanCodecs>(p, cfg, "test-plan");
+  return p;
+}
+
+std::shared_ptr<const PlanCodecs> make_codecs(const ModelConfig& cfg, PlanKind kind, int kbits = 3, int vbits = 2) {
+  return std::make_shared<PlanCodecs>(make_plan(cfg, kind, kbits, vbits), cfg, "test-plan");
 }
 
 // (T, n_kv_heads, d) with per-channel scales 0.2..3 (outlier channels, as
@@ -123,16 +165,27 @@ struct Case {
   int d;
 };
 
+const char* kind_name(PlanKind k) {
+  switch (k) {
+    case PlanKind::uniform: return "uniform";
+    case PlanKind::block_gtq: return "blockgtq";
+    case PlanKind::ratequant: return "ratequant";
+    case PlanKind::zero_side: return "zeroside";
+  }
+  return "?";
+}
+
 std::string case_name(const testing::TestParamInfo<Case>& i) {
-  return fmt::format("{}_T{}_gqa{}_d{}", i.param.kind == PlanKind::uniform ? "uniform" : "blockgtq", i.param.T,
-                     i.param.ratio, i.param.d);
+  return fmt::format("{}_T{}_gqa{}_d{}", kind_name(i.param.kind), i.param.T, i.param.ratio, i.param.d);
 }
 
 class PackedEqualsFake : public testing::TestWithParam<Case> {};
 
-// Prefill T−k tokens in one call, decode the last k one at a time (both
-// caches), then compare decode attention (1 query) and prefill attention (a
-// block of queries, the sgemm path) on every layer.
+// Prefill T−k tokens in one call, decode the last k one at a time (all
+// caches), then compare decode attention (1 query: the AVX2 fast path and the
+// scalar reference) and prefill attention (a block of queries, the levels-tile
+// path) on every layer against the fake-quant cache, and the fast path
+// against the reference.
 TEST_P(PackedEqualsFake, AttentionFromCodesEqualsFakeQuant) {
   const Case cs = GetParam();
   const int Hkv = 2, d = cs.d, H = Hkv * cs.ratio;
@@ -143,6 +196,8 @@ TEST_P(PackedEqualsFake, AttentionFromCodesEqualsFakeQuant) {
   PackedCacheOptions po;
   po.pages_per_split = 2;  // several parts at T ≥ 129: exercises the log-sum-exp merge
   PackedKVCache packed(shape, codecs, po);
+  po.reference_attention = true;
+  PackedKVCache packed_ref(shape, codecs, po);
 
   const int64_t k = std::min<int64_t>(cs.T - 1, 3), T0 = cs.T - k;
   const int64_t row = int64_t{Hkv} * d;
@@ -150,7 +205,7 @@ TEST_P(PackedEqualsFake, AttentionFromCodesEqualsFakeQuant) {
   for (int64_t t = 0; t < cs.T; ++t) pos[t] = static_cast<int32_t>(t);
   for (int l = 0; l < cfg.n_layers; ++l) {
     const auto K = kv_data(cs.T, Hkv, d, 10 + l), V = kv_data(cs.T, Hkv, d, 20 + l);
-    for (KVCache* c : {static_cast<KVCache*>(&fake), static_cast<KVCache*>(&packed)}) {
+    for (KVCache* c : {static_cast<KVCache*>(&fake), static_cast<KVCache*>(&packed), static_cast<KVCache*>(&packed_ref)}) {
       c->append(l, T0, pos.data(), K.data(), K.data(), V.data());
       for (int64_t t = T0; t < cs.T; ++t) c->append(l, 1, &pos[t], &K[t * row], &K[t * row], &V[t * row]);
     }
@@ -168,12 +223,15 @@ TEST_P(PackedEqualsFake, AttentionFromCodesEqualsFakeQuant) {
       std::vector<float> q(nq * H * d);
       for (float& x : q) x = nd(rng);
       const int32_t* qpos = pos.data() + (cs.T - nq);
-      std::vector<float> of(q.size()), op(q.size());
+      std::vector<float> of(q.size()), op(q.size()), orf(q.size());
       fake.attend(l, nq, qpos, q.data(), of.data(), ap);
       packed.attend(l, nq, qpos, q.data(), op.data(), ap);
-      const double e = rel_err(op, of);
-      worst = std::max(worst, e);
+      packed_ref.attend(l, nq, qpos, q.data(), orf.data(), ap);
+      const double e = rel_err(op, of), er = rel_err(orf, of), efr = rel_err(op, orf);
+      worst = std::max({worst, e, er});
       EXPECT_LT(e, 1e-5) << "layer " << l << ", " << nq << " queries";
+      EXPECT_LT(er, 1e-5) << "reference path, layer " << l << ", " << nq << " queries";
+      EXPECT_LT(efr, 1e-5) << "fast vs reference, layer " << l << ", " << nq << " queries";
     }
   RecordProperty("max_rel_err", fmt::format("{:.3g}", worst));
   std::printf("[ max rel err %s: %.3g ]\n", case_name({GetParam(), 0}).c_str(), worst);
@@ -186,8 +244,61 @@ INSTANTIATE_TEST_SUITE_P(Plans, PackedEqualsFake,
                                          Case{PlanKind::block_gtq, 1, 3, 128}, Case{PlanKind::block_gtq, 97, 4, 64},
                                          Case{PlanKind::block_gtq, 200, 1, 64}, Case{PlanKind::block_gtq, 4096, 3, 64},
                                          Case{PlanKind::block_gtq, 97, 3, 128},
-                                         Case{PlanKind::block_gtq, 4096, 1, 128}),
+                                         Case{PlanKind::block_gtq, 4096, 1, 128},
+                                         Case{PlanKind::ratequant, 1, 3, 64}, Case{PlanKind::ratequant, 97, 3, 64},
+                                         Case{PlanKind::ratequant, 200, 4, 128}, Case{PlanKind::ratequant, 4096, 3, 64},
+                                         Case{PlanKind::ratequant, 97, 1, 128}, Case{PlanKind::zero_side, 1, 3, 64},
+                                         Case{PlanKind::zero_side, 97, 3, 64}, Case{PlanKind::zero_side, 200, 4, 128},
+                                         Case{PlanKind::zero_side, 4096, 3, 64}),
                          case_name);
+
+// RateQuant widths 5..8: the low nibble in the layer's pages, the high bits in
+// its extension pages, both read back with the format's reference reader;
+// bytes per token = Σ (m·b/8 + 2) over both sides and both page kinds.
+TEST(PackedKVCache, WideGroupsUseExtensionPages) {
+  const int Hkv = 2, d = 64;
+  const ModelConfig cfg = config(d, Hkv, 3, 1);
+  Plan p = make_plan(cfg, PlanKind::uniform, 6, 2);
+  p.layers[0][1].value = Codec::tq_mse(8, d, 77);  // head 1: K6 V8
+  auto codecs = std::make_shared<PlanCodecs>(p, cfg);
+  PackedKVCache packed(cfg.kv_shape(200), codecs);
+  const int64_t T = 131, row = int64_t{Hkv} * d;
+  const auto K = kv_data(T, Hkv, d, 18), V = kv_data(T, Hkv, d, 19);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
+  packed.append(0, 100, pos.data(), K.data(), K.data(), V.data());
+  for (int64_t t = 100; t < T; ++t) packed.append(0, 1, &pos[t], &K[t * row], &K[t * row], &V[t * row]);
+  const packed::LayerLayout* ext = packed.ext_layout(0);
+  ASSERT_NE(ext, nullptr);
+  // Head 0: K6 V2 → ext K 2 bits only; head 1: K6 V8 → ext K 2 bits, V 4 bits.
+  EXPECT_EQ(ext->head(0).key.size(), 1u);
+  EXPECT_EQ(ext->head(0).value.size(), 0u);
+  EXPECT_EQ(ext->head(1).value.size(), 1u);
+  EXPECT_EQ(ext->head(1).value[0].bits, 4);
+  // Bytes per token (3 pages of 64 slots): codes m·b/8 + one fp16 norm per
+  // group (head 0: K6 50 + V2 18; head 1: K6 50 + V8 66), plus 2 B per wide
+  // group for the extension layout's norm array (a format group always has
+  // one; unused: the norm lives in the main page).
+  const double per_token = double(packed.page_bytes()) / double(3 * 64);
+  EXPECT_EQ(per_token, (48 + 2) + (16 + 2) + (48 + 2) + (64 + 2) + 3 * 2);
+  for (int h = 0; h < Hkv; ++h)
+    for (int s = 0; s < 2; ++s) {
+      const auto side = static_cast<KVSide>(s);
+      const auto* tq = dynamic_cast<const quant::TQMSE*>(codecs->quantizer(0, h, side));
+      ASSERT_NE(tq, nullptr);
+      for (int64_t t : {int64_t{0}, int64_t{63}, int64_t{64}, int64_t{99}, int64_t{130}}) {
+        std::vector<uint8_t> idx(d), lo(d), hi(d, 0);
+        const float* x = (s == 0 ? K.data() : V.data()) + t * row + h * d;
+        tq->encode(x, idx.data());
+        const int slot = static_cast<int>(t % 64), pg = static_cast<int>(t / 64);
+        packed::read_codes(packed.layout(0), packed.page(0, pg), h, static_cast<packed::Side>(s), 0, slot, lo);
+        if (tq->bits() > 4)
+          packed::read_codes(*ext, packed.ext_page(0, pg), h, static_cast<packed::Side>(s), 0, slot, hi);
+        for (int i = 0; i < d; ++i)
+          ASSERT_EQ(lo[i] | (hi[i] << 4), idx[i]) << "head " << h << " side " << s << " token " << t << " code " << i;
+      }
+    }
+}
 
 // fp16 window and sink tokens: same regions and values as the fake-quant cache.
 TEST(PackedKVCache, WindowAndSinkEqualFakeQuant) {
@@ -314,7 +425,7 @@ TEST(PackedKVCache, BytesPerTokenFromAllocations) {
   auto codecs = make_codecs(cfg, PlanKind::uniform, 3, 3);
   PackedKVCache packed(cfg.kv_shape(1000), codecs);
   EXPECT_EQ(packed.page_bytes(), 0u);
-  const int64_t T = 640, row = int64_t{Hkv} * d;  // 10 full pages per layer
+  const int64_t T = 640;  // 10 full pages per layer
   const auto K = kv_data(T, Hkv, d, 1);
   std::vector<int32_t> pos(T);
   for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
@@ -359,7 +470,8 @@ TEST(PackedKVCache, UnsupportedCodecsAreErrors) {
   EXPECT_NE(msg(whole(CodecKind::Kivi, 2, d, 32)).find("'kivi'"), std::string::npos);
   EXPECT_NE(msg(whole(CodecKind::Q8_0, 8, d, 32)).find("'q8_0'"), std::string::npos);
   EXPECT_NE(msg(Codec::fp16()).find("'fp16'"), std::string::npos);
-  EXPECT_NE(msg(Codec::tq_mse(6, d, 1)).find("6-bit group"), std::string::npos);
+  EXPECT_EQ(msg(Codec::tq_mse(6, d, 1)), "no error");      // 5..8 bits: extension pages
+  EXPECT_EQ(msg(all_zero_grouped(d)), "no error");         // 0 bits: the side stores nothing
   // Shape mismatch.
   EXPECT_THROW(PackedKVCache(config(d, Hkv, 1, 2).kv_shape(10), plan_with(Codec::tq_mse(2, d, 1))), Error);
 }
@@ -391,26 +503,34 @@ TEST(PackedKVCache, RealModelActivationsEqualFakeQuant) {
   };
   DenseKVCache dense = model.make_dense_cache(T);
   model.forward(ids, 0, dense, nullptr, false, &hooks);
-  auto codecs = std::make_shared<PlanCodecs>(
-      Plan::load(std::string(RATEKV_SOURCE_DIR) + "/bench/results/niah_plans/block-gtq-k3v3.plan.json"), cfg);
-  FakeQuantKVCache fake(cfg.kv_shape(T), codecs);
-  PackedKVCache packed(cfg.kv_shape(T), codecs);
   std::vector<int32_t> pos(T);
   for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
   AttnParams ap;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
-  double worst = 0;
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    fake.append(l, T, pos.data(), ks[l].data(), ks[l].data(), vs[l].data());
-    packed.append(l, T, pos.data(), ks[l].data(), ks[l].data(), vs[l].data());
-    std::vector<float> of(qs[l].size()), op(qs[l].size());
-    fake.attend(l, T, pos.data(), qs[l].data(), of.data(), ap);
-    packed.attend(l, T, pos.data(), qs[l].data(), op.data(), ap);
-    const double e = rel_err(op, of);
-    worst = std::max(worst, e);
-    EXPECT_LT(e, 1e-5) << "layer " << l;
+  // Block-GTQ K3V3 and the RateQuant (TQ-MSE, 2.25 effective bits, widths
+  // 1..4 per head and side) plan of the NIAH grid.
+  for (const char* name : {"block-gtq-k3v3", "ratequant-2.25"}) {
+    auto codecs = std::make_shared<PlanCodecs>(
+        Plan::load(std::string(RATEKV_SOURCE_DIR) + "/bench/results/niah_plans/" + name + ".plan.json"), cfg);
+    FakeQuantKVCache fake(cfg.kv_shape(T), codecs);
+    PackedKVCache packed(cfg.kv_shape(T), codecs);
+    double worst = 0;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      fake.append(l, T, pos.data(), ks[l].data(), ks[l].data(), vs[l].data());
+      packed.append(l, T, pos.data(), ks[l].data(), ks[l].data(), vs[l].data());
+      // Full causal prefill (levels-tile path) and the last query (decode fast path).
+      for (int64_t nq : {T, int64_t{1}}) {
+        const int64_t q0 = T - nq, qrow = int64_t{cfg.n_heads} * cfg.head_dim;
+        std::vector<float> of(nq * qrow), op(nq * qrow);
+        fake.attend(l, nq, pos.data() + q0, qs[l].data() + q0 * qrow, of.data(), ap);
+        packed.attend(l, nq, pos.data() + q0, qs[l].data() + q0 * qrow, op.data(), ap);
+        const double e = rel_err(op, of);
+        worst = std::max(worst, e);
+        EXPECT_LT(e, 1e-5) << name << " layer " << l << ", " << nq << " queries";
+      }
+    }
+    std::printf("[ SmolLM2 %s, %lld tokens, 30 layers: max rel err %.3g ]\n", name, static_cast<long long>(T), worst);
   }
-  std::printf("[ SmolLM2 Block-GTQ K3V3, %lld tokens, 30 layers: max rel err %.3g ]\n", static_cast<long long>(T), worst);
 }
 
 }  // namespace

@@ -4,9 +4,21 @@
 //
 // Serves TQ-MSE-family plans: every (layer, KV head, side) codec must be
 // "tq-mse" (one group over the head) or "tq-mse-grouped" (Block-GTQ, RateQuant
-// over TQ-MSE; groups at 0 bits are dropped = reconstructed as 0) with code
-// widths 1..4 bits (the format's range). Any other kind (fp16, kivi, quarot,
-// q8_0, q4_0) is rejected with an Error naming the kind and the plan field.
+// over TQ-MSE), each (layer, KV head, side) with its own widths (RateQuant
+// plans give every head and side its own width). Any other kind (fp16, kivi,
+// quarot, q8_0, q4_0) is rejected with an Error naming the kind and the plan
+// field. Widths:
+//   0 bits   groups at 0 bits are dropped (reconstructed as 0, as the
+//            fake-quant cache does); a side whose every group is at 0 bits
+//            stores nothing: its keys score 0 (softmax weight e^0 per token),
+//            its values contribute 0;
+//   1..4     one format group (docs/packed_format.md);
+//   5..8     wider than the format's nibbles: the code's low 4 bits are a
+//            4-bit format group in the layer's pages, its high b − 4 bits a
+//            (b−4)-bit format group over the same channels in the layer's
+//            extension pages (a second LayerLayout holding only such groups,
+//            same page table); code = low | high << 4. b bits per code in all.
+//            CPU only (the CUDA kernels read the main pages).
 //
 // Storage per layer: pages of packed::kPageTokens code slots (one page = all
 // KV heads, LayerLayout built from the layer's groups), allocated one at a
@@ -28,6 +40,19 @@
 //     s_t = Σ_g n_{g,t} Σ_i tab_g[i][idx_{t,i}];
 //   * many rows (prefill): codes → levels tile n_t·c[idx] (m × 64), once
 //     per page, and S = Q_rot · tile (vectorized axpy loops).
+// Decode fast path (AVX2, groups of ≤ 4 bits, default): no per-element
+// unpacking and no table gathers. Per page and channel tile the b lane words
+// become "nibble words" (nibble e = code of fragment element e, one shift and
+// mask); a 16×16 tile's row x is then four 16-bit halves of four lane words:
+// 16 codes, in a fixed "natural" order k ↔ column 2(k/4) + k mod 2 +
+// 8((k/2) mod 2). Those codes index the codebook with two 8-lane permutes
+// (_mm256_permutevar8x32_ps; a blend on bit 3 for 16 levels). Keys: row x =
+// token, the levels are dotted with the rotated query held in natural order
+// (FMA). Values: the value tile is the key tile transposed, so row x =
+// channel and the levels of 16 tokens are dotted with p_t·n_t in natural
+// order, then added to o_rot[channel]. The scalar path (unpack_codes + table
+// lookups) stays as the reference (PackedCacheOptions::reference_attention)
+// and serves 5..8-bit groups and builds without AVX2/FMA.
 // Values are accumulated in each group's rotated domain (o_rot += p_t n_t
 // c[idx_t]) and rotated back once per output row (x = Π_gᵀ o_rot). The key
 // range is split over the sequence (pages) into parts with partial states
@@ -55,6 +80,9 @@ struct PackedCacheOptions {
   /// Decode attention splits a KV head's pages into parts of at least this
   /// many pages (partial states merged by log-sum-exp). ≥ 1.
   int pages_per_split = 8;
+  /// Use the scalar reference attention (unpack_codes + per-step tables)
+  /// instead of the AVX2 decode fast path (tests compare the two).
+  bool reference_attention = false;
 };
 
 /// Partial softmax-attention state of one query row over a subset of the
@@ -73,10 +101,13 @@ class PackedKVCache final : public KVCache {
  public:
   /// Throws Error when `shape` (layers, KV heads, head_dim) differs from the
   /// codecs' model, a codec kind is not tq-mse / tq-mse-grouped (message
-  /// names the kind and the plan field), a group width is outside 1..4, a
-  /// side has every group dropped, or a window/sink override is negative.
+  /// names the kind and the plan field), a group width is outside 0..8, or a
+  /// window/sink override is negative.
   PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const PlanCodecs> codecs,
                 PackedCacheOptions opt = {});
+  /// Copies are deep (pages included) and share the plan codecs: e.g. a
+  /// prefilled prompt prefix continued by several suffixes (ratekv niah).
+  PackedKVCache(const PackedKVCache&) = default;
 
   const KVCacheShape& shape() const override { return shape_; }
   /// Quantizes the n new tokens of every KV head (prefill: the whole chunk in
@@ -91,13 +122,19 @@ class PackedKVCache final : public KVCache {
   void clear() override;
   /// Bytes held: allocated pages + sink/window rows + positions.
   size_t bytes() const override;
-  /// Bytes of the allocated code pages only (all layers).
+  /// Bytes of the allocated code pages only (all layers, extension pages of
+  /// 5..8-bit groups included).
   size_t page_bytes() const;
 
   const PlanCodecs& codecs() const { return *codecs_; }
   const packed::LayerLayout& layout(int layer) const { return layers_.at(layer).layout; }
   /// Physical page of logical page i of `layer` (read-only view).
   std::span<const uint8_t> page(int layer, int i) const;
+  /// The extension layout of `layer` (high bits of its 5..8-bit groups), or
+  /// nullptr when the layer has none.
+  const packed::LayerLayout* ext_layout(int layer) const;
+  /// Extension page i of `layer` (Error when the layer has no extension).
+  std::span<const uint8_t> ext_page(int layer, int i) const;
   /// Tokens of `layer` stored as codes.
   int64_t n_quantized(int layer) const { return layers_.at(layer).n_codes; }
   int fp16_window() const { return window_; }
@@ -108,9 +145,13 @@ class PackedKVCache final : public KVCache {
     const quant::TQMSE* tq = nullptr;
     std::vector<int> channels;     // head channels, code i ↔ channels[i]
     const float* levels = nullptr; // Lloyd–Max levels (2^bits)
+    std::array<float, 16> lv16{};  // levels padded to 16 (fast path, bits ≤ 4)
     int dim = 0, dim_pad = 0, bits = 0;
     size_t code_offset = 0, norm_offset = 0;  // within a page (head block included)
     int rot_offset = 0;            // start of this group in the per-side rotated vector
+    bool wide = false;             // bits > 4: low nibble here, high bits in the extension pages
+    packed::GroupLayout ext;       // wide: the high part's layout (code_offset within the ext head block)
+    size_t ext_code_offset = 0;    // wide: within an extension page (head block included)
   };
   struct Head {
     std::array<std::vector<Group>, 2> side;  // key, value
@@ -119,7 +160,9 @@ class PackedKVCache final : public KVCache {
   struct Layer {
     packed::LayerLayout layout;
     std::vector<Head> heads;
-    std::vector<std::unique_ptr<uint8_t[]>> pages;  // page table: logical i → pages[i]
+    std::vector<std::vector<uint8_t>> pages;        // page table: logical i → pages[i] (copyable: clone)
+    std::optional<packed::LayerLayout> ext_layout;   // high bits of 5..8-bit groups, if any
+    std::vector<std::vector<uint8_t>> ext_pages;        // same page table (logical i → ext_pages[i])
     int64_t n_codes = 0;               // tokens stored as codes
     std::vector<uint16_t> sink_k, sink_v;  // (≤ S, n_kv_heads, head_dim) fp16 bits
     std::vector<float> win_k, win_v;       // (tokens in window, n_kv_heads, head_dim) fp32 originals
@@ -128,6 +171,10 @@ class PackedKVCache final : public KVCache {
   };
 
   void quantize_rows(Layer& L, int layer, const float* k, const float* v, int64_t n);
+  // Codes of slots [0, n_slots) of group g of side s of head hk in logical
+  // page pg, (n_slots rounded up to 16, dim_pad) u8 (reference path).
+  void unpack_group(const Layer& L, int hk, int s, size_t g, int64_t pg, int n_slots, uint8_t* codes,
+                    uint8_t* tmp) const;
   void attend_rows(const Layer& L, int hk, int64_t rows, const float* q_orig, const float* q_rot,
                    const int64_t* lo, const int64_t* hi, int64_t a, int64_t b, const AttnParams& p,
                    float* m, float* l, float* o_rot, float* o_plain) const;
