@@ -40,6 +40,26 @@ std::vector<TensorSpec> tensor_specs(const KVStats& s) {
   };
 }
 
+// The optional gradient tensors, (L, Hkv, d) each.
+struct GradSpec {
+  const char* name;
+  std::vector<double> GradSensitivity::*field;
+};
+constexpr GradSpec kGradSpecs[] = {
+    {"grad_sq_k_pre", &GradSensitivity::k_pre_sq},
+    {"grad_sq_k_post", &GradSensitivity::k_post_sq},
+    {"grad_sq_v", &GradSensitivity::v_sq},
+};
+
+// Σ over the last axis of an (n, m) row-major tensor.
+std::vector<double> row_sums(const std::vector<double>& x, size_t m) {
+  std::vector<double> s(x.size() / m, 0.0);
+  for (size_t i = 0; i < s.size(); ++i) {
+    for (size_t j = 0; j < m; ++j) s[i] += x[i * m + j];
+  }
+  return s;
+}
+
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t x : shape) n *= x;
@@ -86,6 +106,26 @@ void KVStats::validate(const std::string& name) const {
       check(!t.nonneg || v[i] >= 0, "{}: tensor {} = {} at flat index {}: expected ≥ 0", name, t.name, v[i], i);
     }
   }
+  const int64_t ng = int64_t{model.n_layers} * model.n_kv_heads * model.head_dim;
+  check(grad.n_sequences >= 0, "{}: sensitivity.n_sequences = {}: expected ≥ 0", name, grad.n_sequences);
+  for (const auto& t : kGradSpecs) {
+    const auto& v = grad.*t.field;
+    if (grad.n_sequences == 0) {
+      check(v.empty(), "{}: tensor {} is present but sensitivity.n_sequences = 0", name, t.name);
+      continue;
+    }
+    check(static_cast<int64_t>(v.size()) == ng, "{}: tensor {} has {} values, expected ({}, {}, {}) = {}", name,
+          t.name, v.size(), model.n_layers, model.n_kv_heads, model.head_dim, ng);
+    for (size_t i = 0; i < v.size(); ++i) {
+      check(std::isfinite(v[i]) && v[i] >= 0, "{}: tensor {} = {} at flat index {}: expected finite and ≥ 0", name,
+            t.name, v[i], i);
+    }
+  }
+  if (grad.n_sequences > 0) {
+    check(grad.seq_len >= 2, "{}: sensitivity.seq_len = {}: expected ≥ 2", name, grad.seq_len);
+    check(std::isfinite(grad.mean_loss) && grad.mean_loss >= 0, "{}: sensitivity.mean_loss = {}: expected finite, ≥ 0",
+          name, grad.mean_loss);
+  }
 }
 
 void KVStats::validate_against(const ModelConfig& cfg, const std::string& name) const {
@@ -109,6 +149,9 @@ alloc::CalibStats KVStats::to_alloc_stats() const {
   a.n_tokens = n_tokens;
   a.q_block_energy = q_block_energy;
   a.k_block_energy = k_block_energy;
+  const size_t d = model.head_dim;
+  a.sensitivity["activation"] = {row_sums(k_block_energy, d / 2), row_sums(v_sq, d)};
+  if (grad.n_sequences > 0) a.sensitivity["grad"] = {row_sums(grad.k_post_sq, d), row_sums(grad.v_sq, d)};
   return a;
 }
 
@@ -119,6 +162,12 @@ void KVStats::save(const std::string& path) const {
     const auto& v = this->*t.field;
     std::vector<float> f(v.begin(), v.end());
     w.add_f32(t.name, t.shape, f);
+  }
+  if (grad.n_sequences > 0) {
+    for (const auto& t : kGradSpecs) {
+      const auto& v = grad.*t.field;
+      w.add_f32(t.name, {model.n_layers, model.n_kv_heads, model.head_dim}, std::vector<float>(v.begin(), v.end()));
+    }
   }
   json meta = {
       {"format", kFormat},
@@ -136,6 +185,12 @@ void KVStats::save(const std::string& path) const {
       {"n_tokens", n_tokens},
       {"ctx", ctx},
   };
+  if (grad.n_sequences > 0) {
+    meta["sensitivity"] = {{"n_sequences", grad.n_sequences},
+                           {"seq_len", grad.seq_len},
+                           {"mean_loss", grad.mean_loss},
+                           {"loss", "mean next-token cross-entropy of each sequence (nats)"}};
+  }
   w.set_metadata("format", kFormat);
   w.set_metadata(kMetaKey, meta.dump());
   w.write(path);
@@ -170,6 +225,14 @@ KVStats KVStats::load(const std::string& path) {
     s.text_sha256 = m.at("text").at("sha256").get<std::string>();
     s.n_tokens = m.at("n_tokens").get<int64_t>();
     s.ctx = m.at("ctx").get<int64_t>();
+    if (m.contains("sensitivity")) {
+      const json& g = m.at("sensitivity");
+      s.grad.n_sequences = g.at("n_sequences").get<int64_t>();
+      s.grad.seq_len = g.at("seq_len").get<int64_t>();
+      s.grad.mean_loss = g.at("mean_loss").get<double>();
+      check(s.grad.n_sequences >= 1, "{}: __metadata__.{}.sensitivity.n_sequences = {}: expected ≥ 1", path,
+            kMetaKey, s.grad.n_sequences);
+    }
   } catch (const json::exception& e) {
     fail("{}: __metadata__.{}: missing or mistyped field: {}", path, kMetaKey, e.what());
   }
@@ -181,6 +244,13 @@ KVStats KVStats::load(const std::string& path) {
     f.expect(t.name, StDtype::F32, t.shape);
     const std::vector<float> v = f.read_f32(t.name);
     (s.*t.field).assign(v.begin(), v.end());
+  }
+  if (s.grad.n_sequences > 0) {
+    for (const auto& t : kGradSpecs) {
+      f.expect(t.name, StDtype::F32, {s.model.n_layers, s.model.n_kv_heads, s.model.head_dim});
+      const std::vector<float> v = f.read_f32(t.name);
+      (s.grad.*t.field).assign(v.begin(), v.end());
+    }
   }
   s.validate(path);
   return s;

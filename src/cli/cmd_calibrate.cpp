@@ -1,10 +1,13 @@
 // `ratekv calibrate`: K/V statistics of a model on unlabeled text (calib/).
+#include <algorithm>
 #include <filesystem>
+#include <span>
 
 #include "cli/command.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/calib/calibrate.h"
+#include "ratekv/calib/sensitivity.h"
 #include "ratekv/error.h"
 #include "ratekv/log.h"
 #include "ratekv/sha256.h"
@@ -16,16 +19,33 @@ struct CalibrateArgs {
   std::string model, text, out;
   int64_t tokens = 0, ctx = 512;
   bool force = false;
+  bool sensitivity = false;
+  int64_t sens_seqs = 16, sens_len = 512;
 };
 
 void run(const CalibrateArgs& a) {
   check(a.tokens >= 1, "--tokens {}: expected ≥ 1", a.tokens);
   check(a.ctx >= 1, "--ctx {}: expected ≥ 1", a.ctx);
+  if (a.sensitivity) {
+    check(a.sens_seqs >= 1 && a.sens_seqs <= 4096, "--sens-seqs {}: expected 1..4096", a.sens_seqs);
+    check(a.sens_len >= 2, "--sens-len {}: expected ≥ 2", a.sens_len);
+  }
   check_output_path(a.out, a.force, "-o");
   LoadedModel lm = load_model(a.model);
-  const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
-  spdlog::info("calibrating on the first {} tokens of {} in chunks of {}", ids.size(), a.text, a.ctx);
-  calib::KVStats s = calib::calibrate(*lm.model, ids, a.ctx);
+  if (a.sensitivity) {
+    check(a.sens_len <= lm.model->position_limit(), "--sens-len {}: exceeds the model's position limit {}",
+          a.sens_len, lm.model->position_limit());
+  }
+  const int64_t need = a.sensitivity ? std::max(a.tokens, a.sens_seqs * a.sens_len) : a.tokens;
+  std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, need, lm.add_bos, "-f");
+  spdlog::info("calibrating on the first {} tokens of {} in chunks of {}", a.tokens, a.text, a.ctx);
+  calib::KVStats s = calib::calibrate(*lm.model, std::span<const int32_t>(ids).first(a.tokens), a.ctx);
+  if (a.sensitivity) {
+    spdlog::info("gradient sensitivity: {} sequences of {} tokens (the first {} tokens of {})", a.sens_seqs,
+                 a.sens_len, a.sens_seqs * a.sens_len, a.text);
+    s.grad = calib::gradient_sensitivity(*lm.model, ids, a.sens_seqs, a.sens_len);
+    spdlog::info("mean loss over the sensitivity sequences: {:.4f} nats", s.grad.mean_loss);
+  }
   s.model.file = std::filesystem::path(a.model).filename().string();
   s.model.sha256 = sha256_file(a.model);
   s.text_file = std::filesystem::path(a.text).filename().string();
@@ -48,6 +68,13 @@ const Registrar reg("calibrate", [](CLI::App& app) {
   c->add_option("--tokens", a->tokens, "calibration tokens N")->required();
   c->add_option("--ctx", a->ctx, "tokens per forward chunk (fresh cache per chunk)")->capture_default_str();
   c->add_option("-o,--output", a->out, "output statistics file (.safetensors)")->required();
+  c->add_flag("--sensitivity", a->sensitivity,
+              "also measure the gradient sensitivity E_t ‖∂L/∂K‖², E_t ‖∂L/∂V‖² per layer and KV head by a "
+              "backward pass (RateQuant's \"grad\" weights)");
+  c->add_option("--sens-seqs", a->sens_seqs, "sensitivity: number of sequences (consecutive, from the text start)")
+      ->capture_default_str();
+  c->add_option("--sens-len", a->sens_len, "sensitivity: tokens per sequence (each its own causal LM loss)")
+      ->capture_default_str();
   c->add_flag("--force", a->force, "overwrite the output file");
   c->callback([a] { run(*a); });
 });

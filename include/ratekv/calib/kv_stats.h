@@ -14,6 +14,11 @@
 //   k_pre_cov      (L, Hkv, d, d) E_t (k−μ)(k−μ)ᵀ                (pre-RoPE, population covariance, 1/N)
 //   q_pre_sq       (L, H, d)    E_t q_{g,t,c}²                   (pre-RoPE, per query head)
 //   v_sq           (L, Hkv, d)  E_t v_{h,t,c}²
+// Optional (present when `ratekv calibrate --sensitivity` ran; GradSensitivity
+// in calib/sensitivity.h, means over S sequences × T tokens):
+//   grad_sq_k_pre  (L, Hkv, d)  E_t (∂L/∂k_pre_{h,t,c})²
+//   grad_sq_k_post (L, Hkv, d)  E_t (∂L/∂k_post_{h,t,c})²
+//   grad_sq_v      (L, Hkv, d)  E_t (∂L/∂v_{h,t,c})²
 // The pre-RoPE key covariance is of the raw projected keys: no TaSQ
 // weighting or per-token normalization is applied (a per-channel weighting W
 // transforms it as W Σ W; the per-token RMS normalization is not linear and
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "ratekv/alloc/stats.h"
+#include "ratekv/calib/sensitivity.h"
 #include "ratekv/model.h"
 #include "ratekv/plan.h"
 
@@ -49,6 +55,9 @@ struct KVStats {
   std::vector<double> k_pre_cov;       ///< (L, Hkv, d, d)
   std::vector<double> q_pre_sq;        ///< (L, H, d)
   std::vector<double> v_sq;            ///< (L, Hkv, d)
+  /// Gradient sensitivity; grad.n_sequences == 0 (and empty tensors) when the
+  /// file has none (files written before it existed stay readable).
+  GradSensitivity grad;
 
   /// Checks shapes (from model / n_heads), N ≥ 1, finiteness, non-negative
   /// energies and second moments. Throws Error naming `name` and the tensor.
@@ -58,8 +67,12 @@ struct KVStats {
   /// Error listing every mismatch ("stats made for n_layers = 30, model has 24").
   void validate_against(const ModelConfig& cfg, const std::string& name = "stats") const;
 
-  /// The allocators' view (alloc/stats.h): identity, source, N and the two
-  /// block energies; no sensitivities or curves.
+  /// The allocators' view (alloc/stats.h): identity, source, N, the two
+  /// block energies and the sensitivities (no curves):
+  ///   "activation": k = E_t ‖k_{l,h,t}‖² (Σ of k_block_energy), v = E_t ‖v‖²
+  ///                 (Σ of v_sq) — the activation-magnitude proxy;
+  ///   "grad" (only with grad): k = E_t ‖∂L/∂k_post‖² (Σ_c grad_sq_k_post, equal
+  ///                 to the pre-RoPE one: RoPE is orthogonal), v = Σ_c grad_sq_v.
   alloc::CalibStats to_alloc_stats() const;
 
   /// Writes the safetensors file (validates first). Throws Error on I/O failure.
