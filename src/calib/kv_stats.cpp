@@ -126,6 +126,7 @@ void KVStats::validate(const std::string& name) const {
     check(std::isfinite(grad.mean_loss) && grad.mean_loss >= 0, "{}: sensitivity.mean_loss = {}: expected finite, ≥ 0",
           name, grad.mean_loss);
   }
+  validate_curves(curves, static_cast<size_t>(model.n_layers) * model.n_kv_heads, name);
 }
 
 void KVStats::validate_against(const ModelConfig& cfg, const std::string& name) const {
@@ -152,6 +153,7 @@ alloc::CalibStats KVStats::to_alloc_stats() const {
   const size_t d = model.head_dim;
   a.sensitivity["activation"] = {row_sums(k_block_energy, d / 2), row_sums(v_sq, d)};
   if (grad.n_sequences > 0) a.sensitivity["grad"] = {row_sums(grad.k_post_sq, d), row_sums(grad.v_sq, d)};
+  for (const auto& [q, c] : curves) a.curves[q] = c.fit;
   return a;
 }
 
@@ -191,6 +193,7 @@ void KVStats::save(const std::string& path) const {
                            {"mean_loss", grad.mean_loss},
                            {"loss", "mean next-token cross-entropy of each sequence (nats)"}};
   }
+  if (!curves.empty()) write_curves(curves, model.n_layers, model.n_kv_heads, w, meta["curves"]);
   w.set_metadata("format", kFormat);
   w.set_metadata(kMetaKey, meta.dump());
   w.write(path);
@@ -252,6 +255,7 @@ KVStats KVStats::load(const std::string& path) {
       (s.grad.*t.field).assign(v.begin(), v.end());
     }
   }
+  if (m.contains("curves")) s.curves = read_curves(f, m.at("curves"), s.model.n_layers, s.model.n_kv_heads, path);
   s.validate(path);
   return s;
 }

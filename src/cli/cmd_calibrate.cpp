@@ -1,6 +1,8 @@
 // `ratekv calibrate`: K/V statistics of a model on unlabeled text (calib/).
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <span>
 
 #include "cli/command.h"
@@ -8,6 +10,7 @@
 #include "cli/text_tokens.h"
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/sensitivity.h"
+#include "ratekv/eval/distortion_measure.h"
 #include "ratekv/error.h"
 #include "ratekv/log.h"
 #include "ratekv/sha256.h"
@@ -21,6 +24,9 @@ struct CalibrateArgs {
   bool force = false;
   bool sensitivity = false;
   int64_t sens_seqs = 16, sens_len = 512;
+  std::vector<std::string> curves;  // quantizers whose distortion curves are measured
+  std::vector<int> curve_bits = {1, 2, 3, 4, 5};
+  std::string curves_json;
 };
 
 void run(const CalibrateArgs& a) {
@@ -31,6 +37,7 @@ void run(const CalibrateArgs& a) {
     check(a.sens_len >= 2, "--sens-len {}: expected ≥ 2", a.sens_len);
   }
   check_output_path(a.out, a.force, "-o");
+  if (!a.curves_json.empty()) check_output_path(a.curves_json, a.force, "--curves-json");
   LoadedModel lm = load_model(a.model);
   if (a.sensitivity) {
     check(a.sens_len <= lm.model->position_limit(), "--sens-len {}: exceeds the model's position limit {}",
@@ -45,6 +52,24 @@ void run(const CalibrateArgs& a) {
                  a.sens_len, a.sens_seqs * a.sens_len, a.text);
     s.grad = calib::gradient_sensitivity(*lm.model, ids, a.sens_seqs, a.sens_len);
     spdlog::info("mean loss over the sensitivity sequences: {:.4f} nats", s.grad.mean_loss);
+  }
+  if (!a.curves.empty()) {
+    eval::CurveMeasureOptions co;
+    co.quantizers = a.curves;
+    co.bits = a.curve_bits;
+    co.ctx = a.ctx;
+    std::string names;
+    for (const auto& q : a.curves) names += (names.empty() ? "" : ", ") + q;
+    spdlog::info("distortion curves of {} at {} widths on the calibration chunks", names, a.curve_bits.size());
+    s.curves = eval::measure_distortion_curves(*lm.model, std::span<const int32_t>(ids).first(a.tokens),
+                                               s.to_alloc_stats(), co);
+    const size_t n = static_cast<size_t>(s.model.n_layers) * s.model.n_kv_heads;
+    std::fputs(calib::format_curve_table(s.curves, n).c_str(), stdout);
+    if (!a.curves_json.empty()) {
+      std::ofstream out(a.curves_json);
+      out << calib::curves_to_json(s.curves, n).dump(1) << "\n";
+      check(out.good(), "--curves-json '{}': write failed", a.curves_json);
+    }
   }
   s.model.file = std::filesystem::path(a.model).filename().string();
   s.model.sha256 = sha256_file(a.model);
@@ -75,6 +100,14 @@ const Registrar reg("calibrate", [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--sens-len", a->sens_len, "sensitivity: tokens per sequence (each its own causal LM loss)")
       ->capture_default_str();
+  c->add_option("--curves", a->curves,
+                "measure and fit RateQuant distortion curves D(b) = α β^(−b) of these quantizers (kivi, quarot, "
+                "tq-mse, block-gtq; comma-separated) on the calibration chunks")
+      ->delimiter(',');
+  c->add_option("--curve-bits", a->curve_bits, "code widths the curves are measured at")
+      ->delimiter(',')
+      ->capture_default_str();
+  c->add_option("--curves-json", a->curves_json, "also write the measured MSE and the fits as JSON");
   c->add_flag("--force", a->force, "overwrite the output file");
   c->callback([a] { run(*a); });
 });

@@ -26,10 +26,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ratekv/alloc/stats.h"
+#include "ratekv/calib/distortion_curves.h"
 #include "ratekv/calib/sensitivity.h"
 #include "ratekv/model.h"
 #include "ratekv/plan.h"
@@ -58,6 +60,10 @@ struct KVStats {
   /// Gradient sensitivity; grad.n_sequences == 0 (and empty tensors) when the
   /// file has none (files written before it existed stay readable).
   GradSensitivity grad;
+  /// Measured distortion and fitted curves D(b) = α β^(−b) by quantizer name
+  /// (kivi, quarot, tq-mse, block-gtq; calib/distortion_curves.h); empty when
+  /// `ratekv calibrate --curves` did not run.
+  std::map<std::string, QuantizerCurves> curves;
 
   /// Checks shapes (from model / n_heads), N ≥ 1, finiteness, non-negative
   /// energies and second moments. Throws Error naming `name` and the tensor.
@@ -68,7 +74,7 @@ struct KVStats {
   void validate_against(const ModelConfig& cfg, const std::string& name = "stats") const;
 
   /// The allocators' view (alloc/stats.h): identity, source, N, the two
-  /// block energies and the sensitivities (no curves):
+  /// block energies, the fitted curves of `curves` (by quantizer) and the sensitivities:
   ///   "activation": k = E_t ‖k_{l,h,t}‖² (Σ of k_block_energy), v = E_t ‖v‖²
   ///                 (Σ of v_sq) — the activation-magnitude proxy;
   ///   "grad" (only with grad): k = E_t ‖∂L/∂k_post‖² (Σ_c grad_sq_k_post, equal
