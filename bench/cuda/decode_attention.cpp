@@ -1,10 +1,14 @@
 // Decode-attention benchmark on the GPU: packed-cache kernel (uniform K4V4,
 // K3V3, K2V2 and a Block-GTQ-style mixed-width K3V3 layout) vs the fp16-cache
 // kernel of the same structure, with the device-to-device copy ceiling
-// measured in the same run. Llama-3.1-8B attention shapes (32 query / 8 KV
-// heads, head_dim 128). Time per decode step (one layer): CUDA events around
-// the attention call only, median of N runs, L2 flushed (a 512 MB memset)
-// before each run. Writes JSON (--out FILE) and prints a table.
+// measured in the same run. Llama-3.1-8B (32 query / 8 KV heads) and
+// Qwen2.5-3B (16 / 2) attention shapes, head_dim 128, B up to 32, T up to 512K.
+// Time per decode step (one layer): CUDA events around the attention call
+// only, median of N runs, L2 flushed (a 512 MB memset) before each run; at
+// T ≤ 32K also as a replayed CUDA graph. Also: quantize-append per token,
+// prefill-quantize throughput (one launch per layer) and, with --demo, the
+// 32-layer B=4 T=512K K3V3 memory demonstration. Writes JSON (--out FILE)
+// and prints a table.
 // The torch SDPA flash baseline runs in the same device call
 // (tools/device/sdpa_baseline.py).
 #include <cuda_runtime.h>
@@ -14,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -37,7 +42,15 @@ using namespace ratekv::packed;
 
 namespace {
 
-constexpr int kHq = 32, kHkv = 8, kD = 128;
+constexpr int kD = 128;
+
+/// Attention shapes of one model (one layer).
+struct Shape {
+  const char* model;
+  int n_heads, n_kv_heads;
+};
+constexpr Shape kLlama{"llama-3.1-8b", 32, 8};
+constexpr Shape kQwen{"qwen2.5-3b", 16, 2};
 
 struct Timer {
   void* flush = nullptr;
@@ -47,6 +60,40 @@ struct Timer {
     CK(cudaMalloc(&flush, flush_bytes));
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
+  }
+  /// Median of `reps` runs of f() captured once into a CUDA graph and
+  /// replayed (launch gaps between the kernels of one call removed); same
+  /// flush and events as median_ms.
+  template <typename F>
+  double graph_median_ms(F&& f, int reps) {
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    f(s);  // warm-up outside capture (one-time attribute setting)
+    CK(cudaStreamSynchronize(s));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    f(s);
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> t;
+    for (int i = 0; i < reps; ++i) {
+      CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, s));
+      CK(cudaEventRecord(a, s));
+      CK(cudaGraphLaunch(ge, s));
+      CK(cudaEventRecord(b, s));
+      CK(cudaEventSynchronize(b));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms);
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(s));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
   }
   template <typename F>
   double median_ms(F&& f, int reps) {
@@ -69,10 +116,16 @@ struct Timer {
   }
 };
 
-// Fills n bytes of device memory by repeating a host template.
+// Fills n bytes of device memory by repeating a host template (one upload,
+// then device-to-device doubling).
 void fill_repeat(uint8_t* dst, size_t n, const std::vector<uint8_t>& tmpl) {
-  for (size_t off = 0; off < n; off += tmpl.size())
-    CK(cudaMemcpy(dst + off, tmpl.data(), std::min(tmpl.size(), n - off), cudaMemcpyHostToDevice));
+  const size_t first = std::min(tmpl.size(), n);
+  CK(cudaMemcpy(dst, tmpl.data(), first, cudaMemcpyHostToDevice));
+  for (size_t have = first; have < n;) {
+    const size_t c = std::min(have, n - have);
+    CK(cudaMemcpy(dst + have, dst, c, cudaMemcpyDeviceToDevice));
+    have += c;
+  }
 }
 
 std::vector<float> rotations_identityish(const LayerLayout& L, std::mt19937& rng) {
@@ -104,10 +157,10 @@ std::vector<float> levels_for(const LayerLayout& L) {
   return l;
 }
 
-LayerLayout block_gtq_k3v3() {
+LayerLayout block_gtq_k3v3(int n_kv_heads) {
   // Keys: 32 channels at 4 bits, 64 at 3, 32 at 2 (3.0 bits average, 3 norms);
   // values: uniform 3 bits.
-  std::vector<HeadSpec> heads(kHkv);
+  std::vector<HeadSpec> heads(n_kv_heads);
   for (auto& h : heads) {
     GroupSpec g4{{}, 4}, g3{{}, 3}, g2{{}, 2}, v{{}, 3};
     for (int c = 0; c < kD; ++c) {
@@ -120,16 +173,207 @@ LayerLayout block_gtq_k3v3() {
   return LayerLayout(kD, heads);
 }
 
+/// A packed pool of n_pages pages filled with random codes and valid fp16 norms
+/// (a 64-page template repeated).
+uint8_t* make_packed_pool(const LayerLayout& L, size_t n_pages, std::mt19937& rng) {
+  uint8_t* pool;
+  CK(cudaMalloc(&pool, n_pages * L.page_bytes()));
+  HostPagePool tmpl{&L, std::vector<uint8_t>(64 * L.page_bytes())};
+  for (auto& x : tmpl.bytes) x = (uint8_t)rng();
+  std::uniform_real_distribution<float> U(0.5f, 2.f);
+  for (int p = 0; p < 64; ++p)
+    for (int h = 0; h < L.n_kv_heads(); ++h)
+      for (Side s : {Side::key, Side::value})
+        for (int g = 0; g < (int)L.head(h).side(s).size(); ++g)
+          for (int t = 0; t < kPageTokens; ++t)
+            write_norm(L, tmpl.page(p), h, s, g, t, fp32_to_fp16(U(rng)));
+  fill_repeat(pool, n_pages * L.page_bytes(), tmpl.bytes);
+  return pool;
+}
+
+struct Args {
+  std::string out = "cuda_decode_bench.json";
+  int reps = 30, only_b = 0, only_t = 0;
+  std::string only_model, only_cache;  // only_cache: one packed layout, no fp16 row (profiling)
+  bool demo = false, prefill = true, sweep = false;
+};
+
+/// Memory demonstration: a 32-layer Llama-3.1-8B-shaped K3V3 cache at B=4,
+/// T=512K (fp16 would be ~275 GB, beyond the card), one decode step over all
+/// layers (attention per layer, then quantize-append per layer).
+void run_demo(const Args& A, Timer& timer, nlohmann::json& J) {
+  constexpr int kLayers = 32, B = 4, T = 512 * 1024;
+  const Shape S = kLlama;
+  const LayerLayout L = LayerLayout::uniform(kD, S.n_kv_heads, 3, 3);
+  std::mt19937 rng(7);
+  const int pages_per_seq = T / kPageTokens;
+  const size_t n_pages = (size_t)B * pages_per_seq;
+  size_t free0, total;
+  CK(cudaMemGetInfo(&free0, &total));
+  std::vector<std::unique_ptr<cuda::PackedPlan>> plans;
+  std::vector<uint8_t*> pools;
+  uint8_t* first = nullptr;
+  for (int l = 0; l < kLayers; ++l) {
+    auto rot = rotations_identityish(L, rng);
+    auto lvl = levels_for(L);
+    plans.push_back(std::make_unique<cuda::PackedPlan>(L, S.n_heads, rot, lvl));
+    if (l == 0) {
+      first = make_packed_pool(L, n_pages, rng);
+      pools.push_back(first);
+    } else {
+      uint8_t* p;
+      CK(cudaMalloc(&p, n_pages * L.page_bytes()));
+      CK(cudaMemcpy(p, first, n_pages * L.page_bytes(), cudaMemcpyDeviceToDevice));
+      pools.push_back(p);
+    }
+  }
+  size_t free1;
+  CK(cudaMemGetInfo(&free1, &total));
+  std::vector<int32_t> pt(n_pages);
+  for (size_t i = 0; i < n_pages; ++i) pt[i] = (int32_t)i;
+  std::shuffle(pt.begin(), pt.end(), rng);
+  std::vector<int32_t> lens(B, T), pos(B, T - 1);  // attend T tokens; append rewrites slot T−1
+  int32_t *dpt, *dlen;
+  CK(cudaMalloc(&dpt, pt.size() * 4));
+  CK(cudaMalloc(&dlen, B * 4));
+  CK(cudaMemcpy(dpt, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dlen, lens.data(), B * 4, cudaMemcpyHostToDevice));
+  cuda::DecodeBatch db{dpt, pages_per_seq, dlen, B, T};
+  std::vector<float> q((size_t)B * S.n_heads * kD), kv((size_t)B * S.n_kv_heads * kD);
+  std::normal_distribution<float> N;
+  for (auto& x : q) x = N(rng);
+  for (auto& x : kv) x = N(rng);
+  float *dq, *dout, *dkv;
+  CK(cudaMalloc(&dq, q.size() * 4));
+  CK(cudaMalloc(&dout, q.size() * 4 * kLayers));
+  CK(cudaMalloc(&dkv, kv.size() * 4));
+  CK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dkv, kv.data(), kv.size() * 4, cudaMemcpyHostToDevice));
+  const int splits = cuda::default_splits(*plans[0], B, T);
+  const size_t ws_bytes = cuda::decode_workspace_bytes(B, S.n_heads, kD, splits);
+  void* ws;
+  CK(cudaMalloc(&ws, ws_bytes));
+  const float scale = 1.f / std::sqrt((float)kD);
+  // Attention is the step's cache read; the append (T−1 → T) writes one slot.
+  const double attn_ms = timer.median_ms(
+      [&] {
+        for (int l = 0; l < kLayers; ++l)
+          cuda::packed_decode_attention(*plans[l], db, pools[l], dq, cuda::DType::f32, scale,
+                                        dout + (size_t)l * q.size(), ws, ws_bytes, splits, nullptr);
+      },
+      std::max(5, A.reps / 3));
+  CK(cudaMemcpy(dlen, pos.data(), B * 4, cudaMemcpyHostToDevice));
+  const double append_ms = timer.median_ms(
+      [&] {
+        for (int l = 0; l < kLayers; ++l)
+          cuda::packed_append(*plans[l], db, pools[l], dkv, dkv, cuda::DType::f32, nullptr);
+      },
+      std::max(5, A.reps / 3));
+  std::vector<float> out((size_t)kLayers * q.size());
+  CK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+  size_t finite = 0;
+  for (float x : out) finite += std::isfinite(x) ? 1 : 0;
+  const double packed_bytes = (double)kLayers * n_pages * L.page_bytes();
+  const double fp16_bytes = (double)kLayers * B * T * S.n_kv_heads * 2 * kD * 2;
+  J["memory_demo"] = {
+      {"model", S.model}, {"layers", kLayers}, {"B", B}, {"T", T}, {"cache", "K3V3"},
+      {"packed_cache_bytes", packed_bytes}, {"fp16_cache_bytes", fp16_bytes},
+      {"device_memory_bytes", total}, {"allocated_bytes", (double)(free0 - free1)},
+      {"step_attention_ms", attn_ms}, {"step_append_ms", append_ms},
+      {"attention_GBps", packed_bytes / (attn_ms * 1e-3) / 1e9},
+      {"outputs_finite", finite == out.size()}, {"splits", splits}};
+  std::printf("memory demo: %d layers, B=%d, T=%d, K3V3 cache %.1f GB (fp16 would be %.1f GB; card %.1f GB)\n"
+              "  one decode step, attention over all layers: %.3f ms (%.0f GB/s); quantize-append all layers: %.3f ms; outputs finite: %s\n",
+              kLayers, B, T, packed_bytes / 1e9, fp16_bytes / 1e9, total / 1e9, attn_ms,
+              packed_bytes / (attn_ms * 1e-3) / 1e9, append_ms, finite == out.size() ? "yes" : "NO");
+  for (auto* p : pools) CK(cudaFree(p));
+  CK(cudaFree(dpt));
+  CK(cudaFree(dlen));
+  CK(cudaFree(dq));
+  CK(cudaFree(dout));
+  CK(cudaFree(dkv));
+  CK(cudaFree(ws));
+}
+
+/// Prefill-quantize throughput: one launch writes a T-token prompt of every
+/// sequence (all KV heads, one layer) from fp16 K/V.
+void run_prefill(const Args& A, Timer& timer, nlohmann::json& rows) {
+  std::mt19937 rng(11);
+  for (const Shape& S : {kLlama, kQwen}) {
+    if (!A.only_model.empty() && A.only_model != S.model) continue;
+    for (int T : {4096, 32768, 131072}) {
+      const int B = 1;
+      struct Lay {
+        std::string name;
+        LayerLayout L;
+      };
+      for (const Lay& lay : {Lay{"K3V3", LayerLayout::uniform(kD, S.n_kv_heads, 3, 3)},
+                             Lay{"K3V3-blockgtq", block_gtq_k3v3(S.n_kv_heads)}}) {
+        const int pages = (T + kPageTokens - 1) / kPageTokens;
+        auto rot = rotations_identityish(lay.L, rng);
+        auto lvl = levels_for(lay.L);
+        cuda::PackedPlan plan(lay.L, S.n_heads, rot, lvl);
+        uint8_t* pool;
+        CK(cudaMalloc(&pool, (size_t)pages * lay.L.page_bytes()));
+        std::vector<int32_t> pt(pages), lens(B, 0);
+        for (int i = 0; i < pages; ++i) pt[i] = i;
+        std::shuffle(pt.begin(), pt.end(), rng);
+        int32_t *dpt, *dlen;
+        CK(cudaMalloc(&dpt, pt.size() * 4));
+        CK(cudaMalloc(&dlen, 4));
+        CK(cudaMemcpy(dpt, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dlen, lens.data(), 4, cudaMemcpyHostToDevice));
+        const size_t n = (size_t)B * T * S.n_kv_heads * kD;
+        std::vector<uint16_t> x(std::min<size_t>(n, 1 << 22));
+        std::normal_distribution<float> N;
+        for (auto& e : x) e = fp32_to_fp16(N(rng));
+        uint8_t *dk, *dv;
+        CK(cudaMalloc(&dk, n * 2));
+        CK(cudaMalloc(&dv, n * 2));
+        std::vector<uint8_t> xb(x.size() * 2);
+        std::memcpy(xb.data(), x.data(), xb.size());
+        fill_repeat(dk, n * 2, xb);
+        fill_repeat(dv, n * 2, xb);
+        cuda::DecodeBatch db{dpt, pages, dlen, B, T};
+        const double ms = timer.median_ms(
+            [&] { cuda::packed_prefill(plan, db, pool, dk, dv, T, cuda::DType::f16, nullptr); },
+            std::max(5, A.reps / 3));
+        rows.push_back({{"model", S.model}, {"cache", lay.name}, {"B", B}, {"T", T}, {"ms", ms},
+                        {"tokens_per_s", B * T / (ms * 1e-3)},
+                        {"input_GBps", 2.0 * n * 2 / (ms * 1e-3) / 1e9}});
+        std::printf("prefill %-12s %-14s B=%d T=%7d: %8.3f ms  %.2f Mtok/s (one layer, all heads)\n",
+                    S.model, lay.name.c_str(), B, T, ms, B * T / (ms * 1e-3) / 1e6);
+        CK(cudaFree(pool));
+        CK(cudaFree(dpt));
+        CK(cudaFree(dlen));
+        CK(cudaFree(dk));
+        CK(cudaFree(dv));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "cuda_decode_bench.json";
-  int reps = 30, only_b = 0, only_t = 0;  // --only-B / --only-T: one case (profiling)
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--only-B")) only_b = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--only-T")) only_t = std::atoi(argv[i + 1]);
+  Args A;
+  for (int i = 1; i < argc; ++i) {
+    const bool more = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--out") && more) A.out = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && more) A.reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only-B") && more) A.only_b = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only-T") && more) A.only_t = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only-model") && more) A.only_model = argv[++i];
+    else if (!std::strcmp(argv[i], "--only-cache") && more) A.only_cache = argv[++i];
+    else if (!std::strcmp(argv[i], "--demo")) A.demo = true;
+    else if (!std::strcmp(argv[i], "--no-prefill")) A.prefill = false;
+    else if (!std::strcmp(argv[i], "--sweep-splits")) A.sweep = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_cuda_decode [--out FILE] [--reps N] [--only-B B] [--only-T T] "
+                   "[--only-model llama-3.1-8b|qwen2.5-3b] [--only-cache K3V3|...] [--no-prefill] [--sweep-splits] [--demo]\n");
+      return 2;
+    }
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -138,9 +382,15 @@ int main(int argc, char** argv) {
   J["device"] = prop.name;
   J["sms"] = prop.multiProcessorCount;
   J["l2_bytes"] = prop.l2CacheSize;
-  J["shape"] = {{"n_heads", kHq}, {"n_kv_heads", kHkv}, {"head_dim", kD}};
-  J["timing"] = "CUDA events around one decode-attention call (one layer), median of " +
-                std::to_string(reps) + ", 512 MB memset before each run to flush L2";
+  J["head_dim"] = kD;
+  J["timing"] = "CUDA events around one call (one layer; the demo: one step over all layers), median of " +
+                std::to_string(A.reps) + ", 512 MB memset before each run to flush L2; ms_graph: the same call "
+                "captured once in a CUDA graph and replayed";
+  if (A.demo) {
+    run_demo(A, timer, J);
+    std::ofstream(A.out) << J.dump(2) << "\n";
+    return 0;
+  }
 
   // Copy ceiling: 4 GiB D2D copy, bytes read + written.
   {
@@ -157,142 +407,183 @@ int main(int argc, char** argv) {
   }
   const double ceiling = J["copy_ceiling_GBps"].get<double>();
 
-  struct Layout {
-    std::string name;
-    LayerLayout L;
+  struct Case {
+    Shape S;
+    int B, T;
   };
-  std::vector<Layout> layouts;
-  layouts.push_back({"K4V4", LayerLayout::uniform(kD, kHkv, 4, 4)});
-  layouts.push_back({"K3V3", LayerLayout::uniform(kD, kHkv, 3, 3)});
-  layouts.push_back({"K2V2", LayerLayout::uniform(kD, kHkv, 2, 2)});
-  layouts.push_back({"K3V3-blockgtq", block_gtq_k3v3()});
+  std::vector<Case> cases;
+  for (int B : {1, 8})
+    for (int T : {4096, 32768, 131072}) cases.push_back({kLlama, B, T});
+  cases.push_back({kLlama, 32, 32768});
+  cases.push_back({kLlama, 32, 131072});
+  cases.push_back({kLlama, 1, 524288});
+  cases.push_back({kLlama, 8, 524288});
+  for (int B : {1, 8, 32})
+    for (int T : {4096, 131072}) cases.push_back({kQwen, B, T});
+  cases.push_back({kQwen, 8, 524288});
 
   std::mt19937 rng(1);
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-14s %2s %7s %10s %10s %8s %8s\n", "cache", "B", "T", "ms", "GB/s", "%ceil",
-              "vs fp16");
-  for (int B : {1, 8}) {
-    if (only_b && B != only_b) continue;
-    for (int T : {4096, 32768, 131072}) {
-      if (only_t && T != only_t) continue;
-      const int pages_per_seq = (T + kPageTokens - 1) / kPageTokens;
-      const int n_pages = B * pages_per_seq;
-      std::vector<int32_t> pt(n_pages);
-      for (int i = 0; i < n_pages; ++i) pt[i] = i;
-      std::shuffle(pt.begin(), pt.end(), rng);  // scattered pages, as a paged allocator gives
-      std::vector<int32_t> lens(B, T);
-      int32_t *dpt, *dlen;
-      CK(cudaMalloc(&dpt, pt.size() * 4));
-      CK(cudaMalloc(&dlen, lens.size() * 4));
-      CK(cudaMemcpy(dpt, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dlen, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-      cuda::DecodeBatch db{dpt, pages_per_seq, dlen, B, T};
-      std::vector<float> q((size_t)B * kHq * kD);
-      std::normal_distribution<float> N;
-      for (auto& x : q) x = N(rng);
-      float *dq, *dout;
-      CK(cudaMalloc(&dq, q.size() * 4));
-      CK(cudaMalloc(&dout, q.size() * 4));
-      CK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-      const int splits = cuda::default_splits(B, kHkv, T);
-      const size_t ws_bytes = cuda::decode_workspace_bytes(B, kHq, kD, splits);
-      void* ws;
-      CK(cudaMalloc(&ws, ws_bytes));
-      const double scale = 1.0 / std::sqrt((double)kD);
+  std::printf("%-12s %-14s %2s %7s %10s %10s %10s %8s %8s\n", "model", "cache", "B", "T", "ms",
+              "ms(graph)", "GB/s", "%ceil", "vs fp16");
+  for (const Case& C : cases) {
+    const Shape S = C.S;
+    const int B = C.B, T = C.T;
+    if ((A.only_b && B != A.only_b) || (A.only_t && T != A.only_t) ||
+        (!A.only_model.empty() && A.only_model != S.model))
+      continue;
+    const bool short_t = T <= 32768;  // graph replay where launch gaps can matter
+    const int pages_per_seq = (T + kPageTokens - 1) / kPageTokens;
+    const int n_pages = B * pages_per_seq;
+    std::vector<int32_t> pt(n_pages);
+    for (int i = 0; i < n_pages; ++i) pt[i] = i;
+    std::shuffle(pt.begin(), pt.end(), rng);  // scattered pages, as a paged allocator gives
+    std::vector<int32_t> lens(B, T);
+    int32_t *dpt, *dlen;
+    CK(cudaMalloc(&dpt, pt.size() * 4));
+    CK(cudaMalloc(&dlen, lens.size() * 4));
+    CK(cudaMemcpy(dpt, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dlen, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    cuda::DecodeBatch db{dpt, pages_per_seq, dlen, B, T};
+    std::vector<float> q((size_t)B * S.n_heads * kD);
+    std::normal_distribution<float> N;
+    for (auto& x : q) x = N(rng);
+    float *dq, *dout;
+    CK(cudaMalloc(&dq, q.size() * 4));
+    CK(cudaMalloc(&dout, q.size() * 4));
+    CK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+    const int splits = cuda::default_splits(B, S.n_kv_heads, T);
+    const size_t ws_bytes = cuda::decode_workspace_bytes(B, S.n_heads, kD, splits);
+    void* ws;
+    CK(cudaMalloc(&ws, ws_bytes));
+    const double scale = 1.0 / std::sqrt((double)kD);
+    auto base_row = [&](const std::string& cache) {
+      return nlohmann::json{{"model", S.model}, {"n_heads", S.n_heads}, {"n_kv_heads", S.n_kv_heads},
+                            {"cache", cache}, {"B", B}, {"T", T}};
+    };
 
-      // fp16 cache, same kernel structure.
-      double fp16_ms;
-      {
-        const size_t page_bytes = (size_t)kHkv * 2 * kPageTokens * kD * 2;
-        uint8_t* pool;
-        CK(cudaMalloc(&pool, n_pages * page_bytes));
-        std::vector<uint8_t> tmpl(16 << 20);
-        for (size_t i = 0; i < tmpl.size(); i += 2) {
-          const uint16_t h = fp32_to_fp16(N(rng));
-          std::memcpy(&tmpl[i], &h, 2);
-        }
-        fill_repeat(pool, n_pages * page_bytes, tmpl);
-        fp16_ms = timer.median_ms(
-            [&] {
-              cuda::fp16_decode_attention(kHq, kHkv, kD, db, reinterpret_cast<uint16_t*>(pool), dq,
-                                          cuda::DType::f32, (float)scale, dout, ws, ws_bytes,
-                                          splits, nullptr);
-            },
-            reps);
-        const double bytes = (double)B * T * kHkv * 2 * kD * 2;
-        const double gbs = bytes / (fp16_ms * 1e-3) / 1e9;
-        rows.push_back({{"cache", "fp16"}, {"B", B}, {"T", T}, {"ms", fp16_ms},
-                        {"cache_bytes", bytes}, {"GBps", gbs}, {"frac_ceiling", gbs / ceiling},
-                        {"splits", splits}});
-        std::printf("%-14s %2d %7d %10.4f %10.0f %7.1f%% %8s\n", "fp16", B, T, fp16_ms, gbs,
-                    100 * gbs / ceiling, "1.00x");
-        CK(cudaFree(pool));
+    // fp16 cache, same kernel structure.
+    double fp16_ms = -1;
+    if (A.only_cache.empty()) {
+      const size_t page_bytes = (size_t)S.n_kv_heads * 2 * kPageTokens * kD * 2;
+      uint8_t* pool;
+      CK(cudaMalloc(&pool, n_pages * page_bytes));
+      std::vector<uint8_t> tmpl(16 << 20);
+      for (size_t i = 0; i < tmpl.size(); i += 2) {
+        const uint16_t h = fp32_to_fp16(N(rng));
+        std::memcpy(&tmpl[i], &h, 2);
       }
-      for (const Layout& lay : layouts) {
-        auto rot = rotations_identityish(lay.L, rng);
-        auto lvl = levels_for(lay.L);
-        cuda::PackedPlan plan(lay.L, kHq, rot, lvl);
-        uint8_t* pool;
-        CK(cudaMalloc(&pool, n_pages * lay.L.page_bytes()));
-        HostPagePool tmpl{&lay.L, std::vector<uint8_t>(64 * lay.L.page_bytes())};
-        for (auto& x : tmpl.bytes) x = (uint8_t)rng();
-        std::uniform_real_distribution<float> U(0.5f, 2.f);
-        for (int p = 0; p < 64; ++p)
-          for (int h = 0; h < kHkv; ++h)
-            for (Side s : {Side::key, Side::value})
-              for (int g = 0; g < (int)lay.L.head(h).side(s).size(); ++g)
-                for (int t = 0; t < kPageTokens; ++t)
-                  write_norm(lay.L, tmpl.page(p), h, s, g, t, fp32_to_fp16(U(rng)));
-        fill_repeat(pool, n_pages * lay.L.page_bytes(), tmpl.bytes);
-        const double ms = timer.median_ms(
-            [&] {
-              cuda::packed_decode_attention(plan, db, pool, dq, cuda::DType::f32, (float)scale,
-                                            dout, ws, ws_bytes, splits, nullptr);
-            },
-            reps);
-        double runtime_tables_ms = -1;
-        if (lay.name == "K3V3")
-          runtime_tables_ms = timer.median_ms(
-              [&] {
-                cuda::packed_decode_attention(plan, db, pool, dq, cuda::DType::f32, (float)scale,
-                                              dout, ws, ws_bytes, splits, nullptr,
-                                              cuda::PackedDecodeVariant::runtime_tables);
-              },
-              reps);
-        const double bytes = (double)B * T * lay.L.page_bytes() / kPageTokens;
-        const double gbs = bytes / (ms * 1e-3) / 1e9;
-        // quantize-append of one token per sequence (all heads, one layer)
-        std::vector<float> kv((size_t)B * kHkv * kD);
-        for (auto& x : kv) x = N(rng);
-        float* dkv;
-        CK(cudaMalloc(&dkv, kv.size() * 4));
-        CK(cudaMemcpy(dkv, kv.data(), kv.size() * 4, cudaMemcpyHostToDevice));
-        std::vector<int32_t> pos(B, T - 1);
-        int32_t* dpos;
-        CK(cudaMalloc(&dpos, B * 4));
-        CK(cudaMemcpy(dpos, pos.data(), B * 4, cudaMemcpyHostToDevice));
-        cuda::DecodeBatch ab{dpt, pages_per_seq, dpos, B, T};
-        const double append_ms = timer.median_ms(
-            [&] { cuda::packed_append(plan, ab, pool, dkv, dkv, cuda::DType::f32, nullptr); }, reps);
-        rows.push_back({{"cache", lay.name}, {"B", B}, {"T", T}, {"ms", ms},
-                        {"cache_bytes", bytes}, {"bytes_per_token_per_head", lay.L.bytes_per_token_per_head()},
-                        {"GBps", gbs}, {"frac_ceiling", gbs / ceiling},
-                        {"speedup_vs_fp16_kernel", fp16_ms / ms}, {"append_ms", append_ms}, {"runtime_tables_variant_ms", runtime_tables_ms},
-                        {"splits", splits}});
-        std::printf("%-14s %2d %7d %10.4f %10.0f %7.1f%% %7.2fx  (append %.4f ms)\n",
-                    lay.name.c_str(), B, T, ms, gbs, 100 * gbs / ceiling, fp16_ms / ms, append_ms);
-        CK(cudaFree(dkv));
-        CK(cudaFree(dpos));
-        CK(cudaFree(pool));
-      }
-      CK(cudaFree(ws));
-      CK(cudaFree(dq));
-      CK(cudaFree(dout));
-      CK(cudaFree(dpt));
-      CK(cudaFree(dlen));
+      fill_repeat(pool, n_pages * page_bytes, tmpl);
+      auto call = [&](cudaStream_t st) {
+        cuda::fp16_decode_attention(S.n_heads, S.n_kv_heads, kD, db, reinterpret_cast<uint16_t*>(pool),
+                                    dq, cuda::DType::f32, (float)scale, dout, ws, ws_bytes, splits, st);
+      };
+      fp16_ms = timer.median_ms([&] { call(nullptr); }, A.reps);
+      const double graph_ms = short_t ? timer.graph_median_ms(call, A.reps) : -1;
+      const double bytes = (double)B * T * S.n_kv_heads * 2 * kD * 2;
+      const double gbs = bytes / (fp16_ms * 1e-3) / 1e9;
+      auto r = base_row("fp16");
+      r.update({{"ms", fp16_ms}, {"ms_graph", graph_ms}, {"cache_bytes", bytes}, {"GBps", gbs},
+                {"frac_ceiling", gbs / ceiling}, {"splits", splits}});
+      rows.push_back(r);
+      std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %8s\n", S.model, "fp16", B, T,
+                  fp16_ms, graph_ms, gbs, 100 * gbs / ceiling, "1.00x");
+      CK(cudaFree(pool));
     }
+    struct Layout {
+      std::string name;
+      LayerLayout L;
+    };
+    std::vector<Layout> layouts;
+    layouts.push_back({"K4V4", LayerLayout::uniform(kD, S.n_kv_heads, 4, 4)});
+    layouts.push_back({"K3V3", LayerLayout::uniform(kD, S.n_kv_heads, 3, 3)});
+    layouts.push_back({"K2V2", LayerLayout::uniform(kD, S.n_kv_heads, 2, 2)});
+    layouts.push_back({"K3V3-blockgtq", block_gtq_k3v3(S.n_kv_heads)});
+    for (const Layout& lay : layouts) {
+      if (!A.only_cache.empty() && lay.name != A.only_cache) continue;
+      auto rot = rotations_identityish(lay.L, rng);
+      auto lvl = levels_for(lay.L);
+      cuda::PackedPlan plan(lay.L, S.n_heads, rot, lvl);
+      uint8_t* pool = make_packed_pool(lay.L, n_pages, rng);
+      const int psplits = cuda::default_splits(plan, B, T);
+      const size_t pws_bytes = cuda::decode_workspace_bytes(B, S.n_heads, kD, psplits);
+      void* pws;
+      CK(cudaMalloc(&pws, pws_bytes));
+      auto call = [&](cudaStream_t st, cuda::PackedDecodeVariant var) {
+        cuda::packed_decode_attention(plan, db, pool, dq, cuda::DType::f32, (float)scale, dout, pws,
+                                      pws_bytes, psplits, st, var);
+      };
+      const auto spec = cuda::PackedDecodeVariant::specialized;
+      const double ms = timer.median_ms([&] { call(nullptr, spec); }, A.reps);
+      const double graph_ms =
+          short_t ? timer.graph_median_ms([&](cudaStream_t st) { call(st, spec); }, A.reps) : -1;
+      // Split-count sweep at short T (the default aims at one full wave of
+      // ≥ 2-page splits; fewer pages per split shorten each warp's chain).
+      nlohmann::json sweep = nlohmann::json::array();
+      if (short_t && A.sweep) {
+        const int pages = pages_per_seq;
+        for (int sp : {psplits / 4, psplits / 2, psplits * 2, psplits * 4}) {
+          if (sp < 1 || sp > pages || sp == psplits) continue;
+          const size_t need = cuda::decode_workspace_bytes(B, S.n_heads, kD, sp);
+          void* ws2;
+          CK(cudaMalloc(&ws2, need));
+          auto call2 = [&](cudaStream_t st) {
+            cuda::packed_decode_attention(plan, db, pool, dq, cuda::DType::f32, (float)scale, dout,
+                                          ws2, need, sp, st, spec);
+          };
+          const double m1 = timer.median_ms([&] { call2(nullptr); }, A.reps);
+          const double m2 = timer.graph_median_ms(call2, A.reps);
+          sweep.push_back({{"splits", sp}, {"ms", m1}, {"ms_graph", m2}});
+          CK(cudaFree(ws2));
+        }
+      }
+      double runtime_tables_ms = -1;
+      if (lay.name == "K3V3")
+        runtime_tables_ms = timer.median_ms(
+            [&] { call(nullptr, cuda::PackedDecodeVariant::runtime_tables); }, A.reps);
+      const double bytes = (double)B * T * lay.L.page_bytes() / kPageTokens;
+      const double gbs = bytes / (ms * 1e-3) / 1e9;
+      // quantize-append of one token per sequence (all heads, one layer)
+      std::vector<float> kv((size_t)B * S.n_kv_heads * kD);
+      for (auto& x : kv) x = N(rng);
+      float* dkv;
+      CK(cudaMalloc(&dkv, kv.size() * 4));
+      CK(cudaMemcpy(dkv, kv.data(), kv.size() * 4, cudaMemcpyHostToDevice));
+      std::vector<int32_t> pos(B, T - 1);
+      int32_t* dpos;
+      CK(cudaMalloc(&dpos, B * 4));
+      CK(cudaMemcpy(dpos, pos.data(), B * 4, cudaMemcpyHostToDevice));
+      cuda::DecodeBatch ab{dpt, pages_per_seq, dpos, B, T};
+      const double append_ms = timer.median_ms(
+          [&] { cuda::packed_append(plan, ab, pool, dkv, dkv, cuda::DType::f32, nullptr); }, A.reps);
+      auto r = base_row(lay.name);
+      r.update({{"ms", ms}, {"ms_graph", graph_ms}, {"cache_bytes", bytes},
+                {"bytes_per_token_per_head", lay.L.bytes_per_token_per_head()}, {"GBps", gbs},
+                {"frac_ceiling", gbs / ceiling}, {"speedup_vs_fp16_kernel", fp16_ms / ms},
+                {"append_ms", append_ms}, {"append_tokens_per_s", B / (append_ms * 1e-3)},
+                {"runtime_tables_variant_ms", runtime_tables_ms}, {"splits", psplits},
+                {"split_sweep", sweep}});
+      rows.push_back(r);
+      std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %7.2fx  (append %.4f ms)\n",
+                  S.model, lay.name.c_str(), B, T, ms, graph_ms, gbs, 100 * gbs / ceiling,
+                  fp16_ms / ms, append_ms);
+      CK(cudaFree(dkv));
+      CK(cudaFree(dpos));
+      CK(cudaFree(pool));
+      CK(cudaFree(pws));
+    }
+    CK(cudaFree(ws));
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+    CK(cudaFree(dpt));
+    CK(cudaFree(dlen));
   }
   J["rows"] = rows;
-  std::ofstream(out_path) << J.dump(2) << "\n";
+  if (A.prefill) {
+    nlohmann::json prow = nlohmann::json::array();
+    run_prefill(A, timer, prow);
+    J["prefill"] = prow;
+  }
+  std::ofstream(A.out) << J.dump(2) << "\n";
   return 0;
 }

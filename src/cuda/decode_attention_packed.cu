@@ -27,9 +27,12 @@ constexpr int kStages = 2;  // pages in flight per warp (current + prefetch)
 // Warps (splits) per CTA; they share the head tables and the query fragments.
 // Uniform instances: 8 warps, ≤ 128 registers (2 CTAs = 16 warps per SM);
 // the general instance needs more registers: 4 warps, 3 CTAs per SM.
-template <int UB>
-constexpr int kWarps = UB > 0 ? 8 : 4;
-static_assert(detail::kPackedWarpsPerCta % kWarps<0> == 0 && detail::kPackedWarpsPerCta % kWarps<2> == 0,
+// The general instance with only query rows < 8 (R8, GQA ≤ 8) holds half the
+// accumulators of the 16-row one and fits 8 warps too.
+template <int UB, bool R8>
+constexpr int kWarps = UB > 0 || R8 ? 8 : 4;
+static_assert(detail::kPackedWarpsPerCta % kWarps<0, false> == 0 &&
+                  detail::kPackedWarpsPerCta % kWarps<2, true> == 0,
               "default_splits rounds to whole CTAs");
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -165,15 +168,16 @@ __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4]
 /// D: head_dim; UB > 0: uniform plan (one key and one value group over the
 /// whole head, both UB bits) and GQA ≤ 8, widths and offsets known at compile time;
 /// UB = 0: any plan, widths/codebooks/offsets read per channel tile from the
-/// head tables in shared memory.
-template <int D, int UB>
-__global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3) packed_decode_kernel(
+/// head tables in shared memory. R8: the warp's query rows are all < 8 (GQA ≤ 8;
+/// always true for UB > 0): rows g+8 of the m16n8k16 tiles are not computed.
+template <int D, int UB, bool R8>
+__global__ void __launch_bounds__(32 * kWarps<UB, R8>, D > 128 ? 1 : (UB > 0 || R8) ? 2 : 3) packed_decode_kernel(
     const HeadTables* __restrict__ tables, const uint8_t* __restrict__ pool, size_t page_bytes,
     const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens,
     int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot,
     detail::Partials part) {
   constexpr bool U = UB > 0;
-  constexpr bool R8 = U;  // query rows < 8 only (the host routes GQA > 8 to UB = 0)
+  static_assert(!U || R8, "uniform instances hold query rows < 8 only (GQA > 8 takes UB = 0)");
   constexpr int NT = U ? D / 16 : detail::max_tiles_for(D);  // rotated tiles per side (max)
   extern __shared__ __align__(16) uint8_t smem[];
   HeadTables& T = *reinterpret_cast<HeadTables*>(smem);
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-  const int split = blockIdx.x * kWarps<UB> + warp;
+  const int split = blockIdx.x * kWarps<UB, R8> + warp;
   if (split >= part.n_splits) return;
   const int stage_bytes = T.stage_bytes;
   uint8_t* stages = smem + kTablesBytes + NT * 32 * 16 + (size_t)warp * kStages * stage_bytes;
@@ -269,8 +273,8 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
           uint32_t bf[2][2];
           decode_fragments<UB>(code_nibbles<UB>(w, bits, tt), bits, cbK, bf);
           if (R8) {
-            mma_16816_top(S[tt][0], a, bf[0][0], bf[0][1]);
-            mma_16816_top(S[tt][1], a, bf[1][0], bf[1][1]);
+            mma_16816_top(U ? S[tt][0] : Sg[tt][0], a, bf[0][0], bf[0][1]);
+            mma_16816_top(U ? S[tt][1] : Sg[tt][1], a, bf[1][0], bf[1][1]);
           } else {
             detail::mma_16816(U ? S[tt][0] : Sg[tt][0], a, bf[0][0], bf[0][1]);
             detail::mma_16816(U ? S[tt][1] : Sg[tt][1], a, bf[1][0], bf[1][1]);
@@ -338,9 +342,16 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
             for (int hh = 0; hh < 2; ++hh) {
               const int tok = 16 * tt + 8 * hh + 2 * t;
               const float2 f = __half22float2(nv[tok >> 1]);
-              const bool full = valid >= packed::kPageTokens;
-              n[2 * hh] = full || tok < valid ? f.x : 0.f;  // unwritten slots may hold NaN norms
-              n[2 * hh + 1] = full || tok + 1 < valid ? f.y : 0.f;
+              n[2 * hh] = f.x;
+              n[2 * hh + 1] = f.y;
+            }
+            if (valid < packed::kPageTokens) {  // warp-uniform: only the last page of a sequence
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh) {
+                const int tok = 16 * tt + 8 * hh + 2 * t;
+                if (tok >= valid) n[2 * hh] = 0.f;  // unwritten slots may hold NaN norms
+                if (tok + 1 >= valid) n[2 * hh + 1] = 0.f;
+              }
             }
             pa[tt][0] = detail::pack_half2(S[tt][0][0] * n[0], S[tt][0][1] * n[1]);
             pa[tt][1] = R8 ? 0u : detail::pack_half2(S[tt][0][2] * n[0], S[tt][0][3] * n[1]);
@@ -374,18 +385,32 @@ __global__ void __launch_bounds__(32 * kWarps<UB>, D > 128 ? 1 : UB > 0 ? 2 : 3)
   detail::store_partial<NT>(part, row_base, gqa, split, st, O, nV);
 }
 
-template <int D, int UB>
+/// Sets instance <D, UB, R8>'s dynamic shared-memory limit once per device
+/// (and again only when a plan needs more) instead of on every call: host work
+/// between the launches of a step at short T. One cache per instance.
+template <int D, int UB, bool R8>
+void ensure_smem(size_t smem) {
+  static int set_bytes[64] = {};  // per device ordinal
+  int dev = 0;
+  RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
+  const bool cached = dev >= 0 && dev < 64;
+  if (cached && set_bytes[dev] >= (int)smem) return;
+  RATEKV_CUDA_CHECK(cudaFuncSetAttribute(packed_decode_kernel<D, UB, R8>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  if (cached) set_bytes[dev] = (int)smem;
+}
+
+template <int D, int UB, bool R8>
 void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
                    const detail::WorkspaceView& w, int pages_per_split, cudaStream_t stream) {
   const auto& dev = plan.device();
   constexpr int NT = UB > 0 ? D / 16 : detail::max_tiles_for(D);
   const size_t smem = (sizeof(HeadTables) + 15) / 16 * 16 + (size_t)NT * 32 * 16 +
-                      (size_t)kWarps<UB> * kStages * dev.max_stage_bytes;
-  RATEKV_CUDA_CHECK(cudaFuncSetAttribute(packed_decode_kernel<D, UB>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  dim3 grid((w.part.n_splits + kWarps<UB> - 1) / kWarps<UB>, plan.layout().n_kv_heads(),
+                      (size_t)kWarps<UB, R8> * kStages * dev.max_stage_bytes;
+  ensure_smem<D, UB, R8>(smem);
+  dim3 grid((w.part.n_splits + kWarps<UB, R8> - 1) / kWarps<UB, R8>, plan.layout().n_kv_heads(),
             batch.batch);
-  packed_decode_kernel<D, UB><<<grid, 32 * kWarps<UB>, smem, stream>>>(
+  packed_decode_kernel<D, UB, R8><<<grid, 32 * kWarps<UB, R8>, smem, stream>>>(
       dev.heads, pool, plan.layout().page_bytes(), batch.page_table, batch.max_pages,
       batch.seq_lens, pages_per_split, plan.n_heads(), plan.gqa(), w.q, w.part);
   RATEKV_CUDA_CHECK(cudaGetLastError());
@@ -394,15 +419,18 @@ void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8
 /// Width dispatch: uniform K2V2 / K3V3 / K4V4 plans (GQA ≤ 8) get the instance with
 /// compile-time widths and offsets (variant `specialized`); every other plan
 /// (Block-GTQ, RateQuant, K≠V widths, 1 bit) and variant `runtime_tables` the
-/// general instance. Both compute the same numbers (tested).
+/// general instance (rows < 8 only when GQA ≤ 8). All compute the same numbers (tested).
 template <int D>
-void dispatch_bits(int ub, const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
-                   const detail::WorkspaceView& w, int pps, cudaStream_t stream) {
+void dispatch_bits(int ub, bool r8, const PackedPlan& plan, const DecodeBatch& batch,
+                   const uint8_t* pool, const detail::WorkspaceView& w, int pps,
+                   cudaStream_t stream) {
   switch (ub) {
-    case 2: return launch_packed<D, 2>(plan, batch, pool, w, pps, stream);
-    case 3: return launch_packed<D, 3>(plan, batch, pool, w, pps, stream);
-    case 4: return launch_packed<D, 4>(plan, batch, pool, w, pps, stream);
-    default: return launch_packed<D, 0>(plan, batch, pool, w, pps, stream);
+    case 2: return launch_packed<D, 2, true>(plan, batch, pool, w, pps, stream);
+    case 3: return launch_packed<D, 3, true>(plan, batch, pool, w, pps, stream);
+    case 4: return launch_packed<D, 4, true>(plan, batch, pool, w, pps, stream);
+    default:
+      if (r8) return launch_packed<D, 0, true>(plan, batch, pool, w, pps, stream);
+      return launch_packed<D, 0, false>(plan, batch, pool, w, pps, stream);
   }
 }
 
@@ -416,7 +444,7 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   detail::require(pool && q && out, "packed_decode_attention: pool, q and out must be device pointers");
   auto stream = static_cast<cudaStream_t>(stream_);
   const int d = plan.head_dim(), hq = plan.n_heads();
-  if (n_splits <= 0) n_splits = default_splits(batch.batch, plan.layout().n_kv_heads(), batch.max_seq_len);
+  if (n_splits <= 0) n_splits = default_splits(plan, batch.batch, batch.max_seq_len);
   const int n_pages = (batch.max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
   const int pps = (n_pages + n_splits - 1) / n_splits;
   const detail::WorkspaceView w =
@@ -425,11 +453,12 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
                               D.heads, D.rotations, D.channels, w.q, stream);
   // Uniform instances hold only query rows < 8 (GQA ≤ 8); larger GQA takes the general one.
-  const int ub = variant == PackedDecodeVariant::specialized && plan.gqa() <= 8 ? D.uniform_bits : 0;
+  const bool r8 = plan.gqa() <= 8;
+  const int ub = variant == PackedDecodeVariant::specialized && r8 ? D.uniform_bits : 0;
   switch (d) {
-    case 64: dispatch_bits<64>(ub, plan, batch, pool, w, pps, stream); break;
-    case 128: dispatch_bits<128>(ub, plan, batch, pool, w, pps, stream); break;
-    case 256: dispatch_bits<256>(ub, plan, batch, pool, w, pps, stream); break;
+    case 64: dispatch_bits<64>(ub, r8, plan, batch, pool, w, pps, stream); break;
+    case 128: dispatch_bits<128>(ub, r8, plan, batch, pool, w, pps, stream); break;
+    case 256: dispatch_bits<256>(ub, r8, plan, batch, pool, w, pps, stream); break;
     default:
       detail::throw_error(detail::cat("packed_decode_attention: head_dim ", d,
                                       " has no kernel (64, 128, 256)"));

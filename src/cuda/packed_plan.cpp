@@ -61,6 +61,10 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
       const Side side = s == 0 ? Side::key : Side::value;
       const auto& groups = H.side(side);
       const auto& specs = s == 0 ? layout.spec(h).key : layout.spec(h).value;
+      check(!groups.empty(),
+            "cuda packed plan: KV head {} has no {} groups (a side entirely at 0 bits); the CUDA "
+            "kernels need at least one group per side",
+            h, s == 0 ? "key" : "value");
       T.n_groups[s] = (int)groups.size();
       int tile = 0;
       for (size_t g = 0; g < groups.size(); ++g) {
@@ -148,11 +152,8 @@ size_t decode_workspace_bytes(int batch, int n_heads, int /*head_dim*/, int n_sp
   return rows * kRotDim * sizeof(uint16_t) + rows * n_splits * (kRotDim + 2) * sizeof(float) + 256;
 }
 
-int default_splits(int batch, int n_kv_heads, int max_seq_len) {
-  // Splits are ranges of 64-token pages, one warp each, 8 per CTA. Aim at one
-  // full wave: ~16 resident warps per SM (2 CTAs of 8 warps at head_dim ≤ 128),
-  // so every warp streams a long run of pages and none waits for a second wave;
-  // at least 2 pages per split (prefetch overlap, fewer partial states).
+namespace {
+int sm_count() {
   int sms = 132;
   int dev = 0;
   if (cudaGetDevice(&dev) == cudaSuccess) {
@@ -160,15 +161,45 @@ int default_splits(int batch, int n_kv_heads, int max_seq_len) {
     if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0)
       sms = n;
   }
-  const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
-  const int rows = batch * n_kv_heads;
-  int want = std::max(1, sms * 16 / rows);
-  want = std::min(want, (pages + 1) / 2);
+  return sms;
+}
+// Rounds a split count ≥ one CTA down to whole CTAs of kPackedWarpsPerCta warps.
+int whole_ctas(int want) {
   const int cta = detail::kPackedWarpsPerCta;
   if (want >= cta) want = want / cta * cta;
   return std::max(want, 1);
 }
+}  // namespace
 
+int default_splits(int batch, int n_kv_heads, int max_seq_len) {
+  // Splits are ranges of 64-token pages, one warp each. Aim at one full wave
+  // (~16 resident warps per SM), so every warp streams a long run of pages and
+  // none waits for a second wave; at least 2 pages per split.
+  const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int rows = batch * n_kv_heads;
+  const int want = std::max(1, sm_count() * 16 / rows);
+  return whole_ctas(std::min(want, (pages + 1) / 2));
+}
+
+int default_splits(const PackedPlan& plan, int batch, int max_seq_len) {
+  // Measured on the H200 (docs/cuda_results.md, split sweeps): a warp's fixed
+  // cost (head tables, query fragments, first page in flight, partial state)
+  // wants ≥ 4 pages per split for the uniform instances and ≥ 2 for the
+  // general one, except that small grids (< 1024 warps) prefer one page per
+  // split; never more than one full wave (warps per SM of the instance:
+  // 16 for GQA ≤ 8 at head_dim ≤ 128, 12 for the 16-row general instance,
+  // fewer at head_dim 256).
+  const bool r8 = plan.gqa() <= 8, wide = plan.head_dim() > 128;
+  const int warps = r8 ? (wide ? 8 : 16) : (wide ? 4 : 12);
+  const bool uniform = r8 && plan.device().uniform_bits > 0;
+  const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int rows = batch * plan.layout().n_kv_heads();
+  const int wave = std::max(1, sm_count() * warps / rows);
+  const int min_pages = uniform ? 4 : 2;
+  const int small_grid = std::min(pages, (1024 + rows - 1) / rows);
+  const int want = std::max((pages + min_pages - 1) / min_pages, small_grid);
+  return whole_ctas(std::max(1, std::min(wave, want)));
+}
 
 namespace detail {
 

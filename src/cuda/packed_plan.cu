@@ -39,82 +39,148 @@ WorkspaceView carve_workspace(void* ws, size_t ws_bytes, int batch, int n_heads,
 
 namespace {
 
-// out[j] = fp16(scale · Σ_i Π_g[j][i] q[ch_i]) per key group (tables), or
-// fp16(scale · q[j]) (no tables). One block per (batch, query head).
+// out[r, J] = fp16(scale · Σ_i Π_g[j][i] q_r[ch_i]) (J = rotated coordinate j of
+// key group g, tables), or fp16(scale · q_r[J]) (no tables), for the gqa query
+// rows r of one KV head. Grid (batch · n_kv_heads, kRotDim / 8): one warp per
+// rotated coordinate, lanes over i (a coalesced row of Π_g, every load of it
+// in flight at once), the KV head's query rows sharing each row of Π_g. The
+// whole rotation is about one round trip to memory: at B = 1 the old
+// one-block-per-query-row version walked 16 rows per warp one after another
+// (15 µs cold, docs/cuda_results.md).
 template <typename TQ>
-__global__ void rotate_query_kernel(const TQ* __restrict__ q, int head_dim, int n_heads, int gqa,
-                                    float scale,
-                                    const HeadTables* __restrict__ tables,
-                                    const float* __restrict__ rot,
-                                    const int32_t* __restrict__ chans, __half* __restrict__ out) {
-  __shared__ float qs[256];
-  const int row = blockIdx.x;  // b·n_heads + q_head
-  for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
-    qs[i] = (float)q[(size_t)row * head_dim + i];
+__global__ void __launch_bounds__(256) rotate_query_kernel(
+    const TQ* __restrict__ q, int head_dim, int n_heads, int gqa, float scale,
+    const HeadTables* __restrict__ tables, const float* __restrict__ rot,
+    const int32_t* __restrict__ chans, __half* __restrict__ out) {
+  constexpr int kMaxGqa = 16;
+  __shared__ float qs[kMaxGqa][256];
+  const int n_kv = n_heads / gqa;
+  const int b = blockIdx.x / n_kv, h = blockIdx.x % n_kv;
+  const int row0 = b * n_heads + h * gqa;  // first query row of this KV head
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int J = blockIdx.y * 8 + warp;     // rotated coordinate of this warp
+  const int n_out = tables ? tables[h].n_tiles[0] * 16 : head_dim;
+  if (blockIdx.y * 8 >= n_out) return;     // block-uniform
+  for (int idx = threadIdx.x; idx < gqa * head_dim; idx += blockDim.x)
+    qs[idx / head_dim][idx % head_dim] = (float)q[(size_t)row0 * head_dim + idx];
   __syncthreads();
-  __half* o = out + (size_t)row * kRotDim;
+  if (J >= n_out) return;
   if (!tables) {
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) o[i] = __float2half_rn(scale * qs[i]);
+    if (lane < gqa) out[(size_t)(row0 + lane) * kRotDim + J] = __float2half_rn(scale * qs[lane][J]);
     return;
   }
-  const int h = (row % n_heads) / gqa;
   const HeadTables& T = tables[h];
-  // One warp per rotated coordinate j, lanes over i: coalesced rows of Π.
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
-  for (int g = 0; g < T.n_groups[0]; ++g) {
-    const int dim = T.dim[0][g], dim_pad = T.dim_pad[0][g], base = T.tile_begin[0][g] * 16;
-    const float* R = rot + T.rot_offset[0][g];
+  const int g = T.tile_group[0][J / 16];
+  const int dim = T.dim[0][g], j = J - T.tile_begin[0][g] * 16;
+  float acc[kMaxGqa];
+#pragma unroll
+  for (int r = 0; r < kMaxGqa; ++r) acc[r] = 0.f;
+  if (j < dim) {  // padded coordinates j ≥ dim are written as 0
+    const float* Rj = rot + T.rot_offset[0][g] + (size_t)j * dim;
     const int32_t* ch = chans + T.chan_offset[0][g];
 #pragma unroll 8
-    for (int j = warp; j < dim_pad; j += n_warps) {
-      float acc = 0.f;
-      if (j < dim)
-        for (int i = lane; i < dim; i += 32) acc = fmaf(R[(size_t)j * dim + i], qs[ch[i]], acc);
+    for (int i = lane; i < dim; i += 32) {
+      const float rv = Rj[i];
+      const int c = ch[i];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      if (lane == 0) o[base + j] = __float2half_rn(scale * acc);
+      for (int r = 0; r < kMaxGqa; ++r)
+        if (r < gqa) acc[r] = fmaf(rv, qs[r][c], acc[r]);
     }
   }
+#pragma unroll
+  for (int r = 0; r < kMaxGqa; ++r) {
+    if (r < gqa) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    }
+  }
+  // lane r writes row r (acc[r] is the same in every lane after the butterflies)
+#pragma unroll
+  for (int r = 0; r < kMaxGqa; ++r)
+    if (r < gqa && lane == r) out[(size_t)(row0 + r) * kRotDim + J] = __float2half_rn(scale * acc[r]);
 }
 
 // Log-sum-exp merge of the split states, then back-rotation per value group.
-__global__ void merge_kernel(Partials P, int head_dim, int gqa, int n_heads,
-                             const HeadTables* __restrict__ tables, const float* __restrict__ rot,
-                             const int32_t* __restrict__ chans, float* __restrict__ out) {
+// One block per (batch, query head) row, kMergeThreads threads: the splits are
+// dealt to kMergeQ = 8 thread groups (each with 8 loads in flight per thread) and
+// summed in shared memory, so a row with hundreds of splits (B = 1, long T)
+// is not one long chain of dependent loads; likewise the back-rotation sums
+// eighths of Π's rows.
+constexpr int kMergeQ = 8;
+constexpr int kMergeThreads = 128 * kMergeQ;
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(
+    Partials P, int head_dim, int gqa, int n_heads, const HeadTables* __restrict__ tables,
+    const float* __restrict__ rot, const int32_t* __restrict__ chans, float* __restrict__ out) {
   __shared__ float orot[kRotDim];
+  __shared__ float part[kMergeQ][kRotDim];
   __shared__ float wsh[1024];
-  __shared__ float inv_l;
-  const int row = blockIdx.x;
+  __shared__ float red[kMergeThreads / 32];
+  __shared__ float M_sh, L_sh;
+  const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int q = tid / 128, c0 = tid % 128;
   const float* m = P.m + (size_t)row * P.n_splits;
   const float* l = P.l + (size_t)row * P.n_splits;
-  float M = -INFINITY;
-  for (int s = 0; s < P.n_splits; ++s) M = fmaxf(M, m[s]);
-  const int n_o = tables ? tables[(row % n_heads) / gqa].n_tiles[1] * 16 : head_dim;
-  // Split weights 2^(m_s − M) (0 for empty splits), staged in shared memory.
-  for (int s0 = 0; s0 < P.n_splits; s0 += 1024) {
-    const int ns = min(1024, P.n_splits - s0);
-    __syncthreads();
-    for (int s = threadIdx.x; s < ns; s += blockDim.x)
-      wsh[s] = m[s0 + s] == -INFINITY ? 0.f : exp2f(m[s0 + s] - M);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float L = s0 == 0 ? 0.f : 1.f / inv_l;
-      for (int s = 0; s < ns; ++s) L += wsh[s] * l[s0 + s];
-      inv_l = 1.f / L;
-    }
-    for (int c = threadIdx.x; c < n_o; c += blockDim.x) {
-      float acc = s0 == 0 ? 0.f : orot[c];
-      const float* o = P.o + ((size_t)row * P.n_splits + s0) * P.o_dim + c;
-#pragma unroll 8
-      for (int s = 0; s < ns; ++s) acc = fmaf(wsh[s], o[(size_t)s * P.o_dim], acc);  // empty splits: w = 0, o = 0
-      orot[c] = acc;
-    }
+  // M = max_s m_s (block reduction).
+  float mx = -INFINITY;
+  for (int s = tid; s < P.n_splits; s += kMergeThreads) mx = fmaxf(mx, m[s]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  if (tid == 0) {
+    float v = red[0];
+    for (int w = 1; w < kMergeThreads / 32; ++w) v = fmaxf(v, red[w]);
+    M_sh = v;
+    L_sh = 0.f;
   }
   __syncthreads();
-  const float il = inv_l;
+  const float M = M_sh;
+  const int n_o = tables ? tables[(row % n_heads) / gqa].n_tiles[1] * 16 : head_dim;
+  float acc[(kRotDim + 127) / 128];
+#pragma unroll
+  for (int k = 0; k < (kRotDim + 127) / 128; ++k) acc[k] = 0.f;
+  for (int s0 = 0; s0 < P.n_splits; s0 += 1024) {
+    const int ns = min(1024, P.n_splits - s0);
+    __syncthreads();  // previous chunk's weights consumed
+    float ls = 0.f;
+    for (int s = tid; s < ns; s += kMergeThreads) {
+      const float ms = m[s0 + s];
+      const float w = ms == -INFINITY ? 0.f : exp2f(ms - M);  // empty splits weigh 0
+      wsh[s] = w;
+      ls += w * l[s0 + s];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+    if (lane == 0) atomicAdd(&L_sh, ls);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < (kRotDim + 127) / 128; ++k) {
+      const int c = c0 + 128 * k;
+      if (c >= n_o) break;
+      const float* o = P.o + ((size_t)row * P.n_splits + s0) * P.o_dim + c;
+      float a = acc[k];
+#pragma unroll 8
+      for (int s = q; s < ns; s += kMergeQ) a = fmaf(wsh[s], o[(size_t)s * P.o_dim], a);  // empty: w = 0, o = 0
+      acc[k] = a;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < (kRotDim + 127) / 128; ++k) {
+    const int c = c0 + 128 * k;
+    if (c < n_o) part[q][c] = acc[k];
+  }
+  __syncthreads();
+  for (int c = tid; c < n_o; c += kMergeThreads) {
+    float a = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMergeQ; ++k) a += part[k][c];
+    orot[c] = a;
+  }
+  __syncthreads();
+  const float il = 1.f / L_sh;
   float* o = out + (size_t)row * head_dim;
   if (!tables) {
-    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) o[c] = orot[c] * il;
+    for (int c = tid; c < head_dim; c += kMergeThreads) o[c] = orot[c] * il;
     return;
   }
   const HeadTables& T = tables[(row % n_heads) / gqa];
@@ -122,11 +188,24 @@ __global__ void merge_kernel(Partials P, int head_dim, int gqa, int n_heads,
     const int dim = T.dim[1][g], base = T.tile_begin[1][g] * 16;
     const float* R = rot + T.rot_offset[1][g];
     const int32_t* ch = chans + T.chan_offset[1][g];
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-      float acc = 0.f;
-#pragma unroll 32  // many independent loads of Π in flight (cold in L2 at short T)
-      for (int j = 0; j < dim; ++j) acc = fmaf(R[(size_t)j * dim + i], orot[base + j], acc);
-      o[ch[i]] = acc * il;
+    // Slice q of Π's rows j, threads over output channels i (coalesced rows).
+    const int j_lo = (dim * q) / kMergeQ, j_hi = (dim * (q + 1)) / kMergeQ;
+    for (int i0 = 0; i0 < dim; i0 += 128) {
+      const int i = i0 + c0;
+      float a = 0.f;
+      if (i < dim) {
+#pragma unroll 16  // many independent loads of Π in flight (cold in L2 at short T)
+        for (int j = j_lo; j < j_hi; ++j) a = fmaf(R[(size_t)j * dim + i], orot[base + j], a);
+      }
+      __syncthreads();  // part[] free (previous i0 / group done)
+      part[q][c0] = a;
+      __syncthreads();
+      if (q == 0 && i < dim) {
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < kMergeQ; ++k) sum += part[k][c0];
+        o[ch[i]] = sum * il;
+      }
     }
   }
 }
@@ -136,7 +215,10 @@ __global__ void merge_kernel(Partials P, int head_dim, int gqa, int n_heads,
 void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,
                          float scale, const HeadTables* tables, const float* rot,
                          const int32_t* chans, __half* out, cudaStream_t stream) {
-  const int grid = batch * n_heads;
+  require(gqa >= 1 && gqa <= 16 && n_heads % gqa == 0 && head_dim <= 256,
+          "cuda decode attention: query rotation supports GQA 1..16 and head_dim <= 256 (got GQA ",
+          gqa, ", head_dim ", head_dim, ")");
+  const dim3 grid(batch * (n_heads / gqa), kRotDim / 8);  // (batch, KV head) × 8 coordinates
   if (q_f16)
     rotate_query_kernel<__half><<<grid, 256, 0, stream>>>(
         static_cast<const __half*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out);
@@ -149,7 +231,7 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
 void launch_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int head_dim,
                   const HeadTables* tables, const float* rotations, const int32_t* channels,
                   float* out, cudaStream_t stream) {
-  merge_kernel<<<batch * n_heads, 128, 0, stream>>>(w.part, head_dim, gqa, n_heads, tables,
+  merge_kernel<<<batch * n_heads, kMergeThreads, 0, stream>>>(w.part, head_dim, gqa, n_heads, tables,
                                                     rotations, channels, out);
   RATEKV_CUDA_CHECK(cudaGetLastError());
 }

@@ -211,7 +211,7 @@ void run_packed_case(const Case& c, uint32_t seed) {
   DevBuf<uint16_t> dq16(q16);
   DevBuf<float> dout((size_t)nb * hq * c.d);
   CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
-  const int splits = cuda::default_splits(nb, c.hkv, B.max_len);
+  const int splits = cuda::default_splits(plan, nb, B.max_len);
   const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, splits);
   DevBuf<uint8_t> ws(ws_bytes);
   cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
@@ -339,6 +339,8 @@ TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
       {64, 1, 1, {100003}, false, 4, 4, DType::f32},
       {64, 2, 8, {97, 1, 4096}, false, 2, 2, DType::f32},
       {128, 8, 4, {4096, 1, 97}, false, 4, 4, DType::f16},
+      {128, 2, 16, {97, 1, 5000}, false, 3, 3, DType::f32},  // GQA 16: 16-row general instance
+      {64, 1, 12, {4096, 33}, true, 0, 0, DType::f16},
   };
   uint32_t seed = 100;
   for (const Case& c : cases) run_packed_case(c, seed++);
@@ -489,6 +491,125 @@ TEST(CudaPackedAppend, MatchesReferenceQuantizerAndTouchesOnlyItsToken) {
     // Bit placement equals the reference writer's, and nothing else changed.
     EXPECT_TRUE(expect.bytes == after);
   }
+}
+
+// ---- quantize-prefill ---------------------------------------------------------
+
+// n_tokens vectors per sequence written from position starts[b] (not page-aligned,
+// crossing pages): every code equals the reference quantizer's (up to a midpoint
+// tie), norms are fp16(‖x_g‖), the bytes equal the reference writer's output and
+// nothing outside the written tokens changed.
+void run_prefill_case(int d, bool mixed, DType dtype, const std::vector<int>& starts, int n_tokens,
+                      uint32_t seed) {
+  SCOPED_TRACE("d=" + std::to_string(d) + (mixed ? " mixed" : " uniform K3V2") +
+               (dtype == DType::f16 ? " f16" : " f32") + " n_tokens=" + std::to_string(n_tokens));
+  std::mt19937 rng(seed);
+  const int hkv = 2, hq = 4;
+  Plan P = make_plan(d, hkv, mixed, 3, 2, rng);
+  const LayerLayout& L = *P.layout;
+  const int nb = (int)starts.size();
+  Batch B = make_batch(starts, rng, n_tokens);
+  HostPagePool pool{&L, std::vector<uint8_t>((size_t)B.n_pages * L.page_bytes())};
+  for (auto& x : pool.bytes) x = (uint8_t)rng();
+  const std::vector<uint8_t> before = pool.bytes;
+  std::normal_distribution<float> N;
+  const size_t n_el = (size_t)nb * n_tokens * hkv * d;
+  std::vector<float> k(n_el), v(n_el);
+  for (auto& x : k) x = 3.f * N(rng);
+  for (auto& x : v) x = N(rng);
+  std::vector<uint16_t> k16(n_el), v16(n_el);
+  for (size_t i = 0; i < n_el; ++i) {
+    k16[i] = fp32_to_fp16(k[i]);
+    v16[i] = fp32_to_fp16(v[i]);
+    if (dtype == DType::f16) {
+      k[i] = fp16_to_fp32(k16[i]);
+      v[i] = fp16_to_fp32(v16[i]);
+    }
+  }
+  cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
+  DevBuf<uint8_t> dpool(pool.bytes);
+  DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
+  DevBuf<float> dk(k), dv(v);
+  DevBuf<uint16_t> dk16(k16), dv16(v16);
+  cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len + n_tokens};
+  if (dtype == DType::f16)
+    cuda::packed_prefill(plan, db, dpool.p, dk16.p, dv16.p, n_tokens, dtype, nullptr);
+  else
+    cuda::packed_prefill(plan, db, dpool.p, dk.p, dv.p, n_tokens, dtype, nullptr);
+  CK(cudaDeviceSynchronize());
+  CK(cudaGetLastError());
+  const auto after = dpool.get();
+  HostPagePool gpu{&L, after};
+  HostPagePool expect{&L, before};
+  int ambiguous = 0, checked = 0;
+  for (int b = 0; b < nb; ++b)
+    for (int i = 0; i < n_tokens; ++i) {
+      const int pos = starts[b] + i;
+      const int page = B.page_table[(size_t)b * B.max_pages + pos / kPageTokens];
+      const int slot = pos % kPageTokens;
+      for (int h = 0; h < hkv; ++h)
+        for (int s = 0; s < 2; ++s) {
+          const Side side = s == 0 ? Side::key : Side::value;
+          const auto& specs = s == 0 ? L.spec(h).key : L.spec(h).value;
+          for (size_t g = 0; g < specs.size(); ++g) {
+            const int m = (int)specs[g].channels.size();
+            const float* x = (s == 0 ? k : v).data() + (((size_t)b * n_tokens + i) * hkv + h) * d;
+            double nn = 0;
+            for (int c : specs[g].channels) nn += (double)x[c] * x[c];
+            nn = std::sqrt(nn);
+            const float* R = P.rot.data() + P.rot_at[h][s][g];
+            const float* lv = P.lvl.data() + P.lvl_at[h][s][g];
+            std::vector<uint8_t> got(m);
+            read_codes(L, gpu.page(page), h, side, (int)g, slot, got);
+            for (int j = 0; j < m; ++j) {
+              double y = 0;
+              for (int c = 0; c < m; ++c) y += (double)R[(size_t)j * m + c] * x[specs[g].channels[c]];
+              y /= nn;
+              int code = 0;
+              double closest = INFINITY;
+              for (int l = 0; l + 1 < (1 << specs[g].bits); ++l) {
+                const double mid = 0.5 * ((double)lv[l] + lv[l + 1]);
+                code += y > mid;
+                closest = std::min(closest, std::abs(y - mid));
+              }
+              ++checked;
+              if (got[j] != code) {
+                ++ambiguous;
+                ASSERT_LT(closest, 1e-5) << "b " << b << " token " << i << " h " << h << " side " << s
+                                         << " group " << g << " coord " << j << ": GPU code "
+                                         << (int)got[j] << ", reference " << code;
+              }
+            }
+            const uint16_t gn = read_norm(L, gpu.page(page), h, side, (int)g, slot);
+            EXPECT_NEAR(fp16_to_fp32(gn), nn, std::abs(nn) * 1e-3);
+            write_codes(L, expect.page(page), h, side, (int)g, slot, got);
+            write_norm(L, expect.page(page), h, side, (int)g, slot, gn);
+          }
+        }
+    }
+  EXPECT_LE(ambiguous, 1 + checked / 100000);
+  EXPECT_TRUE(expect.bytes == after) << "bytes outside the prefilled tokens changed, or bit placement differs";
+}
+
+TEST(CudaPackedPrefill, MatchesReferenceQuantizerAndTouchesOnlyItsTokens) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  run_prefill_case(64, true, DType::f32, {0, 97, 5, 64}, 130, 500);
+  run_prefill_case(128, true, DType::f16, {3, 0}, 200, 501);
+  run_prefill_case(128, false, DType::f32, {0}, 1, 502);
+  run_prefill_case(256, false, DType::f32, {61, 0}, 70, 503);
+}
+
+TEST(CudaPackedPrefill, RejectsBadArguments) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  std::mt19937 rng(9);
+  Plan P = make_plan(64, 1, false, 2, 2, rng);
+  cuda::PackedPlan plan(*P.layout, 1, P.rot, P.lvl);
+  DevBuf<int32_t> dpt(std::vector<int32_t>{0}), dlen(std::vector<int32_t>{0});
+  DevBuf<uint8_t> pool(P.layout->page_bytes());
+  DevBuf<float> x(64);
+  cuda::DecodeBatch db{dpt.p, 1, dlen.p, 1, 64};
+  EXPECT_THROW(cuda::packed_prefill(plan, db, pool.p, x.p, x.p, 0, DType::f32, nullptr), ratekv::Error);
+  EXPECT_THROW(cuda::packed_prefill(plan, db, pool.p, nullptr, x.p, 1, DType::f32, nullptr), ratekv::Error);
 }
 
 TEST(CudaPackedPlan, RejectsUnsupportedCombinations) {

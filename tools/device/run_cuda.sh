@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # One device call: build the CUDA path (tools/device/CMakeLists.txt), run its
 # tests, compute-sanitizer memcheck + racecheck on the small cases, the decode
-# benchmark and the torch SDPA flash baseline in the same run. Everything lands
-# in $OUT (all.log, build.log, test_cuda.json, cuda_decode_bench.json,
-# sdpa_flash.json, table.md). Usage (repo root): tools/device/run_cuda.sh
+# benchmark and the torch SDPA flash baseline in the same run, the 32-layer
+# memory demonstration. Everything lands in $OUT (all.log, build.log,
+# test_cuda.json, cuda_decode_bench.json, sdpa_flash.json, demo.json, table.md).
+# Usage (repo root): tools/device/run_cuda.sh
 # PREBUILT=DIR: use test_cache_format, test_cuda and bench_cuda_decode already
 # built in DIR (same toolkit, sm_90) instead of building here.
+# STAGES="tests sanitize bench sdpa demo sass" (default: all but sass) picks stages;
+# BENCH_ARGS are passed to bench_cuda_decode.
 set -uo pipefail
 OUT=${OUT:-/tmp/ratekv_cuda_out}
+STAGES=${STAGES:-"tests sanitize bench sdpa demo"}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 B=/tmp/ratekv-cuda-build
 LOG=$OUT/all.log
-say() { echo "== $*" | tee -a "$LOG"; }
+say() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 say "env"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv; nvcc --version | tail -2; cmake --version | head -1; } 2>&1 | tee -a "$LOG"
 say "build"
@@ -23,17 +28,36 @@ elif ! { cmake -S "$ROOT/tools/device" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release
 else
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" | grep -B1 -A1 registers | grep -E "registers|spill" | tee -a "$LOG"
 fi
-say "format tests"
-$B/test_cache_format 2>&1 | tail -3 | tee -a "$LOG"
-say "cuda tests"
-$B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" 2>&1 | grep -vE "^\[ RUN|^\[       OK" | tail -40 | tee -a "$LOG"
-say "compute-sanitizer memcheck (small decode + append)"
-compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda --gtest_filter='CudaPackedDecode.Small:CudaPackedAppend.*' 2>&1 | tail -6 | tee -a "$LOG"
-say "compute-sanitizer racecheck (small decode)"
-compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda --gtest_filter='CudaPackedDecode.Small' 2>&1 | tail -4 | tee -a "$LOG"
-say "benchmark"
-$B/bench_cuda_decode --out "$OUT/cuda_decode_bench.json" 2>&1 | tee -a "$LOG"
-say "torch SDPA flash baseline"
-PYTHONUNBUFFERED=1 python3 "$ROOT/tools/device/sdpa_baseline.py" --out "$OUT/sdpa_flash.json" 2>&1 | tee -a "$LOG"
-python3 "$ROOT/tools/device/summarize.py" "$OUT/cuda_decode_bench.json" "$OUT/sdpa_flash.json" > "$OUT/table.md" 2>&1
-cat "$OUT/table.md"
+if has sass; then
+  say "sass"
+  cuobjdump -sass "$B/test_cuda" > "$OUT/sass.txt" 2>&1; ls -la "$OUT/sass.txt" | tee -a "$LOG"
+fi
+if has tests; then
+  say "format tests"
+  $B/test_cache_format 2>&1 | tail -3 | tee -a "$LOG"
+  say "cuda tests"
+  $B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" 2>&1 | grep -vE "^\[ RUN|^\[       OK" | tail -40 | tee -a "$LOG"
+fi
+if has sanitize; then
+  say "compute-sanitizer memcheck (small decode + append + prefill)"
+  compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda --gtest_filter='CudaPackedDecode.Small:CudaPackedAppend.*:CudaPackedPrefill.*' 2>&1 | tail -6 | tee -a "$LOG"
+  say "compute-sanitizer racecheck (small decode + prefill)"
+  compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda --gtest_filter='CudaPackedDecode.Small:CudaPackedPrefill.*' 2>&1 | tail -4 | tee -a "$LOG"
+fi
+if has bench; then
+  say "benchmark"
+  $B/bench_cuda_decode --out "$OUT/cuda_decode_bench.json" ${BENCH_ARGS:-} 2>&1 | tee -a "$LOG"
+fi
+if has sdpa; then
+  say "torch SDPA flash baseline"
+  PYTHONUNBUFFERED=1 python3 "$ROOT/tools/device/sdpa_baseline.py" --out "$OUT/sdpa_flash.json" 2>&1 | tee -a "$LOG"
+fi
+if has demo; then
+  say "memory demo (32 layers, B=4, T=512K, K3V3)"
+  $B/bench_cuda_decode --demo --out "$OUT/demo.json" 2>&1 | tee -a "$LOG"
+fi
+say "done"
+if [ -f "$OUT/cuda_decode_bench.json" ] && [ -f "$OUT/sdpa_flash.json" ]; then
+  python3 "$ROOT/tools/device/summarize.py" "$OUT/cuda_decode_bench.json" "$OUT/sdpa_flash.json" $( [ -f "$OUT/demo.json" ] && echo "$OUT/demo.json") > "$OUT/table.md" 2>&1
+  cat "$OUT/table.md"
+fi

@@ -2,10 +2,12 @@
 """torch SDPA flash fp16 decode-attention baseline for bench_cuda_decode.
 
 Same shapes and timing rules as bench/cuda/decode_attention.cpp: Llama-3.1-8B
-attention (32 query / 8 KV heads, head_dim 128), one query token per sequence,
-B in {1, 8}, T in {4K, 32K, 128K}; CUDA events around the SDPA call only,
-median of 30 runs, a 512 MB memset before each run to flush L2. Flash backend
-forced (no fallback: a failure is recorded as an error row).
+(32 query / 8 KV heads) and Qwen2.5-3B (16 / 2) attention, head_dim 128, one
+query token per sequence, the same (B, T) cases; CUDA events around the SDPA
+call only, median of 30 runs, a 512 MB memset before each run to flush L2; at
+T <= 32K also the call captured in a CUDA graph and replayed (ms_graph), as the
+benchmark does for ours. Flash backend forced (no fallback: a failure is
+recorded as an error row).
 """
 import argparse
 import json
@@ -19,40 +21,67 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--reps", type=int, default=30)
 args = ap.parse_args()
 
-HQ, HKV, D = 32, 8, 128
+D = 128
+MODELS = {"llama-3.1-8b": (32, 8), "qwen2.5-3b": (16, 2)}
+CASES = [("llama-3.1-8b", B, T) for B in (1, 8) for T in (4096, 32768, 131072)]
+CASES += [("llama-3.1-8b", 32, 32768), ("llama-3.1-8b", 32, 131072),
+          ("llama-3.1-8b", 1, 524288), ("llama-3.1-8b", 8, 524288)]
+CASES += [("qwen2.5-3b", B, T) for B in (1, 8, 32) for T in (4096, 131072)]
+CASES += [("qwen2.5-3b", 8, 524288)]
+
 dev = torch.device("cuda")
 flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+
+
+def timed(fn, reps, stream=None):
+    ts = []
+    for i in range(reps):
+        flush.fill_(i & 0xFF)
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
 rows = []
-for B in (1, 8):
-    for T in (4096, 32768, 131072):
-        g = torch.Generator(device=dev).manual_seed(B * 1000003 + T)
-        q = torch.randn(B, HQ, 1, D, device=dev, dtype=torch.float16, generator=g)
-        k = torch.randn(B, HKV, T, D, device=dev, dtype=torch.float16, generator=g)
-        v = torch.randn(B, HKV, T, D, device=dev, dtype=torch.float16, generator=g)
-        try:
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                torch.cuda.synchronize()
-                ts = []
-                for i in range(args.reps):
-                    flush.fill_(i & 0xFF)
-                    a = torch.cuda.Event(enable_timing=True)
-                    b = torch.cuda.Event(enable_timing=True)
-                    a.record()
+for model, B, T in CASES:
+    HQ, HKV = MODELS[model]
+    g = torch.Generator(device=dev).manual_seed(B * 1000003 + T + HQ)
+    q = torch.randn(B, HQ, 1, D, device=dev, dtype=torch.float16, generator=g)
+    k = torch.randn(B, HKV, T, D, device=dev, dtype=torch.float16, generator=g)
+    v = torch.randn(B, HKV, T, D, device=dev, dtype=torch.float16, generator=g)
+    row = {"model": model, "cache": "sdpa-flash-fp16", "B": B, "T": T}
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            torch.cuda.synchronize()
+            ms = timed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.reps)
+            ms_graph = -1.0
+            if T <= 32768:
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
                     F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                    b.record()
-                    b.synchronize()
-                    ts.append(a.elapsed_time(b))
-            ts.sort()
-            ms = ts[len(ts) // 2]
-            nbytes = B * T * HKV * 2 * D * 2
-            rows.append({"cache": "sdpa-flash-fp16", "B": B, "T": T, "ms": ms,
-                         "cache_bytes": nbytes, "GBps": nbytes / (ms * 1e-3) / 1e9})
-            print(f"sdpa-flash-fp16 B={B} T={T}: {ms:.4f} ms, {rows[-1]['GBps']:.0f} GB/s", flush=True)
-        except Exception as e:  # recorded, never replaced by another backend
-            rows.append({"cache": "sdpa-flash-fp16", "B": B, "T": T, "error": repr(e)})
-            print(f"sdpa-flash-fp16 B={B} T={T}: ERROR {e!r}", flush=True)
-        del q, k, v
-        torch.cuda.empty_cache()
+                torch.cuda.current_stream().wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                ms_graph = timed(graph.replay, args.reps)
+        nbytes = B * T * HKV * 2 * D * 2
+        row.update({"ms": ms, "ms_graph": ms_graph, "cache_bytes": nbytes,
+                    "GBps": nbytes / (ms * 1e-3) / 1e9})
+        print(f"sdpa-flash-fp16 {model} B={B} T={T}: {ms:.4f} ms (graph {ms_graph:.4f}), "
+              f"{row['GBps']:.0f} GB/s", flush=True)
+    except Exception as e:  # recorded, never replaced by another backend
+        row["error"] = repr(e)
+        print(f"sdpa-flash-fp16 {model} B={B} T={T}: ERROR {e!r}", flush=True)
+    rows.append(row)
+    del q, k, v
+    torch.cuda.empty_cache()
 json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "rows": rows},
           open(args.out, "w"), indent=2)

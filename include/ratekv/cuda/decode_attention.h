@@ -44,6 +44,7 @@ struct DecodeBatch {
 ///   levels:    same order, 2^bits fp32 Lloyd–Max levels, strictly ascending.
 /// Throws Error when a span has the wrong length, levels are not ascending,
 /// n_heads is not a multiple of n_kv_heads, GQA > 16, head_dim ∉ {64,128,256},
+/// a side of a KV head has no groups (all its channels at 0 bits),
 /// or the padded groups of a side need more tiles than the kernels hold
 /// (head_dim/16 + 2 for head_dim ≤ 128, 16 for 256).
 class PackedPlan {
@@ -81,8 +82,15 @@ enum class PackedDecodeVariant { runtime_tables, specialized };
 /// Workspace bytes for a decode step (split-K partial states + rotated query).
 size_t decode_workspace_bytes(int batch, int n_heads, int head_dim, int n_splits);
 
-/// Split count the kernels use when n_splits = 0 is passed (≥ 1).
+/// Split count for the uniform instances' occupancy (16 warps per SM), ≥ 1.
 int default_splits(int batch, int n_kv_heads, int max_seq_len);
+
+/// Split count for the instance `plan` runs on (at most one wave of that
+/// instance's warps; ≥ 4 pages per split for uniform plans, ≥ 2 otherwise,
+/// one page per split for grids under 1024 warps: measured, docs/cuda_results.md);
+/// what packed_decode_attention uses for n_splits = 0, so size its workspace
+/// with decode_workspace_bytes(…, default_splits(plan, batch, max_seq_len)).
+int default_splits(const PackedPlan& plan, int batch, int max_seq_len);
 
 /// Fused split-K decode attention over the packed cache:
 ///   out[b,q] = Σ_g Π_gᵀ Σ_t softmax_t(scale · q·k̂_t) · n^V_{g,t} c_g[idx^V_{g,t}]
@@ -90,7 +98,7 @@ int default_splits(int batch, int n_kv_heads, int max_seq_len);
 /// each key group's rotated domain. The rotated, scaled query is rounded to
 /// fp16 and the levels to fp16 (tensor cores, fp32 accumulation); P is rounded
 /// to fp16 after multiplying by the value norm. `pool` holds the layer's pages
-/// (layout.page_bytes() each). n_splits = 0 picks default_splits().
+/// (layout.page_bytes() each). n_splits = 0 picks default_splits(plan, …).
 void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                              const uint8_t* pool, const void* q, DType q_dtype, float scale,
                              float* out, void* workspace, size_t workspace_bytes, int n_splits,
@@ -113,5 +121,17 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
 /// need not be zeroed. The caller advances seq_lens afterwards.
 void packed_append(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool, const void* k,
                    const void* v, DType dtype, void* stream);
+
+/// Quantize-prefill of a whole prompt chunk, one launch per layer: for every
+/// sequence b, the n_tokens vectors k[b, i], v[b, i] (i < n_tokens) are written
+/// at positions seq_lens[b] + i (seq_lens = lengths BEFORE the prefill; 0 for a
+/// fresh prompt), every KV head and group, with the quantizer of packed_append
+/// (same codes up to fp32 summation order at a midpoint, same fp16 norms).
+///   k, v : (batch, n_tokens, n_kv_heads, head_dim) fp32 or fp16
+/// The page table must map every touched page. Only the written tokens' bits
+/// change (partial first/last pages are merged with atomics). head_dim ≤ 256.
+/// Throws Error on n_tokens < 1 or bad pointers. The caller advances seq_lens.
+void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool,
+                    const void* k, const void* v, int n_tokens, DType dtype, void* stream);
 
 }  // namespace ratekv::cuda
