@@ -6,7 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <typeinfo>
 
+#include "ratekv/cache/fake_quant_cache.h"
+#include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/error.h"
 
 namespace ratekv::eval {
@@ -66,6 +69,26 @@ bool niah_correct(const std::string& answer, const std::string& code) {
   return i < answer.size() && answer.compare(i, j - i, code) == 0 && j - i == code.size();
 }
 
+std::unique_ptr<KVCache> clone_cache(const KVCache& c) {
+  if (const auto* p = dynamic_cast<const cache::PackedKVCache*>(&c)) {
+    if (p->fp16_window() != 0) return nullptr;
+    return std::make_unique<cache::PackedKVCache>(*p);
+  }
+  if (const auto* f = dynamic_cast<const cache::FakeQuantKVCache*>(&c)) {
+    if (f->fp16_window() != 0) return nullptr;
+    const ModelConfig& m = f->codecs().config();
+    for (int l = 0; l < m.n_layers; ++l)
+      for (int h = 0; h < m.n_kv_heads; ++h)
+        for (auto side : {cache::KVSide::key, cache::KVSide::value}) {
+          const quant::Quantizer* q = f->codecs().quantizer(l, h, side);
+          if (q && q->scope() != quant::QuantScope::per_vector) return nullptr;
+        }
+    return std::make_unique<cache::FakeQuantKVCache>(*f);
+  }
+  if (typeid(c) == typeid(DenseKVCache)) return std::make_unique<DenseKVCache>(static_cast<const DenseKVCache&>(c));
+  return nullptr;
+}
+
 nlohmann::json NiahGrid::to_json() const {
   nlohmann::ordered_json tr = nlohmann::ordered_json::array();
   for (const auto& t : trials)
@@ -111,8 +134,14 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
     check(ctx + cfg.max_new_tokens <= model.position_limit(),
           "niah: context {} + {} answer tokens exceed the model's position limit {}", ctx, cfg.max_new_tokens,
           model.position_limit());
-    // Trial-major order: after k rounds every depth has k trials, so a run
-    // stopped early (progress callback output) is still a full, coarser grid.
+    // All prompts of this context first (tokenization only), so each depth's
+    // shared prefix (up to its earliest needle) is known.
+    struct Prompt {
+      std::string city, code;
+      std::vector<int32_t> tokens;
+      int64_t needle_at = 0;
+    };
+    std::vector<std::vector<Prompt>> prompts(cfg.n_depths, std::vector<Prompt>(cfg.trials));
     for (int tr = 0; tr < cfg.trials; ++tr)
       for (int di = 0; di < cfg.n_depths; ++di) {
         const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
@@ -139,15 +168,50 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
             }
           }
         }
-        std::vector<int32_t> prompt = head_tok;
-        prompt.insert(prompt.end(), haystack.begin(), haystack.begin() + at);
-        const int64_t needle_at = static_cast<int64_t>(prompt.size());
-        prompt.insert(prompt.end(), needle.begin(), needle.end());
-        prompt.insert(prompt.end(), haystack.begin() + at, haystack.begin() + n_hay);
-        prompt.insert(prompt.end(), tail.begin(), tail.end());
+        Prompt& P = prompts[di][tr];
+        P.city = city;
+        P.code = code;
+        P.tokens = head_tok;
+        P.tokens.insert(P.tokens.end(), haystack.begin(), haystack.begin() + at);
+        P.needle_at = static_cast<int64_t>(P.tokens.size());
+        P.tokens.insert(P.tokens.end(), needle.begin(), needle.end());
+        P.tokens.insert(P.tokens.end(), haystack.begin() + at, haystack.begin() + n_hay);
+        P.tokens.insert(P.tokens.end(), tail.begin(), tail.end());
+      }
+    // Shared prefix per depth (identical tokens in every trial of the cell)
+    // and its prefilled cache, built on first use and kept for later rounds.
+    bool share = cfg.share_prefix;
+    if (share) share = clone_cache(*make_cache(ctx + cfg.max_new_tokens)) != nullptr;
+    std::vector<int64_t> shared(cfg.n_depths, 0);
+    for (int di = 0; di < cfg.n_depths; ++di) {
+      shared[di] = prompts[di][0].needle_at;
+      for (const Prompt& P : prompts[di]) shared[di] = std::min(shared[di], P.needle_at);
+    }
+    std::vector<std::unique_ptr<KVCache>> prefix(cfg.n_depths);
 
-        auto cache = make_cache(ctx + cfg.max_new_tokens);
-        model.forward(prompt, 0, *cache, logits.data(), false);
+    // Trial-major order: after k rounds every depth has k trials, so a run
+    // stopped early (progress callback output) is still a full, coarser grid.
+    for (int tr = 0; tr < cfg.trials; ++tr)
+      for (int di = 0; di < cfg.n_depths; ++di) {
+        const Prompt& P = prompts[di][tr];
+        const std::string& city = P.city;
+        const std::string& code = P.code;
+        const std::vector<int32_t>& prompt = P.tokens;
+        const int64_t needle_at = P.needle_at;
+        std::unique_ptr<KVCache> cache;
+        int64_t start = 0;
+        if (share && shared[di] > 0) {
+          if (!prefix[di]) {
+            prefix[di] = make_cache(ctx + cfg.max_new_tokens);
+            model.forward(std::span<const int32_t>(prompt.data(), shared[di]), 0, *prefix[di], nullptr, false);
+          }
+          cache = clone_cache(*prefix[di]);
+          start = shared[di];
+        } else {
+          cache = make_cache(ctx + cfg.max_new_tokens);
+        }
+        model.forward(std::span<const int32_t>(prompt.data() + start, prompt.size() - start), start, *cache,
+                      logits.data(), false);
         std::vector<int32_t> out;
         for (int i = 0; i < cfg.max_new_tokens; ++i) {
           const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -1,9 +1,14 @@
 // NIAH scoring and needles: exact-digit scoring, deterministic 7-digit needles,
-// haystack loading errors.
+// haystack loading errors; the shared-prefix prefill (clone_cache) continues
+// exactly like a one-shot prefill.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
+#include "../support/tiny_model.h"
+#include "ratekv/cache/fake_quant_cache.h"
+#include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/error.h"
 #include "ratekv/eval/niah.h"
 
@@ -37,4 +42,58 @@ TEST(Niah, NeedlesAreDeterministicAndVaried) {
 
 TEST(Niah, MissingHaystackIsAnError) {
   EXPECT_THROW(load_haystack("/nonexistent/haystack"), Error);
+}
+
+// What run_niah does with share_prefix: prefill a prefix once, copy the cache,
+// forward the rest from the copy. Same logits as one-shot prefill of the whole
+// prompt (fp32 rounding of the chunked products only), for the packed cache,
+// the fake-quant cache and the fp32 cache, on a tiny random model; the prefix
+// cache itself is left unchanged by the copy's use.
+TEST(Niah, SharedPrefixCopyContinuesLikeOneShotPrefill) {
+  Model model = ratekv_test::tiny_model(3);  // head_dim 6: one padded 16-channel tile per group
+  const ModelConfig& cfg = model.config();
+  Plan p;
+  p.method = "test";
+  static_cast<PlanTarget&>(p.model) = cache::plan_target(cfg);
+  p.layers.assign(cfg.n_layers, std::vector<HeadPlan>(cfg.n_kv_heads));
+  for (int l = 0; l < cfg.n_layers; ++l)
+    for (int h = 0; h < cfg.n_kv_heads; ++h)
+      p.layers[l][h] = {Codec::tq_mse(2 + (l + h) % 3, cfg.head_dim, 10 + l * 4 + h),
+                        Codec::tq_mse(1 + (l + 2 * h) % 4, cfg.head_dim, 50 + l * 4 + h)};
+  auto codecs = std::make_shared<const cache::PlanCodecs>(p, cfg);
+  std::vector<int32_t> prompt(50);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7 + 3) % cfg.n_vocab);
+  const int64_t split = 29;
+  for (int kind = 0; kind < 3; ++kind) {
+    auto make = [&]() -> std::unique_ptr<KVCache> {
+      if (kind == 0) return std::make_unique<cache::PackedKVCache>(cfg.kv_shape(64), codecs);
+      if (kind == 1) return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(64), codecs);
+      return std::make_unique<DenseKVCache>(cfg.kv_shape(64));
+    };
+    std::vector<float> one(cfg.n_vocab), two(cfg.n_vocab), again(cfg.n_vocab);
+    auto whole = make();
+    model.forward(prompt, 0, *whole, one.data(), false);
+    auto prefix = make();
+    model.forward(std::span<const int32_t>(prompt.data(), split), 0, *prefix, nullptr, false);
+    for (std::vector<float>* out : {&two, &again}) {  // twice from the same prefix
+      std::unique_ptr<KVCache> c = clone_cache(*prefix);
+      ASSERT_NE(c, nullptr) << "cache kind " << kind;
+      model.forward(std::span<const int32_t>(prompt.data() + split, prompt.size() - split), split, *c, out->data(),
+                    false);
+      EXPECT_EQ(c->n_tokens(), static_cast<int64_t>(prompt.size()));
+    }
+    EXPECT_EQ(prefix->n_tokens(), split);
+    double num = 0, den = 0;
+    for (int i = 0; i < cfg.n_vocab; ++i) {
+      num += (double(two[i]) - one[i]) * (double(two[i]) - one[i]);
+      den += double(one[i]) * one[i];
+      ASSERT_EQ(two[i], again[i]) << "copies of one prefix must agree bit for bit";
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << "cache kind " << kind;
+  }
+  // A cache with an fp16 window quantizes a token differently once later
+  // tokens arrive in the same call: not copied.
+  cache::PackedCacheOptions po;
+  po.fp16_window = 4;
+  EXPECT_EQ(clone_cache(cache::PackedKVCache(cfg.kv_shape(64), codecs, po)), nullptr);
 }

@@ -34,6 +34,14 @@ struct NiahConfig {
   int max_new_tokens = 10;               ///< greedy answer length cap
   uint64_t seed = 0;                     ///< needle seed
   std::string system_prompt;             ///< ChatML system turn ("" = none)
+  /// Prefill the prompt prefix shared by every trial of a (context, depth)
+  /// cell — scaffolding + haystack up to the cell's earliest needle — once,
+  /// and run each trial from a copy of that cache (clone_cache()): the
+  /// prefix's K/V and the model state are a function of the prefix tokens
+  /// alone, so this is the same computation as a one-shot prefill except
+  /// for fp32 rounding in the chunked matrix products. Used only for caches
+  /// clone_cache() copies exactly; others prefill each trial in full.
+  bool share_prefix = true;
 };
 
 struct NiahTrial {
@@ -68,6 +76,13 @@ std::pair<std::string, std::string> niah_needle(uint64_t seed, int64_t ctx, int 
 
 /// True iff the first run of ASCII digits in `answer` equals `code`.
 bool niah_correct(const std::string& answer, const std::string& code);
+
+/// A copy of `cache` that continues exactly as the original would after a
+/// chunked prefill: DenseKVCache, PackedKVCache and FakeQuantKVCache with no
+/// fp16 window and only per-vector codecs (a window or KIVI's per-channel
+/// token groups quantize a token differently once later tokens arrive in the
+/// same call). nullptr for any other cache.
+std::unique_ptr<KVCache> clone_cache(const KVCache& cache);
 
 /// Runs the grid. haystack: its tokens (no BOS), at least as many as the
 /// largest context needs. make_cache(n_ctx) builds a fresh cache per trial.
