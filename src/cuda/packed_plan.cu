@@ -61,6 +61,26 @@ __global__ void __launch_bounds__(256) rotate_query_kernel(
   const int J = blockIdx.y * 8 + warp;     // rotated coordinate of this warp
   const int n_out = tables ? tables[h].n_tiles[0] * 16 : head_dim;
   if (blockIdx.y * 8 >= n_out) return;     // block-uniform
+  // Issue this warp's row of Π_g and its channel indices before waiting for
+  // the query rows (the two memory round trips overlap).
+  float rv[8];
+  int cv[8];
+  int g = 0, dim = 0, j = 0;
+  if (tables && J < n_out) {
+    const HeadTables& T = tables[h];
+    g = T.tile_group[0][J / 16];
+    dim = T.dim[0][g];
+    j = J - T.tile_begin[0][g] * 16;
+    const float* Rj = rot + T.rot_offset[0][g] + (size_t)j * dim;
+    const int32_t* ch = chans + T.chan_offset[0][g];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {  // dim ≤ 256 = 8 · 32
+      const int i = lane + 32 * k;
+      const bool ok = j < dim && i < dim;  // padded coordinates j ≥ dim are written as 0
+      rv[k] = ok ? Rj[i] : 0.f;
+      cv[k] = ok ? ch[i] : 0;
+    }
+  }
   for (int idx = threadIdx.x; idx < gqa * head_dim; idx += blockDim.x)
     qs[idx / head_dim][idx % head_dim] = (float)q[(size_t)row0 * head_dim + idx];
   __syncthreads();
@@ -69,23 +89,15 @@ __global__ void __launch_bounds__(256) rotate_query_kernel(
     if (lane < gqa) out[(size_t)(row0 + lane) * kRotDim + J] = __float2half_rn(scale * qs[lane][J]);
     return;
   }
-  const HeadTables& T = tables[h];
-  const int g = T.tile_group[0][J / 16];
-  const int dim = T.dim[0][g], j = J - T.tile_begin[0][g] * 16;
   float acc[kMaxGqa];
 #pragma unroll
   for (int r = 0; r < kMaxGqa; ++r) acc[r] = 0.f;
-  if (j < dim) {  // padded coordinates j ≥ dim are written as 0
-    const float* Rj = rot + T.rot_offset[0][g] + (size_t)j * dim;
-    const int32_t* ch = chans + T.chan_offset[0][g];
-#pragma unroll 8
-    for (int i = lane; i < dim; i += 32) {
-      const float rv = Rj[i];
-      const int c = ch[i];
 #pragma unroll
-      for (int r = 0; r < kMaxGqa; ++r)
-        if (r < gqa) acc[r] = fmaf(rv, qs[r][c], acc[r]);
-    }
+  for (int k = 0; k < 8; ++k) {
+    if (32 * k >= dim) break;  // warp-uniform
+#pragma unroll
+    for (int r = 0; r < kMaxGqa; ++r)
+      if (r < gqa) acc[r] = fmaf(rv[k], qs[r][cv[k]], acc[r]);
   }
 #pragma unroll
   for (int r = 0; r < kMaxGqa; ++r) {
@@ -102,27 +114,62 @@ __global__ void __launch_bounds__(256) rotate_query_kernel(
 
 // Log-sum-exp merge of the split states, then back-rotation per value group.
 // One block per (batch, query head) row, kMergeThreads threads: the splits are
-// dealt to kMergeQ = 8 thread groups (each with 8 loads in flight per thread) and
-// summed in shared memory, so a row with hundreds of splits (B = 1, long T)
+// dealt to kMergeQ = 8 thread groups (each with 8 loads in flight per thread)
+// and summed in shared memory, so a row with hundreds of splits (B = 1, long T)
 // is not one long chain of dependent loads; likewise the back-rotation sums
-// eighths of Π's rows.
+// eighths of Π's rows. The value-side Π of the row's KV head (when it fits in
+// kPiSmemFloats) and the first 1024 split states are loaded up front, all in
+// flight together, so the kernel waits on memory about twice (states + Π,
+// then the partial outputs) instead of four times.
 constexpr int kMergeQ = 8;
 constexpr int kMergeThreads = 128 * kMergeQ;
+constexpr int kPiSmemFloats = 16384;  // 64 KB: one 128×128 group (uniform d ≤ 128)
+constexpr int kPiPerThread = kPiSmemFloats / kMergeThreads;
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
     Partials P, int head_dim, int gqa, int n_heads, const HeadTables* __restrict__ tables,
     const float* __restrict__ rot, const int32_t* __restrict__ chans, float* __restrict__ out) {
+  extern __shared__ float pis[];  // value-side Π of this KV head (dynamic, when it fits)
   __shared__ float orot[kRotDim];
   __shared__ float part[kMergeQ][kRotDim];
-  __shared__ float wsh[1024];
+  __shared__ float wsh[1024], lsh[1024];
   __shared__ float red[kMergeThreads / 32];
   __shared__ float M_sh, L_sh;
   const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int q = tid / 128, c0 = tid % 128;
   const float* m = P.m + (size_t)row * P.n_splits;
   const float* l = P.l + (size_t)row * P.n_splits;
-  // M = max_s m_s (block reduction).
+  const HeadTables* Tp = tables ? tables + (row % n_heads) / gqa : nullptr;
+  // Value groups of a head are consecutive in the rotations array (packed_plan.cpp).
+  int pi_total = 0;
+  if (Tp)
+    for (int g = 0; g < Tp->n_groups[1]; ++g) pi_total += Tp->dim[1][g] * Tp->dim[1][g];
+  const bool pi_smem = Tp && pi_total <= kPiSmemFloats;
+  float pv[kPiPerThread];
+  if (pi_smem) {
+    const float* src = rot + Tp->rot_offset[1][0];
+#pragma unroll
+    for (int k = 0; k < kPiPerThread; ++k) {
+      const int idx = tid + k * kMergeThreads;
+      pv[k] = idx < pi_total ? src[idx] : 0.f;
+    }
+  }
+  // M = max_s m_s (block reduction); the first 1024 states kept in shared memory.
   float mx = -INFINITY;
-  for (int s = tid; s < P.n_splits; s += kMergeThreads) mx = fmaxf(mx, m[s]);
+  for (int s = tid; s < P.n_splits; s += kMergeThreads) {
+    const float v = m[s];
+    if (s < 1024) {
+      wsh[s] = v;
+      lsh[s] = l[s];
+    }
+    mx = fmaxf(mx, v);
+  }
+  if (pi_smem) {
+#pragma unroll
+    for (int k = 0; k < kPiPerThread; ++k) {
+      const int idx = tid + k * kMergeThreads;
+      if (idx < pi_total) pis[idx] = pv[k];
+    }
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (lane == 0) red[warp] = mx;
@@ -135,7 +182,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
   }
   __syncthreads();
   const float M = M_sh;
-  const int n_o = tables ? tables[(row % n_heads) / gqa].n_tiles[1] * 16 : head_dim;
+  const int n_o = Tp ? Tp->n_tiles[1] * 16 : head_dim;
   float acc[(kRotDim + 127) / 128];
 #pragma unroll
   for (int k = 0; k < (kRotDim + 127) / 128; ++k) acc[k] = 0.f;
@@ -144,10 +191,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
     __syncthreads();  // previous chunk's weights consumed
     float ls = 0.f;
     for (int s = tid; s < ns; s += kMergeThreads) {
-      const float ms = m[s0 + s];
+      const float ms = s0 == 0 ? wsh[s] : m[s0 + s];
+      const float ll = s0 == 0 ? lsh[s] : l[s0 + s];
       const float w = ms == -INFINITY ? 0.f : exp2f(ms - M);  // empty splits weigh 0
       wsh[s] = w;
-      ls += w * l[s0 + s];
+      ls += w * ll;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
@@ -179,14 +227,14 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
   __syncthreads();
   const float il = 1.f / L_sh;
   float* o = out + (size_t)row * head_dim;
-  if (!tables) {
+  if (!Tp) {
     for (int c = tid; c < head_dim; c += kMergeThreads) o[c] = orot[c] * il;
     return;
   }
-  const HeadTables& T = tables[(row % n_heads) / gqa];
+  const HeadTables& T = *Tp;
   for (int g = 0; g < T.n_groups[1]; ++g) {
     const int dim = T.dim[1][g], base = T.tile_begin[1][g] * 16;
-    const float* R = rot + T.rot_offset[1][g];
+    const float* R = pi_smem ? pis + (T.rot_offset[1][g] - T.rot_offset[1][0]) : rot + T.rot_offset[1][g];
     const int32_t* ch = chans + T.chan_offset[1][g];
     // Slice q of Π's rows j, threads over output channels i (coalesced rows).
     const int j_lo = (dim * q) / kMergeQ, j_hi = (dim * (q + 1)) / kMergeQ;
@@ -194,7 +242,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
       const int i = i0 + c0;
       float a = 0.f;
       if (i < dim) {
-#pragma unroll 16  // many independent loads of Π in flight (cold in L2 at short T)
+#pragma unroll 16
         for (int j = j_lo; j < j_hi; ++j) a = fmaf(R[(size_t)j * dim + i], orot[base + j], a);
       }
       __syncthreads();  // part[] free (previous i0 / group done)
@@ -231,8 +279,18 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
 void launch_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int head_dim,
                   const HeadTables* tables, const float* rotations, const int32_t* channels,
                   float* out, cudaStream_t stream) {
-  merge_kernel<<<batch * n_heads, kMergeThreads, 0, stream>>>(w.part, head_dim, gqa, n_heads, tables,
-                                                    rotations, channels, out);
+  const size_t dyn = tables ? kPiSmemFloats * sizeof(float) : 0;
+  if (dyn > 0) {
+    static int set_bytes[64] = {};  // per device ordinal: set the limit once
+    int dev = 0;
+    RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= 64 || set_bytes[dev] < (int)dyn) {
+      RATEKV_CUDA_CHECK(cudaFuncSetAttribute(merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+      if (dev >= 0 && dev < 64) set_bytes[dev] = (int)dyn;
+    }
+  }
+  merge_kernel<<<batch * n_heads, kMergeThreads, dyn, stream>>>(w.part, head_dim, gqa, n_heads, tables,
+                                                                rotations, channels, out);
   RATEKV_CUDA_CHECK(cudaGetLastError());
 }
 
