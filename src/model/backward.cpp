@@ -372,8 +372,8 @@ struct ModelBackward<T>::Impl {
       linear(xf.data() + r0 * dm, lm_head, lg.data(), rows, dm, V);
       check(all_finite(lg.data(), rows * V), "backward: non-finite logits (NaN/inf) after the LM head");
       if (logits) std::memcpy(logits + r0 * V, lg.data(), sizeof(T) * rows * V);
-      double chunk_loss = 0;
-#pragma omp parallel for reduction(+ : chunk_loss) schedule(static) if (rows * V >= 65536)
+      std::vector<double> row_loss(rows, 0.0);  // summed in order below: deterministic
+#pragma omp parallel for schedule(static) if (rows * V >= 65536)
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t t = r0 + i;
         T* row = lg.data() + i * V;
@@ -387,12 +387,12 @@ struct ModelBackward<T>::Impl {
         for (int64_t j = 0; j < V; ++j) z += std::exp(double{row[j]} - mx);
         const double lse = mx + std::log(z);
         const int32_t target = tokens[t + 1];
-        chunk_loss += lse - double{row[target]};
+        row_loss[i] = lse - double{row[target]};
         // ∂L/∂logit_j = (softmax_j − [j = target]) / (n − 1)
         for (int64_t j = 0; j < V; ++j) row[j] = static_cast<T>(std::exp(double{row[j]} - lse) * inv_count);
         row[target] -= static_cast<T>(inv_count);
       }
-      loss_sum += chunk_loss;
+      for (double x : row_loss) loss_sum += x;
       if (on_layer) linear_backward(lg.data(), lm_head, dxf.data() + r0 * dm, rows, dm, V);
     }
     const double loss = loss_sum * inv_count;
