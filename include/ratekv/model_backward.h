@@ -25,9 +25,13 @@
 //
 // Memory: one checkpoint of the residual stream per layer (n · d_model
 // scalars each), one layer's intermediates (recomputed in the reverse pass),
-// one (n, n) attention matrix at a time, and the LM head in chunks of rows:
-// about 110 MB for n = 512 on SmolLM2-135M in float (plus the returned
-// gradients, 3 · n_layers · n · n_kv_heads · head_dim floats = 35 MB).
+// three (n, n) attention matrices at a time, and the LM head in chunks of 64
+// rows: about 75 MB for n = 512 on SmolLM2-135M in float (37 MB checkpoints,
+// 11 MB layer tape, 13 MB logit chunk, FFN/attention gradients), plus, with
+// gradients(), the returned 3 · n_layers · n · n_kv_heads · head_dim floats
+// (35 MB). The reverse pass recomputes each layer's forward once, so
+// backward() costs about 3.3× a Model::forward of the same tokens
+// (bench/bench_backward.cpp).
 //
 // Only arch "llama" (RMSNorm, SwiGLU, plain softmax attention, interleaved
 // RoPE) is implemented; other architectures throw ratekv::Error naming it.
@@ -85,8 +89,8 @@ struct KVGradients {
 /// calibration; double: dgemm on the fp32 weights converted exactly, for
 /// finite-difference checks). Construction validates the architecture and,
 /// for double, converts all weights once (2× the fp32 weight bytes).
-/// Calls are independent and only read the model; one instance must not be
-/// used from two threads at once (it reuses no state, but keep it simple).
+/// Calls only read the model and allocate their own working memory, so
+/// concurrent calls are safe (they share the OpenBLAS / OpenMP threads).
 /// The Model must outlive this object (float reads its weights in place).
 template <class T>
 class ModelBackward {
