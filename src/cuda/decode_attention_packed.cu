@@ -185,6 +185,26 @@ __global__ void __launch_bounds__(32 * kWarps<UB, R8>, D > 128 ? 1 : (UB > 0 || 
   uint4* qfrag = reinterpret_cast<uint4*>(smem + kTablesBytes);  // [NT][32] A fragments
   const int h = blockIdx.y, b = blockIdx.z;
   const int row_base = b * n_heads + h * gqa;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
+  const int split = blockIdx.x * kWarps<UB, R8> + warp;
+  // Start this warp's first page before the CTA-wide prologue (its offsets read
+  // straight from the global head table), so the page table lookup and the
+  // page's copy overlap the table copy and the query fragments.
+  const int stage_bytes = tables[h].stage_bytes;
+  uint8_t* stages = smem + kTablesBytes + NT * 32 * 16 + (size_t)warp * kStages * stage_bytes;
+  const int len = seq_lens[b];
+  const int n_pages_seq = (len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int page_lo = split * pages_per_split;
+  const int page_hi = split < part.n_splits ? min(page_lo + pages_per_split, n_pages_seq) : page_lo;
+  const int32_t* pt = page_table + (size_t)b * max_pages;
+  const uint8_t* head_base = pool + tables[h].block_offset;
+  auto issue = [&](int page, int stage) {
+    const uint8_t* src = head_base + (size_t)pt[page] * page_bytes;
+    uint8_t* dst = stages + stage * stage_bytes;
+    for (int u = lane * 16; u < stage_bytes; u += 32 * 16) detail::cp_async16(dst + u, src + u);
+  };
+  if (page_lo < page_hi) issue(page_lo, 0);
+  detail::cp_async_commit();
   {
     const uint32_t* src = reinterpret_cast<const uint32_t*>(tables + h);
     uint32_t* dst = reinterpret_cast<uint32_t*>(smem);
@@ -205,27 +225,12 @@ __global__ void __launch_bounds__(32 * kWarps<UB, R8>, D > 128 ? 1 : (UB > 0 || 
     }
   }
   __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-  const int split = blockIdx.x * kWarps<UB, R8> + warp;
   if (split >= part.n_splits) return;
-  const int stage_bytes = T.stage_bytes;
-  uint8_t* stages = smem + kTablesBytes + NT * 32 * 16 + (size_t)warp * kStages * stage_bytes;
-  const int len = seq_lens[b];
-  const int n_pages_seq = (len + packed::kPageTokens - 1) / packed::kPageTokens;
-  const int page_lo = split * pages_per_split;
-  const int page_hi = min(page_lo + pages_per_split, n_pages_seq);
   if (page_lo >= page_hi) {
     detail::store_empty(part, row_base, gqa, split);
     return;
   }
   const int nK = U ? NT : T.n_tiles[0], nV = U ? NT : T.n_tiles[1];
-  const int32_t* pt = page_table + (size_t)b * max_pages;
-  const uint8_t* head_base = pool + T.block_offset;
-  auto issue = [&](int page, int stage) {
-    const uint8_t* src = head_base + (size_t)pt[page] * page_bytes;
-    uint8_t* dst = stages + stage * stage_bytes;
-    for (int u = lane * 16; u < stage_bytes; u += 32 * 16) detail::cp_async16(dst + u, src + u);
-  };
 
   Codebook cbK, cbV;  // loaded per tile from shared memory (few registers live)
   float O[NT][2][4];
@@ -237,8 +242,6 @@ __global__ void __launch_bounds__(32 * kWarps<UB, R8>, D > 128 ? 1 : (UB > 0 || 
       for (int i = 0; i < 4; ++i) O[vt][hh][i] = 0.f;
   detail::RowState st;
 
-  issue(page_lo, 0);
-  detail::cp_async_commit();
   for (int pg = page_lo; pg < page_hi; ++pg) {
     const int k = pg - page_lo;
     if (pg + 1 < page_hi) issue(pg + 1, (k + 1) % kStages);
