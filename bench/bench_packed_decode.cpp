@@ -11,9 +11,14 @@
 //                            projections, cache append + attention, FFN, LM
 //                            head), only when the model asset exists
 //                            ($RATEKV_ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf)
-// Caches: fp32, packed uniform TQ-MSE K3V3 and K2V2 (plans built in code).
-// main() prints tokens/s and the packed/fp32 speed ratio per context.
-//   ./build/bench_packed_decode --benchmark_min_time=1
+// Caches: fp32, packed uniform TQ-MSE K3V3 and K2V2 (plans built in code,
+// AVX2 decode fast path), and packed K3V3 through the scalar reference
+// attention (PackedCacheOptions::reference_attention: unpack + table
+// lookups), so the fast path's gain is measured in the same run.
+// Times: real time and process CPU time (all OpenMP threads); main() prints
+// tokens/s and the packed/fp32 ratios per context for both.
+//   OMP_WAIT_POLICY=passive ./build/bench_packed_decode --benchmark_min_time=1
+//   (--benchmark_out=FILE.json --benchmark_out_format=json for the raw runs)
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -72,16 +77,20 @@ std::shared_ptr<const cache::PlanCodecs> uniform_codecs(const ModelConfig& cfg, 
   return std::make_shared<cache::PlanCodecs>(p, cfg, "bench-plan");
 }
 
-// kind 0 = fp32, 1 = packed K3V3, 2 = packed K2V2.
-const char* kKindNames[] = {"fp32", "packed_k3v3", "packed_k2v2"};
+// kind 0 = fp32, 1 = packed K3V3, 2 = packed K2V2, 3 = packed K3V3 scalar reference.
+const char* kKindNames[] = {"fp32", "packed_k3v3", "packed_k2v2", "packed_k3v3_ref"};
+constexpr int kKinds = 4;
 
 std::unique_ptr<KVCache> filled_cache(int kind, const ModelConfig& cfg, int64_t ctx) {
   const KVCacheShape shape = cfg.kv_shape(ctx + 4096);
   std::unique_ptr<KVCache> c;
   if (kind == 0)
     c = std::make_unique<DenseKVCache>(shape);
-  else
-    c = std::make_unique<cache::PackedKVCache>(shape, uniform_codecs(cfg, kind == 1 ? 3 : 2));
+  else {
+    cache::PackedCacheOptions opt;
+    opt.reference_attention = kind == 3;
+    c = std::make_unique<cache::PackedKVCache>(shape, uniform_codecs(cfg, kind == 2 ? 2 : 3), opt);
+  }
   const int64_t row = int64_t{cfg.n_kv_heads} * cfg.head_dim, chunk = 512;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -147,19 +156,21 @@ void BM_Decode(benchmark::State& st) {
 
 void args(benchmark::internal::Benchmark* b) {
   for (int64_t ctx : {1024, 4096, 8192})
-    for (int kind : {0, 1, 2}) b->Args({kind, ctx});
-  b->ArgNames({"cache", "ctx"})->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (int kind = 0; kind < kKinds; ++kind) b->Args({kind, ctx});
+  b->ArgNames({"cache", "ctx"})->Unit(benchmark::kMillisecond)->UseRealTime()->MeasureProcessCPUTime();
 }
 BENCHMARK(BM_Attend)->Apply(args);
 BENCHMARK(BM_Decode)->Apply(args);
 
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
-  std::map<std::string, double> seconds;  // benchmark name -> seconds per iteration
+  std::map<std::string, double> seconds, cpu_seconds;  // benchmark name -> seconds per iteration
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const auto& r : runs)
-      if (!r.error_occurred && r.iterations > 0)
+      if (!r.error_occurred && r.iterations > 0) {
         seconds[r.benchmark_name()] = r.real_accumulated_time / static_cast<double>(r.iterations);
+        cpu_seconds[r.benchmark_name()] = r.cpu_accumulated_time / static_cast<double>(r.iterations);
+      }
     ConsoleReporter::ReportRuns(runs);
   }
 };
@@ -175,21 +186,22 @@ int main(int argc, char** argv) {
   }
   RatioReporter rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
-  std::printf("\ndecode tokens/s and speed ratio packed / fp32 (same run, real time):\n");
-  for (const char* bm : {"BM_Attend", "BM_Decode"})
-    for (int64_t ctx : {1024, 4096, 8192}) {
-      auto name = [&](int kind) {
-        return fmt::format("{}/cache:{}/ctx:{}/real_time", bm, kind, ctx);
-      };
-      const auto base = rep.seconds.find(name(0));
-      if (base == rep.seconds.end()) continue;
-      std::printf("  %-9s ctx %5lld: fp32 %8.1f tok/s", bm, static_cast<long long>(ctx), 1.0 / base->second);
-      for (int kind : {1, 2}) {
-        const auto it = rep.seconds.find(name(kind));
-        if (it != rep.seconds.end())
-          std::printf(" | %s %8.1f tok/s (x%.2f)", kKindNames[kind], 1.0 / it->second, base->second / it->second);
+  for (const auto* table : {&rep.seconds, &rep.cpu_seconds}) {
+    std::printf("\ndecode tokens/s and speed ratio packed / fp32 (same run, %s):\n",
+                table == &rep.seconds ? "real time" : "process CPU time, all threads");
+    for (const char* bm : {"BM_Attend", "BM_Decode"})
+      for (int64_t ctx : {1024, 4096, 8192}) {
+        auto name = [&](int kind) { return fmt::format("{}/cache:{}/ctx:{}/process_time/real_time", bm, kind, ctx); };
+        const auto base = table->find(name(0));
+        if (base == table->end()) continue;
+        std::printf("  %-9s ctx %5lld: fp32 %7.1f tok/s", bm, static_cast<long long>(ctx), 1.0 / base->second);
+        for (int kind = 1; kind < kKinds; ++kind) {
+          const auto it = table->find(name(kind));
+          if (it != table->end())
+            std::printf(" | %s %7.1f (x%.2f)", kKindNames[kind], 1.0 / it->second, base->second / it->second);
+        }
+        std::printf("\n");
       }
-      std::printf("\n");
-    }
+  }
   benchmark::Shutdown();
 }
