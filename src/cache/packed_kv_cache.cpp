@@ -95,21 +95,34 @@ void merge_partial(AttnPartial& a, float* o_a, const AttnPartial& b, const float
 
 // ---- format fast paths ---------------------------------------------------------
 
-// Address of code bit i of element (slot, rotated coordinate c) in a group's
-// code segment: lane-word row (ct·b + word) of 32 uint32, word of the owning
-// lane, bit (packed_format.h code_bit_pos / element_pos).
+// One read-modify-write of one lane word per code (two more for the 3-bit
+// tile-3 bits): the code's bits sit in nibble e of word code_bit_pos(b, tt, e,
+// 0).word, contiguous from bit code_bit_pos(b, tt, e, 0).bit, except 3 bits in
+// token tile 3 (bit 3 of nibble e of words 0, 1, 2). Same bytes as the
+// reference write_codes (test FastPackUnpackMatchReference).
 void pack_token_codes(const packed::GroupLayout& G, packed::Side side, uint8_t* seg, int slot,
                       const uint8_t* codes) {
-  const int tt = slot / kTileTokens, r = slot % kTileTokens;
+  const int tt = slot / kTileTokens, r = slot % kTileTokens, b = G.bits;
+  const uint32_t low = (1u << b) - 1u;
+  auto rmw = [&](size_t byte, uint32_t mask, uint32_t bits) {
+    uint32_t w;
+    std::memcpy(&w, seg + byte, 4);
+    w = (w & ~mask) | bits;
+    std::memcpy(seg + byte, &w, 4);
+  };
   for (int c = 0; c < G.dim_pad; ++c) {
-    const unsigned code = c < G.dim ? codes[c] : 0u;
+    const uint32_t code = c < G.dim ? codes[c] : 0u;
     const int ct = c / kTileChannels;
     const packed::ElementPos e = packed::element_pos(side, r, c % kTileChannels);
-    for (int i = 0; i < G.bits; ++i) {
-      const packed::CodeBitPos p = packed::code_bit_pos(G.bits, tt, e.elem, i);
-      uint8_t& byte = seg[(static_cast<size_t>(ct) * G.bits + p.word) * packed::kLaneRowBytes + 4 * e.lane + p.bit / 8];
-      const int bit = p.bit % 8;
-      byte = static_cast<uint8_t>((byte & ~(1u << bit)) | (((code >> i) & 1u) << bit));
+    const size_t row0 = static_cast<size_t>(ct) * b;  // first lane-word row of this channel tile
+    if (b != 3 || tt < 3) {
+      const packed::CodeBitPos p = packed::code_bit_pos(b, tt, e.elem, 0);
+      rmw((row0 + p.word) * packed::kLaneRowBytes + 4 * e.lane, low << p.bit, code << p.bit);
+    } else {
+      for (int i = 0; i < 3; ++i) {
+        const packed::CodeBitPos p = packed::code_bit_pos(b, tt, e.elem, i);
+        rmw((row0 + p.word) * packed::kLaneRowBytes + 4 * e.lane, 1u << p.bit, ((code >> i) & 1u) << p.bit);
+      }
     }
   }
 }
