@@ -114,6 +114,11 @@ def main():
                     claims.append({'claim': f'mismatched curves ({m.split("curves-")[1]}) worse than calibrated, {q} at {b} bits',
                                    'a': own['method'], 'a_ppl': own['ppl_mean'], 'b': m, 'b_ppl': r['ppl_mean'],
                                    'verdict': verdict(own['ppl_mean'], r['ppl_mean'])})
+            b2 = get(b, q, f'ratequant-{S}-bmin2')
+            if u and b2:
+                claims.append({'claim': f'RateQuant ({S}, widths >= 2) better than the best uniform split, {q} at {b} bits',
+                               'a': b2['method'], 'a_ppl': b2['ppl_mean'], 'b': u['method'], 'b_ppl': u['ppl_mean'],
+                               'verdict': verdict(b2['ppl_mean'], u['ppl_mean'])})
             alt = get(b, q, 'ratequant-activation')
             if alt and own and S != 'activation':
                 claims.append({'claim': f'gradient sensitivity better than the activation proxy, {q} at {b} bits',

@@ -9,6 +9,7 @@
 #        RateQuant with the quantizer's own curves (gradient sensitivity),
 #        RateQuant with mismatched curves (--curves-from),
 #        RateQuant with the activation-magnitude proxy,
+#        at 2.5: RateQuant with widths ≥ 2 (--bmin 2; the 1-bit cliff of the integer quantizers),
 #        for kivi, quarot, tq-mse; for Block-GTQ: Block-GTQ alone (uniform head
 #        budgets) and the composed ratequant+block-gtq;
 #   3. perplexity (K+V quantized, fake-quant cache) on the first WINDOWS windows
@@ -93,6 +94,8 @@ for b in $BUDGETS; do
       plan "b$b-$q-ratequant-$SENS" $s --method ratequant --quantizer $q --bits $b --sensitivity $SENS
       plan "b$b-$q-ratequant-$SENS-curves-$mis" $s --method ratequant --quantizer $q --bits $b --sensitivity $SENS --curves-from $mis
       [[ -n $ALT ]] && plan "b$b-$q-ratequant-$ALT" $s --method ratequant --quantizer $q --bits $b --sensitivity $ALT
+      # The integer quantizers lose ×11–12 from 2 to 1 bit (the single β says ×5.8): the same allocation with b ≥ 2.
+      [[ $b == 2.5 ]] && plan "b$b-$q-ratequant-$SENS-bmin2" $s --method ratequant --quantizer $q --bits $b --sensitivity $SENS --bmin 2
     done
   done
   for ((s = 0; s < SEEDS; s++)); do
