@@ -39,6 +39,17 @@
 //                   per group_size elements (norm "none").
 //   q8_0, q4_0      llama.cpp cache types: one group, all channels, bits 8 /
 //                   4, group_size 32 (one fp16 scale per 32), norm "none".
+//   vq              vector quantization with k-means codebooks (TaSQ / CQ,
+//                   DESIGN.md §5): ≥ 1 group, each of exactly group_size
+//                   "channels" (head_dim divisible by group_size); "bits" is
+//                   the index width of the group (1..16, 2^bits centroids),
+//                   the same for every group. Keys are quantized pre-RoPE,
+//                   values as they are. Codebooks (and the TaSQ per-channel
+//                   weights) live in the plan's "tensors" side file
+//                   (docs/plan_format.md). norm "none", or "shared-fp16" =
+//                   one fp16 RMS scale per token per layer shared by the
+//                   scale_heads (= n_kv_heads) KV heads: 16/scale_heads bits
+//                   per head per token. Code bits = Σ_g bits_g / head_dim.
 // Effective bits per element of a codec = (Σ_g bits_g·|channels_g| + metadata
 // bits per token) / head_dim, with the metadata as listed above.
 //
@@ -73,11 +84,12 @@ struct ModelIdentity : PlanTarget {
 };
 
 /// Quantizer kind of one codec.
-enum class CodecKind { FP16, TqMseGrouped, TqMse, Kivi, QuaRot, Q8_0, Q4_0 };
-/// Storage of the per-group (or per-head) norm.
-enum class NormStorage { None, FP16 };
+enum class CodecKind { FP16, TqMseGrouped, TqMse, Kivi, QuaRot, Q8_0, Q4_0, Vq };
+/// Storage of the per-group (or per-head) norm. SharedFP16 (vq only): one
+/// fp16 scale per token shared by all KV heads of the layer ("shared-fp16").
+enum class NormStorage { None, FP16, SharedFP16 };
 
-/// "fp16", "tq-mse-grouped", "tq-mse", "kivi", "quarot", "q8_0", "q4_0".
+/// "fp16", "tq-mse-grouped", "tq-mse", "kivi", "quarot", "q8_0", "q4_0", "vq".
 const char* codec_kind_name(CodecKind k);
 /// Inverse of codec_kind_name; throws Error naming `field` and the valid names.
 CodecKind parse_codec_kind(const std::string& s, const std::string& field);
@@ -95,7 +107,8 @@ struct CodecGroup {
 struct Codec {
   CodecKind kind = CodecKind::FP16;
   NormStorage norm = NormStorage::None;
-  int group_size = 0;  ///< scale group along the head for kivi/quarot/q8_0/q4_0, else 0
+  int group_size = 0;  ///< scale group along the head for kivi/quarot/q8_0/q4_0; channels per group for vq; else 0
+  int scale_heads = 0; ///< vq with norm shared-fp16: KV heads sharing the per-token scale (= n_kv_heads), else 0
   std::vector<CodecGroup> groups;
 
   /// Code bits per element (Σ bits·channels / head_dim; 16 for fp16).
@@ -122,7 +135,14 @@ struct Plan {
   std::string method;
   ModelIdentity model;
   std::string stats_file;
-  std::optional<std::string> tensors_file;
+  std::optional<std::string> tensors_file;  ///< side file, relative to the plan file's directory
+  /// Directory of the plan file (set by load(), not serialized; "" = current
+  /// directory). tensors_file is resolved against it.
+  std::string source_dir;
+  /// Optional free-form record of how a fitted plan was made ("fit" in the
+  /// JSON; e.g. TaSQ's weighting, normalization, grouping, k-means kind and
+  /// seed, calibration tokens). Null when absent. Not interpreted on load.
+  nlohmann::json fit;
   uint64_t seed = 0;
   int fp16_window = 0;
   int sink_tokens = 0;

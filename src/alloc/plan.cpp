@@ -27,7 +27,7 @@ struct KindName {
 constexpr KindName kKinds[] = {
     {CodecKind::FP16, "fp16"}, {CodecKind::TqMseGrouped, "tq-mse-grouped"}, {CodecKind::TqMse, "tq-mse"},
     {CodecKind::Kivi, "kivi"}, {CodecKind::QuaRot, "quarot"},                {CodecKind::Q8_0, "q8_0"},
-    {CodecKind::Q4_0, "q4_0"},
+    {CodecKind::Q4_0, "q4_0"},  {CodecKind::Vq, "vq"},
 };
 
 bool uses_rotation_seed(CodecKind k) {
@@ -49,12 +49,16 @@ const char* codec_kind_name(CodecKind k) {
 CodecKind parse_codec_kind(const std::string& s, const std::string& field) {
   for (const auto& e : kKinds)
     if (s == e.name) return e.kind;
-  fail("{} = \"{}\": expected one of fp16, tq-mse-grouped, tq-mse, kivi, quarot, q8_0, q4_0", field, s);
+  fail("{} = \"{}\": expected one of fp16, tq-mse-grouped, tq-mse, kivi, quarot, q8_0, q4_0, vq", field, s);
 }
 
 double Codec::code_bits(int head_dim) const {
   if (kind == CodecKind::FP16) return 16.0;
   int64_t bits = 0;
+  if (kind == CodecKind::Vq) {  // one index of `bits` bits per group
+    for (const auto& g : groups) bits += g.bits;
+    return (double)bits / head_dim;
+  }
   for (const auto& g : groups) bits += (int64_t)g.bits * group_channels(*this, g);
   return (double)bits / head_dim;
 }
@@ -76,6 +80,9 @@ double Codec::effective_bits(int head_dim) const {
     case CodecKind::Q8_0:
     case CodecKind::Q4_0:
       meta = 16.0 * head_dim / 32.0;
+      break;
+    case CodecKind::Vq:
+      if (norm == NormStorage::SharedFP16 && scale_heads > 0) meta = 16.0 / scale_heads;
       break;
     case CodecKind::FP16:
       break;
@@ -135,7 +142,24 @@ void validate_codec(const Codec& c, int d, const std::string& name, const std::s
   }
   check(!c.groups.empty(), "{}: {}.groups: kind {} needs at least one group", name, path, kind);
   const bool grouped = c.kind == CodecKind::TqMseGrouped;
-  if (!grouped)
+  if (c.kind == CodecKind::Vq) {
+    check(c.norm == NormStorage::None || c.norm == NormStorage::SharedFP16,
+          "{}: {}.norm: kind vq stores \"none\" or \"shared-fp16\"", name, path);
+    check(c.group_size >= 1 && c.group_size <= d && d % c.group_size == 0,
+          "{}: {}.group_size = {}: expected a divisor of head_dim {} (channels per vq group)", name, path,
+          c.group_size, d);
+    check((int64_t)c.groups.size() * c.group_size == d, "{}: {}.groups: {} groups of {} channels, head_dim is {}",
+          name, path, c.groups.size(), c.group_size, d);
+    if (c.norm == NormStorage::SharedFP16)
+      check(c.scale_heads >= 1, "{}: {}.scale_heads = {}: expected ≥ 1 with norm shared-fp16", name, path,
+            c.scale_heads);
+    else
+      check(c.scale_heads == 0, "{}: {}.scale_heads = {}: expected 0 with norm none", name, path, c.scale_heads);
+  } else {
+    check(c.norm != NormStorage::SharedFP16, "{}: {}.norm: \"shared-fp16\" is for kind vq only", name, path);
+    check(c.scale_heads == 0, "{}: {}.scale_heads = {}: only kind vq shares a scale", name, path, c.scale_heads);
+  }
+  if (!grouped && c.kind != CodecKind::Vq)
     check(c.groups.size() == 1, "{}: {}.groups: kind {} has exactly one group (found {})", name, path, kind,
           c.groups.size());
 
@@ -157,6 +181,13 @@ void validate_codec(const Codec& c, int d, const std::string& name, const std::s
         break;
       case CodecKind::Q4_0:
         check(g.bits == 4, "{}: {}.bits = {}: expected 4 for kind q4_0", name, gp, g.bits);
+        break;
+      case CodecKind::Vq:
+        check(g.bits >= 1 && g.bits <= 16, "{}: {}.bits = {}: expected an index width 1..16", name, gp, g.bits);
+        check(g.bits == c.groups[0].bits, "{}: {}.bits = {}: every vq group has the same width ({})", name, gp,
+              g.bits, c.groups[0].bits);
+        check((int)g.channels.size() == c.group_size, "{}: {}.channels: {} channels, expected group_size {}", name,
+              gp, g.channels.size(), c.group_size);
         break;
       case CodecKind::FP16:
         break;
@@ -188,6 +219,7 @@ void validate_codec(const Codec& c, int d, const std::string& name, const std::s
       check(c.group_size == 32, "{}: {}.group_size = {}: expected 32 for kind {}", name, path, c.group_size, kind);
       check(d % 32 == 0, "{}: {}: kind {} needs head_dim divisible by 32 (head_dim {})", name, path, kind, d);
       break;
+    case CodecKind::Vq:
     case CodecKind::FP16:
       break;
   }
@@ -234,6 +266,11 @@ void Plan::validate(const std::string& name) const {
         budget_v);
   check((int)layers.size() == m.n_layers, "{}: layers: {} entries, expected model.n_layers = {}", name,
         layers.size(), m.n_layers);
+  bool any_vq = false;
+  for (const auto& layer : layers)
+    for (const auto& hp : layer) any_vq = any_vq || hp.key.kind == CodecKind::Vq || hp.value.kind == CodecKind::Vq;
+  check(!any_vq || (tensors_file && !tensors_file->empty()),
+        "{}: tensors: kind vq codecs need a \"tensors\" side file with their codebooks", name);
   for (size_t l = 0; l < layers.size(); ++l) {
     check((int)layers[l].size() == m.n_kv_heads, "{}: layers[{}].heads: {} entries, expected model.n_kv_heads = {}",
           name, l, layers[l].size(), m.n_kv_heads);
@@ -241,6 +278,21 @@ void Plan::validate(const std::string& name) const {
       const std::string p = fmt::format("layers[{}].heads[{}]", l, h);
       validate_codec(layers[l][h].key, m.head_dim, name, p + ".key");
       validate_codec(layers[l][h].value, m.head_dim, name, p + ".value");
+    }
+    // A shared per-token scale spans every KV head of the layer: all heads of
+    // that side must be vq with norm shared-fp16 and scale_heads = n_kv_heads.
+    for (int s = 0; s < 2; ++s) {
+      int shared = 0;
+      for (const auto& hp : layers[l]) shared += (s == 0 ? hp.key : hp.value).norm == NormStorage::SharedFP16;
+      if (shared == 0) continue;
+      const char* side = s == 0 ? "key" : "value";
+      check(shared == m.n_kv_heads, "{}: layers[{}]: {} of {} heads' {} codecs use a shared-fp16 scale; it is "
+            "shared by all KV heads of a layer or none", name, l, shared, m.n_kv_heads, side);
+      for (size_t h = 0; h < layers[l].size(); ++h) {
+        const Codec& c = s == 0 ? layers[l][h].key : layers[l][h].value;
+        check(c.scale_heads == m.n_kv_heads, "{}: layers[{}].heads[{}].{}.scale_heads = {}: expected n_kv_heads {}",
+              name, l, h, side, c.scale_heads, m.n_kv_heads);
+      }
     }
   }
 }
@@ -270,8 +322,9 @@ namespace {
 json codec_to_json(const Codec& c) {
   json j;
   j["kind"] = codec_kind_name(c.kind);
-  j["norm"] = c.norm == NormStorage::FP16 ? "fp16" : "none";
+  j["norm"] = c.norm == NormStorage::FP16 ? "fp16" : c.norm == NormStorage::SharedFP16 ? "shared-fp16" : "none";
   j["group_size"] = c.group_size;
+  if (c.norm == NormStorage::SharedFP16) j["scale_heads"] = c.scale_heads;
   json groups = json::array();
   for (const auto& g : c.groups) {
     json jg;
@@ -364,10 +417,12 @@ Codec codec_from_json(const Reader& r, const json& j, const std::string& path) {
   Codec c;
   c.kind = parse_codec_kind(r.string(j, path, "kind"), r.name + ": " + Reader::join(path, "kind"));
   const std::string norm = r.string(j, path, "norm");
-  check(norm == "none" || norm == "fp16", "{}: {} = \"{}\": expected \"none\" or \"fp16\"", r.name,
-        Reader::join(path, "norm"), norm);
-  c.norm = norm == "fp16" ? NormStorage::FP16 : NormStorage::None;
+  check(norm == "none" || norm == "fp16" || norm == "shared-fp16",
+        "{}: {} = \"{}\": expected \"none\", \"fp16\" or \"shared-fp16\"", r.name, Reader::join(path, "norm"),
+        norm);
+  c.norm = norm == "fp16" ? NormStorage::FP16 : norm == "shared-fp16" ? NormStorage::SharedFP16 : NormStorage::None;
   c.group_size = j.contains("group_size") ? (int)r.integer(j, path, "group_size", 0, kIntMax) : 0;
+  c.scale_heads = j.contains("scale_heads") ? (int)r.integer(j, path, "scale_heads", 0, 1024) : 0;
   const json& groups = r.array(j, path, "groups");
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const std::string gp = fmt::format("{}.groups[{}]", path, gi);
@@ -397,6 +452,7 @@ json Plan::to_json() const {
                 {"sha256", model.sha256}};
   j["stats"] = stats_file;
   j["tensors"] = tensors_file ? json(*tensors_file) : json(nullptr);
+  if (!fit.is_null()) j["fit"] = fit;
   j["seed"] = seed;
   j["fp16_window"] = fp16_window;
   j["sink_tokens"] = sink_tokens;
@@ -433,6 +489,7 @@ Plan Plan::from_json(const json& j, const std::string& name) {
   p.model.sha256 = m.contains("sha256") ? r.string(m, "model", "sha256") : "";
   p.stats_file = j.contains("stats") ? r.string(j, "", "stats") : "";
   if (j.contains("tensors") && !j["tensors"].is_null()) p.tensors_file = r.string(j, "", "tensors");
+  if (j.contains("fit")) p.fit = j["fit"];
   p.seed = j.contains("seed") ? (uint64_t)r.integer(j, "", "seed", 0, std::numeric_limits<int64_t>::max()) : 0;
   p.fp16_window = (int)r.integer(j, "", "fp16_window", 0, kIntMax);
   p.sink_tokens = (int)r.integer(j, "", "sink_tokens", 0, kIntMax);
@@ -477,7 +534,9 @@ Plan Plan::from_json(const json& j, const std::string& name) {
 
 Plan Plan::load(const std::string& path) {
   const json j = alloc::read_json_file(path, "plan");
-  return from_json(j, std::filesystem::path(path).filename().string());
+  Plan p = from_json(j, std::filesystem::path(path).filename().string());
+  p.source_dir = std::filesystem::path(path).parent_path().string();
+  return p;
 }
 
 void Plan::save(const std::string& path) const {

@@ -34,6 +34,7 @@ void FakeQuantKVCache::append(int layer, int64_t n, const int32_t* pos, const fl
   Orig& O = orig_[layer];
   const int64_t T = static_cast<int64_t>(L.pos.size()), T0 = T - n;
   O.k.insert(O.k.end(), k_post, k_post + n * row);
+  if (codecs_->layer_is_vq(layer, KVSide::key)) O.k_pre.insert(O.k_pre.end(), k_pre, k_pre + n * row);
   O.v.insert(O.v.end(), v, v + n * row);
   const int64_t end = std::max<int64_t>(sink_, T - window_);  // quantized region [sink, end)
   const int64_t prev = O.done;
@@ -48,6 +49,21 @@ void FakeQuantKVCache::append(int layer, int64_t n, const int32_t* pos, const fl
     for (int64_t t = T0; t < T; ++t) {
       if (t >= sink_ && t < end) continue;
       for (int64_t i = t * row; i < (t + 1) * row; ++i) dst[i] = round_fp16(src[i]);
+    }
+    if (codecs_->layer_is_vq(layer, side)) {  // all heads at once (shared scale); keys pre-RoPE
+      const int64_t a = std::max<int64_t>(sink_, prev);
+      if (end <= a) continue;
+      const int64_t m = end - a;
+      const std::vector<float>& x = s == 0 ? O.k_pre : O.v;
+      std::vector<float> buf(x.begin() + a * row, x.begin() + end * row);
+      codecs_->fake_quant_layer(layer, side, buf.data(), m, buf.data());
+      if (s == 0) {
+        const ModelConfig& c = codecs_->config();
+        for (int64_t t = 0; t < m; ++t)
+          apply_rope(buf.data() + t * row, Hkv, d, L.pos[a + t], c.rope_layout, c.rope_theta);
+      }
+      std::copy(buf.begin(), buf.end(), dst.begin() + a * row);
+      continue;
     }
 #pragma omp parallel for schedule(static) if (Hkv > 1 && (end - prev) * d >= 4096)
     for (int h = 0; h < Hkv; ++h) {
@@ -77,12 +93,20 @@ void FakeQuantKVCache::clear() {
 
 size_t FakeQuantKVCache::bytes() const {
   size_t b = DenseKVCache::bytes();
-  for (const auto& o : orig_) b += (o.k.size() + o.v.size()) * sizeof(float);
+  for (const auto& o : orig_) b += (o.k.size() + o.k_pre.size() + o.v.size()) * sizeof(float);
   return b;
 }
 
 void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const float* x, int64_t T, int window,
                          int sink, float* out) {
+  check(!(side == KVSide::key && codecs.layer_is_vq(layer, side)),
+        "fake_quant_sequence: layer {} keys are vq (quantized pre-RoPE): use the overload with pre-RoPE keys and "
+        "positions", layer);
+  fake_quant_sequence(codecs, layer, side, x, nullptr, nullptr, T, window, sink, out);
+}
+
+void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const float* x, const float* k_pre,
+                         const int32_t* pos, int64_t T, int window, int sink, float* out) {
   const ModelConfig& c = codecs.config();
   check(T >= 0 && window >= 0 && sink >= 0, "fake_quant_sequence: T {}, window {}, sink {} must be ≥ 0", T, window,
         sink);
@@ -93,6 +117,18 @@ void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const
   for (int64_t i = end * row; i < T * row; ++i) out[i] = round_fp16(x[i]);
   const int64_t m = end - a;
   if (m <= 0) return;
+  if (codecs.layer_is_vq(layer, side)) {
+    const bool key = side == KVSide::key;
+    check(!key || (k_pre != nullptr && pos != nullptr),
+          "fake_quant_sequence: layer {} keys are vq: pre-RoPE keys and positions are needed", layer);
+    const float* src = key ? k_pre : x;
+    std::vector<float> buf(src + a * row, src + end * row);
+    codecs.fake_quant_layer(layer, side, buf.data(), m, buf.data());
+    if (key)
+      for (int64_t t = 0; t < m; ++t) apply_rope(buf.data() + t * row, Hkv, d, pos[a + t], c.rope_layout, c.rope_theta);
+    std::copy(buf.begin(), buf.end(), out + a * row);
+    return;
+  }
   std::vector<float> buf(m * d);
   for (int h = 0; h < Hkv; ++h) {
     for (int64_t t = 0; t < m; ++t) std::memcpy(buf.data() + t * d, x + (a + t) * row + int64_t{h} * d, sizeof(float) * d);

@@ -1,6 +1,8 @@
 // PlanCodecs: plan codec → quantizer, per (layer, KV head, side).
 #include "ratekv/cache/plan_codecs.h"
 
+#include <filesystem>
+
 #include "ratekv/error.h"
 #include "ratekv/fp16.h"
 
@@ -82,15 +84,49 @@ json PlanCodecs::quantizer_json(const Codec& c, KVSide side, int d, RopeLayout l
     case CodecKind::Q4_0:
       require_all_channels(c, d, field);
       return {{"kind", c.kind == CodecKind::Q8_0 ? "q8_0" : "q4_0"}, {"dim", d}};
+    case CodecKind::Vq:
+      return json();  // not a quant::Quantizer: VqCodec (cache/vq_codec.h)
   }
   fail("{}: unsupported codec kind", field);
 }
 
 PlanCodecs::PlanCodecs(Plan plan, const ModelConfig& cfg, const std::string& name)
-    : plan_(std::move(plan)), cfg_(cfg) {
+    : PlanCodecs(std::move(plan), cfg, name, nullptr) {}
+
+PlanCodecs::PlanCodecs(Plan plan, const ModelConfig& cfg, const std::string& name,
+                       std::shared_ptr<const VqTensors> vq_tensors)
+    : plan_(std::move(plan)), cfg_(cfg), vq_tensors_(std::move(vq_tensors)) {
   plan_.validate(name);
   plan_.validate_against(plan_target(cfg_), name);
   const int L = cfg_.n_layers, H = cfg_.n_kv_heads, d = cfg_.head_dim;
+  vq_.resize(static_cast<size_t>(L) * H * 2);
+  bool any_vq = false;
+  for (int l = 0; l < L; ++l)
+    for (int s = 0; s < 2; ++s) {
+      int n = 0;
+      for (int h = 0; h < H; ++h) n += (s == 0 ? plan_.layers[l][h].key : plan_.layers[l][h].value).kind == CodecKind::Vq;
+      check(n == 0 || n == H, "{}: layers[{}]: {} of {} KV heads' {} codecs are vq; a layer side is all vq or none",
+            name, l, n, H, s == 0 ? "key" : "value");
+      any_vq = any_vq || n > 0;
+    }
+  if (any_vq) {
+    if (!vq_tensors_) {
+      check(plan_.tensors_file.has_value(), "{}: tensors: vq codecs need a side file", name);
+      std::filesystem::path p(*plan_.tensors_file);
+      if (p.is_relative() && !plan_.source_dir.empty()) p = std::filesystem::path(plan_.source_dir) / p;
+      vq_tensors_ = std::make_shared<const VqTensors>(VqTensors::load(p.string(), plan_));
+    } else {
+      vq_tensors_->validate_against(plan_, name);
+    }
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        for (int s = 0; s < 2; ++s) {
+          const Codec& c = s == 0 ? plan_.layers[l][h].key : plan_.layers[l][h].value;
+          if (c.kind != CodecKind::Vq) continue;
+          const VqTensors::Entry& e = vq_tensors_->at(l, h, s);
+          vq_[(static_cast<size_t>(l) * H + h) * 2 + s] = std::make_unique<VqCodec>(c, d, e.codebooks, e.channel_scale);
+        }
+  }
   check(static_cast<int>(plan_.layers.size()) == L, "{}: {} layers, model has {}", name, plan_.layers.size(), L);
   q_.resize(static_cast<size_t>(L) * H * 2);
   for (int l = 0; l < L; ++l) {
@@ -119,7 +155,24 @@ const quant::Quantizer* PlanCodecs::quantizer(int layer, int head, KVSide side) 
   return q_[(static_cast<size_t>(layer) * cfg_.n_kv_heads + head) * 2 + static_cast<int>(side)].get();
 }
 
+const VqCodec* PlanCodecs::vq(int layer, int head, KVSide side) const {
+  check(layer >= 0 && layer < cfg_.n_layers && head >= 0 && head < cfg_.n_kv_heads,
+        "PlanCodecs: (layer {}, head {}) outside ({}, {})", layer, head, cfg_.n_layers, cfg_.n_kv_heads);
+  return vq_[(static_cast<size_t>(layer) * cfg_.n_kv_heads + head) * 2 + static_cast<int>(side)].get();
+}
+
+void PlanCodecs::fake_quant_layer(int layer, KVSide side, const float* x, int64_t T, float* out) const {
+  check(layer_is_vq(layer, side), "PlanCodecs::fake_quant_layer: layer {} {} codecs are not vq", layer,
+        side == KVSide::key ? "key" : "value");
+  std::vector<const VqCodec*> heads(cfg_.n_kv_heads);
+  for (int h = 0; h < cfg_.n_kv_heads; ++h) heads[h] = vq(layer, h, side);
+  vq_fake_quant_layer(heads, x, T, out);
+}
+
 void PlanCodecs::fake_quant(int layer, int head, KVSide side, const float* x, int64_t T, float* xhat) const {
+  check(vq(layer, head, side) == nullptr,
+        "PlanCodecs::fake_quant: layer {} head {} is a vq codec; it is quantized per layer (fake_quant_layer)", layer,
+        head);
   const quant::Quantizer* q = quantizer(layer, head, side);
   if (q == nullptr) {
     const int64_t n = T * cfg_.head_dim;

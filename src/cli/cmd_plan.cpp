@@ -11,6 +11,12 @@
 // calib module provides its reader, else (and always accepted) the JSON form
 // of alloc/stats.h.
 #include "ratekv/calib/kv_stats.h"
+#ifdef RATEKV_HAVE_TASQ
+#include "cli/loaded_model.h"
+#include "cli/text_tokens.h"
+#include "ratekv/sha256.h"
+#include "ratekv/tasq/fit.h"
+#endif
 
 namespace ratekv::cli {
 namespace {
@@ -20,9 +26,119 @@ struct PlanArgs {
   std::string stats, out;
   double avg_bits = -1.0;
   bool force = false, json = false, quiet = false;
+  // --method tasq | cq (DESIGN.md §5)
+  std::string model, text;
+  int64_t tokens = 40960, ctx = 512;
+  int group = 8, centroids = 1024, vgroup = 8, vcentroids = 1024, kmeans_iters = 20, n_seeds = 1, also_seeds = 0;
+  bool no_weighting = false, no_normalization = false, no_grouping = false, fisher = false;
+  std::vector<std::string> also;
 };
 
+#ifdef RATEKV_HAVE_TASQ
+// Fits the TaSQ / CQ plan(s) from one capture of the calibration text. Each
+// plan P.json gets its side file P.tensors.safetensors beside it.
+void run_vq(PlanArgs& a) {
+  namespace fs = std::filesystem;
+  check(!a.model.empty(), "--method {}: -m/--model is required", a.rq.method);
+  check(!a.text.empty(), "--method {}: -f/--file (calibration text) is required", a.rq.method);
+  check(a.tokens >= 1, "--tokens {}: expected ≥ 1", a.tokens);
+  check(a.n_seeds >= 1 && a.n_seeds <= 100, "--kmeans-seeds {}: expected 1..100", a.n_seeds);
+  check(a.also_seeds >= 0 && a.also_seeds <= a.n_seeds, "--also-kmeans-seeds {}: expected 1..--kmeans-seeds ({})",
+        a.also_seeds, a.n_seeds);
+  const std::string values = a.rq.v_quantizer.empty() ? "cq" : a.rq.v_quantizer;
+  check(values == "cq" || values == "fp16", "--vquantizer {}: --method {} takes cq or fp16", values, a.rq.method);
+  struct Variant {
+    std::string name;  // "" = the main plan
+    tasq::FitOptions opt;
+    int n_seeds = 1;
+  };
+  tasq::FitOptions base;
+  base.method = a.rq.method;
+  base.group = a.group;
+  base.centroids = a.centroids;
+  base.weighting = !a.no_weighting;
+  base.normalization = !a.no_normalization;
+  base.grouping = !a.no_grouping;
+  base.fisher = a.fisher;
+  base.values = values;
+  base.value_group = a.vgroup;
+  base.value_centroids = a.vcentroids;
+  base.kmeans_iters = a.kmeans_iters;
+  std::vector<Variant> variants{{"", base, a.n_seeds}};
+  for (const std::string& v : a.also) {
+    const bool ablation = v.rfind("no-", 0) == 0;
+    Variant x{v, base, ablation && a.also_seeds > 0 ? a.also_seeds : a.n_seeds};
+    if (v == "cq") x.opt.method = "cq";
+    else if (v == "tasq") x.opt.method = "tasq", x.opt.weighting = x.opt.normalization = x.opt.grouping = true;
+    else if (v == "no-weighting") x.opt.method = "tasq", x.opt.weighting = false;
+    else if (v == "no-normalization") x.opt.method = "tasq", x.opt.normalization = false;
+    else if (v == "no-grouping") x.opt.method = "tasq", x.opt.grouping = false;
+    else if (v == "no-fisher") x.opt.method = "tasq", x.opt.fisher = false;
+    else fail("--also {}: expected cq, tasq, no-weighting, no-normalization, no-grouping or no-fisher", v);
+    variants.push_back(x);
+  }
+  // Output paths: P.json, P.<variant>.json, with .s<k> before .json when --kmeans-seeds > 1.
+  const fs::path out(a.out);
+  const std::string stem = out.extension() == ".json" ? (out.parent_path() / out.stem()).string() : a.out;
+  auto plan_path = [&](const std::string& variant, int k) {
+    std::string p = stem;
+    if (!variant.empty()) p += "." + variant;
+    if (a.n_seeds > 1) p += fmt::format(".s{}", k);
+    return p + ".json";
+  };
+  for (const auto& v : variants)
+    for (int k = 0; k < v.n_seeds; ++k) {
+      check_output_path(plan_path(v.name, k), a.force, "-o");
+      check_output_path(fs::path(plan_path(v.name, k)).replace_extension(".tensors.safetensors").string(), a.force,
+                        "-o (side file)");
+    }
+
+  LoadedModel lm = load_model(a.model);
+  const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
+  spdlog::info("{} fit: {} calibration tokens of {} in windows of {}", a.rq.method, ids.size(), a.text, a.ctx);
+  bool fisher = false;
+  for (const auto& v : variants) fisher = fisher || v.opt.fisher;
+  const tasq::FitCaptures cap = tasq::capture_for_fit(*lm.model, ids, a.ctx, values == "cq", fisher);
+  const std::string model_sha = sha256_file(a.model);
+  nlohmann::json report = nlohmann::json::array();
+  for (const auto& v : variants)
+    for (int k = 0; k < v.n_seeds; ++k) {
+      tasq::FitOptions o = v.opt;
+      o.seed = a.rq.seed + static_cast<uint64_t>(k);
+      tasq::FitResult r = tasq::fit_vq_plan(cap, o);
+      const std::string pp = plan_path(v.name, k);
+      const fs::path side = fs::path(pp).replace_extension(".tensors.safetensors");
+      r.plan.model.file = fs::path(a.model).filename().string();
+      r.plan.model.sha256 = model_sha;
+      r.plan.fit["text"] = fs::path(a.text).filename().string();
+      if (!v.name.empty()) r.plan.fit["variant"] = v.name;
+      r.plan.tensors_file = side.filename().string();
+      r.tensors.save(side.string());
+      r.plan.save(pp);
+      const auto ach = r.plan.achieved();
+      spdlog::info("wrote {} + {}: K {:.4f} effective ({:.4f} code) bits/element, V {:.4f}; matching fell back to "
+                   "contiguous on {} heads; fit {:.1f} s",
+                   pp, side.filename().string(), ach.k, ach.k_code, ach.v, r.diagnostics["contiguous_fallbacks"].get<int>(),
+                   r.diagnostics["fit_seconds"].get<double>());
+      report.push_back({{"plan", pp}, {"tensors", side.string()}, {"fit", r.plan.fit},
+                        {"achieved", {{"k", ach.k}, {"v", ach.v}, {"k_code", ach.k_code}, {"v_code", ach.v_code}}},
+                        {"diagnostics", r.diagnostics}});
+    }
+  if (a.json) std::printf("%s\n", report.dump(1).c_str());
+}
+#endif
+
 void run(PlanArgs& a) {
+  if (a.rq.method == "tasq" || a.rq.method == "cq") {
+#ifdef RATEKV_HAVE_TASQ
+    run_vq(a);
+    return;
+#else
+    fail("--method {}: this build has no TaSQ fitting (LEMON and Faiss were not found at configure time)",
+         a.rq.method);
+#endif
+  }
+  check(!a.stats.empty(), "--stats is required for --method {}", a.rq.method);
   check_output_path(a.out, a.force, "-o");
   alloc::CalibStats st = calib::load_alloc_stats(a.stats);  // safetensors or JSON
   a.rq.stats_file = std::filesystem::path(a.stats).filename().string();
@@ -72,9 +188,11 @@ const Registrar reg("plan", [](CLI::App& app) {
       "Allocate KV-cache bits from calibration statistics and write a plan (JSON). Budgets are bits per element; "
       "with --budget-unit effective (default) they include every stored norm/scale, with code they name the code "
       "bits of a uniform codec (block-gtq then gets that codec's effective budget).");
-  c->add_option("--method", a->rq.method, "uniform | block-gtq | ratequant | ratequant+block-gtq")
+  c->add_option("--method", a->rq.method,
+                "uniform | block-gtq | ratequant | ratequant+block-gtq | tasq | cq (tasq/cq: vector-quantized "
+                "pre-RoPE keys fitted on -f text; need -m, no --stats)")
       ->required()
-      ->check(CLI::IsMember({"uniform", "block-gtq", "ratequant", "ratequant+block-gtq"}));
+      ->check(CLI::IsMember({"uniform", "block-gtq", "ratequant", "ratequant+block-gtq", "tasq", "cq"}));
   c->add_option("--kbits", a->rq.k_bits, "key budget, bits per element")->capture_default_str();
   c->add_option("--vbits", a->rq.v_bits, "value budget, bits per element")->capture_default_str();
   c->add_option("--bits", a->avg_bits,
@@ -86,15 +204,43 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_option("--bmin", a->rq.b_min, "lowest width (default: block-gtq 0, others 1)");
   c->add_option("--bmax", a->rq.b_max, "highest width (default: block-gtq 4, others 8)");
   c->add_option("--stats", a->stats,
-                "statistics from `ratekv calibrate` (.safetensors) or the JSON form (alloc/stats.h)")
-      ->required()
+                "statistics from `ratekv calibrate` (.safetensors) or the JSON form (alloc/stats.h); required "
+                "except for tasq/cq")
       ->check(CLI::ExistingFile);
   c->add_option("-o,--output", a->out, "output plan (.json)")->required();
   c->add_option("--seed", a->rq.seed, "seed of the per-group rotation seeds")->capture_default_str();
   c->add_option("--quantizer", a->rq.quantizer,
                 "codec: tq-mse | kivi | quarot; uniform also q8_0 | q4_0 | fp16 (llama.cpp cache types, fp16 cache)")
       ->capture_default_str();
-  c->add_option("--vquantizer", a->rq.v_quantizer, "uniform: value codec when it differs from --quantizer");
+  c->add_option("--vquantizer", a->rq.v_quantizer,
+                "uniform: value codec when it differs from --quantizer; tasq/cq: cq (contiguous-group VQ, default) "
+                "| fp16");
+  c->add_option("-m,--model", a->model, "tasq/cq: GGUF model")->check(CLI::ExistingFile);
+  c->add_option("-f,--file", a->text, "tasq/cq: calibration text (disjoint from evaluation text)")
+      ->check(CLI::ExistingFile);
+  c->add_option("--tokens", a->tokens, "tasq/cq: calibration tokens (≥ 39 per centroid)")->capture_default_str();
+  c->add_option("--ctx", a->ctx, "tasq/cq: tokens per calibration window (fresh cache each)")->capture_default_str();
+  c->add_option("--group", a->group, "tasq/cq: key channels per VQ group g (tasq: 2, 4, 8, …)")->capture_default_str();
+  c->add_option("--centroids", a->centroids, "tasq/cq: centroids K per key group (power of two; bits = log2 K / g)")
+      ->capture_default_str();
+  c->add_option("--vgroup", a->vgroup, "tasq/cq: value channels per VQ group")->capture_default_str();
+  c->add_option("--vcentroids", a->vcentroids, "tasq/cq: centroids per value group")->capture_default_str();
+  c->add_option("--kmeans-iters", a->kmeans_iters, "tasq/cq: Lloyd iterations (Faiss)")->capture_default_str();
+  c->add_option("--kmeans-seeds", a->n_seeds,
+                "tasq/cq: fit with k-means seeds seed..seed+N−1 from one capture (outputs OUT.s<k>.json)")
+      ->capture_default_str();
+  c->add_flag("--no-weighting", a->no_weighting, "tasq ablation: no query-guided channel weights");
+  c->add_flag("--no-normalization", a->no_normalization, "tasq ablation: no shared per-token scale");
+  c->add_flag("--no-grouping", a->no_grouping, "tasq ablation: contiguous RoPE pairs instead of matching");
+  c->add_flag("--fisher", a->fisher,
+              "tasq/cq: Fisher-weighted key k-means (F = s² Σ_G g²/w, g = ∂L/∂k_pre; runs a backward pass per "
+              "window)");
+  c->add_option("--also", a->also,
+                "tasq/cq: also fit these variants from the same capture: cq, tasq, no-weighting, no-normalization, "
+                "no-grouping, no-fisher (each = the main options with one change; outputs OUT.<variant>.json)")
+      ->delimiter(',');
+  c->add_option("--also-kmeans-seeds", a->also_seeds,
+                "tasq/cq: k-means seeds for the --also ablations no-* (default: --kmeans-seeds; file names keep .s<k>)");
   c->add_option("--curves-from", a->rq.curves_from,
                 "allocate with another quantizer's fitted (α, β) curves (the mismatch experiment)");
   c->add_option("--sensitivity", a->rq.sensitivity, "sensitivity estimator in the stats (grad | activation)")

@@ -102,8 +102,8 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
     for (size_t p = 0; p < P; ++p)
       for (size_t s = 0; s < codecs[p].size(); ++s) {
         const cache::PlanCodecs& c = *codecs[p][s];
-        cache::fake_quant_sequence(c, a.layer, cache::KVSide::key, a.k_post, a.n, c.plan().fp16_window,
-                                   c.plan().sink_tokens, khat.data());
+        cache::fake_quant_sequence(c, a.layer, cache::KVSide::key, a.k_post, a.k_pre, a.pos, a.n,
+                                   c.plan().fp16_window, c.plan().sink_tokens, khat.data());
         sums[p][s][a.layer].merge(ref.compare(khat.data()));
       }
   };

@@ -22,14 +22,15 @@ inline std::vector<float> randn(size_t n, std::mt19937& g, float sd, float mean 
 /// 3 layers, 4 query / 2 KV heads (GQA 2), head_dim 6, d_model 20, d_ff 13,
 /// vocab 37, context 64, θ = 100; weights N(0, σ²) from `seed`. The RoPE
 /// layout follows the arch ("llama" interleaved, "qwen2" NeoX), as
-/// Model::from_weights derives it.
-inline ratekv::Model tiny_model(uint32_t seed = 1, ratekv::RopeLayout layout = ratekv::RopeLayout::Interleaved) {
+/// Model::from_weights derives it. head_dim may be changed (even).
+inline ratekv::Model tiny_model(uint32_t seed = 1, ratekv::RopeLayout layout = ratekv::RopeLayout::Interleaved,
+                                int head_dim = 6) {
   ratekv::ModelConfig c;
   c.arch = layout == ratekv::RopeLayout::NeoX ? "qwen2" : "llama";
   c.n_layers = 3;
   c.n_heads = 4;
   c.n_kv_heads = 2;
-  c.head_dim = 6;
+  c.head_dim = head_dim;
   c.d_model = 20;
   c.d_ff = 13;
   c.n_vocab = 37;
@@ -38,7 +39,7 @@ inline ratekv::Model tiny_model(uint32_t seed = 1, ratekv::RopeLayout layout = r
   c.rms_eps = 1e-5f;
   std::mt19937 g(seed);
   ratekv::ModelWeights w;
-  const size_t d = 20, qd = 24, kvd = 12;
+  const size_t d = 20, qd = 4 * static_cast<size_t>(head_dim), kvd = 2 * static_cast<size_t>(head_dim);
   w.token_embd = randn(37 * d, g, 1.0f);
   w.output_norm = randn(d, g, 0.1f, 1.0f);
   for (int l = 0; l < 3; ++l) {

@@ -2,7 +2,9 @@
 // codecs would reconstruct (quantize → dequantize at append time) and
 // attends over it in fp32 exactly like DenseKVCache (DESIGN.md §6, §9).
 //
-// Keys are quantized post-RoPE (the layout the model appends); Block-GTQ
+// Keys are quantized post-RoPE (the layout the model appends), except vq
+// (TaSQ / CQ) key layers: quantized pre-RoPE, then RoPE at each key's position
+// is applied to the reconstruction (DESIGN.md §5); Block-GTQ
 // groups select RoPE blocks through rope_pairs() (cache/plan_codecs.h).
 //
 // Token regions of one layer holding T tokens, with S sink tokens and an fp16
@@ -65,6 +67,7 @@ class FakeQuantKVCache final : public DenseKVCache {
   int window_ = 0, sink_ = 0;
   struct Orig {
     std::vector<float> k, v;  // (T, n_kv_heads, head_dim) as appended (k post-RoPE)
+    std::vector<float> k_pre; // (T, n_kv_heads, head_dim) pre-RoPE keys, kept for vq-key layers only
     int64_t done = 0;         // quantized region end after the last append
   };
   std::vector<Orig> orig_;
@@ -74,7 +77,14 @@ class FakeQuantKVCache final : public DenseKVCache {
 /// append of all T tokens: x, out (T, n_kv_heads, head_dim), may not alias;
 /// sink/window rows rounded to fp16, the rest fake-quantized per head (see
 /// the file comment). Used by the evaluation to get k̂ without a cache.
+/// Throws Error for a layer whose keys are vq (they need the overload below).
 void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const float* x, int64_t T, int window,
                          int sink, float* out);
+/// As above; for vq key layers (quantized pre-RoPE, DESIGN.md §5) the
+/// quantized rows are reconstructed from k_pre (T, n_kv_heads, head_dim) and
+/// rotated with RoPE at pos[t]; x holds the post-RoPE keys (for the sink and
+/// window rows). k_pre/pos may be null for other layers and for values.
+void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const float* x, const float* k_pre,
+                         const int32_t* pos, int64_t T, int window, int sink, float* out);
 
 }  // namespace ratekv::cache

@@ -15,6 +15,9 @@
 //   quarot          quarot {bits, seed, asymmetric (scale + zero), group_size,
 //                   rotation hadamard}
 //   q8_0, q4_0      ggml blocks of 32
+//   vq              VqCodec (cache/vq_codec.h) from the plan's side file; a
+//                   layer's K (or V) codecs are all vq or none; vq keys are
+//                   quantized pre-RoPE (the cache re-applies RoPE)
 // Whole-head kinds must list the channels 0..d−1 in order (Error otherwise).
 #pragma once
 
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "ratekv/model.h"
+#include "ratekv/cache/vq_codec.h"
 #include "ratekv/plan.h"
 #include "ratekv/quant/quantizer.h"
 
@@ -39,14 +43,27 @@ class PlanCodecs {
   /// Validates the plan (Plan::validate) and that it matches the model
   /// (arch, n_layers, n_kv_heads, head_dim, RoPE layout; Error listing each
   /// mismatch), then builds the quantizers. `name` (file name) prefixes errors.
+  /// Plans with vq codecs load their side file (plan.tensors_file, relative
+  /// to plan.source_dir) and validate it against the plan.
   PlanCodecs(Plan plan, const ModelConfig& cfg, const std::string& name = "plan");
+  /// As above with the vq side file given in memory (nullptr: load it).
+  PlanCodecs(Plan plan, const ModelConfig& cfg, const std::string& name, std::shared_ptr<const VqTensors> vq_tensors);
 
   const Plan& plan() const { return plan_; }
   const ModelConfig& config() const { return cfg_; }
   /// The quantizer of (layer, head, side); nullptr for an fp16 codec.
   const quant::Quantizer* quantizer(int layer, int head, KVSide side) const;
+  /// The vq codec of (layer, head, side), nullptr when the codec is not vq.
+  const VqCodec* vq(int layer, int head, KVSide side) const;
+  /// True when the layer's codecs of `side` are vq (then all of its heads are).
+  bool layer_is_vq(int layer, KVSide side) const { return vq(layer, 0, side) != nullptr; }
+  /// Quantize → dequantize T tokens of all KV heads of a vq layer side:
+  /// x, out (T, n_kv_heads, head_dim), may alias; keys pre-RoPE. Throws
+  /// Error when the layer side is not vq.
+  void fake_quant_layer(int layer, KVSide side, const float* x, int64_t T, float* out) const;
 
-  /// Quantize → dequantize T rows of one head. x, xhat: (T, head_dim)
+  /// Quantize → dequantize T rows of one head (not for vq codecs: Error;
+  /// use fake_quant_layer). x, xhat: (T, head_dim)
   /// contiguous, may alias. fp16 codecs round to fp16. For per_channel_tokens
   /// codecs (KIVI keys) row 0 must start a token group; rows past the last
   /// full group come back fp16-rounded (the quantizer's window).
@@ -61,6 +78,8 @@ class PlanCodecs {
   Plan plan_;
   ModelConfig cfg_;
   std::vector<std::unique_ptr<quant::Quantizer>> q_;  // ((layer · n_kv_heads + head) · 2 + side)
+  std::shared_ptr<const VqTensors> vq_tensors_;
+  std::vector<std::unique_ptr<VqCodec>> vq_;         // same index; null when not vq
 };
 
 /// A copy of `plan` whose every rotation seed (TQ kinds, quarot) is replaced

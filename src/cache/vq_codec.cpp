@@ -1,0 +1,290 @@
+// VqCodec, vq_fake_quant_layer and the vq side file (ratekv/cache/vq_codec.h).
+#include "ratekv/cache/vq_codec.h"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "ratekv/error.h"
+#include "ratekv/fp16.h"
+#include "ratekv/safetensors.h"
+
+namespace ratekv::cache {
+
+using nlohmann::json;
+
+namespace {
+
+const char* side_name(int s) { return s == 0 ? "key" : "value"; }
+
+std::string tensor_name(int l, int h, int s, const char* what) {
+  return fmt::format("l{}.h{}.{}.{}", l, h, side_name(s), what);
+}
+
+const Codec& codec_of(const Plan& p, int l, int h, int s) {
+  return s == 0 ? p.layers[l][h].key : p.layers[l][h].value;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// VqTensors
+// ---------------------------------------------------------------------------
+
+VqTensors VqTensors::for_plan(const Plan& plan) {
+  VqTensors t;
+  t.model = plan.model;
+  t.entries.resize(static_cast<size_t>(plan.model.n_layers) * plan.model.n_kv_heads * 2);
+  return t;
+}
+
+VqTensors::Entry& VqTensors::at(int layer, int head, int side) {
+  const size_t i = (static_cast<size_t>(layer) * model.n_kv_heads + head) * 2 + side;
+  check(layer >= 0 && layer < model.n_layers && head >= 0 && head < model.n_kv_heads && (side == 0 || side == 1),
+        "VqTensors: (layer {}, head {}, side {}) out of range", layer, head, side);
+  return entries[i];
+}
+
+const VqTensors::Entry& VqTensors::at(int layer, int head, int side) const {
+  return const_cast<VqTensors*>(this)->at(layer, head, side);
+}
+
+void VqTensors::validate_against(const Plan& plan, const std::string& name) const {
+  plan.validate_against(model, name + " (side file)");
+  const int L = plan.model.n_layers, H = plan.model.n_kv_heads, d = plan.model.head_dim;
+  check(entries.size() == static_cast<size_t>(L) * H * 2, "{}: {} entries, expected {}", name, entries.size(),
+        static_cast<size_t>(L) * H * 2);
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      for (int s = 0; s < 2; ++s) {
+        const Codec& c = codec_of(plan, l, h, s);
+        const Entry& e = at(l, h, s);
+        const std::string tn = tensor_name(l, h, s, "codebooks");
+        if (c.kind != CodecKind::Vq) {
+          check(!e.present, "{}: {}: present, but the plan's codec there is {} (side file of another plan?)", name,
+                tn, codec_kind_name(c.kind));
+          continue;
+        }
+        check(e.present, "{}: {}: missing (the plan's codec there is vq)", name, tn);
+        const int64_t G = static_cast<int64_t>(c.groups.size()), K = int64_t{1} << c.groups[0].bits,
+                      g = c.group_size;
+        check(static_cast<int64_t>(e.codebooks.size()) == G * K * g,
+              "{}: {}: {} values, expected (G {}, K {}, g {}) = {} (side file of another plan?)", name, tn,
+              e.codebooks.size(), G, K, g, G * K * g);
+        for (float v : e.codebooks) check(std::isfinite(v), "{}: {}: non-finite centroid", name, tn);
+        if (!e.channel_scale.empty()) {
+          const std::string an = tensor_name(l, h, s, "channel_scale");
+          check(static_cast<int>(e.channel_scale.size()) == d, "{}: {}: {} values, expected head_dim {}", name, an,
+                e.channel_scale.size(), d);
+          for (float v : e.channel_scale)
+            check(std::isfinite(v) && v > 0.0f, "{}: {}: channel scale {} must be finite and > 0", name, an, v);
+        }
+      }
+}
+
+int64_t VqTensors::codebook_bytes() const {
+  int64_t b = 0;
+  for (const auto& e : entries) b += static_cast<int64_t>(e.codebooks.size()) * 2;
+  return b;
+}
+
+void VqTensors::save(const std::string& path) const {
+  SafetensorsWriter w;
+  const int H = model.n_kv_heads;
+  for (int l = 0; l < model.n_layers; ++l)
+    for (int h = 0; h < H; ++h)
+      for (int s = 0; s < 2; ++s) {
+        const Entry& e = at(l, h, s);
+        if (!e.present) continue;
+        // Shape (G, K, g) is implied by the plan; stored flat per group count.
+        w.add_f32(tensor_name(l, h, s, "codebooks"), {static_cast<int64_t>(e.codebooks.size())}, e.codebooks);
+        if (!e.channel_scale.empty())
+          w.add_f32(tensor_name(l, h, s, "channel_scale"), {static_cast<int64_t>(e.channel_scale.size())},
+                    e.channel_scale);
+      }
+  const json meta = {{"format", kFormat},
+                     {"version", kFormatVersion},
+                     {"model",
+                      {{"arch", model.arch},
+                       {"n_layers", model.n_layers},
+                       {"n_kv_heads", model.n_kv_heads},
+                       {"head_dim", model.head_dim},
+                       {"rope_layout", model.rope_layout}}}};
+  w.set_metadata("format", kFormat);
+  w.set_metadata("ratekv", meta.dump());
+  w.write(path);
+}
+
+VqTensors VqTensors::load(const std::string& path, const Plan& plan) {
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  const auto& md = f.metadata();
+  check(md.count("format") && md.at("format") == kFormat,
+        "{}: not a ratekv vq side file (__metadata__.format must be \"{}\")", path, kFormat);
+  VqTensors t = for_plan(plan);
+  try {
+    const json m = json::parse(f.metadata_value("ratekv"));
+    check(m.at("version").get<int>() == kFormatVersion, "{}: version {}: this build reads vq side file version {}",
+          path, m.at("version").get<int>(), kFormatVersion);
+    const json& mm = m.at("model");
+    t.model.arch = mm.at("arch").get<std::string>();
+    t.model.n_layers = mm.at("n_layers").get<int>();
+    t.model.n_kv_heads = mm.at("n_kv_heads").get<int>();
+    t.model.head_dim = mm.at("head_dim").get<int>();
+    t.model.rope_layout = mm.at("rope_layout").get<std::string>();
+  } catch (const json::exception& e) {
+    fail("{}: __metadata__.ratekv: missing or mistyped field: {}", path, e.what());
+  }
+  plan.validate_against(t.model, path);
+  for (int l = 0; l < t.model.n_layers; ++l)
+    for (int h = 0; h < t.model.n_kv_heads; ++h)
+      for (int s = 0; s < 2; ++s) {
+        Entry& e = t.at(l, h, s);
+        const std::string cn = tensor_name(l, h, s, "codebooks"), an = tensor_name(l, h, s, "channel_scale");
+        if (f.find(cn)) {
+          e.present = true;
+          e.codebooks = f.read_f32(cn);
+        }
+        if (f.find(an)) {
+          check(e.present, "{}: {} without {}", path, an, cn);
+          e.channel_scale = f.read_f32(an);
+        }
+      }
+  t.validate_against(plan, path);
+  return t;
+}
+
+// ---------------------------------------------------------------------------
+// VqCodec
+// ---------------------------------------------------------------------------
+
+VqCodec::VqCodec(const Codec& codec, int head_dim, std::span<const float> codebooks,
+                 std::span<const float> channel_scale)
+    : d_(head_dim), g_(codec.group_size), n_groups_(static_cast<int>(codec.groups.size())) {
+  check(codec.kind == CodecKind::Vq && g_ >= 1 && n_groups_ * g_ == d_ && !codec.groups.empty(),
+        "VqCodec: not a valid vq codec for head_dim {}", head_dim);
+  const int bits = codec.groups[0].bits;
+  check(bits >= 1 && bits <= 16, "VqCodec: index width {} outside 1..16", bits);
+  k_ = 1 << bits;
+  shared_ = codec.norm == NormStorage::SharedFP16;
+  check(codebooks.size() == static_cast<size_t>(n_groups_) * k_ * g_, "VqCodec: {} codebook values, expected {}",
+        codebooks.size(), static_cast<size_t>(n_groups_) * k_ * g_);
+  check(channel_scale.empty() || static_cast<int>(channel_scale.size()) == d_,
+        "VqCodec: {} channel scales, expected {}", channel_scale.size(), d_);
+  a_.assign(d_, 1.0f);
+  for (size_t c = 0; c < channel_scale.size(); ++c) {
+    check(std::isfinite(channel_scale[c]) && channel_scale[c] > 0.0f, "VqCodec: channel scale {} = {} must be > 0",
+          c, channel_scale[c]);
+    a_[c] = channel_scale[c];
+  }
+  for (const auto& g : codec.groups) {
+    groups_.push_back(g.channels);
+    for (int ch : g.channels) check(ch >= 0 && ch < d_, "VqCodec: channel {} outside 0..{}", ch, d_ - 1);
+  }
+  c_.assign(codebooks.begin(), codebooks.end());
+  recon_.resize(c_.size());
+  for (int gi = 0; gi < n_groups_; ++gi)
+    for (int j = 0; j < k_; ++j)
+      for (int i = 0; i < g_; ++i) {
+        const size_t o = (static_cast<size_t>(gi) * k_ + j) * g_ + i;
+        recon_[o] = c_[o] / a_[groups_[gi][i]];
+      }
+}
+
+double VqCodec::weighted_sq_sum(const float* x) const {
+  double s = 0.0;
+  for (int c = 0; c < d_; ++c) {
+    const double y = static_cast<double>(a_[c]) * x[c];
+    s += y * y;
+  }
+  return s;
+}
+
+void VqCodec::encode(const float* x, float s, int32_t* codes) const {
+  float y[64 * 4];
+  std::vector<float> big;
+  float* yp = y;
+  if (g_ > static_cast<int>(sizeof(y) / sizeof(float))) {
+    big.resize(g_);
+    yp = big.data();
+  }
+  const float inv = 1.0f / s;
+  for (int gi = 0; gi < n_groups_; ++gi) {
+    const std::vector<int>& ch = groups_[gi];
+    for (int i = 0; i < g_; ++i) yp[i] = a_[ch[i]] * x[ch[i]] * inv;
+    const float* cb = c_.data() + static_cast<size_t>(gi) * k_ * g_;
+    float best = std::numeric_limits<float>::infinity();
+    int32_t arg = 0;
+    for (int j = 0; j < k_; ++j) {
+      const float* c = cb + static_cast<size_t>(j) * g_;
+      float dist = 0.0f;
+      for (int i = 0; i < g_; ++i) {
+        const float e = yp[i] - c[i];
+        dist += e * e;
+      }
+      if (dist < best) {
+        best = dist;
+        arg = j;
+      }
+    }
+    codes[gi] = arg;
+  }
+}
+
+void VqCodec::decode(const int32_t* codes, float s, float* xhat) const {
+  for (int gi = 0; gi < n_groups_; ++gi) {
+    check(codes[gi] >= 0 && codes[gi] < k_, "VqCodec::decode: code {} of group {} outside 0..{}", codes[gi], gi,
+          k_ - 1);
+    const float* r = recon_.data() + (static_cast<size_t>(gi) * k_ + codes[gi]) * g_;
+    const std::vector<int>& ch = groups_[gi];
+    for (int i = 0; i < g_; ++i) xhat[ch[i]] = s * r[i];
+  }
+}
+
+float vq_shared_scale(double sq_sum, int n_heads, int head_dim) {
+  const double rms = std::sqrt(sq_sum / (static_cast<double>(n_heads) * head_dim));
+  check(std::isfinite(rms) && rms <= 65504.0, "vq shared scale: RMS {} of the weighted key is not a finite fp16 value",
+        rms);
+  const float s = round_fp16(static_cast<float>(rms));
+  return s > 0.0f ? s : fp16_to_fp32(0x0001);  // smallest subnormal: a zero key still has a usable scale
+}
+
+void vq_fake_quant_layer(std::span<const VqCodec* const> heads, const float* x, int64_t T, float* out,
+                         int32_t* codes, float* scales) {
+  check(!heads.empty() && heads[0] != nullptr, "vq_fake_quant_layer: no codecs");
+  const int H = static_cast<int>(heads.size()), d = heads[0]->head_dim();
+  const bool shared = heads[0]->shared_scale();
+  int G = 0;
+  for (const VqCodec* c : heads) {
+    check(c != nullptr && c->head_dim() == d && c->shared_scale() == shared,
+          "vq_fake_quant_layer: every head needs a vq codec of the same head_dim and scale kind");
+    G = std::max(G, c->n_groups());
+  }
+  // Scales first (serially: an fp16 overflow throws, which must not happen
+  // inside the parallel region).
+  std::vector<float> sc(T, 1.0f);
+  if (shared)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = x + t * H * d;
+      double acc = 0.0;
+      for (int h = 0; h < H; ++h) acc += heads[h]->weighted_sq_sum(xt + static_cast<size_t>(h) * d);
+      sc[t] = vq_shared_scale(acc, H, d);
+    }
+#pragma omp parallel for schedule(static) if (T * H * d >= 8192)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * H * d;
+    const float s = sc[t];
+    std::vector<int32_t> z(G);
+    std::vector<float> xh(d);
+    for (int h = 0; h < H; ++h) {
+      heads[h]->encode(xt + static_cast<size_t>(h) * d, s, z.data());
+      heads[h]->decode(z.data(), s, xh.data());  // codes from encode(): always in range
+      if (codes)
+        for (int gi = 0; gi < heads[h]->n_groups(); ++gi) codes[(t * H + h) * G + gi] = z[gi];
+      std::copy(xh.begin(), xh.end(), out + t * H * d + static_cast<size_t>(h) * d);
+    }
+    if (scales) scales[t] = s;
+  }
+}
+
+}  // namespace ratekv::cache
