@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Regenerate the llama.cpp reference fixtures under tests/fixtures/smollm2/ (run once by a
-# person, NEVER in CI). Formats: tests/fixtures/smollm2/README.md.
+# Regenerate the llama.cpp reference fixtures under tests/fixtures/smollm2/ or
+# tests/fixtures/gemma3/ (run once by a person, NEVER in CI). Formats: the README.md there.
 #
 # Prerequisites:
 #   tools/fetch_assets.sh        (model + text/eval.txt)
 #   tools/build_llamacpp.sh      (llama.cpp CPU build, 15-25 min on 2 cores)
 #
-#   tools/make_reference_fixtures.sh [tokenizer] [logits] [greedy] [perplexity]
-#       (no argument: all four, in that order)
+#   tools/make_reference_fixtures.sh [--model smollm2|gemma3] [tokenizer] [logits] [greedy] [perplexity]
+#       (no step: all four, in that order; default model smollm2)
 #
 # Environment: RATEKV_ASSETS, RATEKV_LLAMA_ROOT as in the two scripts above.
 # Needs python3 (+ numpy for the logits fixture) and a C++17 compiler for tools/ref/llama_ref.cpp.
@@ -19,13 +19,26 @@ ASSETS="${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}"
 ROOT="${RATEKV_LLAMA_ROOT:-$HOME/.cache/ratekv}"
 SRC="$ROOT/llama_cpp_python-0.3.36/vendor/llama.cpp"
 BIN="$ROOT/llama-build/bin"
-OUT="$REPO/tests/fixtures/smollm2"
-MODEL="$ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 EVAL="$ASSETS/text/eval.txt"
-F32_MODEL="$ROOT/ref/SmolLM2-135M-Instruct.F32-from-Q4_1.gguf"
 LLAMA_REF="$ROOT/ref/llama_ref"
 
 die() { echo "make_reference_fixtures.sh: error: $*" >&2; exit 1; }
+
+WHICH=smollm2
+if [[ "${1:-}" == "--model" ]]; then WHICH="${2:-}"; shift 2 || die "--model needs a value"; fi
+case "$WHICH" in
+  smollm2)
+    OUT="$REPO/tests/fixtures/smollm2"
+    MODEL="$ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    F32_MODEL="$ROOT/ref/SmolLM2-135M-Instruct.F32-from-Q4_1.gguf"
+    SET=() ;;
+  gemma3)
+    OUT="$REPO/tests/fixtures/gemma3"
+    MODEL="$ASSETS/models/gemma-3-270m-q4_k_m.gguf"
+    F32_MODEL="$ROOT/ref/gemma-3-270m.F32-from-Q4_K_M.gguf"
+    SET=(gemma3) ;;
+  *) die "--model '$WHICH': expected smollm2 or gemma3" ;;
+esac
 
 STEPS=("$@")
 (( ${#STEPS[@]} )) || STEPS=(tokenizer logits greedy perplexity)
@@ -60,17 +73,20 @@ for s in "${STEPS[@]}"; do
   echo "make_reference_fixtures.sh: $s" >&2
   case "$s" in
     tokenizer)
-      python3 "$HERE/ref/tokenizer_fixture.py" "$BIN/llama-tokenize" "$MODEL" "$MODEL_SHA" "$OUT/tokenizer.json" ;;
+      python3 "$HERE/ref/tokenizer_fixture.py" "$BIN/llama-tokenize" "$MODEL" "$MODEL_SHA" "$OUT/tokenizer.json" "${SET[@]}"
+      if [[ "$WHICH" == gemma3 ]]; then
+        python3 "$HERE/ref/tokenizer_stress_fixture.py" "$BIN/llama-tokenize" "$MODEL" "$OUT/tokenizer_stress.json"
+      fi ;;
     logits)
       build_ref
-      python3 "$HERE/ref/logits_fixture.py" "$LLAMA_REF" "$F32_MODEL" "$MODEL" "$MODEL_SHA" "$OUT" ;;
+      python3 "$HERE/ref/logits_fixture.py" "$LLAMA_REF" "$F32_MODEL" "$MODEL" "$MODEL_SHA" "$OUT" "${SET[@]}" ;;
     greedy)
       build_ref
-      python3 "$HERE/ref/greedy_fixture.py" "$LLAMA_REF" "$F32_MODEL" "$MODEL" "$MODEL_SHA" "$OUT/greedy.json" ;;
+      python3 "$HERE/ref/greedy_fixture.py" "$LLAMA_REF" "$F32_MODEL" "$MODEL" "$MODEL_SHA" "$OUT/greedy.json" "${SET[@]}" ;;
     perplexity)
       build_ref
       python3 "$HERE/ref/perplexity_fixture.py" "$BIN" "$MODEL" "$F32_MODEL" "$MODEL_SHA" "$EVAL" "$EVAL_SHA" \
-        "$OUT/perplexity.json" "$ROOT/ref/ppl_cache" ;;
+        "$OUT/perplexity.json" "$ROOT/ref/ppl_cache" "${SET[@]}" ;;
   esac
 done
 ls -l "$OUT"

@@ -1,18 +1,20 @@
-// ratekv/model.h — Llama-family decoder on the CPU (fp32 compute).
+// ratekv/model.h — Llama-family and Gemma 3 decoders on the CPU (fp32 compute).
 //
 // Pieces, one per source file in src/model/:
 //   config.cpp          ModelConfig from GGUF metadata, validation
 //   rope.cpp            RoPE: arch -> channel-pair layout table, rotation, inverse
 //   weights.cpp         weights dequantized to fp32 at load (tied embeddings)
 //   forward.cpp         the forward pass (RMSNorm, GQA attention through a
-//                       KVCache, SwiGLU FFN, LM head), hooks for calibration
+//                       KVCache, gated FFN, LM head), hooks for calibration;
+//                       the Gemma 3 differences are configuration (ModelConfig
+//                       fields below, all neutral for "llama")
 //   kv_cache_dense.cpp  DenseKVCache (declared in kv_cache.h)
 //
 // Conventions. Activations are row-major with the token index outermost:
 // hidden states (n, d_model), Q (n, n_heads, head_dim), K/V (n, n_kv_heads,
 // head_dim). Head and channel order are the GGUF tensor order (DESIGN.md §1);
 // for arch "llama" the converter permuted Q/K rows so RoPE pairs channels
-// (2i, 2i+1).
+// (2i, 2i+1); "gemma3" keeps the NeoX pairs (i, i + head_dim/2).
 #pragma once
 
 #include <array>
@@ -74,8 +76,13 @@ void apply_rope(float* x, int64_t n_vecs, int head_dim, int64_t pos, RopeLayout 
 // Configuration
 // ---------------------------------------------------------------------------
 
-/// Hyper-parameters of a Llama-family model, read from GGUF metadata
-/// `<arch>.*` (arch = general.architecture).
+/// Gated-FFN activation: SwiGLU (Shazeer 2020) uses SiLU(x) = x·σ(x); GeGLU
+/// uses GELU's tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+enum class FfnActivation { SiLU, GeluTanh };
+
+/// Hyper-parameters of a Llama-family or Gemma 3 model, read from GGUF
+/// metadata `<arch>.*` (arch = general.architecture). The fields after
+/// rope_layout describe Gemma 3's differences; their defaults are Llama's.
 struct ModelConfig {
   std::string arch;          ///< general.architecture
   int n_layers = 0;          ///< <arch>.block_count
@@ -90,13 +97,35 @@ struct ModelConfig {
   float rms_eps = 0;         ///< <arch>.attention.layer_norm_rms_epsilon
   RopeLayout rope_layout = RopeLayout::Interleaved;
 
+  // --- Gemma 3 (arch "gemma3"); neutral defaults for "llama" ---
+  FfnActivation ffn_act = FfnActivation::SiLU;
+  float embd_scale = 1.0f;        ///< token embeddings are multiplied by this (gemma3: sqrt(d_model))
+  float attn_scale = 0.0f;        ///< <arch>.attention.scale; 0 = 1/sqrt(head_dim)
+  float final_logit_softcap = 0;  ///< <arch>.final_logit_softcapping; 0 = off, else c·tanh(logit/c)
+  bool qk_norm = false;           ///< RMSNorm over each head of Q and K before RoPE (blk.*.attn_{q,k}_norm)
+  bool post_norms = false;        ///< RMSNorm on the attention and FFN outputs before the residual add
+  int64_t sliding_window = 0;     ///< <arch>.attention.sliding_window (tokens); used by layers marked below
+  std::vector<uint8_t> layer_sliding;  ///< (n_layers) 1 = sliding-window layer; empty = all global
+  double rope_theta_swa = 0;      ///< <arch>.rope.freq_base_swa for sliding layers (gemma3 default 10000)
+
+  /// True if layer l attends within sliding_window only.
+  bool is_sliding(int l) const { return !layer_sliding.empty() && layer_sliding[l] != 0; }
+  /// RoPE base of layer l: rope_theta_swa for sliding layers, else rope_theta.
+  double layer_rope_theta(int l) const { return is_sliding(l) ? rope_theta_swa : rope_theta; }
+  /// AttnParams::sliding_window of layer l (0 = full causal).
+  int64_t layer_window(int l) const { return is_sliding(l) ? sliding_window : 0; }
+  /// Attention logit scale: attn_scale if set, else 1/sqrt(head_dim).
+  float attention_scale() const;
+
   /// Query heads per KV head (n_heads / n_kv_heads).
   int gqa_ratio() const { return n_heads / n_kv_heads; }
   /// Reads and validates the config. Throws Error naming the GGUF file and
   /// key for a missing/ill-typed key or a failed validation.
   static ModelConfig from_gguf(const GgufFile& f);
   /// Checks positivity, n_heads % n_kv_heads == 0, even head_dim, finite
-  /// positive θ and ε. `source` names the file in messages. Throws Error.
+  /// positive θ and ε, and the Gemma fields (layer_sliding empty or n_layers
+  /// long, positive window and θ_swa when any layer slides, finite
+  /// non-negative scales). `source` names the file in messages. Throws Error.
   void validate(const std::string& source) const;
   /// Cache shape for a sequence of up to n_ctx tokens.
   KVCacheShape kv_shape(int64_t n_ctx) const;
@@ -118,6 +147,11 @@ struct LayerWeights {
   std::vector<float> ffn_norm;   ///< (d_model)
   std::vector<float> w_gate_up;  ///< (2·d_ff, d_model): gate rows, then up rows
   std::vector<float> w_down;     ///< (d_model, d_ff)
+  // Gemma 3 only (empty unless cfg.qk_norm / cfg.post_norms):
+  std::vector<float> attn_q_norm;     ///< (head_dim), shared by all query heads
+  std::vector<float> attn_k_norm;     ///< (head_dim), shared by all KV heads
+  std::vector<float> attn_post_norm;  ///< (d_model), on the attention output (after wo)
+  std::vector<float> ffn_post_norm;   ///< (d_model), on the FFN output (after w_down)
 };
 
 /// All weights, dequantized to fp32 at load.
@@ -146,6 +180,7 @@ struct LayerActivations {
   int64_t n = 0;              ///< tokens in this chunk
   const int32_t* pos = nullptr;  ///< (n) absolute positions
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  // "Before RoPE" is after QK-norm when the model has one (what RoPE rotates).
   const float* q_pre = nullptr;   ///< (n, n_heads, head_dim) before RoPE
   const float* q_post = nullptr;  ///< (n, n_heads, head_dim) after RoPE
   const float* k_pre = nullptr;   ///< (n, n_kv_heads, head_dim) before RoPE
@@ -159,14 +194,15 @@ struct ForwardHooks {
   std::function<void(const LayerActivations&)> on_layer;
 };
 
-/// A loaded Llama-family model ("llama" arch). The weights are immutable after
+/// A loaded model ("llama" or "gemma3" arch). The weights are immutable after
 /// load; forward() allocates its activations per call and only reads the
 /// weights, so concurrent calls with distinct caches are safe.
 class Model {
  public:
   /// Reads the config and dequantizes all weights; the GgufFile may be closed
   /// afterwards. Throws Error for an architecture whose forward pass is not
-  /// implemented (anything but "llama"), a bad config, or missing tensors.
+  /// implemented (anything but "llama" and "gemma3"), a bad config, or
+  /// missing tensors.
   static Model load(const GgufFile& f);
   /// Builds a model from an explicit config and weights (tests, synthetic
   /// models). Validates the config and every weight's size; throws Error.

@@ -2,8 +2,10 @@
 //
 // Supported: tokenizer.ggml.model == "gpt2" (byte-level BPE with merges; the
 // pre-tokenizer regexes are chosen by tokenizer.ggml.pre, e.g. "smollm" splits
-// digits one by one). Token ids match llama.cpp's tokenizer for the same file
-// (tests/fixtures/smollm2). Throws ratekv::Error naming the GGUF key for a
+// digits one by one) and "llama" (SentencePiece-style: spaces escaped to "▁",
+// merges by tokenizer.ggml.scores, byte-fallback tokens "<0xXX>"; Gemma 3).
+// Token ids match llama.cpp's tokenizer for the same file
+// (tests/fixtures/smollm2, tests/fixtures/gemma3). Throws ratekv::Error naming the GGUF key for a
 // missing or malformed vocabulary, or an unsupported tokenizer model /
 // pre-tokenizer.
 //
@@ -33,7 +35,9 @@ struct TokenizerVocab {
   std::string pre;                        // tokenizer.ggml.pre
   std::vector<std::string> tokens;        // tokenizer.ggml.tokens (byte-level texts)
   std::vector<int32_t> token_types;       // tokenizer.ggml.token_type; empty = all normal
-  std::vector<std::string> merges;        // tokenizer.ggml.merges, "left right", rank order
+  std::vector<std::string> merges;        // tokenizer.ggml.merges, "left right", rank order ("gpt2")
+  std::vector<float> scores;              // tokenizer.ggml.scores, one per token ("llama": required)
+  bool add_space_prefix = false;          // tokenizer.ggml.add_space_prefix ("llama"; GGUF default true)
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;  // -1: none
   int32_t eot_id = -1, eom_id = -1;       // optional end-of-turn / end-of-message ids
   bool add_bos = false, add_eos = false;  // tokenizer.ggml.add_bos_token / add_eos_token
@@ -71,9 +75,12 @@ class Tokenizer {
   /// True for end-of-generation tokens (EOS, EOT, <|im_end|> ...).
   bool is_eog(int32_t id) const;
   /// The tokenizer.ggml.pre value and the pre-tokenizer regex cascade in use
-  /// (PCRE2 syntax; see src/model/tokenizer_pretokenize.h).
+  /// (PCRE2 syntax; see src/model/tokenizer_pretokenize.h). For a "llama"
+  /// (SentencePiece-style) tokenizer the cascade is empty.
   const std::string& pre_type() const;
   const std::vector<std::string>& pre_tokenizer_regexes() const;
+  /// tokenizer.ggml.model: "gpt2" or "llama".
+  const std::string& model_type() const;
 
  private:
   struct Impl;

@@ -1,4 +1,6 @@
-// ModelConfig from GGUF metadata (<arch>.* keys) and its validation.
+// ModelConfig from GGUF metadata (<arch>.* keys) and its validation; the
+// Gemma 3 differences (sliding-window layer pattern, two RoPE bases, QK-norm,
+// post-norms, GeGLU, embedding scale, logit soft-capping) as configuration.
 #include <cmath>
 #include <limits>
 
@@ -18,7 +20,66 @@ int get_pos_int(const GgufFile& f, const std::string& key) {
   return static_cast<int>(v);
 }
 
+// Gemma 3 fields, following llama.cpp's reading of the same keys
+// (src/models/gemma3.cpp, llama_hparams::set_swa_pattern):
+//  * sliding layers: only if <arch>.attention.sliding_window > 0; the layer
+//    pattern is <arch>.attention.sliding_window_pattern, either a bool array
+//    (one per layer) or a period p (default 6): layer l slides iff
+//    l mod p < p − 1 (p = 0: every layer), i.e. every p-th layer is global;
+//  * sliding layers use <arch>.rope.freq_base_swa (default 10000), global
+//    ones <arch>.rope.freq_base;
+//  * attention scale: <arch>.attention.scale if present, else
+//    1/sqrt(head_dim) (Gemma's query_pre_attn_scalar = head_dim), except the
+//    62-layer 27B model whose scalar is d_model / n_heads.
+//  * the converter already added 1 to Gemma's RMSNorm weights (its
+//    (1 + w) convention), so the norms are plain x̂ ⊙ w here.
+void read_gemma3(const GgufFile& f, ModelConfig& c) {
+  const std::string a = c.arch + ".";
+  c.ffn_act = FfnActivation::GeluTanh;
+  c.embd_scale = std::sqrt(static_cast<float>(c.d_model));
+  c.qk_norm = true;
+  c.post_norms = true;
+  c.final_logit_softcap = static_cast<float>(f.get_float(a + "final_logit_softcapping", 0.0));
+  if (f.has(a + "attention.scale")) {
+    c.attn_scale = static_cast<float>(f.get_float(a + "attention.scale"));
+  } else if (c.n_layers == 62) {
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.d_model / c.n_heads));
+  }
+  for (const char* k : {"rope.scaling.factor", "rope.scale_linear"}) {
+    if (f.has(a + k)) {
+      const double v = f.get_float(a + k);
+      check(v == 1.0 || v == 0.0, "{}: metadata '{}{}' = {}: RoPE frequency scaling is not supported", f.path(), a, k,
+            v);
+    }
+  }
+  const int64_t window = f.get_int(a + "attention.sliding_window", 0);
+  check(window >= 0 && window <= (int64_t{1} << 30), "{}: metadata '{}attention.sliding_window' = {}: expected 0..2^30",
+        f.path(), a, window);
+  if (window == 0) return;
+  c.sliding_window = window;
+  c.rope_theta_swa = f.get_float(a + "rope.freq_base_swa", 10000.0);
+  c.layer_sliding.assign(c.n_layers, 0);
+  const std::string pk = a + "attention.sliding_window_pattern";
+  const auto it = f.metadata().find(pk);
+  if (it != f.metadata().end() && it->second.type == GgufValueType::ARRAY) {
+    check(it->second.elem_type == GgufValueType::BOOL, "{}: metadata '{}': expected an array of bool (one per layer)",
+          f.path(), pk);
+    const auto& arr = *std::get<std::shared_ptr<GgufArray>>(it->second.v);
+    check(arr.size() == static_cast<size_t>(c.n_layers), "{}: metadata '{}' has {} entries, expected {} (block_count)",
+          f.path(), pk, arr.size(), c.n_layers);
+    for (int l = 0; l < c.n_layers; ++l) c.layer_sliding[l] = std::get<bool>(arr[l].v) ? 1 : 0;
+    return;
+  }
+  const int64_t p = f.get_int(pk, 6);
+  check(p >= 0 && p <= c.n_layers + 1, "{}: metadata '{}' = {}: expected a period in 0..block_count", f.path(), pk, p);
+  for (int l = 0; l < c.n_layers; ++l) c.layer_sliding[l] = (p == 0 || l % p < p - 1) ? 1 : 0;
+}
+
 }  // namespace
+
+float ModelConfig::attention_scale() const {
+  return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
@@ -60,6 +121,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
             emb.ne[1] <= std::numeric_limits<int>::max(),
         "{}: tensor 'token_embd.weight': expected shape (ne0 = {}, ne1 = n_vocab)", f.path(), c.d_model);
   c.n_vocab = static_cast<int>(emb.ne[1]);
+  if (c.arch == "gemma3") read_gemma3(f, c);
   c.validate(f.path());
   return c;
 }
@@ -81,6 +143,22 @@ void ModelConfig::validate(const std::string& source) const {
         source, a, rope_theta);
   check(std::isfinite(rms_eps) && rms_eps > 0, "{}: '{}attention.layer_norm_rms_epsilon' = {} must be finite and positive",
         source, a, rms_eps);
+  check(layer_sliding.empty() || layer_sliding.size() == static_cast<size_t>(n_layers),
+        "{}: layer_sliding has {} entries, expected 0 or n_layers = {}", source, layer_sliding.size(), n_layers);
+  bool any_sliding = false;
+  for (uint8_t s : layer_sliding) any_sliding = any_sliding || s != 0;
+  if (any_sliding) {
+    check(sliding_window > 0, "{}: '{}attention.sliding_window' = {} must be positive when layers slide", source, a,
+          sliding_window);
+    check(std::isfinite(rope_theta_swa) && rope_theta_swa > 0,
+          "{}: '{}rope.freq_base_swa' = {} must be finite and positive", source, a, rope_theta_swa);
+  }
+  check(std::isfinite(embd_scale) && embd_scale > 0, "{}: embedding scale {} must be finite and positive", source,
+        embd_scale);
+  check(std::isfinite(attn_scale) && attn_scale >= 0, "{}: '{}attention.scale' = {} must be finite and >= 0", source,
+        a, attn_scale);
+  check(std::isfinite(final_logit_softcap) && final_logit_softcap >= 0,
+        "{}: '{}final_logit_softcapping' = {} must be finite and >= 0", source, a, final_logit_softcap);
   // Bound sizes so later allocations (n_heads·head_dim·d_model ...) cannot overflow.
   check(static_cast<int64_t>(n_heads) * head_dim <= (1 << 20) && d_model <= (1 << 20) && d_ff <= (1 << 22),
         "{}: implausibly large dimensions (n_heads·head_dim = {}, d_model = {}, d_ff = {})", source,

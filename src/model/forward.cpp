@@ -1,6 +1,10 @@
-// The Llama forward pass: embeddings → n_layers × (RMSNorm, QKV, RoPE, GQA
-// attention through the KVCache, output projection, RMSNorm, SwiGLU FFN) →
-// final RMSNorm → LM head. fp32 throughout; GEMMs through OpenBLAS.
+// The forward pass: embeddings (× embd_scale) → n_layers × (RMSNorm, QKV,
+// [QK-norm], RoPE, GQA attention through the KVCache [sliding window],
+// output projection, [post-norm], RMSNorm, gated FFN (SwiGLU | GeGLU),
+// [post-norm]) → final RMSNorm → LM head [→ soft-cap]. The bracketed parts are
+// Gemma 3's, switched by ModelConfig fields; with Llama's defaults they are
+// skipped and the arithmetic is exactly the plain Llama pass. fp32
+// throughout; GEMMs through OpenBLAS.
 #include <cblas.h>
 
 #include <cmath>
@@ -36,6 +40,16 @@ bool all_finite(const float* x, int64_t n) {
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
+// GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. in §2).
+inline float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f, kCoef = 0.044715f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoef * x * x)));
+}
+
+void add_into(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
 }  // namespace
 
 void rms_norm(const float* x, const float* weight, float* out, int64_t n, int d, float eps) {
@@ -53,9 +67,9 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n, int d,
 Model Model::load(const GgufFile& f) {
   Model m;
   m.cfg_ = ModelConfig::from_gguf(f);
-  check(m.cfg_.arch == "llama",
-        "{}: general.architecture '{}': the forward pass is implemented for 'llama' only "
-        "(its RoPE layout is known, but norms/activations/attention of this family are not)",
+  check(m.cfg_.arch == "llama" || m.cfg_.arch == "gemma3",
+        "{}: general.architecture '{}': the forward pass is implemented for 'llama' and 'gemma3' only "
+        "(its RoPE layout may be known, but norms/activations/attention of this family are not)",
         f.path(), m.cfg_.arch);
   m.w_ = ModelWeights::load(f, m.cfg_);
   m.pos_limit_ = m.cfg_.n_ctx_train;
@@ -64,7 +78,8 @@ Model Model::load(const GgufFile& f) {
 
 Model Model::from_weights(ModelConfig cfg, ModelWeights w) {
   cfg.validate("Model::from_weights");
-  check(cfg.arch == "llama", "Model::from_weights: arch '{}': only 'llama' is implemented", cfg.arch);
+  check(cfg.arch == "llama" || cfg.arch == "gemma3",
+        "Model::from_weights: arch '{}': only 'llama' and 'gemma3' are implemented", cfg.arch);
   const size_t d = cfg.d_model, qd = size_t(cfg.n_heads) * cfg.head_dim, kvd = size_t(cfg.n_kv_heads) * cfg.head_dim,
                dff = cfg.d_ff, V = cfg.n_vocab;
   auto need = [](const std::vector<float>& v, size_t n, const std::string& what) {
@@ -84,6 +99,11 @@ Model Model::from_weights(ModelConfig cfg, ModelWeights w) {
     need(L.ffn_norm, d, p + "ffn_norm");
     need(L.w_gate_up, 2 * dff * d, p + "w_gate_up");
     need(L.w_down, d * dff, p + "w_down");
+    const size_t hd = cfg.qk_norm ? size_t(cfg.head_dim) : 0, pd = cfg.post_norms ? d : 0;
+    need(L.attn_q_norm, hd, p + "attn_q_norm");
+    need(L.attn_k_norm, hd, p + "attn_k_norm");
+    need(L.attn_post_norm, pd, p + "attn_post_norm");
+    need(L.ffn_post_norm, pd, p + "ffn_post_norm");
   }
   cfg.rope_layout = rope_layout_for_arch(cfg.arch);
   Model m;
@@ -130,6 +150,16 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
     pos[i] = static_cast<int32_t>(pos0 + i);
     rope_angles(pos0 + i, hd, c.rope_theta, rc.data() + i * half, rs.data() + i * half);
   }
+  // Sliding-window layers may use a second RoPE base (Gemma 3).
+  std::vector<float> rc_swa, rs_swa;
+  bool any_sliding = false;
+  for (int l = 0; l < c.n_layers; ++l) any_sliding = any_sliding || c.is_sliding(l);
+  if (any_sliding) {
+    rc_swa.resize(n * half);
+    rs_swa.resize(n * half);
+    for (int64_t i = 0; i < n; ++i)
+      rope_angles(pos0 + i, hd, c.rope_theta_swa, rc_swa.data() + i * half, rs_swa.data() + i * half);
+  }
 
   std::vector<float> x(n * d), xn(n * d), qkv(n * qkvd), q(n * qd), k_pre(n * kvd), k(n * kvd), v(n * kvd),
       att(n * qd), tmp(n * d), gu(n * 2 * dff), hbuf(n * dff);
@@ -139,12 +169,17 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(x.data() + i * d, w_.token_embd.data() + int64_t{tokens[i]} * d, sizeof(float) * d);
   }
+  if (c.embd_scale != 1.0f)
+    for (auto& e : x) e *= c.embd_scale;
 
   AttnParams ap;
-  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ap.scale = c.attention_scale();
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
+    const float* lrc = c.is_sliding(l) ? rc_swa.data() : rc.data();
+    const float* lrs = c.is_sliding(l) ? rs_swa.data() : rs.data();
+    ap.sliding_window = c.layer_window(l);
     // --- attention ---
     rms_norm(x.data(), L.attn_norm.data(), xn.data(), n, d, c.rms_eps);
     linear(xn.data(), L.wqkv.data(), qkv.data(), n, d, qkvd);
@@ -154,12 +189,16 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
       float* qi = q.data() + i * qd;
       float* ki = k.data() + i * kvd;
       std::memcpy(qi, r, sizeof(float) * qd);
-      std::memcpy(k_pre.data() + i * kvd, r + qd, sizeof(float) * kvd);
       std::memcpy(ki, r + qd, sizeof(float) * kvd);
       std::memcpy(v.data() + i * kvd, r + qd + kvd, sizeof(float) * kvd);
-      if (want_hooks) std::memcpy(q_pre.data() + i * qd, r, sizeof(float) * qd);
-      apply_rope(qi, H, hd, c.rope_layout, rc.data() + i * half, rs.data() + i * half, false);
-      apply_rope(ki, Hkv, hd, c.rope_layout, rc.data() + i * half, rs.data() + i * half, false);
+      if (c.qk_norm) {  // per head, before RoPE (Gemma 3)
+        rms_norm(qi, L.attn_q_norm.data(), qi, H, hd, c.rms_eps);
+        rms_norm(ki, L.attn_k_norm.data(), ki, Hkv, hd, c.rms_eps);
+      }
+      std::memcpy(k_pre.data() + i * kvd, ki, sizeof(float) * kvd);
+      if (want_hooks) std::memcpy(q_pre.data() + i * qd, qi, sizeof(float) * qd);
+      apply_rope(qi, H, hd, c.rope_layout, lrc + i * half, lrs + i * half, false);
+      apply_rope(ki, Hkv, hd, c.rope_layout, lrc + i * half, lrs + i * half, false);
     }
     if (want_hooks) {
       LayerActivations a;
@@ -179,19 +218,26 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
     cache.append(l, n, pos.data(), k_pre.data(), k.data(), v.data());
     cache.attend(l, n, pos.data(), q.data(), att.data(), ap);
     linear(att.data(), L.wo.data(), tmp.data(), n, qd, d);
-    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
-    // --- SwiGLU FFN: down(silu(gate·x) ⊙ up·x) ---
+    if (c.post_norms) rms_norm(tmp.data(), L.attn_post_norm.data(), tmp.data(), n, d, c.rms_eps);
+    add_into(x.data(), tmp.data(), n * d);
+    // --- gated FFN: down(act(gate·x) ⊙ up·x), act = SiLU (SwiGLU) or GELU-tanh (GeGLU) ---
     rms_norm(x.data(), L.ffn_norm.data(), xn.data(), n, d, c.rms_eps);
     linear(xn.data(), L.w_gate_up.data(), gu.data(), n, d, 2 * dff);
+    const bool geglu = c.ffn_act == FfnActivation::GeluTanh;
 #pragma omp parallel for schedule(static) if (n * dff >= 32768)
     for (int64_t i = 0; i < n; ++i) {
       const float* g = gu.data() + i * 2 * dff;
       const float* u = g + dff;
       float* h = hbuf.data() + i * dff;
-      for (int64_t j = 0; j < dff; ++j) h[j] = silu(g[j]) * u[j];
+      if (geglu) {
+        for (int64_t j = 0; j < dff; ++j) h[j] = gelu_tanh(g[j]) * u[j];
+      } else {
+        for (int64_t j = 0; j < dff; ++j) h[j] = silu(g[j]) * u[j];
+      }
     }
     linear(hbuf.data(), L.w_down.data(), tmp.data(), n, dff, d);
-    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+    if (c.post_norms) rms_norm(tmp.data(), L.ffn_post_norm.data(), tmp.data(), n, d, c.rms_eps);
+    add_into(x.data(), tmp.data(), n * d);
     check(all_finite(x.data(), n * d), "forward: non-finite activation (NaN/inf) in the output of layer {}", l);
   }
 
@@ -199,6 +245,9 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
   const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
   rms_norm(x.data() + first * d, w_.output_norm.data(), xn.data(), rows, d, c.rms_eps);
   linear(xn.data(), w_.lm_head(), logits, rows, d, c.n_vocab);
+  if (const float cap = c.final_logit_softcap; cap > 0) {
+    for (int64_t i = 0; i < rows * c.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
   check(all_finite(logits, rows * c.n_vocab), "forward: non-finite logits (NaN/inf) after the LM head");
 }
 

@@ -1,7 +1,10 @@
 // model/tokenizer.cpp — ratekv::Tokenizer: vocabulary validation, encode
-// (special-token split -> UTF-8 canonicalization -> regex pre-tokenizer ->
-// byte-level BPE per word, cached) and decode.
+// (special-token split, then per raw fragment either UTF-8 canonicalization ->
+// regex pre-tokenizer -> byte-level BPE per word, cached ("gpt2"), or
+// SentencePiece-style score merging ("llama", tokenizer_spm.h)) and decode.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <limits>
 #include <unordered_map>
 
@@ -27,8 +30,12 @@ void check_id(int32_t id, size_t n, const char* key) {
 }
 
 TokenizerVocab validate(TokenizerVocab v) {
-  check(v.model == "gpt2", "tokenizer.ggml.model = '{}' is not supported (expected 'gpt2', byte-level BPE)", v.model);
-  check(!v.pre.empty(), "tokenizer.ggml.pre is missing or empty; expected a pre-tokenizer name such as 'smollm'");
+  check(v.model == "gpt2" || v.model == "llama",
+        "tokenizer.ggml.model = '{}' is not supported (expected 'gpt2', byte-level BPE, or 'llama', "
+        "SentencePiece-style)",
+        v.model);
+  if (v.model == "gpt2")
+    check(!v.pre.empty(), "tokenizer.ggml.pre is missing or empty; expected a pre-tokenizer name such as 'smollm'");
   check(!v.tokens.empty(), "tokenizer.ggml.tokens is empty");
   check(v.tokens.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
         "tokenizer.ggml.tokens has {} entries, more than int32 token ids can address", v.tokens.size());
@@ -38,6 +45,12 @@ TokenizerVocab validate(TokenizerVocab v) {
         v.token_types.size(), n);
   for (auto& t : v.token_types)
     if (t < 0 || t > static_cast<int32_t>(TokenType::Byte)) t = static_cast<int32_t>(TokenType::Undefined);
+  if (v.model == "llama") {
+    check(v.scores.size() == n, "tokenizer.ggml.scores has {} entries, expected {} (one per token)", v.scores.size(),
+          n);
+    for (size_t i = 0; i < n; ++i)
+      check(std::isfinite(v.scores[i]), "tokenizer.ggml.scores[{}] = {} is not finite", i, v.scores[i]);
+  }
   for (size_t i = 0; i < n; ++i)
     if (v.tokens[i].empty()) v.tokens[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
   check_id(v.bos_id, n, "tokenizer.ggml.bos_token_id");
@@ -84,8 +97,15 @@ std::string decode_normal_text(const std::string& text) {
 
 }  // namespace
 
-Tokenizer::Impl::Impl(TokenizerVocab v)
-    : vocab(validate(std::move(v))), regexes(regexes_for(vocab.pre)), pre(regexes), bpe(vocab.tokens, vocab.merges) {
+Tokenizer::Impl::Impl(TokenizerVocab v) : vocab(validate(std::move(v))) {
+  const bool is_spm = vocab.model == "llama";
+  if (is_spm) {
+    spm.emplace(vocab.tokens, vocab.scores);
+  } else {
+    regexes = regexes_for(vocab.pre);
+    pre.emplace(regexes);
+    bpe.emplace(vocab.tokens, vocab.merges);
+  }
   const size_t n = vocab.tokens.size();
   // End-of-generation set.
   for (int32_t id : {vocab.eos_id, vocab.eot_id, vocab.eom_id})
@@ -104,11 +124,18 @@ Tokenizer::Impl::Impl(TokenizerVocab v)
   for (size_t i = 0; i < n; ++i) {
     const std::string& text = vocab.tokens[i];
     switch (type(static_cast<int32_t>(i))) {
-      case TokenType::Normal: pieces[i] = decode_normal_text(text); break;
+      case TokenType::Normal: pieces[i] = is_spm ? tok::spm_unescape(text) : decode_normal_text(text); break;
       case TokenType::Control:
       case TokenType::Unknown:
       case TokenType::UserDefined: pieces[i] = text; break;
       case TokenType::Byte: {
+        if (is_spm) {  // "<0xXX>"
+          unsigned v = 0;
+          const bool ok = text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>' &&
+                          std::sscanf(text.c_str() + 3, "%2x", &v) == 1;
+          pieces[i] = ok ? std::string(1, static_cast<char>(v)) : text;
+          break;
+        }
         auto raw = tok::byte_level_decode(text);
         pieces[i] = (raw && raw->size() == 1) ? *raw : text;
         break;
@@ -146,9 +173,21 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
 
   size_t dropped = 0;
   const auto frags = tok::split_special_tokens(text, parse_special ? std::span(im.specials) : std::span(im.user_defined));
+  bool prev_special = true;  // SPM: a space is prefixed to a fragment after a special token or at the start
   for (const tok::Fragment& f : frags) {
     if (f.token >= 0) {
       out.push_back(f.token);
+      prev_special = true;
+      continue;
+    }
+    if (im.spm) {
+      const std::string_view raw = text.substr(f.offset, f.length);
+      if (im.vocab.add_space_prefix && prev_special) {
+        dropped += im.spm->encode(" " + std::string(raw), out);
+      } else {
+        dropped += im.spm->encode(raw, out);
+      }
+      prev_special = false;
       continue;
     }
     const std::string canon = tok::utf8_canonicalize(text.substr(f.offset, f.length));
@@ -158,7 +197,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
     std::vector<int32_t> pool;
     // Bounded: at most 2^20 distinct words / 2^24 cached ids (64 MiB) at once.
     constexpr size_t kMaxCacheWords = size_t{1} << 20, kMaxCachedIds = size_t{1} << 24;
-    im.pre.split(cv, [&](size_t off, size_t len) {
+    im.pre->split(cv, [&](size_t off, size_t len) {
       const std::string_view word = cv.substr(off, len);
       auto it = cache.find(word);
       if (it == cache.end()) {
@@ -167,7 +206,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
           pool.clear();
         }
         const auto begin = static_cast<uint32_t>(pool.size());
-        dropped += im.bpe.encode_word(word, pool);
+        dropped += im.bpe->encode_word(word, pool);
         it = cache.emplace(word, std::make_pair(begin, static_cast<uint32_t>(pool.size()))).first;
       }
       out.insert(out.end(), pool.begin() + it->second.first, pool.begin() + it->second.second);
@@ -204,5 +243,6 @@ int32_t Tokenizer::eos_id() const { return impl_->vocab.eos_id; }
 bool Tokenizer::is_eog(int32_t id) const { return impl_->eog.count(id) > 0; }
 const std::string& Tokenizer::pre_type() const { return impl_->vocab.pre; }
 const std::vector<std::string>& Tokenizer::pre_tokenizer_regexes() const { return impl_->regexes; }
+const std::string& Tokenizer::model_type() const { return impl_->vocab.model; }
 
 }  // namespace ratekv

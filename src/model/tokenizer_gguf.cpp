@@ -24,7 +24,9 @@ bool get_flag(const GgufFile& f, const std::string& key) { return f.has(key) && 
 Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   TokenizerVocab v;
   v.model = f.get_string("tokenizer.ggml.model");
-  check(v.model == "gpt2", "{}: tokenizer.ggml.model = '{}' is not supported (expected 'gpt2', byte-level BPE)",
+  check(v.model == "gpt2" || v.model == "llama",
+        "{}: tokenizer.ggml.model = '{}' is not supported (expected 'gpt2', byte-level BPE, or 'llama', "
+        "SentencePiece-style)",
         f.path(), v.model);
   v.pre = f.get_string("tokenizer.ggml.pre", "");
   v.tokens = f.get_string_array("tokenizer.ggml.tokens");
@@ -37,9 +39,18 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
       v.token_types.push_back(static_cast<int32_t>(t));
     }
   }
-  check(f.has("tokenizer.ggml.merges"), "{}: tokenizer.ggml.merges is missing (required for a 'gpt2' tokenizer)",
-        f.path());
-  v.merges = f.get_string_array("tokenizer.ggml.merges");
+  if (v.model == "gpt2") {
+    check(f.has("tokenizer.ggml.merges"), "{}: tokenizer.ggml.merges is missing (required for a 'gpt2' tokenizer)",
+          f.path());
+    v.merges = f.get_string_array("tokenizer.ggml.merges");
+  } else {
+    check(f.has("tokenizer.ggml.scores"), "{}: tokenizer.ggml.scores is missing (required for a 'llama' tokenizer)",
+          f.path());
+    for (double x : f.get_float_array("tokenizer.ggml.scores")) v.scores.push_back(static_cast<float>(x));
+    // llama.cpp's default for SentencePiece vocabularies is to add the prefix.
+    v.add_space_prefix = f.has("tokenizer.ggml.add_space_prefix") ? f.get_bool("tokenizer.ggml.add_space_prefix")
+                                                                    : true;
+  }
   v.bos_id = get_id(f, "tokenizer.ggml.bos_token_id");
   v.eos_id = get_id(f, "tokenizer.ggml.eos_token_id");
   v.unk_id = get_id(f, "tokenizer.ggml.unknown_token_id");

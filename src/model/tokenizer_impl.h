@@ -1,6 +1,7 @@
 // model/tokenizer_impl.h — the state behind ratekv::Tokenizer (internal).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "model/tokenizer_bpe.h"
 #include "model/tokenizer_pretokenize.h"
 #include "model/tokenizer_special.h"
+#include "model/tokenizer_spm.h"
 #include "ratekv/tokenizer.h"
 
 namespace ratekv {
@@ -23,9 +25,12 @@ struct Tokenizer::Impl {
 
   TokenizerVocab vocab;              // texts, types (filled to n_vocab), ids, flags
   std::vector<std::string> pieces;   // decoded bytes of each token (what decode emits)
-  std::vector<std::string> regexes;  // the pre-tokenizer cascade
-  tok::PreTokenizer pre;
-  tok::BpeModel bpe;
+  std::vector<std::string> regexes;  // the pre-tokenizer cascade ("gpt2" only)
+  // Exactly one model is set, chosen by vocab.model: "gpt2" -> pre + bpe,
+  // "llama" -> spm.
+  std::optional<tok::PreTokenizer> pre;
+  std::optional<tok::BpeModel> bpe;
+  std::optional<tok::SpmModel> spm;
   std::vector<tok::SpecialToken> specials;      // control/user-defined/unknown, longest text first
   std::vector<tok::SpecialToken> user_defined;  // the user-defined subset (always recognised)
   std::unordered_set<int32_t> eog;

@@ -36,7 +36,8 @@ size_t ModelWeights::bytes() const {
   size_t b = (token_embd.size() + output.size() + output_norm.size()) * sizeof(float);
   for (const auto& l : layers) {
     b += (l.attn_norm.size() + l.wqkv.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate_up.size() +
-          l.w_down.size()) * sizeof(float);
+          l.w_down.size() + l.attn_q_norm.size() + l.attn_k_norm.size() + l.attn_post_norm.size() +
+          l.ffn_post_norm.size()) * sizeof(float);
   }
   return b;
 }
@@ -62,6 +63,14 @@ ModelWeights ModelWeights::load(const GgufFile& f, const ModelConfig& c) {
     append_rows(L.w_gate_up, load_tensor(f, p + "ffn_gate.weight", d, c.d_ff));
     append_rows(L.w_gate_up, load_tensor(f, p + "ffn_up.weight", d, c.d_ff));
     L.w_down = load_tensor(f, p + "ffn_down.weight", c.d_ff, d);
+    if (c.qk_norm) {
+      L.attn_q_norm = load_tensor(f, p + "attn_q_norm.weight", c.head_dim, 0);
+      L.attn_k_norm = load_tensor(f, p + "attn_k_norm.weight", c.head_dim, 0);
+    }
+    if (c.post_norms) {
+      L.attn_post_norm = load_tensor(f, p + "post_attention_norm.weight", d, 0);
+      L.ffn_post_norm = load_tensor(f, p + "post_ffw_norm.weight", d, 0);
+    }
   }
   return w;
 }

@@ -2,7 +2,7 @@
 """Writes tests/fixtures/smollm2/greedy.json: greedy (argmax) continuations of 3 fixed
 prompts by llama.cpp. Run by tools/make_reference_fixtures.sh; stdlib only.
 
-usage: greedy_fixture.py LLAMA_REF F32_MODEL Q4_1_MODEL MODEL_SHA256 OUT_JSON
+usage: greedy_fixture.py LLAMA_REF F32_MODEL Q4_1_MODEL MODEL_SHA256 OUT_JSON [smollm2|gemma3]
 
 Reference: `llama_ref greedy` on the F32 copy of the model (fp32 compute on the dequantized
 weights). The continuation on the Q4_1 GGUF run directly (Q8_1-quantized activations in
@@ -23,6 +23,12 @@ PROMPTS = [
     ("chat_template", CHAT),
 ]
 
+GEMMA_PROMPTS = [
+    ("story", "Once upon a time, there was a little girl named Lily."),
+    ("python_code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    ("chat_template", "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"),
+]
+
 
 def greedy(tool, model, text, tmp, tag):
     path = os.path.join(tmp, tag + ".txt")
@@ -35,12 +41,13 @@ def greedy(tool, model, text, tmp, tag):
 
 
 def main():
-    if len(sys.argv) != 6:
+    if len(sys.argv) not in (6, 7):
         sys.exit(__doc__)
-    tool, f32_model, q41_model, model_sha, out = sys.argv[1:]
+    tool, f32_model, q41_model, model_sha, out = sys.argv[1:6]
+    gemma = len(sys.argv) == 7 and sys.argv[6] == "gemma3"
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in PROMPTS:
+        for name, text in (GEMMA_PROMPTS if gemma else PROMPTS):
             r = greedy(tool, f32_model, text, tmp, name)
             q = greedy(tool, q41_model, text, tmp, name + "_q41")
             cases.append({
@@ -55,7 +62,9 @@ def main():
         "reference": ("llama.cpp (PyPI llama-cpp-python==0.3.36 vendored tree), CPU, tools/ref/llama_ref.cpp "
                       "'greedy' on the F32 copy of the model (llama_model_quantize ALL_F32): prompt prefilled "
                       "in one batch, then one token per llama_decode, argmax with ties to the lowest id, stop "
-                      "after an end-of-generation token; F32 K/V cache, flash attention off, 2 threads, no BOS"),
+                      "after an end-of-generation token; F32 K/V cache, flash attention off, 2 threads, "
+                      + ("BOS first (add_bos_token true); 'q4_1_direct_ids' = the Q4_K_M file run directly"
+                         if gemma else "no BOS")),
         "n_new": N_NEW,
         "cases": cases,
     }

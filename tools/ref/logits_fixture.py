@@ -2,7 +2,10 @@
 """Writes tests/fixtures/smollm2/logits.json (+ one raw float32 file): llama.cpp's logits at
 every position of 3 fixed prompts. Run by tools/make_reference_fixtures.sh; needs numpy.
 
-usage: logits_fixture.py LLAMA_REF F32_MODEL Q4_1_MODEL MODEL_SHA256 OUT_DIR
+usage: logits_fixture.py LLAMA_REF F32_MODEL Q4_1_MODEL MODEL_SHA256 OUT_DIR [smollm2|gemma3]
+
+gemma3 (Q4_K_M weights): Gemma prompts, BOS first (the model adds it), and no full-logits
+file (262,144 logits per position would make it ~10 MB): top-K and the fixed ids only.
 
 The reference is `llama_ref logits` on F32_MODEL, the F32 copy of the Q4_1 GGUF written by
 `llama_ref dequant` (so the weights are the dequantized Q4_1/Q8_0 values and all compute is
@@ -27,6 +30,12 @@ PROMPTS = [
     ("chat", "<|im_start|>user\nWhat is 12 + 7?<|im_end|>\n<|im_start|>assistant\n", False),
 ]
 
+GEMMA_PROMPTS = [
+    ("short_prose", "The capital of France is Paris. The capital", False),
+    ("python_code", "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n", False),
+    ("chat", "<start_of_turn>user\nWhat is 12 + 7?<end_of_turn>\n<start_of_turn>model\n", False),
+]
+
 
 def run_logits(tool, model, text, tmp, tag):
     prompt = os.path.join(tmp, tag + ".txt")
@@ -42,19 +51,20 @@ def run_logits(tool, model, text, tmp, tag):
 
 
 def main():
-    if len(sys.argv) != 6:
+    if len(sys.argv) not in (6, 7):
         sys.exit(__doc__)
-    tool, f32_model, q41_model, model_sha, out_dir = sys.argv[1:]
+    tool, f32_model, q41_model, model_sha, out_dir = sys.argv[1:6]
+    gemma = len(sys.argv) == 7 and sys.argv[6] == "gemma3"
     prompts = []
     n_vocab = None
     fixed_ids = None
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text, full in PROMPTS:
+        for name, text, full in (GEMMA_PROMPTS if gemma else PROMPTS):
             ids, logits = run_logits(tool, f32_model, text, tmp, name)
             ids_q, logits_q = run_logits(tool, q41_model, text, tmp, name + "_q41")
             if ids != ids_q:
                 sys.exit("logits_fixture.py: the two models tokenize differently")
-            if not 8 <= len(ids) <= 24 or (full and len(ids) > 10):
+            if not 8 <= len(ids) <= 26 or (full and len(ids) > 10):
                 sys.exit(f"logits_fixture.py: prompt {name} has {len(ids)} tokens, outside the planned range")
             if n_vocab is None:
                 n_vocab = logits.shape[1]
@@ -86,7 +96,9 @@ def main():
                       "'logits' on the F32 copy of the model made by llama_model_quantize(ALL_F32, pure, "
                       "allow_requantize): fp32 weights equal to the dequantized Q4_1/Q8_0 values, fp32 "
                       "activations, F32 K/V cache, flash attention off, 2 threads, whole prompt in one batch "
-                      "at positions 0..n-1, no BOS (the model's add_bos_token is false)"),
+                      "at positions 0..n-1, " + ("BOS first (the model's add_bos_token is true); weights "
+                      "Q4_K_M (Q5_0/Q4_K/Q6_K/Q8_0); 'q4_1_direct' fields = the Q4_K_M file run directly"
+                      if gemma else "no BOS (the model's add_bos_token is false)")),
         "n_vocab": n_vocab,
         "top_k": TOP_K,
         "fixed_ids": fixed_ids,

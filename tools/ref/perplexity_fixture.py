@@ -4,7 +4,12 @@ evaluation text, for two context sizes and several KV-cache types (the baselines
 evaluation compares ratekv's KV compression against). Run by
 tools/make_reference_fixtures.sh; stdlib only.
 
-usage: perplexity_fixture.py BIN_DIR Q4_1_MODEL F32_MODEL MODEL_SHA256 EVAL_TXT EVAL_SHA256 OUT_JSON CACHE_DIR
+usage: perplexity_fixture.py BIN_DIR Q4_1_MODEL F32_MODEL MODEL_SHA256 EVAL_TXT EVAL_SHA256 OUT_JSON CACHE_DIR [gemma3]
+
+gemma3: the Q4_K_M model in place of Q4_1 (the "q4_1" weights key then names the quantized
+file as shipped), one context: -c 512 --chunks 4 (its 262,144-entry LM head makes a window
+~6x as costly as SmolLM2's), and BOS replaces the first token of every window (add_bos_token
+is true).
 
 Each llama-perplexity run takes minutes on 2 busy cores, so every finished run is cached in
 CACHE_DIR (keyed by model/eval hashes and arguments) and OUT_JSON is rewritten after each run:
@@ -45,9 +50,11 @@ THREADS = int(os.environ.get("RATEKV_PPL_THREADS", "1"))
 
 
 def main():
-    if len(sys.argv) != 9:
+    if len(sys.argv) not in (9, 10):
         sys.exit(__doc__)
-    bin_dir, q41, f32, model_sha, eval_txt, eval_sha, out, cache_dir = sys.argv[1:]
+    bin_dir, q41, f32, model_sha, eval_txt, eval_sha, out, cache_dir = sys.argv[1:9]
+    gemma = len(sys.argv) == 10 and sys.argv[9] == "gemma3"
+    contexts = [(512, 4)] if gemma else CONTEXTS
     os.makedirs(cache_dir, exist_ok=True)
     models = {"q4_1": q41, "f32": f32}
     tok = subprocess.run([os.path.join(bin_dir, "llama-tokenize"), "-m", q41, "-f", eval_txt, "--ids",
@@ -55,7 +62,7 @@ def main():
     n_tokens = len(json.loads([l for l in tok.stdout.decode().splitlines() if l.startswith("[")][0]))
     variants = VARIANTS + (EXTRA_VARIANTS if os.environ.get("RATEKV_PPL_EXTRA") == "1" else [])
     runs = []
-    for n_ctx, n_chunks in CONTEXTS:
+    for n_ctx, n_chunks in contexts:
         for name, model_key, kv, fa in variants:
             args = ["-m", models[model_key], "-f", eval_txt, "-c", str(n_ctx), "--chunks", str(n_chunks),
                     "-b", str(n_ctx), "-t", str(THREADS), "-tb", str(THREADS),
@@ -65,7 +72,7 @@ def main():
             if os.path.exists(cached):
                 with open(cached) as f:
                     runs.append(json.load(f))
-                write(out, model_sha, eval_sha, n_tokens, runs)
+                write(out, model_sha, eval_sha, n_tokens, runs, gemma)
                 continue
             res = subprocess.run([os.path.join(bin_dir, "llama-perplexity")] + args,
                                  capture_output=True, check=False)
@@ -74,11 +81,15 @@ def main():
             if res.returncode != 0 or not m:
                 sys.exit(f"perplexity_fixture.py: llama-perplexity {' '.join(args)} failed:\n{log[-3000:]}")
             running = [float(v) for _, v in re.findall(r"\[(\d+)\]([0-9.]+),", log)]
-            model_file = "SmolLM2-135M-Instruct.Q4_1.gguf" if model_key == "q4_1" else \
-                "SmolLM2-135M-Instruct.F32-from-Q4_1.gguf (llama_ref dequant)"
+            if gemma:
+                model_file = "gemma-3-270m-q4_k_m.gguf" if model_key == "q4_1" else \
+                    "gemma-3-270m.F32-from-Q4_K_M.gguf (llama_ref dequant)"
+            else:
+                model_file = "SmolLM2-135M-Instruct.Q4_1.gguf" if model_key == "q4_1" else \
+                    "SmolLM2-135M-Instruct.F32-from-Q4_1.gguf (llama_ref dequant)"
             cmd = ["llama-perplexity", "-m", model_file, "-f", "text/eval.txt"] + args[4:]
             runs.append(run := {
-                "name": name, "weights": model_key, "n_ctx": n_ctx, "n_chunks": n_chunks,
+                "name": name, "weights": ("q4_k_m" if gemma and model_key == "q4_1" else model_key), "n_ctx": n_ctx, "n_chunks": n_chunks,
                 "n_batch": n_ctx, "cache_type_k": kv, "cache_type_v": kv, "flash_attn": fa,
                 "n_threads": THREADS,
                 "scored_tokens": n_chunks * (n_ctx - n_ctx // 2 - 1),
@@ -88,17 +99,18 @@ def main():
             })
             with open(cached, "w") as f:
                 json.dump(run, f)
-            write(out, model_sha, eval_sha, n_tokens, runs)
+            write(out, model_sha, eval_sha, n_tokens, runs, gemma)
             print(f"perplexity n_ctx={n_ctx} {name}: {m.group(1)}", file=sys.stderr)
 
 
-def write(out, model_sha, eval_sha, n_tokens, runs):
+def write(out, model_sha, eval_sha, n_tokens, runs, gemma=False):
     doc = {
         "model_sha256": model_sha,
         "eval_text": "text/eval.txt", "eval_text_sha256": eval_sha,
         "eval_text_tokens": n_tokens,
         "generator": "llama-perplexity (llama.cpp vendored in PyPI llama-cpp-python==0.3.36), CPU build",
-        "convention": ("no BOS; windows of n_ctx consecutive tokens starting at 0, n_ctx, 2*n_ctx, ...; "
+        "convention": (("BOS (add_bos_token true): the text is tokenized with BOS first and the first token of "
+                        "every window is replaced by BOS; " if gemma else "no BOS; ") + "windows of n_ctx consecutive tokens starting at 0, n_ctx, 2*n_ctx, ...; "
                        "each from an empty cache; tokens at positions n_ctx/2+1 .. n_ctx-1 scored "
                        "(n_ctx/2-1 per window); PPL = exp(mean NLL); ppl_stderr as printed by llama.cpp; "
                        "running_ppl_per_chunk[i] = PPL over windows 0..i; n_ubatch = llama.cpp default 512"),

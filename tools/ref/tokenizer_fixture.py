@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/smollm2/tokenizer.json: token ids that llama.cpp's
+"""Writes tests/fixtures/<model>/tokenizer.json: token ids that llama.cpp's
 `llama-tokenize` gives for a set of awkward texts. Run by
 tools/make_reference_fixtures.sh; stdlib only.
 
-usage: tokenizer_fixture.py LLAMA_TOKENIZE MODEL MODEL_SHA256 OUT_JSON
+usage: tokenizer_fixture.py LLAMA_TOKENIZE MODEL MODEL_SHA256 OUT_JSON [smollm2|gemma3]
+
+The last argument picks the case set (default smollm2). gemma3: the model declares
+tokenizer.ggml.add_bos_token=true, so every case is recorded as llama-tokenize gives it by
+default (BOS first, add_bos=true), and the ids without BOS must be the same minus the BOS.
 
 Every text is written byte-exactly to a file and tokenized with
     llama-tokenize -m MODEL -f FILE --ids --no-escape --log-disable [--no-bos] [--no-parse-special]
@@ -47,6 +51,19 @@ CASES = [
 ]
 
 
+GEMMA_CHAT = "<start_of_turn>user\nhi<end_of_turn>"
+GEMMA_CASES = [(n, t, p) for (n, t, p) in CASES if n not in ("special_parsed", "special_unparsed", "chat_template")] + [
+    ("special_parsed", GEMMA_CHAT, True),
+    ("special_unparsed", GEMMA_CHAT, False),
+    ("chat_template", "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n", True),
+    ("html_user_defined", "<table><tr><td>a</td></tr></table> <h1>T</h1>\n<li>x</li><br>", True),
+    ("whitespace_runs_long", "x" + " " * 37 + "y\n\n\n\n\n\n\n\nz\t\t\t\t\t\t\tw" + " " * 3 + "\n", True),
+    ("byte_fallback", "ctrl \x01\x07\x1b[0m hieroglyph \U00013000 \U0001D11E tag \U000E0041 pua \ue000", True),
+    ("code_cpp", "template <typename T>\nstd::vector<T> f(const T& x) {\n\treturn {x, x * 2};  // 0x1F\n}\n", True),
+    ("digits_and_numbers", "3.14159265358979 1e-9 -42 +7 1,234,567 0b1011 ١٢٣ 一二三", True),
+]
+
+
 def run(tool, model, path, no_bos, parse_special):
     cmd = [tool, "-m", model, "-f", path, "--ids", "--no-escape", "--log-disable"]
     if no_bos:
@@ -63,29 +80,39 @@ def run(tool, model, path, no_bos, parse_special):
 
 
 def main():
-    if len(sys.argv) != 5:
+    if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
-    tool, model, model_sha, out = sys.argv[1:]
+    tool, model, model_sha, out = sys.argv[1:5]
+    which = sys.argv[5] if len(sys.argv) == 6 else "smollm2"
+    if which not in ("smollm2", "gemma3"):
+        sys.exit(f"tokenizer_fixture.py: unknown case set {which!r}")
+    bos = which == "gemma3"
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text, parse_special in CASES:
+        for name, text, parse_special in (GEMMA_CASES if bos else CASES):
             path = os.path.join(tmp, name + ".txt")
             with open(path, "wb") as f:
                 f.write(text.encode("utf-8"))
             ids_default, _ = run(tool, model, path, False, parse_special)
             ids, _ = run(tool, model, path, True, parse_special)
-            if ids != ids_default:
+            if bos:
+                if ids_default[1:] != ids or not ids_default:
+                    sys.exit(f"tokenizer_fixture.py: case {name}: ids with BOS are not BOS + ids without")
+                ids = ids_default
+            elif ids != ids_default:
                 sys.exit(f"tokenizer_fixture.py: case {name}: ids with and without --no-bos differ; "
                          "this model was expected not to add BOS")
-            cases.append({"name": name, "text": text, "add_bos": False,
+            cases.append({"name": name, "text": text, "add_bos": bos,
                           "parse_special": parse_special, "ids": ids})
     doc = {
         "model_sha256": model_sha,
         "generator": "llama-tokenize (llama.cpp vendored in PyPI llama-cpp-python==0.3.36)",
-        "command": "llama-tokenize -m MODEL -f CASE_FILE --ids --no-escape --log-disable --no-bos "
-                   "[--no-parse-special when parse_special is false]",
-        "note": "add_bos is false for every case: the model's tokenizer.ggml.add_bos_token is false, "
-                "and llama-tokenize gives identical ids with and without --no-bos (checked).",
+        "command": "llama-tokenize -m MODEL -f CASE_FILE --ids --no-escape --log-disable "
+                   + ("" if bos else "--no-bos ") + "[--no-parse-special when parse_special is false]",
+        "note": ("add_bos is true for every case: the model's tokenizer.ggml.add_bos_token is true; "
+                 "with --no-bos llama-tokenize gives the same ids without the leading BOS (checked)." if bos else
+                 "add_bos is false for every case: the model's tokenizer.ggml.add_bos_token is false, "
+                 "and llama-tokenize gives identical ids with and without --no-bos (checked)."),
         "cases": cases,
     }
     # One case per line: readable diffs, compact id lists.
