@@ -61,6 +61,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/// Programmatic dependent launch (sm_90): a kernel launched with
+/// cudaLaunchAttributeProgrammaticStreamSerialization may start before the
+/// previous kernel of the stream ends; it must wait (grid_dependency_wait)
+/// before reading that kernel's outputs. The previous kernel lets it start
+/// early with allow_dependent_launch. Both are no-ops without such a launch.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
 /// Online softmax over score tiles for the 16 query rows of a warp: this lane
 /// owns rows g and g+8. S (scores, natural-log scale) holds the C fragments of
 /// the two n-halves; on return S holds P = exp(S − m_new) and `alpha` the

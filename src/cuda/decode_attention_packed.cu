@@ -209,8 +209,10 @@ __global__ void __launch_bounds__(32 * kWarps<UB, R8>, D > 128 ? 1 : (UB > 0 || 
     const uint32_t* src = reinterpret_cast<const uint32_t*>(tables + h);
     uint32_t* dst = reinterpret_cast<uint32_t*>(smem);
     for (int i = threadIdx.x; i < (int)(sizeof(HeadTables) / 4); i += blockDim.x) dst[i] = src[i];
-    // Rotated query as A fragments (rows ≥ gqa and tiles ≥ n_tiles[0] are zero).
+    // Rotated query as A fragments (rows ≥ gqa and tiles ≥ n_tiles[0] are zero):
+    // written by the rotation kernel, which this launch may overlap (PDL).
     const int nK = U ? NT : tables[h].n_tiles[0];
+    detail::grid_dependency_wait();
     for (int i = threadIdx.x; i < NT * 32; i += blockDim.x) {
       const int kt = i >> 5, ln = i & 31, g = ln >> 2, t = ln & 3;
       const __half* r0 = qrot + (size_t)(row_base + g) * detail::kMaxTiles * 16 + kt * 16 + 2 * t;
@@ -384,6 +386,7 @@ __global__ void __launch_bounds__(32 * kWarps<UB, R8>, D > 128 ? 1 : (UB > 0 || 
     }
     __syncwarp();
   }
+  detail::allow_dependent_launch();  // the merge may start its prologue (it waits for all CTAs)
   detail::cp_async_wait<0>();
   detail::store_partial<NT>(part, row_base, gqa, split, st, O, nV);
 }
@@ -413,10 +416,23 @@ void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8
   ensure_smem<D, UB, R8>(smem);
   dim3 grid((w.part.n_splits + kWarps<UB, R8> - 1) / kWarps<UB, R8>, plan.layout().n_kv_heads(),
             batch.batch);
-  packed_decode_kernel<D, UB, R8><<<grid, 32 * kWarps<UB, R8>, smem, stream>>>(
-      dev.heads, pool, plan.layout().page_bytes(), batch.page_table, batch.max_pages,
-      batch.seq_lens, pages_per_split, plan.n_heads(), plan.gqa(), w.q, w.part);
-  RATEKV_CUDA_CHECK(cudaGetLastError());
+  // Programmatic dependent launch: the prologue (head tables, page table, first
+  // page) overlaps the query-rotation kernel; the kernel waits for it before
+  // reading the rotated query.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(32 * kWarps<UB, R8>);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  RATEKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, packed_decode_kernel<D, UB, R8>, dev.heads, pool,
+                                       plan.layout().page_bytes(), batch.page_table,
+                                       batch.max_pages, batch.seq_lens, pages_per_split,
+                                       plan.n_heads(), plan.gqa(), (const __half*)w.q, w.part));
 }
 
 /// Width dispatch: uniform K2V2 / K3V3 / K4V4 plans (GQA ≤ 8) get the instance with

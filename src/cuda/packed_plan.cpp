@@ -182,22 +182,20 @@ int default_splits(int batch, int n_kv_heads, int max_seq_len) {
 }
 
 int default_splits(const PackedPlan& plan, int batch, int max_seq_len) {
-  // Measured on the H200 (docs/cuda_results.md, split sweeps): a warp's fixed
-  // cost (head tables, query fragments, first page in flight, partial state)
-  // wants ≥ 4 pages per split for the uniform instances and ≥ 2 for the
-  // general one, except that small grids (< 1024 warps) prefer one page per
-  // split; never more than one full wave (warps per SM of the instance:
-  // 16 for GQA ≤ 8 at head_dim ≤ 128, 12 for the 16-row general instance,
-  // fewer at head_dim 256).
+  // Measured on the H200 (docs/cuda_results.md, split sweeps of device runs 3
+  // and 9): a warp's fixed cost (head tables, query fragments, first page in
+  // flight, partial state) wants ≥ 2 pages per split (with the programmatic
+  // launch overlapping the prologue; ≥ 4 without it), except that small grids
+  // (< 1024 warps) prefer one page per split; never more than one full wave
+  // (warps per SM of the instance: 16 for GQA ≤ 8 at head_dim ≤ 128, 12 for
+  // the 16-row general instance, fewer at head_dim 256).
   const bool r8 = plan.gqa() <= 8, wide = plan.head_dim() > 128;
   const int warps = r8 ? (wide ? 8 : 16) : (wide ? 4 : 12);
-  const bool uniform = r8 && plan.device().uniform_bits > 0;
   const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
   const int rows = batch * plan.layout().n_kv_heads();
   const int wave = std::max(1, sm_count() * warps / rows);
-  const int min_pages = uniform ? 4 : 2;
   const int small_grid = std::min(pages, (1024 + rows - 1) / rows);
-  const int want = std::max((pages + min_pages - 1) / min_pages, small_grid);
+  const int want = std::max((pages + 1) / 2, small_grid);
   return whole_ctas(std::max(1, std::min(wave, want)));
 }
 

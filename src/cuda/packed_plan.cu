@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(256) rotate_query_kernel(
     const int32_t* __restrict__ chans, __half* __restrict__ out) {
   constexpr int kMaxGqa = 16;
   __shared__ float qs[kMaxGqa][256];
+  allow_dependent_launch();  // the attention kernel's prologue may overlap this one
   const int n_kv = n_heads / gqa;
   const int b = blockIdx.x / n_kv, h = blockIdx.x % n_kv;
   const int row0 = b * n_heads + h * gqa;  // first query row of this KV head
@@ -153,6 +154,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
       pv[k] = idx < pi_total ? src[idx] : 0.f;
     }
   }
+  grid_dependency_wait();  // split states come from the attention kernel (PDL launch)
   // M = max_s m_s (block reduction); the first 1024 states kept in shared memory.
   float mx = -INFINITY;
   for (int s = tid; s < P.n_splits; s += kMergeThreads) {
@@ -289,9 +291,19 @@ void launch_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int h
       if (dev >= 0 && dev < 64) set_bytes[dev] = (int)dyn;
     }
   }
-  merge_kernel<<<batch * n_heads, kMergeThreads, dyn, stream>>>(w.part, head_dim, gqa, n_heads, tables,
-                                                                rotations, channels, out);
-  RATEKV_CUDA_CHECK(cudaGetLastError());
+  // Programmatic dependent launch: loading Π overlaps the attention kernel's tail.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(batch * n_heads);
+  cfg.blockDim = dim3(kMergeThreads);
+  cfg.dynamicSmemBytes = dyn;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  RATEKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, w.part, head_dim, gqa, n_heads, tables,
+                                       rotations, channels, out));
 }
 
 }  // namespace detail

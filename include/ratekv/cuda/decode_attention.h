@@ -86,7 +86,7 @@ size_t decode_workspace_bytes(int batch, int n_heads, int head_dim, int n_splits
 int default_splits(int batch, int n_kv_heads, int max_seq_len);
 
 /// Split count for the instance `plan` runs on (at most one wave of that
-/// instance's warps; ≥ 4 pages per split for uniform plans, ≥ 2 otherwise,
+/// instance's warps; ≥ 2 pages per split,
 /// one page per split for grids under 1024 warps: measured, docs/cuda_results.md);
 /// what packed_decode_attention uses for n_splits = 0, so size its workspace
 /// with decode_workspace_bytes(…, default_splits(plan, batch, max_seq_len)).
