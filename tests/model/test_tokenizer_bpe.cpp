@@ -311,8 +311,11 @@ TEST(Tokenizer, UnsupportedModelOrPreNamesKeyAndValue) {
     }
   };
   TokenizerVocab v = c.v.vocab();
-  v.model = "llama";
-  expect_error(v, {"tokenizer.ggml.model", "'llama'"});
+  v.model = "bert";
+  expect_error(v, {"tokenizer.ggml.model", "'bert'"});
+  v = c.v.vocab();
+  v.model = "llama";  // SentencePiece-style: needs one score per token
+  expect_error(v, {"tokenizer.ggml.scores", "0 entries"});
   v = c.v.vocab("qwen2");
   expect_error(v, {"tokenizer.ggml.pre", "'qwen2'"});
   v = c.v.vocab("");
