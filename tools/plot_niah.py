@@ -25,7 +25,7 @@ def main():
     if not grids:
         sys.exit("plot_niah.py: the report holds no grids")
     fig, axes = plt.subplots(1, len(grids), figsize=(4.2 * len(grids), 0.9 + 0.55 * len(grids[0]["context_lengths"]) + 1.2),
-                             squeeze=False)
+                             squeeze=False, gridspec_kw={"wspace": 0.35})
     for ax, g in zip(axes[0], grids):
         acc = [[100.0 * a for a in row] for row in g["accuracy"]]
         im = ax.imshow(acc, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto", origin="lower")
@@ -43,7 +43,7 @@ def main():
         sub = f"{bits['total']:.2f} bits/elem" if bits else "16 bits/elem"
         ax.set_title(f"{g['name']}\n{sub}, mean {mean:.1f}%", fontsize=8)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy (%)")
-    fig.suptitle(f"NIAH, {rep['trials']} trials per cell, model {rep['model'].split('/')[-1]}", fontsize=9)
+    fig.suptitle(f"NIAH, {rep['trials']} trials per cell, model {rep['model'].split('/')[-1]}", fontsize=9, y=1.12)
     fig.savefig(sys.argv[2], dpi=120, bbox_inches="tight")
 
 
