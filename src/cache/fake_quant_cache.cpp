@@ -60,7 +60,7 @@ void FakeQuantKVCache::append(int layer, int64_t n, const int32_t* pos, const fl
       if (s == 0) {
         const ModelConfig& c = codecs_->config();
         for (int64_t t = 0; t < m; ++t)
-          apply_rope(buf.data() + t * row, Hkv, d, L.pos[a + t], c.rope_layout, c.rope_theta);
+          apply_rope(buf.data() + t * row, Hkv, d, L.pos[a + t], c.rope_layout, c.layer_rope_theta(layer));
       }
       std::copy(buf.begin(), buf.end(), dst.begin() + a * row);
       continue;
@@ -125,7 +125,8 @@ void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const
     std::vector<float> buf(src + a * row, src + end * row);
     codecs.fake_quant_layer(layer, side, buf.data(), m, buf.data());
     if (key)
-      for (int64_t t = 0; t < m; ++t) apply_rope(buf.data() + t * row, Hkv, d, pos[a + t], c.rope_layout, c.rope_theta);
+      for (int64_t t = 0; t < m; ++t)
+        apply_rope(buf.data() + t * row, Hkv, d, pos[a + t], c.rope_layout, c.layer_rope_theta(layer));
     std::copy(buf.begin(), buf.end(), out + a * row);
     return;
   }
