@@ -131,7 +131,7 @@ TEST(Plan, BadFieldsAreNamed) {
                "plan.json: layers[0].heads[1].key.group_size = 24: expected a divisor of head_dim 64");
   expect_error([](json& j) { j["layers"][0]["heads"][1]["key"]["kind"] = "tasq"; },
                "plan.json: layers[0].heads[1].key.kind = \"tasq\": expected one of fp16, tq-mse-grouped, tq-mse, "
-               "kivi, quarot, q8_0, q4_0");
+               "kivi, quarot, q8_0, q4_0, vq");
   expect_error([](json& j) { j["layers"][0]["heads"].erase(1); },
                "plan.json: layers[0].heads: 1 entries, expected model.n_kv_heads = 2");
   expect_error([](json& j) { j["layers"][1]["heads"][0].erase("value"); },
