@@ -1,0 +1,39 @@
+// `ratekv panel` flag validation: bad budgets, seeds, token counts and missing
+// files end with a clean error naming the flag before any model is read (the
+// model file here is not a GGUF file at all).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <unistd.h>
+
+#include "cli_runner.h"
+
+using ratekv_test::cli_path;
+using ratekv_test::Result;
+using ratekv_test::run_cli;
+
+TEST(PanelFlags, BadValuesNameTheFlagBeforeLoading) {
+  if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+  const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_panel_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "m.gguf") << "x";
+  std::ofstream(dir / "t.txt") << "hello world";
+  const std::string base = "panel -o '" + (dir / "out").string() + "' -m '" + (dir / "m.gguf").string() +
+                           "' --calib '" + (dir / "t.txt").string() + "' --eval '" + (dir / "t.txt").string() + "' ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--bits 0", "--bits"},          {"--bits 9", "--bits"},       {"--seeds 0", "--seeds"},
+      {"--seeds 99", "--seeds"},       {"--ctx 2", "--ctx"},         {"--tokens 100 --ctx 512", "--tokens"},
+      {"--calib-tokens 0", "--calib-tokens"},
+  };
+  for (const auto& [args, flag] : cases) {
+    const Result r = run_cli(base + args);
+    EXPECT_EQ(r.status, 1) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(std::string("error: ") + flag), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find("GGUF"), std::string::npos) << args << ": " << r.output;  // model never read
+  }
+  const Result missing = run_cli("panel -o '" + (dir / "out").string() + "' -m '" + (dir / "m.gguf").string() +
+                                 "' --calib '" + (dir / "none.txt").string() + "'");
+  EXPECT_EQ(missing.status, 1) << missing.output;
+  EXPECT_NE(missing.output.find("error: --calib"), std::string::npos) << missing.output;
+  fs::remove_all(dir);
+}
