@@ -7,6 +7,7 @@
 
 #include "ratekv/alloc/block_gtq.h"
 #include "ratekv/error.h"
+#include "ratekv/log.h"
 
 namespace ratekv::alloc {
 
@@ -327,6 +328,21 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     fail("--method \"{}\": expected uniform, block-gtq, ratequant or ratequant+block-gtq", rq.method);
   }
   p.validate("plan");
+  std::string first;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      for (int side = 0; side < 2; ++side) {
+        const Codec& cd = side == 0 ? p.layers[l][h].key : p.layers[l][h].value;
+        if (cd.kind == CodecKind::FP16) continue;
+        bool any = false;
+        for (const auto& g : cd.groups) any = any || g.bits > 0;
+        if (any) continue;
+        if (dg.zero_bit_sides++ == 0) first = fmt::format("layer {} KV head {} {}", l, h, side == 0 ? "keys" : "values");
+      }
+  if (dg.zero_bit_sides > 0)
+    spdlog::warn("plan: {} of {} (layer, KV head, side) codecs store 0 bits (first: {}): keys scored 0 / values "
+                 "dropped there; raise the budget or --bmin if that is not intended",
+                 dg.zero_bit_sides, 2 * L * H, first);
   return p;
 }
 

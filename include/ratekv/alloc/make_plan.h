@@ -71,6 +71,11 @@ struct PlanDiagnostics {
   std::optional<RateQuantResult> ratequant;  ///< ratequant methods
   std::optional<UniformSplit> uniform_split;  ///< uniform with avg_bits
   double predicted_uniform = 0.0;             ///< RateQuant objective at the uniform split (if computed)
+  /// (layer, KV head, side) codecs that store no bits at all (every channel at
+  /// 0 bits, e.g. Block-GTQ with --bmin 0 and a tiny key budget): their keys
+  /// score 0 (uniform attention) or their values contribute 0. make_plan logs a
+  /// warning naming the first one; the caches accept such plans.
+  int zero_bit_sides = 0;
   nlohmann::json to_json() const;
 };
 
