@@ -216,6 +216,8 @@ TEST_F(Gemma3, MatchesLlamaCppLogits) {
 }
 
 TEST_F(Gemma3, MatchesLlamaCppGreedy) {
+  if (const char* s = std::getenv("RATEKV_SANITIZE_RUN"); s && std::string(s) == "1")
+    GTEST_SKIP() << "96 decode steps over a 262144-row LM head: skipped in the sanitizer run";
   const auto j = load_fixture("greedy.json");
   ASSERT_FALSE(j.is_null()) << "missing " << fixture("greedy.json");
   Model& m = model();
