@@ -49,6 +49,14 @@ nlohmann::ordered_json inspect_json(const GgufFile& f) {
   j["rope_layout"] = rope_layout_name(c.rope_layout);
   j["rope_theta"] = c.rope_theta;
   j["rms_eps"] = c.rms_eps;
+  if (!c.layer_sliding.empty()) {  // Gemma 3: sliding-window layers with their own RoPE base
+    std::vector<int> sliding;
+    for (int l = 0; l < c.n_layers; ++l)
+      if (c.is_sliding(l)) sliding.push_back(l);
+    j["sliding_window"] = c.sliding_window;
+    j["sliding_layers"] = sliding;
+    j["rope_theta_sliding"] = c.rope_theta_swa;
+  }
   j["n_ctx_train"] = c.n_ctx_train;
   j["n_vocab"] = c.n_vocab;
   j["tied_embeddings"] = f.find_tensor("output.weight") == nullptr;
@@ -74,6 +82,10 @@ std::string inspect_text(const nlohmann::ordered_json& j) {
                                        j["gqa_ratio"].get<int>()));
   line("head_dim", std::to_string(j["head_dim"].get<int>()));
   line("RoPE", fmt::format("{} pairs, theta {}", j["rope_layout"].get<std::string>(), j["rope_theta"].get<double>()));
+  if (j.contains("sliding_window"))
+    line("sliding window", fmt::format("{} tokens on {} of {} layers (RoPE theta {} there; the others global)",
+                                       j["sliding_window"].get<int64_t>(), j["sliding_layers"].size(),
+                                       j["n_layers"].get<int>(), j["rope_theta_sliding"].get<double>()));
   line("context (train)", std::to_string(j["n_ctx_train"].get<int64_t>()));
   line("vocab", fmt::format("{}{}", j["n_vocab"].get<int>(),
                             j["tied_embeddings"].get<bool>() ? " (tied input/output embeddings)" : ""));
