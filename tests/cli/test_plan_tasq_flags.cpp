@@ -1,0 +1,72 @@
+// `ratekv plan --method tasq|cq` and vq plans on the command line: bad flags
+// and bad files end with exit status 1 and an "error: ..." line naming the
+// flag or file, never a crash. Runs the built CLI; skips without it (and,
+// for the cases that load the model, without the SmolLM2 asset).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli_runner.h"
+
+namespace fs = std::filesystem;
+using ratekv_test::cli_path;
+using ratekv_test::run_cli;
+
+namespace {
+
+fs::path model_path() {
+  const char* a = std::getenv("RATEKV_ASSETS");
+  const fs::path root = a ? fs::path(a) : fs::path(std::getenv("HOME") ? std::getenv("HOME") : "/") / ".cache/ratekv/assets";
+  return root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+class PlanTasqFlags : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+    if (run_cli("plan --help").output.find("tasq") == std::string::npos)
+      GTEST_SKIP() << "this build has no TaSQ fitting";
+    dir_ = fs::temp_directory_path() / ("ratekv_plan_tasq_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ofstream f(dir_ / "calib.txt");
+    for (int i = 0; i < 60; ++i) f << "Sentence " << i << " says the quick brown fox jumps over the lazy dog. ";
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(PlanTasqFlags, MissingModelAndStatsAreNamed) {
+  auto r = run_cli("plan --method tasq -f '" + (dir_ / "calib.txt").string() + "' -o '" + (dir_ / "p.json").string() + "'");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("-m/--model is required"), std::string::npos) << r.output;
+  r = run_cli("plan --method uniform --kbits 3 --vbits 3 -o '" + (dir_ / "u.json").string() + "'");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--stats is required"), std::string::npos) << r.output;
+  r = run_cli("plan --method tasq -m x --also bogus -o '" + (dir_ / "p.json").string() + "'");
+  EXPECT_NE(r.status, 0) << r.output;
+}
+
+TEST_F(PlanTasqFlags, BadRateFlagsAndMissingSideFile) {
+  if (!fs::exists(model_path())) GTEST_SKIP() << "SmolLM2 asset missing: " << model_path();
+  const std::string m = "-m '" + model_path().string() + "' -f '" + (dir_ / "calib.txt").string() + "'";
+  auto r = run_cli("plan --method tasq " + m + " --tokens 40 --centroids 12 -o '" + (dir_ / "p.json").string() + "'");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--centroids 12"), std::string::npos) << r.output;
+  r = run_cli("plan --method cq " + m + " --tokens 40 --group 4 --centroids 8 --vquantizer fp16 -o '" +
+              (dir_ / "cq.json").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_TRUE(fs::exists(dir_ / "cq.tensors.safetensors"));
+  // The plan without its side file: eval names the missing file.
+  fs::remove(dir_ / "cq.tensors.safetensors");
+  r = run_cli("eval -m '" + model_path().string() + "' -f '" + (dir_ / "calib.txt").string() + "' --tokens 16 --ctx 8 --no-ppl --plan '" +
+              (dir_ / "cq.json").string() + "'");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("cq.tensors.safetensors"), std::string::npos) << r.output;
+}
