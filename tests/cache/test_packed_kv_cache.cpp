@@ -217,7 +217,7 @@ TEST_P(PackedEqualsFake, AttentionFromCodesEqualsFakeQuant) {
   const int64_t nq_prefill = std::min<int64_t>(cs.T, 40);
   double worst = 0;
   for (int l = 0; l < cfg.n_layers; ++l)
-    for (int64_t nq : {int64_t{1}, nq_prefill, cs.T <= 256 ? cs.T : int64_t{1}}) {  // + full causal prefill
+    for (int64_t nq : {int64_t{1}, nq_prefill, cs.T <= 512 ? cs.T : int64_t{1}}) {  // + full causal prefill
       std::mt19937 rng(77 + l);
       std::normal_distribution<float> nd(0.0f, 1.5f);
       std::vector<float> q(nq * H * d);
@@ -241,6 +241,7 @@ INSTANTIATE_TEST_SUITE_P(Plans, PackedEqualsFake,
                          testing::Values(Case{PlanKind::uniform, 1, 1, 64}, Case{PlanKind::uniform, 97, 3, 64},
                                          Case{PlanKind::uniform, 200, 4, 128}, Case{PlanKind::uniform, 4096, 3, 64}, Case{PlanKind::uniform, 256, 3, 64},
                                          Case{PlanKind::uniform, 97, 1, 128}, Case{PlanKind::uniform, 4096, 4, 128},
+                                         Case{PlanKind::uniform, 97, 4, 256}, Case{PlanKind::block_gtq, 200, 4, 256}, Case{PlanKind::uniform, 512, 4, 256},
                                          Case{PlanKind::block_gtq, 1, 3, 128}, Case{PlanKind::block_gtq, 97, 4, 64},
                                          Case{PlanKind::block_gtq, 200, 1, 64}, Case{PlanKind::block_gtq, 4096, 3, 64},
                                          Case{PlanKind::block_gtq, 97, 3, 128},
