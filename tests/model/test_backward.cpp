@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "../support/llamacpp_fixtures.h"
 #include "../support/tiny_model.h"
 #include "ratekv/error.h"
 #include "ratekv/gguf.h"
@@ -320,11 +321,7 @@ TEST(Backward, RejectsBadInput) {
 
 namespace {
 
-std::string assets_dir() {
-  if (const char* e = std::getenv("RATEKV_ASSETS")) return e;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/ratekv/assets";
-}
+using testing_support::assets_dir;
 
 std::string model_path() { return assets_dir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
 

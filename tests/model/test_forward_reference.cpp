@@ -17,7 +17,10 @@
 #include "ratekv/perplexity.h"
 #include "ratekv/tokenizer.h"
 
+#include "../support/llamacpp_fixtures.h"
+
 using namespace ratekv;
+using testing_support::assets_dir;
 namespace fs = std::filesystem;
 
 namespace {
@@ -27,12 +30,6 @@ namespace {
 // git log of this file; both sides decode the same Q4_1/Q8_0 weights, ours
 // computes in fp32.
 constexpr double kMaxAbsLogitDiffNumpy = 5e-4;  // measured 4.0e-5
-
-std::string assets_dir() {
-  if (const char* e = std::getenv("RATEKV_ASSETS")) return e;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/ratekv/assets";
-}
 
 std::string model_path() { return assets_dir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
 
@@ -141,95 +138,22 @@ std::string fixture(const std::string& name) {
   return std::string(RATEKV_SOURCE_DIR) + "/tests/fixtures/smollm2/" + name;
 }
 
-nlohmann::json load_fixture(const std::string& name) {
-  std::ifstream in(fixture(name));
-  if (!in) return nullptr;
-  return nlohmann::json::parse(in);
-}
+nlohmann::json load_fixture(const std::string& name) { return testing_support::load_json_or_null(fixture(name)); }
 
 }  // namespace
 
 TEST_F(RealModel, MatchesLlamaCppLogits) {
   const auto j = load_fixture("logits.json");
   if (j.is_null()) GTEST_SKIP() << "no " << fixture("logits.json");
-  const int V = model_->config().n_vocab;
-  ASSERT_EQ(j.at("n_vocab").get<int>(), V);
-  const auto fixed = j.at("fixed_ids").get<std::vector<int>>();
-  double max_diff = 0;
-  int compared = 0, top1_checked = 0;
-  for (const auto& p : j.at("prompts")) {
-    const auto ids = p.at("ids").get<std::vector<int32_t>>();
-    const int64_t n = static_cast<int64_t>(ids.size());
-    auto cache = model_->make_dense_cache(n);
-    std::vector<float> logits(n * V);
-    model_->forward(ids, 0, cache, logits.data(), true);
-    double prompt_max = 0;
-    int64_t t = 0;
-    for (const auto& pos : p.at("positions")) {
-      const float* row = logits.data() + t * V;
-      for (const auto& e : pos.at("top")) {
-        prompt_max = std::max(prompt_max, std::fabs(row[e[0].get<int>()] - e[1].get<double>()));
-        ++compared;
-      }
-      const auto& fx = pos.at("fixed");
-      for (size_t i = 0; i < fixed.size(); ++i) {
-        prompt_max = std::max(prompt_max, std::fabs(row[fixed[i]] - fx[i].get<double>()));
-        ++compared;
-      }
-      const auto& top = pos.at("top");
-      if (top[0][1].get<double>() - top[1][1].get<double>() > 0.05) {
-        int arg = 0;
-        for (int v = 1; v < V; ++v) arg = row[v] > row[arg] ? v : arg;
-        EXPECT_EQ(arg, top[0][0].get<int>()) << p.at("name") << " position " << t;
-        ++top1_checked;
-      }
-      ++t;
-    }
-    ASSERT_EQ(t, n);
-    std::printf("llama.cpp logits, %s: max |dlogit| = %.3g\n", p.at("name").get<std::string>().c_str(), prompt_max);
-    max_diff = std::max(max_diff, prompt_max);
-  }
-  std::printf("llama.cpp logits: %d compared, max |dlogit| = %.3g, top-1 checked at %d positions\n", compared,
-              max_diff, top1_checked);
-  EXPECT_LE(max_diff, kMaxAbsLogitDiffLlama);
-  EXPECT_GE(top1_checked, 30);
+  const auto r = testing_support::check_llamacpp_logits(*model_, j, /*top1_margin=*/0.05);
+  EXPECT_LE(r.max_abs_diff, kMaxAbsLogitDiffLlama);
+  EXPECT_GE(r.top1_checked, 30);
 }
 
 TEST_F(RealModel, MatchesLlamaCppGreedy) {
   const auto j = load_fixture("greedy.json");
   if (j.is_null()) GTEST_SKIP() << "no " << fixture("greedy.json");
-  const int V = model_->config().n_vocab;
-  for (const auto& c : j.at("cases")) {
-    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    const auto want = c.at("ids").get<std::vector<int32_t>>();
-    const auto margins = c.at("margins").get<std::vector<double>>();
-    auto cache = model_->make_dense_cache(static_cast<int64_t>(prompt.size() + want.size()));
-    std::vector<float> logits(V);
-    model_->forward(prompt, 0, cache, logits.data(), false);
-    std::vector<int32_t> got;
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      got.push_back(next);
-      if (i + 1 < want.size()) {
-        model_->forward(std::span<const int32_t>(&next, 1), static_cast<int64_t>(prompt.size() + i), cache,
-                        logits.data(), false);
-      }
-    }
-    // Ids must agree up to (and including) the first step whose margin is
-    // below 2× the logit bound; past it two fp32 sums may legitimately differ.
-    size_t must = want.size();
-    for (size_t i = 0; i < margins.size(); ++i) {
-      if (margins[i] < 2 * kMaxAbsLogitDiffLlama) {
-        must = i + 1;
-        break;
-      }
-    }
-    for (size_t i = 0; i < must; ++i) {
-      ASSERT_EQ(got[i], want[i]) << c.at("name") << " step " << i << " (margin " << margins[i] << ")";
-    }
-    std::printf("greedy %s: %zu/%zu ids required equal, all %s\n", c.at("name").get<std::string>().c_str(), must,
-                want.size(), got == want ? "equal" : "NOT equal past the low-margin step");
-  }
+  testing_support::check_llamacpp_greedy(*model_, j, kMaxAbsLogitDiffLlama);
 }
 
 // llama-perplexity on the evaluation text, -c 512 --chunks 8: our fp32 runtime

@@ -17,7 +17,10 @@
 #include "ratekv/perplexity.h"
 #include "ratekv/tokenizer.h"
 
+#include "../support/llamacpp_fixtures.h"
+
 using namespace ratekv;
+using testing_support::assets_dir;
 namespace fs = std::filesystem;
 
 namespace {
@@ -29,23 +32,13 @@ namespace {
 // SmolLM2's (SwiGLU, 1e-3).
 constexpr double kMaxAbsLogitDiffLlama = 0.05;  // measured 0.0318 (chat), 0.0128, 0.0072
 
-std::string assets_dir() {
-  if (const char* e = std::getenv("RATEKV_ASSETS")) return e;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/ratekv/assets";
-}
-
 std::string model_path() { return assets_dir() + "/models/gemma-3-270m-q4_k_m.gguf"; }
 
 std::string fixture(const std::string& name) {
   return std::string(RATEKV_SOURCE_DIR) + "/tests/fixtures/gemma3/" + name;
 }
 
-nlohmann::json load_fixture(const std::string& name) {
-  std::ifstream in(fixture(name));
-  if (!in) return nullptr;
-  return nlohmann::json::parse(in);
-}
+nlohmann::json load_fixture(const std::string& name) { return testing_support::load_json_or_null(fixture(name)); }
 
 std::string show(const std::vector<int32_t>& ids) {
   std::string s;
@@ -170,49 +163,9 @@ TEST_F(Gemma3, TokenizerMatchesLlamaCppOnStressBytes) {
 TEST_F(Gemma3, MatchesLlamaCppLogits) {
   const auto j = load_fixture("logits.json");
   ASSERT_FALSE(j.is_null()) << "missing " << fixture("logits.json");
-  Model& m = model();
-  const int V = m.config().n_vocab;
-  ASSERT_EQ(j.at("n_vocab").get<int>(), V);
-  const auto fixed = j.at("fixed_ids").get<std::vector<int>>();
-  double max_diff = 0;
-  int compared = 0, top1_checked = 0;
-  for (const auto& p : j.at("prompts")) {
-    const auto ids = p.at("ids").get<std::vector<int32_t>>();
-    EXPECT_EQ(tok_->encode(p.at("text").get<std::string>(), true, true), ids) << p.at("name");
-    const int64_t n = static_cast<int64_t>(ids.size());
-    auto cache = m.make_dense_cache(n);
-    std::vector<float> logits(n * V);
-    m.forward(ids, 0, cache, logits.data(), true);
-    double prompt_max = 0;
-    int64_t t = 0;
-    for (const auto& pos : p.at("positions")) {
-      const float* row = logits.data() + t * V;
-      for (const auto& e : pos.at("top")) {
-        prompt_max = std::max(prompt_max, std::fabs(row[e[0].get<int>()] - e[1].get<double>()));
-        ++compared;
-      }
-      const auto& fx = pos.at("fixed");
-      for (size_t i = 0; i < fixed.size(); ++i) {
-        prompt_max = std::max(prompt_max, std::fabs(row[fixed[i]] - fx[i].get<double>()));
-        ++compared;
-      }
-      const auto& top = pos.at("top");
-      if (top[0][1].get<double>() - top[1][1].get<double>() > 2 * kMaxAbsLogitDiffLlama) {
-        int arg = 0;
-        for (int v = 1; v < V; ++v) arg = row[v] > row[arg] ? v : arg;
-        EXPECT_EQ(arg, top[0][0].get<int>()) << p.at("name") << " position " << t;
-        ++top1_checked;
-      }
-      ++t;
-    }
-    ASSERT_EQ(t, n);
-    std::printf("llama.cpp logits, %s: max |dlogit| = %.3g\n", p.at("name").get<std::string>().c_str(), prompt_max);
-    max_diff = std::max(max_diff, prompt_max);
-  }
-  std::printf("llama.cpp logits: %d compared, max |dlogit| = %.3g, top-1 checked at %d positions\n", compared,
-              max_diff, top1_checked);
-  EXPECT_LE(max_diff, kMaxAbsLogitDiffLlama);
-  EXPECT_GE(top1_checked, 20);
+  const auto r = testing_support::check_llamacpp_logits(model(), j, 2 * kMaxAbsLogitDiffLlama, tok_.get());
+  EXPECT_LE(r.max_abs_diff, kMaxAbsLogitDiffLlama);
+  EXPECT_GE(r.top1_checked, 20);
 }
 
 TEST_F(Gemma3, MatchesLlamaCppGreedy) {
@@ -220,38 +173,7 @@ TEST_F(Gemma3, MatchesLlamaCppGreedy) {
     GTEST_SKIP() << "96 decode steps over a 262144-row LM head: skipped in the sanitizer run";
   const auto j = load_fixture("greedy.json");
   ASSERT_FALSE(j.is_null()) << "missing " << fixture("greedy.json");
-  Model& m = model();
-  const int V = m.config().n_vocab;
-  for (const auto& c : j.at("cases")) {
-    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    EXPECT_EQ(tok_->encode(c.at("prompt").get<std::string>(), true, true), prompt) << c.at("name");
-    const auto want = c.at("ids").get<std::vector<int32_t>>();
-    const auto margins = c.at("margins").get<std::vector<double>>();
-    auto cache = m.make_dense_cache(static_cast<int64_t>(prompt.size() + want.size()));
-    std::vector<float> logits(V);
-    m.forward(prompt, 0, cache, logits.data(), false);
-    std::vector<int32_t> got;
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      got.push_back(next);
-      if (i + 1 < want.size())
-        m.forward(std::span<const int32_t>(&next, 1), static_cast<int64_t>(prompt.size() + i), cache, logits.data(),
-                  false);
-    }
-    // Equal up to (and including) the first step whose margin is below 2× the
-    // logit bound; past it the two fp32/fp16-GELU sums may legitimately differ.
-    size_t must = want.size();
-    for (size_t i = 0; i < margins.size(); ++i) {
-      if (margins[i] < 2 * kMaxAbsLogitDiffLlama) {
-        must = i + 1;
-        break;
-      }
-    }
-    for (size_t i = 0; i < must; ++i)
-      ASSERT_EQ(got[i], want[i]) << c.at("name") << " step " << i << " (margin " << margins[i] << ")";
-    std::printf("greedy %s: %zu/%zu ids required equal, all %s\n", c.at("name").get<std::string>().c_str(), must,
-                want.size(), got == want ? "equal" : "NOT equal past the low-margin step");
-  }
+  testing_support::check_llamacpp_greedy(model(), j, kMaxAbsLogitDiffLlama, tok_.get());
 }
 
 // llama-perplexity -c 512 --chunks 4 on the evaluation text (BOS replaces the
