@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -284,6 +285,10 @@ SafetensorsFile SafetensorsFile::parse(std::vector<uint8_t> bytes, const std::st
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  // A directory opens as a stream on Linux and reports a huge size: refuse it
+  // before sizing a buffer from tellg().
+  std::error_code ec;
+  check(!std::filesystem::is_directory(path, ec), "{}: is a directory, expected a safetensors file", path);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   check(in.good(), "{}: cannot open safetensors file", path);
   const std::streamoff size = in.tellg();

@@ -183,3 +183,17 @@ TEST(SafetensorsHostile, Entries) {
   EXPECT_EQ(f.read_u8("b"), std::vector<uint8_t>(8, 7));
   EXPECT_EQ(f.metadata_value("k"), "v");
 }
+
+// A directory given where a safetensors file is expected (e.g. a plan's
+// "tensors": ".") opened as a stream, reported a huge size and ended in
+// "error: out of memory"; now it is an Error naming the path.
+TEST(SafetensorsHostile, DirectoryIsAnErrorNamingThePath) {
+  const std::string dir = testing::TempDir();
+  try {
+    SafetensorsFile::open(dir);
+    FAIL() << "opening a directory succeeded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(dir));
+    EXPECT_THAT(e.what(), HasSubstr("is a directory"));
+  }
+}
