@@ -57,10 +57,16 @@ std::string cache_size_report(const std::string& kind, const KVCache& cache, con
   const double fp16 = static_cast<double>(model.config().kv_bytes_per_token_fp16());
   if (n <= 0) return fmt::format("KV cache ({}): empty", kind);
   const double per_token = static_cast<double>(cache.bytes()) / static_cast<double>(n);
+  // The fake-quant cache keeps fp32 reconstructions (and the originals): its
+  // size says nothing about compression, and the line says so.
+  const std::string cmp = per_token <= fp16 ? fmt::format("{:.2f}x smaller", fp16 / per_token)
+                                            : fmt::format("{:.2f}x larger", per_token / fp16);
   return fmt::format(
-      "KV cache ({}): {:.1f} bytes/token, {:.3f} MiB for {} tokens (measured from the allocations); fp16 K/V "
-      "{:.0f} bytes/token: {:.3f}x of fp16 ({:.2f}x smaller)",
-      kind, per_token, cache.bytes() / 1048576.0, n, fp16, per_token / fp16, fp16 / per_token);
+      "KV cache ({}): {:.1f} bytes/token, {:.3f} MiB for {} tokens (measured from the allocations{}); "
+      "fp16 K/V {:.0f} bytes/token: {:.3f}x of fp16 ({}){}",
+      kind, per_token, cache.bytes() / 1048576.0, n, kind == "packed" ? ", whole 64-token pages" : "", fp16,
+      per_token / fp16, cmp,
+      kind == "fake" ? " — the fake-quant cache stores fp32 reconstructions; use --cache packed for real sizes" : "");
 }
 
 }  // namespace ratekv::cli
