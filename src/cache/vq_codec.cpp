@@ -4,11 +4,13 @@
 #include <cmath>
 #include <limits>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "ratekv/error.h"
 #include "ratekv/fp16.h"
 #include "ratekv/safetensors.h"
+#include "ratekv/sha256.h"
 
 namespace ratekv::cache {
 
@@ -31,6 +33,20 @@ const Codec& codec_of(const Plan& p, int l, int h, int s) {
 // ---------------------------------------------------------------------------
 // VqTensors
 // ---------------------------------------------------------------------------
+
+std::string vq_layout_digest(const Plan& plan) {
+  std::string s;
+  for (int l = 0; l < plan.model.n_layers && l < static_cast<int>(plan.layers.size()); ++l)
+    for (int h = 0; h < static_cast<int>(plan.layers[l].size()); ++h)
+      for (int side = 0; side < 2; ++side) {
+        const Codec& c = codec_of(plan, l, h, side);
+        if (c.kind != CodecKind::Vq) continue;
+        s += fmt::format("{}.{}.{} g{} n{} s{}:", l, h, side, c.group_size, static_cast<int>(c.norm), c.scale_heads);
+        for (const auto& g : c.groups) s += fmt::format("{}{};", g.bits, fmt::join(g.channels, ","));
+        s += '\n';
+      }
+  return sha256_hex(std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
+}
 
 VqTensors VqTensors::for_plan(const Plan& plan) {
   VqTensors t;
@@ -72,7 +88,11 @@ void VqTensors::validate_against(const Plan& plan, const std::string& name) cons
         check(static_cast<int64_t>(e.codebooks.size()) == G * K * g,
               "{}: {}: {} values, expected (G {}, K {}, g {}) = {} (side file of another plan?)", name, tn,
               e.codebooks.size(), G, K, g, G * K * g);
-        for (float v : e.codebooks) check(std::isfinite(v), "{}: {}: non-finite centroid", name, tn);
+        // Centroids are a fixed cost counted as fp16 (codebook_bytes); a value past the fp16 range
+        // overflows the decoded key/value (s · C / a) to inf and the attention to NaN.
+        for (float v : e.codebooks)
+          check(std::isfinite(v) && std::abs(v) <= 65504.0f,
+                "{}: {}: centroid {} is not a finite value within the fp16 range (|c| ≤ 65504)", name, tn, v);
         if (!e.channel_scale.empty()) {
           const std::string an = tensor_name(l, h, s, "channel_scale");
           check(static_cast<int>(e.channel_scale.size()) == d, "{}: {}: {} values, expected head_dim {}", name, an,
@@ -89,7 +109,14 @@ int64_t VqTensors::codebook_bytes() const {
   return b;
 }
 
-void VqTensors::save(const std::string& path) const {
+void VqTensors::save(const std::string& path) const { write(path, ""); }
+
+void VqTensors::save(const std::string& path, const Plan& plan) const {
+  validate_against(plan, path);
+  write(path, vq_layout_digest(plan));
+}
+
+void VqTensors::write(const std::string& path, const std::string& layout_digest) const {
   SafetensorsWriter w;
   const int H = model.n_kv_heads;
   for (int l = 0; l < model.n_layers; ++l)
@@ -103,14 +130,15 @@ void VqTensors::save(const std::string& path) const {
           w.add_f32(tensor_name(l, h, s, "channel_scale"), {static_cast<int64_t>(e.channel_scale.size())},
                     e.channel_scale);
       }
-  const json meta = {{"format", kFormat},
-                     {"version", kFormatVersion},
-                     {"model",
-                      {{"arch", model.arch},
-                       {"n_layers", model.n_layers},
-                       {"n_kv_heads", model.n_kv_heads},
-                       {"head_dim", model.head_dim},
-                       {"rope_layout", model.rope_layout}}}};
+  json meta = {{"format", kFormat},
+               {"version", kFormatVersion},
+               {"model",
+                {{"arch", model.arch},
+                 {"n_layers", model.n_layers},
+                 {"n_kv_heads", model.n_kv_heads},
+                 {"head_dim", model.head_dim},
+                 {"rope_layout", model.rope_layout}}}};
+  if (!layout_digest.empty()) meta["layout_sha256"] = layout_digest;
   w.set_metadata("format", kFormat);
   w.set_metadata("ratekv", meta.dump());
   w.write(path);
@@ -122,6 +150,7 @@ VqTensors VqTensors::load(const std::string& path, const Plan& plan) {
   check(md.count("format") && md.at("format") == kFormat,
         "{}: not a ratekv vq side file (__metadata__.format must be \"{}\")", path, kFormat);
   VqTensors t = for_plan(plan);
+  std::string file_digest;  // "" = a file written before the digest existed
   try {
     const json m = json::parse(f.metadata_value("ratekv"));
     check(m.at("version").get<int>() == kFormatVersion, "{}: version {}: this build reads vq side file version {}",
@@ -132,10 +161,18 @@ VqTensors VqTensors::load(const std::string& path, const Plan& plan) {
     t.model.n_kv_heads = mm.at("n_kv_heads").get<int>();
     t.model.head_dim = mm.at("head_dim").get<int>();
     t.model.rope_layout = mm.at("rope_layout").get<std::string>();
+    if (m.contains("layout_sha256")) file_digest = m.at("layout_sha256").get<std::string>();
   } catch (const json::exception& e) {
     fail("{}: __metadata__.ratekv: missing or mistyped field: {}", path, e.what());
   }
   plan.validate_against(t.model, path);
+  if (!file_digest.empty()) {
+    const std::string want = vq_layout_digest(plan);
+    check(file_digest == want,
+          "{}: __metadata__.ratekv.layout_sha256 = {}, but the plan's vq codecs (channel groups, group size, widths) "
+          "give {}: this side file was fitted for another plan",
+          path, file_digest, want);
+  }
   for (int l = 0; l < t.model.n_layers; ++l)
     for (int h = 0; h < t.model.n_kv_heads; ++h)
       for (int s = 0; s < 2; ++s) {

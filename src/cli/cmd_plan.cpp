@@ -113,7 +113,7 @@ void run_vq(PlanArgs& a) {
       r.plan.fit["text"] = fs::path(a.text).filename().string();
       if (!v.name.empty()) r.plan.fit["variant"] = v.name;
       r.plan.tensors_file = side.filename().string();
-      r.tensors.save(side.string());
+      r.tensors.save(side.string(), r.plan);
       r.plan.save(pp);
       const auto ach = r.plan.achieved();
       spdlog::info("wrote {} + {}: K {:.4f} effective ({:.4f} code) bits/element, V {:.4f}; matching fell back to "

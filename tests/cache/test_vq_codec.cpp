@@ -248,6 +248,57 @@ TEST(VqCodec, PlanAndSideFileRoundTrip) {
   std::filesystem::remove_all(dir);
 }
 
+// A side file of another plan whose tensors have the same sizes (group size 4
+// with 16 centroids vs group size 8 with 16 centroids at d = 16: G·K·g = 256
+// both; or the same group size with another channel matching) used to load and
+// decode silently wrong; save(path, plan) records the plan's vq layout digest
+// and load() rejects a mismatch naming the file and the field.
+TEST(VqCodec, SideFileOfAnotherPlanWithSameSizesIsAnError) {
+  const auto dir = std::filesystem::temp_directory_path() / "ratekv_vq_layout_digest";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "a.tensors.safetensors").string();
+  const Plan g4 = vq_plan(2, 3, 16, 4, 4, true, shuffled(16, 3));
+  const Plan g8 = vq_plan(2, 3, 16, 8, 4, true, shuffled(16, 3));
+  const Plan g4_other_matching = vq_plan(2, 3, 16, 4, 4, true, shuffled(16, 4));
+  const VqTensors t8 = random_tensors(g8, 5, true);
+  ASSERT_EQ(t8.at(0, 0, 0).codebooks.size(), 256u);
+  ASSERT_EQ(random_tensors(g4, 5, true).at(0, 0, 0).codebooks.size(), 256u);
+  EXPECT_NE(vq_layout_digest(g4), vq_layout_digest(g8));
+  EXPECT_NE(vq_layout_digest(g4), vq_layout_digest(g4_other_matching));
+  EXPECT_EQ(vq_layout_digest(g8), vq_layout_digest(vq_plan(2, 3, 16, 8, 4, true, shuffled(16, 3))));
+
+  t8.save(path, g8);
+  const VqTensors back = VqTensors::load(path, g8);
+  EXPECT_EQ(back.at(1, 2, 0).codebooks, t8.at(1, 2, 0).codebooks);
+  for (const Plan* wrong : {&g4, &g4_other_matching}) {
+    try {
+      VqTensors::load(path, *wrong);
+      FAIL() << "a side file fitted for another plan loaded";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(path), std::string::npos) << m;
+      EXPECT_NE(m.find("layout_sha256"), std::string::npos) << m;
+      EXPECT_NE(m.find("another plan"), std::string::npos) << m;
+    }
+  }
+  // save(path, plan) refuses tensors that do not fit the plan.
+  EXPECT_THROW(t8.save(path, vq_plan(2, 3, 16, 8, 5, true, shuffled(16, 3))), Error);
+  // Files without the digest (written by save(path), as before) still load.
+  t8.save(path);
+  EXPECT_NO_THROW(VqTensors::load(path, g4));
+  // A centroid past the fp16 range decoded to inf keys and NaN attention without an error.
+  VqTensors huge = t8;
+  huge.at(1, 0, 0).codebooks[7] = 3e38f;
+  huge.save(path);
+  try {
+    VqTensors::load(path, g8);
+    FAIL() << "a centroid of 3e38 loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("l1.h0.key.codebooks: centroid"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(VqCodec, BadPlansAreErrors) {
   Plan p = vq_plan(1, 2, 8, 4, 3, true, shuffled(8, 1));
   EXPECT_NO_THROW(p.validate());

@@ -64,11 +64,26 @@ struct VqTensors {
 
   /// Writes the safetensors file. Throws Error on I/O failure.
   void save(const std::string& path) const;
+  /// Same, and records vq_layout_digest(plan) (__metadata__ "layout_sha256")
+  /// so that load() can reject this file when it is paired with another plan
+  /// (same tensor sizes but another channel grouping or width would decode
+  /// silently wrong). Throws Error if the tensors do not fit `plan`.
+  void save(const std::string& path, const Plan& plan) const;
   /// Reads a side file and validates it against `plan`. Throws Error naming
-  /// the file for a wrong format/version/model, a missing or misshapen tensor,
-  /// or non-finite values.
+  /// the file for a wrong format/version/model, a recorded layout digest that
+  /// differs from vq_layout_digest(plan) (side file of another plan), a
+  /// missing or misshapen tensor, or non-finite values.
   static VqTensors load(const std::string& path, const Plan& plan);
+
+ private:
+  void write(const std::string& path, const std::string& layout_digest) const;
 };
+
+/// Hex SHA-256 of the layout of `plan`'s vq codecs: for every (layer, KV
+/// head, side) whose codec is vq, its group size, norm, scale_heads and each
+/// group's width and channel list, in order. Two plans with the same digest
+/// read a side file the same way.
+std::string vq_layout_digest(const Plan& plan);
 
 /// One vq codec (see the file comment). Immutable and thread-safe after
 /// construction.
