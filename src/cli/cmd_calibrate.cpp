@@ -37,14 +37,25 @@ void run(const CalibrateArgs& a) {
     check(a.sens_len >= 2, "--sens-len {}: expected ≥ 2", a.sens_len);
   }
   check_output_path(a.out, a.force, "-o");
-  if (!a.curves_json.empty()) check_output_path(a.curves_json, a.force, "--curves-json");
+  if (!a.curves_json.empty()) {
+    check(!a.curves.empty(), "--curves-json '{}': needs --curves (no distortion curves are measured without it)",
+          a.curves_json);
+    check_output_path(a.curves_json, a.force, "--curves-json");
+    check(std::filesystem::weakly_canonical(a.curves_json) != std::filesystem::weakly_canonical(a.out),
+          "--curves-json '{}': the same file as -o '{}' (the statistics would overwrite the JSON)", a.curves_json,
+          a.out);
+  }
   LoadedModel lm = load_model(a.model);
   if (a.sensitivity) {
     check(a.sens_len <= lm.model->position_limit(), "--sens-len {}: exceeds the model's position limit {}",
           a.sens_len, lm.model->position_limit());
   }
   const int64_t need = a.sensitivity ? std::max(a.tokens, a.sens_seqs * a.sens_len) : a.tokens;
-  std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, need, lm.add_bos, "-f");
+  const std::string what =
+      a.sensitivity && need > a.tokens
+          ? fmt::format("-f (--sensitivity reads --sens-seqs {} × --sens-len {} tokens)", a.sens_seqs, a.sens_len)
+          : std::string("-f");
+  std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, need, lm.add_bos, what);
   spdlog::info("calibrating on the first {} tokens of {} in chunks of {}", a.tokens, a.text, a.ctx);
   calib::KVStats s = calib::calibrate(*lm.model, std::span<const int32_t>(ids).first(a.tokens), a.ctx);
   if (a.sensitivity) {

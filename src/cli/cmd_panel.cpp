@@ -219,6 +219,9 @@ void run(const PanelArgs& a) {
   check(a.calib_tokens >= 1, "--calib-tokens {}: expected >= 1", a.calib_tokens);
   check(!a.code_bits.empty(), "--bits: give at least one code-bit budget");
   for (int b : a.code_bits) check(b >= 1 && b <= 8, "--bits {}: expected 1..8 code bits", b);
+  for (size_t i = 0; i < a.code_bits.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      check(a.code_bits[i] != a.code_bits[j], "--bits {}: given twice (each budget once)", a.code_bits[i]);
   const std::string calib = a.calib.empty() ? assets_dir() + "/text/calib.txt" : a.calib;
   const std::string evalt = a.eval.empty() ? assets_dir() + "/text/eval.txt" : a.eval;
   check(fs::is_regular_file(calib), "--calib '{}': not a file (run tools/fetch_assets.sh)", calib);
@@ -234,6 +237,12 @@ void run(const PanelArgs& a) {
           assets_dir());
   }
   for (const auto& m : models) check(fs::is_regular_file(m), "--model '{}': not a file", m);
+  // Each model writes <out>/<file stem>/: two models with one stem would overwrite each other's files.
+  for (size_t i = 0; i < models.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      check(fs::path(models[i]).stem() != fs::path(models[j]).stem(),
+            "--model '{}': same file name as --model '{}'; both would write the subfolder '{}' (give each model once)",
+            models[i], models[j], fs::path(models[i]).stem().string());
   if (!fs::exists(a.out)) fs::create_directories(a.out);
   check(fs::is_directory(a.out), "--out '{}': not a directory", a.out);
   const fs::path out(a.out);
