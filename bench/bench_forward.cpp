@@ -22,34 +22,13 @@
 #include "ratekv/gguf.h"
 #include "ratekv/model.h"
 
+#include "support/default_model.h"
+
 namespace {
 
-std::string model_path() {
-  const char* e = std::getenv("RATEKV_ASSETS");
-  const char* home = std::getenv("HOME");
-  const std::string dir = e ? e : std::string(home ? home : "") + "/.cache/ratekv/assets";
-  return dir + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-ratekv::Model* model() {
-  static std::unique_ptr<ratekv::Model> m = [] {
-    std::unique_ptr<ratekv::Model> r;
-    if (std::filesystem::exists(model_path())) {
-      const auto f = ratekv::GgufFile::open(model_path());
-      r = std::make_unique<ratekv::Model>(ratekv::Model::load(f));
-    }
-    return r;
-  }();
-  return m.get();
-}
-
-std::vector<int32_t> token_ids(int64_t n, int n_vocab) {
-  std::mt19937 g(42);
-  std::uniform_int_distribution<int32_t> u(0, n_vocab - 1);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = u(g);
-  return t;
-}
+using ratekv_bench::model;
+using ratekv_bench::model_path;
+using ratekv_bench::token_ids;
 
 void BM_Prefill(benchmark::State& state) {
   ratekv::Model* m = model();
