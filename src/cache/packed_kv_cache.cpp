@@ -293,13 +293,43 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
     std::vector<packed::HeadSpec> specs(Hkv), ext_specs(Hkv);
     std::vector<Head> heads(Hkv);
     bool any_wide = false;
+    // vq and fp16 sides: the layer's vq pages (docs/packed_format.md §7), one
+    // kind per layer side.
+    std::array<packed::VqSideSpec, 2> vq_spec{};
+    std::array<std::vector<const VqCodec*>, 2> vq_heads;
+    for (int s = 0; s < 2; ++s) {
+      const auto side_codec = [&](int h) -> const Codec& {
+        return s == 0 ? codecs_->plan().layers[l][h].key : codecs_->plan().layers[l][h].value;
+      };
+      int n_fp16 = 0;
+      for (int h = 0; h < Hkv; ++h) n_fp16 += side_codec(h).kind == CodecKind::FP16;
+      check(n_fp16 == 0 || n_fp16 == Hkv,
+            "PackedKVCache: plan: layers[{}]: {} of {} KV heads' {} codecs are fp16; the packed cache stores a "
+            "layer side as fp16 only when every KV head's codec is fp16",
+            l, n_fp16, Hkv, s == 0 ? "key" : "value");
+      if (n_fp16 == Hkv) vq_spec[s].kind = packed::VqSideKind::fp16;
+      if (codecs_->layer_is_vq(l, static_cast<KVSide>(s))) {  // PlanCodecs: then every head is vq
+        for (int h = 0; h < Hkv; ++h) vq_heads[s].push_back(codecs_->vq(l, h, static_cast<KVSide>(s)));
+        const VqCodec& c0 = *vq_heads[s][0];
+        for (int h = 1; h < Hkv; ++h)
+          check(vq_heads[s][h]->n_groups() == c0.n_groups() && vq_heads[s][h]->n_centroids() == c0.n_centroids(),
+                "PackedKVCache: plan: layers[{}].heads[{}].{}: {} groups of 2^k = {} centroids, head 0 has {} of {}; "
+                "the packed vq pages need the same groups and width on every KV head of a layer side",
+                l, h, s == 0 ? "key" : "value", vq_heads[s][h]->n_groups(), vq_heads[s][h]->n_centroids(),
+                c0.n_groups(), c0.n_centroids());
+        int bits = 0;
+        while ((1 << bits) < c0.n_centroids()) ++bits;
+        vq_spec[s] = packed::VqSideSpec{packed::VqSideKind::vq, c0.n_groups(), bits, c0.shared_scale()};
+      }
+    }
     for (int h = 0; h < Hkv; ++h)
       for (int s = 0; s < 2; ++s) {
         const Codec& codec = s == 0 ? codecs_->plan().layers[l][h].key : codecs_->plan().layers[l][h].value;
         const std::string field = fmt::format("plan: layers[{}].heads[{}].{}", l, h, s == 0 ? "key" : "value");
+        if (codec.kind == CodecKind::Vq || codec.kind == CodecKind::FP16) continue;  // vq pages
         check(codec.kind == CodecKind::TqMse || codec.kind == CodecKind::TqMseGrouped,
-              "PackedKVCache: {}: codec kind '{}' has no packed storage (the packed cache serves tq-mse and "
-              "tq-mse-grouped plans; use --cache fake for other kinds)",
+              "PackedKVCache: {}: codec kind '{}' has no packed storage (the packed cache serves tq-mse, "
+              "tq-mse-grouped, vq and fp16 codecs; use --cache fake for other kinds)",
               field, codec_kind_name(codec.kind));
         const quant::Quantizer* q = codecs_->quantizer(l, h, static_cast<KVSide>(s));
         std::vector<std::pair<const quant::TQMSE*, std::vector<int>>> groups;
@@ -352,7 +382,12 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
           G.code_offset = layout.head(h).block_offset + gl.code_offset;
           G.norm_offset = layout.head(h).block_offset + gl.norm_offset;
         }
-    Layer L{std::move(layout), std::move(heads), {}, {}, {}, 0, {}, {}, {}, {}, 0, {}};
+    Layer L{std::move(layout), std::move(heads), {}, {}, {}, 0, {}, {}, {}, {}, 0, {}, {}, {}, {}, {}, 0.0};
+    if (vq_spec[0].kind != packed::VqSideKind::none || vq_spec[1].kind != packed::VqSideKind::none) {
+      L.vq_layout.emplace(d, Hkv, vq_spec[0], vq_spec[1]);
+      L.vq_heads = std::move(vq_heads);
+    }
+    L.rope_theta = c.layer_rope_theta(l);
     if (any_wide) {
       L.ext_layout.emplace(d, std::move(ext_specs));
       for (int h = 0; h < Hkv; ++h)
@@ -371,16 +406,58 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
 
 // ---- append --------------------------------------------------------------------------
 
-void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const float* v, int64_t n) {
+// vq and fp16 sides of tokens [c0, c0 + n) (code slots) into the vq pages
+// with the format's reference encoder/writer (packed_vq_format.h): the shared
+// scales first, serially (an fp16 overflow throws), then the pages in
+// parallel (tokens of one page may share bytes, pages never do).
+void PackedKVCache::quantize_vq_rows(Layer& L, const float* k, const float* k_pre, const float* v, int64_t c0,
+                                     int64_t n) {
+  const packed::VqLayerLayout& VL = *L.vq_layout;
+  const int Hkv = shape_.n_kv_heads, d = shape_.head_dim;
+  const int64_t row = int64_t{Hkv} * d;
+  for (int s = 0; s < 2; ++s) {
+    const packed::Side side = static_cast<packed::Side>(s);
+    const packed::VqSideKind kind = VL.side(side).kind;
+    if (kind == packed::VqSideKind::none) continue;
+    const float* src = s == 1 ? v : kind == packed::VqSideKind::vq ? k_pre : k;  // vq keys: pre-RoPE
+    const auto& heads = L.vq_heads[s];
+    std::vector<float> sc(n, 1.0f);
+    if (kind == packed::VqSideKind::vq)
+      for (int64_t t = 0; t < n; ++t) sc[t] = packed::vq_token_scale(heads, src + t * row);
+    const int64_t p0 = c0 / kPageTokens, p1 = (c0 + n - 1) / kPageTokens + 1;
+#pragma omp parallel for schedule(static) if (p1 - p0 > 1 && n * row >= 4096)
+    for (int64_t pg = p0; pg < p1; ++pg) {
+      std::span<uint8_t> page(L.vq_pages[pg]);
+      std::vector<uint16_t> h16(d);
+      for (int64_t c = std::max(c0, pg * kPageTokens); c < std::min(c0 + n, (pg + 1) * kPageTokens); ++c) {
+        const int64_t t = c - c0;
+        const int slot = static_cast<int>(c % kPageTokens);
+        if (kind == packed::VqSideKind::vq) {
+          packed::encode_vq_token(VL, page, side, slot, heads, src + t * row, sc[t]);
+        } else {
+          for (int h = 0; h < Hkv; ++h) {
+            for (int i = 0; i < d; ++i) h16[i] = fp32_to_fp16(src[t * row + int64_t{h} * d + i]);
+            packed::write_fp16_row(VL, page, h, side, slot, h16);
+          }
+        }
+      }
+    }
+  }
+}
+
+void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const float* k_pre, const float* v,
+                                  int64_t n) {
   (void)layer;
   const int Hkv = shape_.n_kv_heads, d = shape_.head_dim;
   const int64_t row = int64_t{Hkv} * d;
   const size_t page_bytes = L.layout.page_bytes();
   const int64_t c0 = L.n_codes, c1 = c0 + n;
   while (static_cast<int64_t>(L.pages.size()) * kPageTokens < c1) {
-    L.pages.emplace_back(page_bytes, uint8_t{0});
+    L.pages.emplace_back(page_bytes, uint8_t{0});  // 0 bytes (no allocation) when every side is vq / fp16
     if (L.ext_layout) L.ext_pages.emplace_back(L.ext_layout->page_bytes(), uint8_t{0});
+    if (L.vq_layout) L.vq_pages.emplace_back(L.vq_layout->page_bytes(), uint8_t{0});
   }
+  if (L.vq_layout) quantize_vq_rows(L, k, k_pre, v, c0, n);
 #pragma omp parallel for schedule(static) if (Hkv > 1 && n * d >= 4096)
   for (int h = 0; h < Hkv; ++h) {
     std::vector<float> xg(d);
@@ -417,7 +494,6 @@ void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const flo
 
 void PackedKVCache::append(int layer, int64_t n, const int32_t* pos, const float* k_pre, const float* k_post,
                            const float* v) {
-  (void)k_pre;
   check(layer >= 0 && layer < shape_.n_layers, "PackedKVCache::append: layer {} out of range [0, {})", layer,
         shape_.n_layers);
   check(n > 0, "PackedKVCache::append: n = {} must be positive", n);
@@ -438,16 +514,21 @@ void PackedKVCache::append(int layer, int64_t n, const int32_t* pos, const float
       L.sink_k.push_back(fp32_to_fp16(k_post[(t - T0) * row + i]));
       L.sink_v.push_back(fp32_to_fp16(v[(t - T0) * row + i]));
     }
+  const bool keep_pre = vq_side(L, 0) && L.vq_layout->side(packed::Side::key).kind == packed::VqSideKind::vq;
+  check(!keep_pre || k_pre != nullptr, "PackedKVCache::append: layer {}: vq keys need the pre-RoPE keys (k_pre)",
+        layer);
   if (L.win_k.empty()) L.win_start = t;  // every earlier token is sink or codes
   L.win_k.insert(L.win_k.end(), k_post + (t - T0) * row, k_post + n * row);
+  if (keep_pre) L.win_kpre.insert(L.win_kpre.end(), k_pre + (t - T0) * row, k_pre + n * row);
   L.win_v.insert(L.win_v.end(), v + (t - T0) * row, v + n * row);
   L.pos.insert(L.pos.end(), pos, pos + n);
   // Tokens that left the window (or never entered it, W = 0): quantize them.
   const int64_t q_end = std::max<int64_t>(std::min<int64_t>(sink_, T), T - window_);
   if (q_end > L.win_start) {
     const int64_t m = q_end - L.win_start;
-    quantize_rows(L, layer, L.win_k.data(), L.win_v.data(), m);
+    quantize_rows(L, layer, L.win_k.data(), keep_pre ? L.win_kpre.data() : nullptr, L.win_v.data(), m);
     L.win_k.erase(L.win_k.begin(), L.win_k.begin() + m * row);
+    if (keep_pre) L.win_kpre.erase(L.win_kpre.begin(), L.win_kpre.begin() + m * row);
     L.win_v.erase(L.win_v.begin(), L.win_v.begin() + m * row);
     L.win_start = q_end;
   }
@@ -572,6 +653,31 @@ void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* 
     std::vector<float> tile(static_cast<size_t>(kPageTokens) * max_pad);
     std::vector<float> S(static_cast<size_t>(R) * kPageTokens);
     std::vector<float> nrm(kPageTokens);
+    // vq / fp16 sides (docs/packed_format.md §7): one row of KV head hk at a
+    // time, through the format's reference reader and the codec's decoder;
+    // vq keys are pre-RoPE and get RoPE at their position with the layer's base.
+    const packed::VqLayerLayout* VL = L.vq_layout ? &*L.vq_layout : nullptr;
+    std::vector<int32_t> vz(VL ? static_cast<size_t>(d) : 0);
+    std::vector<uint16_t> h16(d);
+    std::vector<float> rc(d / 2), rs(d / 2), xrow(d);
+    const RopeLayout rope_layout = codecs_->config().rope_layout;
+    auto vq_row = [&](int s, int64_t pg, int slot, int64_t t, float* x) {
+      const packed::Side side = static_cast<packed::Side>(s);
+      const packed::VqSideSpec& sp = VL->side(side);
+      const std::span<const uint8_t> page(L.vq_pages[pg]);
+      if (sp.kind == packed::VqSideKind::fp16) {
+        packed::read_fp16_row(*VL, page, hk, side, slot, h16);
+        for (int i = 0; i < d; ++i) x[i] = fp16_to_fp32(h16[i]);
+        return;
+      }
+      const float sc = sp.shared_scale ? fp16_to_fp32(packed::read_vq_scale(*VL, page, side, slot)) : 1.0f;
+      packed::read_vq_indices(*VL, page, hk, side, slot, std::span<int32_t>(vz.data(), sp.n_groups));
+      L.vq_heads[s][hk]->decode(vz.data(), sc, x);
+      if (s == 0) {
+        rope_angles(L.pos[t], d, L.rope_theta, rc.data(), rs.data());
+        apply_rope(x, 1, d, rope_layout, rc.data(), rs.data());
+      }
+    };
 
     for (int64_t pg = ca / kPageTokens; pg * kPageTokens < cb; ++pg) {
       const uint8_t* page = L.pages[pg].data();
@@ -655,6 +761,16 @@ void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* 
           }
         }
       }
+      if (vq_side(L, 0))  // S[r][u] += q_r · k̂_t (post-RoPE)
+        for (int u = u0; u < u1; ++u) {
+          vq_row(0, pg, u, t0 + u, xrow.data());
+          for (int64_t r = 0; r < R; ++r) {
+            const float* qr = q_orig + r * d;
+            float acc = 0;
+            for (int i = 0; i < d; ++i) acc += qr[i] * xrow[i];
+            S[r * kPageTokens + (u - u0)] += acc;
+          }
+        }
       // Masked online softmax over the page; S becomes the probabilities p.
       for (int64_t r = 0; r < R; ++r) {
         float* sr = S.data() + r * kPageTokens;
@@ -734,6 +850,19 @@ void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* 
           }
         }
       }
+      if (vq_side(L, 1))  // o_plain[r] += p_r,t · v̂_t (original channel order)
+        for (int u = u0; u < u1; ++u) {
+          bool any = false;
+          for (int64_t r = 0; r < R; ++r) any = any || S[r * kPageTokens + (u - u0)] != 0.0f;
+          if (!any) continue;  // masked (or underflowed) for every row
+          vq_row(1, pg, u, t0 + u, xrow.data());
+          for (int64_t r = 0; r < R; ++r) {
+            const float w = S[r * kPageTokens + (u - u0)];
+            if (w == 0.0f) continue;
+            float* __restrict o = o_plain + r * d;
+            for (int i = 0; i < d; ++i) o[i] += w * xrow[i];
+          }
+        }
     }
   }
 
@@ -860,6 +989,8 @@ void PackedKVCache::clear() {
   for (Layer& L : layers_) {
     L.pages.clear();
     L.ext_pages.clear();
+    L.vq_pages.clear();
+    L.win_kpre.clear();
     L.n_codes = 0;
     L.sink_k.clear();
     L.sink_v.clear();
@@ -875,6 +1006,7 @@ size_t PackedKVCache::page_bytes() const {
   for (const Layer& L : layers_) {
     b += L.pages.size() * L.layout.page_bytes();
     if (L.ext_layout) b += L.ext_pages.size() * L.ext_layout->page_bytes();
+    if (L.vq_layout) b += L.vq_pages.size() * L.vq_layout->page_bytes();
   }
   return b;
 }
@@ -882,7 +1014,8 @@ size_t PackedKVCache::page_bytes() const {
 size_t PackedKVCache::bytes() const {
   size_t b = page_bytes();
   for (const Layer& L : layers_)
-    b += (L.sink_k.size() + L.sink_v.size()) * sizeof(uint16_t) + (L.win_k.size() + L.win_v.size()) * sizeof(float) +
+    b += (L.sink_k.size() + L.sink_v.size()) * sizeof(uint16_t) +
+         (L.win_k.size() + L.win_kpre.size() + L.win_v.size()) * sizeof(float) +
          L.pos.size() * sizeof(int32_t);
   return b;
 }
@@ -905,6 +1038,23 @@ std::span<const uint8_t> PackedKVCache::ext_page(int layer, int i) const {
   check(i >= 0 && i < static_cast<int>(L.ext_pages.size()), "PackedKVCache::ext_page: page {} outside [0, {})", i,
         L.ext_pages.size());
   return {L.ext_pages[i].data(), L.ext_layout->page_bytes()};
+}
+
+}  // namespace ratekv::cache
+
+namespace ratekv::cache {
+
+const packed::VqLayerLayout* PackedKVCache::vq_layout(int layer) const {
+  const Layer& L = layers_.at(layer);
+  return L.vq_layout ? &*L.vq_layout : nullptr;
+}
+
+std::span<const uint8_t> PackedKVCache::vq_page(int layer, int i) const {
+  const Layer& L = layers_.at(layer);
+  check(L.vq_layout.has_value(), "PackedKVCache::vq_page: layer {} has no vq or fp16 sides", layer);
+  check(i >= 0 && i < static_cast<int>(L.vq_pages.size()), "PackedKVCache::vq_page: page {} outside [0, {})", i,
+        L.vq_pages.size());
+  return {L.vq_pages[i].data(), L.vq_layout->page_bytes()};
 }
 
 }  // namespace ratekv::cache

@@ -2,12 +2,23 @@
 // packed format (docs/packed_format.md) and computes attention from them
 // (DESIGN.md §6).
 //
-// Serves TQ-MSE-family plans: every (layer, KV head, side) codec must be
-// "tq-mse" (one group over the head) or "tq-mse-grouped" (Block-GTQ, RateQuant
-// over TQ-MSE), each (layer, KV head, side) with its own widths (RateQuant
-// plans give every head and side its own width). Any other kind (fp16, kivi,
-// quarot, q8_0, q4_0) is rejected with an Error naming the kind and the plan
-// field. Widths:
+// Serves TQ-MSE-family plans, TaSQ / CQ plans and fp16 sides: every (layer,
+// KV head, side) codec must be "tq-mse" (one group over the head),
+// "tq-mse-grouped" (Block-GTQ, RateQuant over TQ-MSE), each (layer, KV head,
+// side) with its own widths (RateQuant plans give every head and side its own
+// width), "vq" or "fp16" (both: every KV head of that layer side; stored in
+// the layer's vq pages, docs/packed_format.md §7, packed_vq_format.h). Any
+// other kind (kivi, quarot, q8_0, q4_0) is rejected with an Error naming the
+// kind and the plan field.
+// vq sides: per token per KV head G indices of `bits` bits (tightly packed)
+// and, with a shared scale, one fp16 scale per token per layer side, written
+// by the format's reference encoder (VqCodec::encode: the fake-quant path's
+// indices). vq keys are quantized pre-RoPE (append's k_pre, required); in
+// attention each stored key row of KV head h is decoded (s · C̃[z]), rotated
+// by RoPE at its position with the layer's base, and dotted with the GQA
+// query rows; vq value rows are decoded and accumulated in the original
+// channel order. fp16 sides store fp16 rows (keys post-RoPE). One row at a
+// time, never the whole cache. Scalar widths:
 //   0 bits   groups at 0 bits are dropped (reconstructed as 0, as the
 //            fake-quant cache does); a side whose every group is at 0 bits
 //            stores nothing: its keys score 0 (softmax weight e^0 per token),
@@ -70,6 +81,7 @@
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/kv_cache.h"
 #include "ratekv/packed_format.h"
+#include "ratekv/packed_vq_format.h"
 #include "ratekv/quant/tq_mse.h"
 
 namespace ratekv::cache {
@@ -135,6 +147,11 @@ class PackedKVCache final : public KVCache {
   const packed::LayerLayout* ext_layout(int layer) const;
   /// Extension page i of `layer` (Error when the layer has no extension).
   std::span<const uint8_t> ext_page(int layer, int i) const;
+  /// The vq-page layout of `layer` (its vq and fp16 sides, docs/packed_format.md
+  /// §7), or nullptr when the layer has none.
+  const packed::VqLayerLayout* vq_layout(int layer) const;
+  /// vq page i of `layer` (Error when the layer has no vq pages).
+  std::span<const uint8_t> vq_page(int layer, int i) const;
   /// Tokens of `layer` stored as codes.
   int64_t n_quantized(int layer) const { return layers_.at(layer).n_codes; }
   int fp16_window() const { return window_; }
@@ -168,9 +185,20 @@ class PackedKVCache final : public KVCache {
     std::vector<float> win_k, win_v;       // (tokens in window, n_kv_heads, head_dim) fp32 originals
     int64_t win_start = 0;                 // token index of win_k row 0
     std::vector<int32_t> pos;
+    // vq / fp16 sides (docs/packed_format.md §7): layout, pages under the same
+    // page table, the layer side's codecs ([side][KV head], vq sides only).
+    std::optional<packed::VqLayerLayout> vq_layout;
+    std::vector<std::vector<uint8_t>> vq_pages;
+    std::array<std::vector<const VqCodec*>, 2> vq_heads;
+    std::vector<float> win_kpre;           // vq keys: pre-RoPE originals of the window rows
+    double rope_theta = 0;                 // the layer's RoPE base (vq keys are rotated at attention)
   };
 
-  void quantize_rows(Layer& L, int layer, const float* k, const float* v, int64_t n);
+  bool vq_side(const Layer& L, int s) const {
+    return L.vq_layout && L.vq_layout->side(static_cast<packed::Side>(s)).kind != packed::VqSideKind::none;
+  }
+  void quantize_rows(Layer& L, int layer, const float* k, const float* k_pre, const float* v, int64_t n);
+  void quantize_vq_rows(Layer& L, const float* k, const float* k_pre, const float* v, int64_t c0, int64_t n);
   // Codes of slots [0, n_slots) of group g of side s of head hk in logical
   // page pg, (n_slots rounded up to 16, dim_pad) u8 (reference path).
   void unpack_group(const Layer& L, int hk, int s, size_t g, int64_t pg, int n_slots, uint8_t* codes,
