@@ -10,9 +10,19 @@
 #   RATEKV_BENCH_THREADS               threads for both sides (default 2)
 #   RATEKV_BENCH_REPS                  llama-bench repetitions (default 3)
 #   RATEKV_BENCH_FORWARD               ratekv benchmark binary (default build/bench/bench_forward)
+#   RATEKV_BENCH_PROMPTS               prefill lengths (llama-bench -p, default 512,2048)
+#   RATEKV_BENCH_DEPTHS                decode depths (llama-bench -d, default 512,2048)
+#   RATEKV_BENCH_GEN                   llama-bench decode tokens per test (-n, default 128)
+#   RATEKV_BENCH_FILTER                bench_forward --benchmark_filter (default: all)
+#   RATEKV_BENCH_RESULTS               output folder (default bench/results)
+#   A quick check of the pipeline (not a measurement), e.g.:
+#     RATEKV_BENCH_PROMPTS=512 RATEKV_BENCH_DEPTHS=512 RATEKV_BENCH_GEN=16 RATEKV_BENCH_REPS=1 \
+#     RATEKV_BENCH_FILTER='/512/' RATEKV_BENCH_RESULTS=/tmp/bench tools/bench_vs_llamacpp.sh
+#   (bench_forward itself measures prefill 512/2048 and decode at depth 512/2048 only.)
 #
-# Writes bench/results/llamacpp_cpu.json (llama-bench JSON records plus the commands) and,
-# if the ratekv binary exists, bench/results/ratekv_cpu.json and bench/results/ratios.md.
+# Writes $RESULTS/llamacpp_cpu.json (llama-bench JSON records plus the commands) and, if the
+# ratekv binary exists, $RESULTS/ratekv_cpu.json and $RESULTS/ratios.md
+# (tools/bench_vs_llamacpp_ratios.py pairs the two).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -24,7 +34,11 @@ MODEL="$ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 THREADS="${RATEKV_BENCH_THREADS:-2}"
 REPS="${RATEKV_BENCH_REPS:-3}"
 RATEKV_BENCH="${RATEKV_BENCH_FORWARD:-$REPO/build/bench/bench_forward}"
-RESULTS="$REPO/bench/results"
+PROMPTS="${RATEKV_BENCH_PROMPTS:-512,2048}"
+DEPTHS="${RATEKV_BENCH_DEPTHS:-512,2048}"
+GEN="${RATEKV_BENCH_GEN:-128}"
+FILTER="${RATEKV_BENCH_FILTER:-}"
+RESULTS="${RATEKV_BENCH_RESULTS:-$REPO/bench/results}"
 
 die() { echo "bench_vs_llamacpp.sh: error: $*" >&2; exit 1; }
 [[ -x "$BIN/llama-bench" ]] || die "$BIN/llama-bench not found: run tools/build_llamacpp.sh first"
@@ -36,8 +50,8 @@ trap 'rm -rf "$TMP"' EXIT
 
 # Prefill: pp512 and pp2048 from an empty cache. Decode: tg128 after a prefilled depth of 512
 # and of 2048 tokens (-d). K/V cache f16 and flash attention auto (llama-bench defaults).
-PP=("$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -r "$REPS" -p 512,2048 -n 0 -o json)
-TG=("$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -r "$REPS" -p 0 -n 128 -d 512,2048 -o json)
+PP=("$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -r "$REPS" -p "$PROMPTS" -n 0 -o json)
+TG=("$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -r "$REPS" -p 0 -n "$GEN" -d "$DEPTHS" -o json)
 echo "bench_vs_llamacpp.sh: ${PP[*]}" >&2
 "${PP[@]}" >"$TMP/pp.json" 2>"$TMP/pp.log" || { tail "$TMP/pp.log" >&2; die "llama-bench (prefill) failed"; }
 echo "bench_vs_llamacpp.sh: ${TG[*]}" >&2
@@ -63,35 +77,16 @@ EOF
 echo "bench_vs_llamacpp.sh: wrote $RESULTS/llamacpp_cpu.json" >&2
 
 # ==== ratekv side ============================================================================
-# Runs only when the ratekv forward benchmark (bench/bench_forward.cpp, written separately) is
-# built. Contract expected from it: Google Benchmark JSON output in which each benchmark whose
-# name contains one of pp512, pp2048, tg128@d512, tg128@d2048 (the keys printed above) reports
-# a user counter "tok_per_s". Adjust the run line / matching below if that binary ends up
-# with a different interface.
+# Runs only when the ratekv forward benchmark (bench/bench_forward.cpp) is built: Google
+# Benchmark JSON, BM_Prefill/<N> and BM_Decode/<depth> with a tokens_per_second counter, paired
+# with llama-bench's pp<N> and tg<G>@d<depth> by tools/bench_vs_llamacpp_ratios.py.
 if [[ -x "$RATEKV_BENCH" ]]; then
-  echo "bench_vs_llamacpp.sh: $RATEKV_BENCH" >&2
-  RATEKV_BENCH_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS" "$RATEKV_BENCH" \
-    --benchmark_out="$RESULTS/ratekv_cpu.json" --benchmark_out_format=json >&2
-  python3 - "$RESULTS/llamacpp_cpu.json" "$RESULTS/ratekv_cpu.json" "$RESULTS/ratios.md" <<'EOF'
-import json, sys
-llama, ours, out = sys.argv[1:]
-ref = {r["ratekv_key"]: r["avg_ts"] for r in json.load(open(llama))["records"]}
-rows = []
-for b in json.load(open(ours)).get("benchmarks", []):
-    if "tok_per_s" not in b or b.get("run_type") == "aggregate":
-        continue
-    for k, v in ref.items():
-        if k in b["name"]:
-            rows.append((k, b["name"], b["tok_per_s"], v))
-if not rows:
-    sys.exit("bench_vs_llamacpp.sh: no ratekv benchmark named with pp512/pp2048/tg128@d512/tg128@d2048 "
-             "and a tok_per_s counter; no ratios computed")
-lines = ["| test | ratekv benchmark | ratekv tok/s | llama.cpp tok/s | llama.cpp / ratekv |",
-         "|---|---|---:|---:|---:|"]
-lines += [f"| {k} | {n} | {o:.1f} | {l:.1f} | {l / o:.2f}x |" for k, n, o, l in rows]
-open(out, "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-EOF
+  BENCH_ARGS=(--benchmark_out="$RESULTS/ratekv_cpu.json" --benchmark_out_format=json)
+  [[ -n "$FILTER" ]] && BENCH_ARGS+=(--benchmark_filter="$FILTER")
+  echo "bench_vs_llamacpp.sh: $RATEKV_BENCH ${BENCH_ARGS[*]}" >&2
+  RATEKV_BENCH_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS" "$RATEKV_BENCH" "${BENCH_ARGS[@]}" >&2
+  python3 "$HERE/bench_vs_llamacpp_ratios.py" "$RESULTS/llamacpp_cpu.json" "$RESULTS/ratekv_cpu.json" \
+    "$RESULTS/ratios.md"
 else
   echo "bench_vs_llamacpp.sh: $RATEKV_BENCH not built; llama.cpp numbers only (no ratios)" >&2
 fi
