@@ -1,10 +1,13 @@
 // Calibration statistics: validation and the JSON file (alloc/stats.h).
 #include "ratekv/alloc/stats.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <fmt/ranges.h>
 
 #include "alloc/json_file.h"
 #include "ratekv/error.h"
@@ -68,6 +71,26 @@ double need_number(const json& o, const char* key, const std::string& path, cons
 
 }  // namespace
 
+const std::vector<std::string>& curve_quantizers() {
+  static const std::vector<std::string> names = {"kivi", "quarot", "tq-mse", "block-gtq"};
+  return names;
+}
+
+void validate_curve_fit(const std::string& quantizer, const DistortionCurves& c, const std::string& name) {
+  const auto& known = curve_quantizers();
+  check(std::find(known.begin(), known.end(), quantizer) != known.end(),
+        "{}: curves.{}: unknown quantizer (curves are measured for {})", name, quantizer, fmt::join(known, ", "));
+  for (const auto& [field, b] : {std::pair{"beta_k", c.beta_k}, std::pair{"beta_v", c.beta_v}})
+    check(std::isfinite(b) && b > 1.0 && b <= kMaxCurveBeta,
+          "{}: curves.{}.{} = {}: expected finite, > 1 and <= {} (distortion falls by at most {}x per code bit)", name,
+          quantizer, field, b, kMaxCurveBeta, kMaxCurveBeta);
+  for (const auto& [field, v] : {std::pair{"alpha_k", &c.alpha_k}, std::pair{"alpha_v", &c.alpha_v}})
+    for (size_t i = 0; i < v->size(); ++i)
+      check(std::isfinite((*v)[i]) && (*v)[i] > 0.0 && (*v)[i] <= kMaxCurveAlpha,
+            "{}: curves.{}.{}[flat {}] = {}: expected finite, > 0 and <= {}", name, quantizer, field, i, (*v)[i],
+            kMaxCurveAlpha);
+}
+
 std::vector<double> CalibStats::block_energies(int layer, int head) const {
   check(layer >= 0 && layer < model.n_layers && head >= 0 && head < model.n_kv_heads,
         "stats: (layer {}, head {}) outside ({} layers, {} KV heads)", layer, head, model.n_layers, model.n_kv_heads);
@@ -97,12 +120,9 @@ void CalibStats::validate(const std::string& name) const {
     check_values(s.v, nc, name, "sensitivity." + key + ".v");
   }
   for (const auto& [key, c] : curves) {
-    check(std::isfinite(c.beta_k) && c.beta_k > 1.0, "{}: curves.{}.beta_k = {}: expected finite and > 1", name,
-          key, c.beta_k);
-    check(std::isfinite(c.beta_v) && c.beta_v > 1.0, "{}: curves.{}.beta_v = {}: expected finite and > 1", name,
-          key, c.beta_v);
-    check_values(c.alpha_k, nc, name, "curves." + key + ".alpha_k");
-    check_values(c.alpha_v, nc, name, "curves." + key + ".alpha_v");
+    check(c.alpha_k.size() == nc && c.alpha_v.size() == nc, "{}: curves.{}: {} and {} alphas, expected {}", name, key,
+          c.alpha_k.size(), c.alpha_v.size(), nc);
+    validate_curve_fit(key, c, name);
   }
 }
 

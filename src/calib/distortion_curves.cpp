@@ -40,14 +40,9 @@ void validate_curves(const std::map<std::string, QuantizerCurves>& curves, size_
         check(std::isfinite((*v)[i]) && (*v)[i] > 0, "{}: curves.{}.{} = {} at flat index {}: expected finite and > 0",
               name, q, field, (*v)[i], i);
     }
-    for (const auto& [field, v] : {std::pair{"alpha_k", &c.fit.alpha_k}, std::pair{"alpha_v", &c.fit.alpha_v}}) {
+    for (const auto& [field, v] : {std::pair{"alpha_k", &c.fit.alpha_k}, std::pair{"alpha_v", &c.fit.alpha_v}})
       check(v->size() == n, "{}: curves.{}.{} has {} values, expected {}", name, q, field, v->size(), n);
-      for (size_t i = 0; i < n; ++i)
-        check(std::isfinite((*v)[i]) && (*v)[i] >= 0, "{}: curves.{}.{} = {} at index {}: expected finite and ≥ 0",
-              name, q, field, (*v)[i], i);
-    }
-    for (const auto& [field, b] : {std::pair{"beta_k", c.fit.beta_k}, std::pair{"beta_v", c.fit.beta_v}})
-      check(std::isfinite(b) && b > 1, "{}: curves.{}.{} = {}: expected finite and > 1", name, q, field, b);
+    alloc::validate_curve_fit(q, c.fit, name);  // known quantizer, β and α in their ranges
   }
 }
 

@@ -283,13 +283,38 @@ TEST(Stats, JsonRoundTripAndErrors) {
   j = stats_to_json(st);
   j["curves"]["kivi"]["beta_v"] = 0.5;
   EXPECT_EQ(error_of([&] { stats_from_json(j, "s.json"); }),
-            "s.json: curves.kivi.beta_v = 0.5: expected finite and > 1");
+            "s.json: curves.kivi.beta_v = 0.5: expected finite, > 1 and <= 64 (distortion falls by at most 64x per "
+            "code bit)");
   j = stats_to_json(st);
   j.erase("q_block_energy");
   EXPECT_EQ(error_of([&] { stats_from_json(j, "s.json"); }), "s.json: q_block_energy: missing");
   j = stats_to_json(st);
   j["model"]["head_dim"] = 15;
   EXPECT_NE(error_of([&] { stats_from_json(j, "s.json"); }).find("model.head_dim = 15"), std::string::npos);
+}
+
+// Curves that cannot be measured distortions: β beyond the physical range
+// (1, 64], α not in (0, FLT_MAX], a quantizer no curves are measured for.
+TEST(Stats, CurvesOutOfRangeOrOfUnknownQuantizer) {
+  const nlohmann::json good = stats_to_json(synthetic_stats());
+  auto error_after = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return error_of([&] { stats_from_json(j, "s.json"); });
+  };
+  EXPECT_EQ(error_after([](nlohmann::json&) {}), "(no error)");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["curves"]["kivi"]["beta_k"] = 1e308; }),
+            "s.json: curves.kivi.beta_k = 1e+308: expected finite, > 1 and <= 64 (distortion falls by at most 64x "
+            "per code bit)");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["curves"]["kivi"]["beta_v"] = 1.0; }),
+            "s.json: curves.kivi.beta_v = 1: expected finite, > 1 and <= 64 (distortion falls by at most 64x "
+            "per code bit)");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["curves"]["tq-mse"]["alpha_v"][2][1] = 0.0; }),
+            "s.json: curves.tq-mse.alpha_v[flat 5] = 0: expected finite, > 0 and <= 3.4028234663852886e+38");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["curves"]["tq-mse"]["alpha_k"][0][0] = 1e300; }),
+            "s.json: curves.tq-mse.alpha_k[flat 0] = 1e+300: expected finite, > 0 and <= 3.4028234663852886e+38");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["curves"]["tq_mse"] = j["curves"]["tq-mse"]; }),
+            "s.json: curves.tq_mse: unknown quantizer (curves are measured for kivi, quarot, tq-mse, block-gtq)");
 }
 
 TEST(MakePlan, SummaryTable) {

@@ -148,6 +148,18 @@ TEST(DistortionCurves, ValidationErrors) {
   b["tq-mse"].fit.beta_v = 0.9;
   expect_error(b, "beta_v");
   b = m;
+  b["tq-mse"].fit.beta_k = 1e308;  // finite, but no distortion curve
+  expect_error(b, "stats: curves.tq-mse.beta_k = 1e+308: expected finite, > 1 and <= 64");
+  b = m;
+  b["tq-mse"].fit.alpha_v[2] = 0.0;
+  expect_error(b, "stats: curves.tq-mse.alpha_v[flat 2] = 0: expected finite, > 0 and <=");
+  b = m;
+  b["tq-mse"].fit.alpha_k[1] = -1.0;
+  expect_error(b, "stats: curves.tq-mse.alpha_k[flat 1] = -1: expected finite, > 0");
+  b = {{"tq-mse-fast", c}};
+  expect_error(b, "stats: curves.tq-mse-fast: unknown quantizer (curves are measured for kivi, quarot, tq-mse, "
+                  "block-gtq)");
+  b = m;
   b["tq-mse"].bits = {1, 3, 2, 4, 5};
   expect_error(b, "ascending");
   b = m;

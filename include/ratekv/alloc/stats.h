@@ -40,13 +40,32 @@ struct Sensitivity {
 
 /// Fitted distortion curves D(b) = α β^(−b) of one quantizer: one β per side,
 /// one α per component. alpha_k / alpha_v: (n_layers, n_kv_heads) row-major,
-/// finite, ≥ 0; beta_k, beta_v finite, > 1.
+/// in (0, kMaxCurveAlpha]; beta_k, beta_v in (1, kMaxCurveBeta].
 struct DistortionCurves {
   double beta_k = 0.0;
   double beta_v = 0.0;
   std::vector<double> alpha_k;
   std::vector<double> alpha_v;
 };
+
+/// The largest β a stats file may hold: the distortion falls by at most this
+/// factor per code bit. High-rate scalar quantization gains 4× per bit
+/// (6.02 dB); measured fits are 3.3–5.8 and the steepest measured step
+/// (integer quantizers, 1 → 2 bits) ×12 (docs/calibration_stats.md).
+inline constexpr double kMaxCurveBeta = 64.0;
+/// The largest α: the float32 range the statistics file stores α in. A fit of
+/// positive errors has α = exp(…) > 0, so α = 0 is no measurement either.
+inline constexpr double kMaxCurveAlpha = 3.4028234663852886e38;  // FLT_MAX
+
+/// The quantizers distortion curves are measured for (`ratekv calibrate
+/// --curves`) and the allocators read: kivi, quarot, tq-mse, block-gtq.
+const std::vector<std::string>& curve_quantizers();
+
+/// Checks one quantizer's fitted curve parameters: `quantizer` one of
+/// curve_quantizers(), β in (1, kMaxCurveBeta], every α in (0, kMaxCurveAlpha].
+/// Throws Error "<name>: curves.<quantizer>.<field> ...". (Sizes are the
+/// caller's to check.)
+void validate_curve_fit(const std::string& quantizer, const DistortionCurves& c, const std::string& name);
 
 /// Everything the allocators read from calibration.
 struct CalibStats {

@@ -41,9 +41,10 @@ struct CurveFitReport {
 };
 CurveFitReport curve_fit_report(const QuantizerCurves& c, size_t n_components);
 
-/// Checks sizes (bits nb ≥ 2 distinct ascending; mse (n, nb) positive finite;
-/// α (n) finite ≥ 0; β finite > 1) of every entry. `name` prefixes errors
-/// (naming the quantizer and field).
+/// Checks every entry: its name (alloc::curve_quantizers()), bits (nb ≥ 2
+/// distinct ascending), mse (n, nb) positive finite, α (n) and β in the
+/// ranges of alloc::validate_curve_fit. `name` prefixes errors (naming the
+/// quantizer and field).
 void validate_curves(const std::map<std::string, QuantizerCurves>& curves, size_t n_components,
                      const std::string& name);
 
