@@ -533,7 +533,7 @@ Plan Plan::from_json(const json& j, const std::string& name) {
 }
 
 Plan Plan::load(const std::string& path) {
-  const json j = alloc::read_json_file(path, "plan");
+  const json j = alloc::read_json_file(path, "plan", "a JSON plan (the JSON object `ratekv plan` writes)");
   Plan p = from_json(j, std::filesystem::path(path).filename().string());
   p.source_dir = std::filesystem::path(path).parent_path().string();
   return p;

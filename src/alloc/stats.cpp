@@ -213,7 +213,9 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
 }
 
 CalibStats load_stats_json(const std::string& path) {
-  const json j = read_json_file(path, "statistics");
+  const json j = read_json_file(path, "statistics",
+                                "a ratekv stats file (the .safetensors of `ratekv calibrate`, or JSON statistics of "
+                                "format \"ratekv-calib-stats\")");
   return stats_from_json(j, std::filesystem::path(path).filename().string());
 }
 

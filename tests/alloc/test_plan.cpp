@@ -174,6 +174,37 @@ TEST(Plan, LoadRejectsBadFiles) {
   }
 }
 
+// A file that is not JSON at all (a model, a side file, random bytes) is named
+// as "not a JSON plan", with its first bytes, not as a JSON syntax error.
+TEST(Plan, LoadNamesANonJsonFile) {
+  const std::string path = tmp_path("binary_plan.bin");
+  auto error_of = [&](const std::string& bytes) {
+    write(path, bytes);
+    try {
+      Plan::load(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string e = error_of(std::string("GGUF\x03\x00\x00\x00\x01\x00", 10));
+  EXPECT_EQ(e.rfind(path + ": not a JSON plan", 0), 0u) << e;
+  EXPECT_NE(e.find("47 47 55 46 03 00 00 00"), std::string::npos) << e;
+  EXPECT_NE(e.find("GGUF model file"), std::string::npos) << e;
+  // A safetensors file (8-byte header length, then its JSON header), e.g. a vq plan's side file.
+  e = error_of(std::string("\x02\x00\x00\x00\x00\x00\x00\x00{}", 10));
+  EXPECT_EQ(e.rfind(path + ": not a JSON plan", 0), 0u) << e;
+  EXPECT_NE(e.find("safetensors"), std::string::npos) << e;
+  // Plain text.
+  e = error_of("hello, world\n");
+  EXPECT_EQ(e.rfind(path + ": not a JSON plan", 0), 0u) << e;
+  EXPECT_NE(e.find("'hello, world'"), std::string::npos) << e;
+  // Leading white space and a UTF-8 byte order mark do not count: truncated JSON is still a syntax error.
+  e = error_of("\xEF\xBB\xBF \n {\"format\": ");
+  EXPECT_EQ(e.rfind(path + ": invalid JSON:", 0), 0u) << e;
+  std::filesystem::remove(path);
+}
+
 TEST(Plan, ValidateAgainstTheModel) {
   const Plan p = small_plan();
   EXPECT_NO_THROW(p.validate_against({"llama", 2, 2, 64, "interleaved"}));

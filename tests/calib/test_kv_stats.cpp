@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "ratekv/calib/accumulator.h"
@@ -275,4 +276,22 @@ TEST(KVStatsFile, ClearErrors) {
   EXPECT_THROW(KVStats::load(path), Error);
   std::filesystem::remove(path);
   EXPECT_THROW(load_alloc_stats(path), Error);
+}
+
+// A binary file that is neither the safetensors statistics nor JSON (here a
+// GGUF header: the model given where the statistics belong) is named as not a
+// ratekv stats file, with its first bytes, not as a JSON syntax error.
+TEST(KVStatsFile, NonStatsFileIsNamed) {
+  const auto path = (std::filesystem::temp_directory_path() / "ratekv_test_stats_binary.gguf").string();
+  std::ofstream(path, std::ios::binary) << std::string("GGUF\x03\x00\x00\x00\x00\x00\x00\x00", 12);
+  try {
+    load_alloc_stats(path);
+    FAIL() << "a GGUF file was accepted as statistics";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_EQ(w.rfind(path + ": not a ratekv stats file", 0), 0u) << w;
+    EXPECT_NE(w.find("GGUF model file"), std::string::npos) << w;
+    EXPECT_EQ(w.find("invalid JSON"), std::string::npos) << w;
+  }
+  std::filesystem::remove(path);
 }
