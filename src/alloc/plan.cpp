@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "alloc/json_file.h"
+#include "alloc/plan_target_check.h"
 #include "ratekv/error.h"
 
 namespace ratekv {
@@ -245,9 +246,9 @@ void validate_codec(const Codec& c, int d, const std::string& name, const std::s
 
 }  // namespace
 
-void Plan::validate(const std::string& name) const {
-  check(!method.empty(), "{}: method: expected a non-empty string", name);
-  const auto& m = model;
+namespace alloc {
+
+void validate_plan_target(const PlanTarget& m, const std::string& name) {
   check(!m.arch.empty(), "{}: model.arch: expected a non-empty string", name);
   check(m.n_layers >= 1 && m.n_layers <= 4096, "{}: model.n_layers = {}: expected 1..4096", name, m.n_layers);
   check(m.n_kv_heads >= 1 && m.n_kv_heads <= 1024, "{}: model.n_kv_heads = {}: expected 1..1024", name,
@@ -256,6 +257,14 @@ void Plan::validate(const std::string& name) const {
         "{}: model.head_dim = {}: expected an even number in 2..1024", name, m.head_dim);
   check(m.rope_layout == "interleaved" || m.rope_layout == "neox",
         "{}: model.rope_layout = \"{}\": expected \"interleaved\" or \"neox\"", name, m.rope_layout);
+}
+
+}  // namespace alloc
+
+void Plan::validate(const std::string& name) const {
+  check(!method.empty(), "{}: method: expected a non-empty string", name);
+  const auto& m = model;
+  alloc::validate_plan_target(m, name);
   check(fp16_window >= 0, "{}: fp16_window = {}: expected >= 0", name, fp16_window);
   check(sink_tokens >= 0, "{}: sink_tokens = {}: expected >= 0", name, sink_tokens);
   check(budget_unit == "effective" || budget_unit == "code",

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "alloc/json_file.h"
+#include "alloc/plan_target_check.h"
 #include "ratekv/error.h"
 
 namespace ratekv::alloc {
@@ -103,14 +104,7 @@ std::vector<double> CalibStats::block_energies(int layer, int head) const {
 
 void CalibStats::validate(const std::string& name) const {
   const auto& m = model;
-  check(!m.arch.empty(), "{}: model.arch: expected a non-empty string", name);
-  check(m.n_layers >= 1 && m.n_layers <= 4096, "{}: model.n_layers = {}: expected 1..4096", name, m.n_layers);
-  check(m.n_kv_heads >= 1 && m.n_kv_heads <= 1024, "{}: model.n_kv_heads = {}: expected 1..1024", name,
-        m.n_kv_heads);
-  check(m.head_dim >= 2 && m.head_dim <= 1024 && m.head_dim % 2 == 0,
-        "{}: model.head_dim = {}: expected an even number in 2..1024", name, m.head_dim);
-  check(m.rope_layout == "interleaved" || m.rope_layout == "neox",
-        "{}: model.rope_layout = \"{}\": expected \"interleaved\" or \"neox\"", name, m.rope_layout);
+  validate_plan_target(m, name);
   check(n_tokens >= 0, "{}: n_tokens = {}: expected >= 0", name, n_tokens);
   const size_t nc = (size_t)m.n_layers * m.n_kv_heads, ne = nc * (m.head_dim / 2);
   check_values(q_block_energy, ne, name, "q_block_energy");
