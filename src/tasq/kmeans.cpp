@@ -4,9 +4,8 @@
 #include <cmath>
 
 #include <faiss/Clustering.h>
-#include <faiss/IndexFlat.h>
-
 #include "ratekv/error.h"
+#include "ratekv/tasq/nearest_centroid_index.h"
 
 namespace ratekv::tasq {
 
@@ -41,7 +40,7 @@ std::vector<float> kmeans_codebook(const float* x, int64_t n, int dim, const std
   cp.max_points_per_centroid = 1 << 30;  // never subsample
   cp.min_points_per_centroid = 1;        // ≈ 39 points per centroid is the plan; no warning
   faiss::Clustering clus(dim, opt.n_centroids, cp);
-  faiss::IndexFlatL2 index(dim);
+  NearestCentroidIndex index(dim);  // exact assignment without the BLAS distance matrix
   try {
     clus.train(n, x, index, w.empty() ? nullptr : w.data());
   } catch (const std::exception& e) {
