@@ -183,7 +183,11 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
     if (im.spm) {
       const std::string_view raw = text.substr(f.offset, f.length);
       if (im.vocab.add_space_prefix && prev_special) {
-        dropped += im.spm->encode(" " + std::string(raw), out);
+        std::string spaced;
+        spaced.reserve(raw.size() + 1);
+        spaced.push_back(' ');
+        spaced.append(raw);
+        dropped += im.spm->encode(spaced, out);
       } else {
         dropped += im.spm->encode(raw, out);
       }
