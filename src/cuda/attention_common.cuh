@@ -161,6 +161,23 @@ __device__ __forceinline__ void store_empty(const Partials& P, int row_base, int
   }
 }
 
+/// Code of rotated coordinate j of a group (bits ≤ 4 part) at token slot
+/// `slot`: `seg` = the group's code segment (page + head block + code offset).
+__device__ __forceinline__ uint32_t read_code(const uint8_t* __restrict__ seg, int bits, int side,
+                                              int slot, int j) {
+  const int ct = j >> 4, tt = slot >> 4;
+  const packed::ElementPos ep =
+      packed::element_pos(side == 0 ? packed::Side::key : packed::Side::value, slot & 15, j & 15);
+  uint32_t code = 0;
+  for (int i = 0; i < bits; ++i) {
+    const packed::CodeBitPos at = packed::code_bit_pos(bits, tt, ep.elem, i);
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(
+        seg + ((size_t)(ct * bits + at.word) * packed::kWarpLanes + ep.lane) * 4);
+    code |= ((w >> at.bit) & 1u) << i;
+  }
+  return code;
+}
+
 // ---- host helpers ---------------------------------------------------------------
 
 /// Carves the workspace: rotated query (fp16) then partial states.
@@ -182,6 +199,14 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
 void launch_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int head_dim,
                   const HeadTables* tables, const float* rotations, const int32_t* channels,
                   float* out, cudaStream_t stream);
+
+/// Launches the generic (non-tensor-core) attention kernel over the pages of
+/// `pool` (and `ext_pool` for 5..8-bit groups): split states into w.part
+/// (decode_attention_generic.cu). Throws Error when the plan has wide groups
+/// and ext_pool is null.
+void launch_generic_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
+                           const uint8_t* ext_pool, const WorkspaceView& w, int pages_per_split,
+                           cudaStream_t stream);
 
 }  // namespace ratekv::cuda::detail
 

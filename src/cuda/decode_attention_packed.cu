@@ -456,10 +456,39 @@ void dispatch_bits(int ub, bool r8, const PackedPlan& plan, const DecodeBatch& b
 }  // namespace
 
 void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
+                             const uint8_t* pool, const uint8_t* ext_pool, const void* q,
+                             DType q_dtype, float scale, float* out, void* workspace,
+                             size_t workspace_bytes, int n_splits, void* stream_) {
+  detail::check_batch(batch, "packed_decode_attention");
+  detail::require(pool && q && out, "packed_decode_attention: pool, q and out must be device pointers");
+  if (!plan.device().has_wide) {
+    packed_decode_attention(plan, batch, pool, q, q_dtype, scale, out, workspace, workspace_bytes,
+                            n_splits, stream_);
+    return;
+  }
+  auto stream = static_cast<cudaStream_t>(stream_);
+  const int d = plan.head_dim(), hq = plan.n_heads();
+  if (n_splits <= 0) n_splits = default_splits(plan, batch.batch, batch.max_seq_len);
+  const int n_pages = (batch.max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int pps = (n_pages + n_splits - 1) / n_splits;
+  const detail::WorkspaceView w =
+      detail::carve_workspace(workspace, workspace_bytes, batch.batch, hq, d, n_splits);
+  const auto& D = plan.device();
+  detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
+                              D.heads, D.rotations, D.channels, w.q, stream);
+  detail::launch_generic_decode(plan, batch, pool, ext_pool, w, pps, stream);
+  detail::launch_merge(w, batch.batch, hq, plan.gqa(), d, D.heads, D.rotations, D.channels, out,
+                       stream);
+}
+
+void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                              const uint8_t* pool, const void* q, DType q_dtype, float scale,
                              float* out, void* workspace, size_t workspace_bytes, int n_splits,
                              void* stream_, PackedDecodeVariant variant) {
   detail::check_batch(batch, "packed_decode_attention");
+  detail::require(!plan.device().has_wide,
+                  "packed_decode_attention: the plan has 5..8-bit groups: use the overload with "
+                  "ext_pool (the extension pages)");
   detail::require(pool && q && out, "packed_decode_attention: pool, q and out must be device pointers");
   auto stream = static_cast<cudaStream_t>(stream_);
   const int d = plan.head_dim(), hq = plan.n_heads();

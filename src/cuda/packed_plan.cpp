@@ -39,8 +39,25 @@ T* upload(const std::vector<T>& v) {
 PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
                        std::span<const float> rotations, std::span<const float> levels)
     : layout_(layout), n_heads_(n_heads), dev_(std::make_unique<Device>()) {
+  build(rotations, levels);
+}
+
+PackedPlan::PackedPlan(const packed::LayerLayout& layout, const packed::LayerLayout& ext,
+                       int n_heads, std::span<const float> rotations, std::span<const float> levels)
+    : layout_(layout), ext_(ext), n_heads_(n_heads), dev_(std::make_unique<Device>()) {
+  build(rotations, levels);
+}
+
+void PackedPlan::build(std::span<const float> rotations, std::span<const float> levels) {
+  const packed::LayerLayout& layout = layout_;
+  const int n_heads = n_heads_;
   const int d = layout.head_dim();
   const int hkv = layout.n_kv_heads();
+  if (ext_)
+    check(ext_->head_dim() == d && ext_->n_kv_heads() == hkv,
+          "cuda packed plan: extension layout (head_dim {}, {} KV heads) does not match the layout "
+          "(head_dim {}, {} KV heads)",
+          ext_->head_dim(), ext_->n_kv_heads(), d, hkv);
   check(d == 64 || d == 128 || d == 256,
         "cuda packed plan: head_dim {} unsupported (kernels exist for 64, 128, 256)", d);
   check(n_heads > 0 && n_heads % hkv == 0,
@@ -61,10 +78,31 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
       const Side side = s == 0 ? Side::key : Side::value;
       const auto& groups = H.side(side);
       const auto& specs = s == 0 ? layout.spec(h).key : layout.spec(h).value;
-      check(!groups.empty(),
-            "cuda packed plan: KV head {} has no {} groups (a side entirely at 0 bits); the CUDA "
-            "kernels need at least one group per side",
-            h, s == 0 ? "key" : "value");
+      // Wide groups: the e-th extension group of this side belongs to the
+      // first unmatched 4-bit group with the same channel list.
+      std::vector<int> wide_bits(groups.size(), 0);
+      std::vector<size_t> ext_off(groups.size(), 0);
+      if (ext_) {
+        const auto& especs = s == 0 ? ext_->spec(h).key : ext_->spec(h).value;
+        const auto& egroups = ext_->head(h).side(side);
+        for (size_t e = 0; e < especs.size(); ++e) {
+          size_t g = 0;
+          while (g < specs.size() &&
+                 (wide_bits[g] != 0 || specs[g].bits != packed::kMaxBits ||
+                  specs[g].channels != especs[e].channels))
+            ++g;
+          check(g < specs.size(),
+                "cuda packed plan: extension group {} of KV head {} {} has no 4-bit group with the "
+                "same channels in the layout",
+                e, h, s == 0 ? "key" : "value");
+          check(especs[e].bits <= 8 - packed::kMaxBits,
+                "cuda packed plan: extension group {} of KV head {} {} has {} bits (at most {})", e,
+                h, s == 0 ? "key" : "value", especs[e].bits, 8 - packed::kMaxBits);
+          wide_bits[g] = packed::kMaxBits + especs[e].bits;
+          ext_off[g] = ext_->head(h).block_offset + egroups[e].code_offset;
+          dev_->has_wide = true;
+        }
+      }
       T.n_groups[s] = (int)groups.size();
       int tile = 0;
       for (size_t g = 0; g < groups.size(); ++g) {
@@ -80,6 +118,9 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
         T.bits[s][g] = (int8_t)G.bits;
         T.code_offset[s][g] = (int32_t)G.code_offset;
         T.norm_offset[s][g] = (int32_t)G.norm_offset;
+        T.wide_bits[s][g] = (int8_t)wide_bits[g];
+        T.ext_code_offset[s][g] = (int32_t)ext_off[g];
+        const int eff_bits = wide_bits[g] ? wide_bits[g] : G.bits;
         for (int k = 0; k < nct; ++k) {
           T.tile_src[s][tile + k] =
               (int32_t)(G.code_offset + (size_t)k * G.bits * packed::kLaneRowBytes);
@@ -88,7 +129,7 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
         }
         tile += nct;
         // rotation, codebook, channels
-        const size_t rn = (size_t)G.dim * G.dim, ln = (size_t)1 << G.bits;
+        const size_t rn = (size_t)G.dim * G.dim, ln = (size_t)1 << eff_bits;
         check(rot_used + rn <= rotations.size(),
               "cuda packed plan: rotations has {} floats, layout needs more (KV head {} {} group {})",
               rotations.size(), h, s == 0 ? "key" : "value", g);
@@ -105,9 +146,11 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
                 "cuda packed plan: levels of KV head {} {} group {} are not finite and strictly "
                 "ascending",
                 h, s == 0 ? "key" : "value", g);
-          T.levels[s][g][i] = fp32_to_fp16(v);
-          T.ptab[s][g][i / 4] |= (uint32_t)(T.levels[s][g][i] & 0xffu) << (8 * (i % 4));
-          T.ptab[s][g][4 + i / 4] |= (uint32_t)(T.levels[s][g][i] >> 8) << (8 * (i % 4));
+          if (i < 16) {  // register codebooks of the tensor-core kernels (≤ 4 bits)
+            T.levels[s][g][i] = fp32_to_fp16(v);
+            T.ptab[s][g][i / 4] |= (uint32_t)(T.levels[s][g][i] & 0xffu) << (8 * (i % 4));
+            T.ptab[s][g][4 + i / 4] |= (uint32_t)(T.levels[s][g][i] >> 8) << (8 * (i % 4));
+          }
           lvl.push_back(v);
         }
         lvl_used += ln;
@@ -129,7 +172,8 @@ PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
   int ub = -1;
   for (const HeadTables& T : dev_->host_heads) {
     const bool u = T.n_groups[0] == 1 && T.n_groups[1] == 1 && T.dim[0][0] == d &&
-                   T.dim[1][0] == d && T.bits[0][0] == T.bits[1][0];
+                   T.dim[1][0] == d && T.bits[0][0] == T.bits[1][0] && T.wide_bits[0][0] == 0 &&
+                   T.wide_bits[1][0] == 0;
     const int b = u ? T.bits[0][0] : 0;
     ub = ub < 0 ? b : (ub == b ? ub : 0);
   }
@@ -193,6 +237,9 @@ int default_splits(const PackedPlan& plan, int batch, int max_seq_len) {
   const int warps = r8 ? (wide ? 8 : 16) : (wide ? 4 : 12);
   const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
   const int rows = batch * plan.layout().n_kv_heads();
+  // 5..8-bit plans run on the generic kernel (one CTA per split): one page
+  // per split, at most 2048 splits.
+  if (plan.device().has_wide) return std::max(1, std::min(pages, 2048));
   const int wave = std::max(1, sm_count() * warps / rows);
   const int small_grid = std::min(pages, (1024 + rows - 1) / rows);
   const int want = std::max((pages + 1) / 2, small_grid);

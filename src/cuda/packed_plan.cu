@@ -234,6 +234,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
     return;
   }
   const HeadTables& T = *Tp;
+  // Output channels in no value group (0-bit channels, or a value side with
+  // no groups at all) are 0, as in the CPU packed cache; written before the
+  // covered ones (the barrier orders the two writes of a channel).
+  int covered = 0;
+  for (int g = 0; g < T.n_groups[1]; ++g) covered += T.dim[1][g];
+  if (covered < head_dim) {
+    for (int c = tid; c < head_dim; c += kMergeThreads) o[c] = 0.f;
+    __syncthreads();
+  }
   for (int g = 0; g < T.n_groups[1]; ++g) {
     const int dim = T.dim[1][g], base = T.tile_begin[1][g] * 16;
     const float* R = pi_smem ? pis + (T.rot_offset[1][g] - T.rot_offset[1][0]) : rot + T.rot_offset[1][g];

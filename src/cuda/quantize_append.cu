@@ -98,6 +98,8 @@ void packed_append(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* po
                    const void* v, DType dtype, void* stream_) {
   detail::check_batch(batch, "packed_append");
   detail::require(pool && k && v, "packed_append: pool, k and v must be device pointers");
+  detail::require(!plan.device().has_wide, "packed_append: the plan has 5..8-bit groups (extension "
+                  "pages); the GPU quantizers do not write them (the CPU packed cache does)");
   const int d = plan.head_dim();
   detail::require(d <= 256, "packed_append: head_dim ", d, " > 256 unsupported");
   auto stream = static_cast<cudaStream_t>(stream_);

@@ -170,6 +170,8 @@ void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* p
                     const void* v, int n_tokens, DType dtype, void* stream_) {
   detail::check_batch(batch, "packed_prefill");
   detail::require(pool && k && v, "packed_prefill: pool, k and v must be device pointers");
+  detail::require(!plan.device().has_wide, "packed_prefill: the plan has 5..8-bit groups (extension "
+                  "pages); the GPU quantizers do not write them (the CPU packed cache does)");
   detail::require(n_tokens >= 1, "packed_prefill: n_tokens ", n_tokens, " must be at least 1");
   const int d = plan.head_dim();
   detail::require(d <= kMaxDim, "packed_prefill: head_dim ", d, " > ", kMaxDim, " unsupported");

@@ -100,19 +100,71 @@ HeadSpec mixed_head(int d, std::mt19937& rng) {
   return h;
 }
 
+// Layouts the tensor-core kernels do not assume (test kinds of make_plan):
+//  zero_bit: head h % 3 == 0 has no key groups (scores 0), == 1 no value groups
+//            (output 0), == 2 covers only part of each side (0-bit channels);
+//  wide:     5..8-bit groups (low nibble in the pages, high bits in the
+//            extension pages, docs/packed_format.md §5) beside 3-bit ones.
+enum class Special { none, zero_bit, wide };
+
+HeadSpec special_head(int d, int h, Special sp, std::mt19937& rng) {
+  std::vector<int> perm(d);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  auto group = [&](int lo, int hi, int bits) {
+    GroupSpec G;
+    G.bits = bits;
+    for (int i = lo; i < hi; ++i) G.channels.push_back(perm[i]);
+    return G;
+  };
+  HeadSpec H;
+  const int o = d == 256 ? 0 : 1;  // head_dim 256: 16 tiles at most, so no padded groups
+  if (sp == Special::zero_bit) {
+    if (h % 3 == 0) H.value = {group(0, d, 3)};
+    if (h % 3 == 1) H.key = {group(0, d / 2 + 6 * o, 2), group(d / 2 + 6 * o, d, 4)};
+    if (h % 3 == 2) {
+      H.key = {group(0, d / 4 + 2 * o, 2), group(d / 4 + 2 * o, d / 2, 3)};  // channels ≥ d/2 at 0 bits
+      H.value = {group(d / 8, d, 4)};
+    }
+  } else {  // wide: effective widths in GroupSpec::bits (> 4 allowed here)
+    H.key = {group(0, d / 2 + 10 * o, 5 + h % 4), group(d / 2 + 10 * o, d, 3)};
+    H.value = {group(0, d, h % 2 ? 8 : 6)};
+  }
+  return H;
+}
+
 struct Plan {
   std::unique_ptr<LayerLayout> layout;
+  std::unique_ptr<LayerLayout> ext;  // high bits of 5..8-bit groups (Special::wide)
+  std::vector<std::vector<int>> wide;  // per head·2+side: group -> effective bits (0: ≤ 4)
   std::vector<float> rot, lvl;
   // per head, side, group: offsets into rot / lvl
   std::vector<std::array<std::vector<size_t>, 2>> rot_at, lvl_at;
 };
 
-Plan make_plan(int d, int hkv, bool mixed, int kb, int vb, std::mt19937& rng) {
+Plan make_plan(int d, int hkv, bool mixed, int kb, int vb, std::mt19937& rng,
+               Special sp = Special::none) {
   Plan P;
-  std::vector<HeadSpec> heads;
+  std::vector<HeadSpec> heads, main_heads, ext_heads(hkv);
   for (int h = 0; h < hkv; ++h)
-    heads.push_back(mixed ? mixed_head(d, rng) : LayerLayout::uniform(d, 1, kb, vb).spec(0));
-  P.layout = std::make_unique<LayerLayout>(d, heads);
+    heads.push_back(sp != Special::none ? special_head(d, h, sp, rng)
+                    : mixed           ? mixed_head(d, rng)
+                                      : LayerLayout::uniform(d, 1, kb, vb).spec(0));
+  main_heads = heads;
+  P.wide.assign((size_t)hkv * 2, {});
+  for (int h = 0; h < hkv; ++h)
+    for (int s = 0; s < 2; ++s) {
+      auto& gs = s == 0 ? main_heads[h].key : main_heads[h].value;
+      for (GroupSpec& G : gs) {
+        P.wide[(size_t)h * 2 + s].push_back(G.bits > kMaxBits ? G.bits : 0);
+        if (G.bits > kMaxBits) {
+          (s == 0 ? ext_heads[h].key : ext_heads[h].value).push_back({G.channels, G.bits - kMaxBits});
+          G.bits = kMaxBits;
+        }
+      }
+    }
+  P.layout = std::make_unique<LayerLayout>(d, main_heads);
+  if (sp == Special::wide) P.ext = std::make_unique<LayerLayout>(d, ext_heads);
   P.rot_at.resize(hkv);
   P.lvl_at.resize(hkv);
   for (int h = 0; h < hkv; ++h)
@@ -165,12 +217,15 @@ struct Case {
   bool mixed;
   int kb, vb;
   DType q_dtype;
+  Special sp = Special::none;
 };
 
 std::string name(const Case& c) {
   std::string s = "d=" + std::to_string(c.d) + " hkv=" + std::to_string(c.hkv) +
                   " gqa=" + std::to_string(c.gqa) + (c.mixed ? " mixed" : " uniform K" +
-                  std::to_string(c.kb) + "V" + std::to_string(c.vb)) + " lens=";
+                  std::to_string(c.kb) + "V" + std::to_string(c.vb)) +
+                  (c.sp == Special::zero_bit ? " zero-bit sides" : c.sp == Special::wide ? " 5..8-bit groups" : "") +
+                  " lens=";
   for (int l : c.lens) s += std::to_string(l) + ",";
   return s;
 }
@@ -178,7 +233,7 @@ std::string name(const Case& c) {
 void run_packed_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(name(c));
   std::mt19937 rng(seed);
-  Plan P = make_plan(c.d, c.hkv, c.mixed, c.kb, c.vb, rng);
+  Plan P = make_plan(c.d, c.hkv, c.mixed, c.kb, c.vb, rng, c.sp);
   const LayerLayout& L = *P.layout;
   const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
   Batch B = make_batch(c.lens, rng);
@@ -193,6 +248,9 @@ void run_packed_case(const Case& c, uint32_t seed) {
         for (int g = 0; g < (int)L.head(h).side(s).size(); ++g)
           for (int t = 0; t < kPageTokens; ++t)
             write_norm(L, pool.page(p), h, s, g, t, fp32_to_fp16(U(rng)));
+  // Extension pages (high bits of 5..8-bit groups): random bytes, same page table.
+  HostPagePool ext_pool{P.ext.get(), std::vector<uint8_t>(P.ext ? (size_t)B.n_pages * P.ext->page_bytes() : 0)};
+  for (auto& x : ext_pool.bytes) x = (uint8_t)rng();
   std::normal_distribution<float> N;
   std::vector<float> q((size_t)nb * hq * c.d);
   for (auto& x : q) x = N(rng);
@@ -204,8 +262,11 @@ void run_packed_case(const Case& c, uint32_t seed) {
   const float scale = 1.f / std::sqrt((float)c.d);
 
   // ---- GPU ----
-  cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
-  DevBuf<uint8_t> dpool(pool.bytes);
+  std::unique_ptr<cuda::PackedPlan> plan_ptr =
+      P.ext ? std::make_unique<cuda::PackedPlan>(L, *P.ext, hq, P.rot, P.lvl)
+            : std::make_unique<cuda::PackedPlan>(L, hq, P.rot, P.lvl);
+  const cuda::PackedPlan& plan = *plan_ptr;
+  DevBuf<uint8_t> dpool(pool.bytes), dext(ext_pool.bytes);
   DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
   DevBuf<float> dq(q);
   DevBuf<uint16_t> dq16(q16);
@@ -216,13 +277,26 @@ void run_packed_case(const Case& c, uint32_t seed) {
   DevBuf<uint8_t> ws(ws_bytes);
   cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
   std::vector<std::vector<float>> outs;
-  for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
-    CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
-    cuda::packed_decode_attention(plan, db, dpool.p,
-                                  c.q_dtype == DType::f16 ? (void*)dq16.p : dq.p, c.q_dtype, scale,
-                                  dout.p, ws.p, ws_bytes, splits, nullptr, variant);
-    CK(cudaDeviceSynchronize());
-    outs.push_back(dout.get());
+  const void* qp = c.q_dtype == DType::f16 ? (void*)dq16.p : dq.p;
+  if (P.ext) {  // generic kernel (extension pages); run twice so both result slots are filled
+    for (int rep = 0; rep < 2; ++rep) {
+      CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+      cuda::packed_decode_attention(plan, db, dpool.p, dext.p, qp, c.q_dtype, scale, dout.p, ws.p,
+                                    ws_bytes, splits, nullptr);
+      CK(cudaDeviceSynchronize());
+      outs.push_back(dout.get());
+    }
+    EXPECT_THROW(cuda::packed_decode_attention(plan, db, dpool.p, qp, c.q_dtype, scale, dout.p, ws.p,
+                                               ws_bytes, splits, nullptr),
+                 ratekv::Error);  // a wide plan needs the extension pages
+  } else {
+    for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
+      CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+      cuda::packed_decode_attention(plan, db, dpool.p, qp, c.q_dtype, scale, dout.p, ws.p, ws_bytes,
+                                    splits, nullptr, variant);
+      CK(cudaDeviceSynchronize());
+      outs.push_back(dout.get());
+    }
   }
   const std::vector<float>& out = outs[0];
 
@@ -254,6 +328,14 @@ void run_packed_case(const Case& c, uint32_t seed) {
           for (size_t g = 0; g < G.size(); ++g) {
             codes.resize(G[g].dim);
             read_codes(L, page, h, s == 0 ? Side::key : Side::value, (int)g, t % kPageTokens, codes);
+            if (const int wb = P.wide[(size_t)h * 2 + s][g]; wb > 0) {  // high bits: e-th wide group
+              int e = 0;
+              for (size_t g2 = 0; g2 < g; ++g2) e += P.wide[(size_t)h * 2 + s][g2] > 0;
+              std::vector<uint8_t> hi(G[g].dim);
+              read_codes(*P.ext, std::as_const(ext_pool).page(B.page_table[(size_t)b * B.max_pages + t / kPageTokens]),
+                         h, s == 0 ? Side::key : Side::value, e, t % kPageTokens, hi);
+              for (int j = 0; j < G[g].dim; ++j) codes[j] = (uint8_t)(codes[j] | hi[j] << 4);
+            }
             const float* lv = P.lvl.data() + P.lvl_at[h][s][g];
             float* dst = (s == 0 ? kc : vc)[g].data() + (size_t)t * G[g].dim;
             for (int j = 0; j < G[g].dim; ++j) dst[j] = round_fp16(lv[codes[j]]);
@@ -325,6 +407,7 @@ void run_packed_case(const Case& c, uint32_t seed) {
 TEST(CudaPackedDecode, Small) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   run_packed_case({64, 2, 4, {1, 97, 130}, true, 0, 0, DType::f32}, 11);
+  run_packed_case({128, 2, 3, {1, 97, 130}, false, 2, 2, DType::f32}, 12);  // uniform instance
 }
 
 TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
@@ -338,12 +421,73 @@ TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
       {128, 8, 4, {4096, 97, 1}, false, 1, 1, DType::f32},
       {64, 1, 1, {100003}, false, 4, 4, DType::f32},
       {64, 2, 8, {97, 1, 4096}, false, 2, 2, DType::f32},
+      {128, 2, 3, {4096, 1, 97, 100003}, false, 2, 2, DType::f16},
+      {256, 1, 4, {97, 4096}, false, 2, 2, DType::f32},
       {128, 8, 4, {4096, 1, 97}, false, 4, 4, DType::f16},
       {128, 2, 16, {97, 1, 5000}, false, 3, 3, DType::f32},  // GQA 16: 16-row general instance
       {64, 1, 12, {4096, 33}, true, 0, 0, DType::f16},
   };
   uint32_t seed = 100;
   for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+// Small cases of the two tests below (also the compute-sanitizer cases).
+TEST(CudaPackedDecode, SmallZeroBit) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  run_packed_case({64, 3, 4, {1, 97, 130}, false, 0, 0, DType::f32, Special::zero_bit}, 690);
+}
+TEST(CudaPackedDecode, SmallWide) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  run_packed_case({64, 2, 3, {1, 97, 130}, false, 0, 0, DType::f32, Special::wide}, 790);
+}
+
+// Sides with no groups and 0-bit channels (docs/packed_format.md §6): scores 0
+// for a KV head without key groups, output 0 on channels in no value group;
+// general tensor-core instance (GQA ≤ 8 rows-8 and the 16-row one).
+TEST(CudaPackedDecode, ZeroBitSides) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const Case cases[] = {
+      {64, 3, 4, {1, 97, 4096}, false, 0, 0, DType::f32, Special::zero_bit},
+      {128, 3, 8, {97, 1, 300}, false, 0, 0, DType::f16, Special::zero_bit},
+      {256, 3, 1, {4096, 1}, false, 0, 0, DType::f32, Special::zero_bit},
+      {64, 3, 12, {97, 65}, false, 0, 0, DType::f32, Special::zero_bit},
+  };
+  uint32_t seed = 700;
+  for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+// Groups of 5..8 bits (low nibble in the pages, high bits in the extension
+// pages, docs/packed_format.md §5) on the generic kernel.
+TEST(CudaPackedDecode, WideGroups) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const Case cases[] = {
+      {64, 2, 4, {1, 97, 4096}, false, 0, 0, DType::f32, Special::wide},
+      {128, 3, 8, {97, 1, 130}, false, 0, 0, DType::f16, Special::wide},
+      {256, 1, 1, {97, 1}, false, 0, 0, DType::f32, Special::wide},
+      {128, 2, 16, {200}, false, 0, 0, DType::f32, Special::wide},
+  };
+  uint32_t seed = 800;
+  for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+TEST(CudaPackedDecode, WidePlanErrors) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  std::mt19937 rng(5);
+  Plan P = make_plan(64, 2, false, 0, 0, rng, Special::wide);
+  cuda::PackedPlan plan(*P.layout, *P.ext, 4, P.rot, P.lvl);
+  ASSERT_NE(plan.ext_layout(), nullptr);
+  DevBuf<int32_t> dpt(std::vector<int32_t>{0}), dlen(std::vector<int32_t>{0});
+  DevBuf<uint8_t> pool(P.layout->page_bytes());
+  DevBuf<float> x(2 * 64);
+  cuda::DecodeBatch db{dpt.p, 1, dlen.p, 1, 64};
+  // The GPU quantizers do not write extension pages.
+  EXPECT_THROW(cuda::packed_append(plan, db, pool.p, x.p, x.p, DType::f32, nullptr), ratekv::Error);
+  EXPECT_THROW(cuda::packed_prefill(plan, db, pool.p, x.p, x.p, 1, DType::f32, nullptr), ratekv::Error);
+  // Without the extension layout the levels do not fit (2^b per wide group).
+  EXPECT_THROW(cuda::PackedPlan(*P.layout, 4, P.rot, P.lvl), ratekv::Error);
+  // An extension layout of another head_dim / head count.
+  const LayerLayout other = LayerLayout::uniform(64, 1, 2, 2);
+  EXPECT_THROW(cuda::PackedPlan(*P.layout, other, 4, P.rot, P.lvl), ratekv::Error);
 }
 
 // ---- fp16 baseline kernel ---------------------------------------------------

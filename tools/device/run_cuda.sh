@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One device call: build the CUDA path (tools/device/CMakeLists.txt), run its
+# One device call: build the CUDA path (the top-level CMake, targets test_cuda
+# and bench_cuda_decode only), run its
 # tests, compute-sanitizer memcheck + racecheck on the small cases, the decode
 # benchmark and the torch SDPA flash baseline in the same run, the 32-layer
 # memory demonstration. Everything lands in $OUT (all.log, build.log,
 # test_cuda.json, cuda_decode_bench.json, sdpa_flash.json, demo.json, table.md).
 # Usage (repo root): tools/device/run_cuda.sh
-# PREBUILT=DIR: use test_cache_format, test_cuda and bench_cuda_decode already
-# built in DIR (same toolkit, sm_90) instead of building here.
+# PREBUILT=DIR: use test_cuda and bench_cuda_decode already built in DIR
+# (same toolkit, sm_90; e.g. copied from a build-*/bin or tests dir) instead
+# of building here.
 # STAGES="tests sanitize bench sdpa demo sass" (default: all but sass) picks stages;
 # BENCH_ARGS are passed to bench_cuda_decode.
 set -uo pipefail
@@ -23,26 +25,32 @@ say "env"
 say "build"
 if [ -n "${PREBUILT:-}" ]; then
   B=$(cd "$PREBUILT" && pwd); echo "prebuilt binaries in $B" | tee -a "$LOG"
-elif ! { cmake -S "$ROOT/tools/device" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build $B -j16; } > "$OUT/build.log" 2>&1; then
+elif ! { cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DRATEKV_CUDA=ON -DCMAKE_CUDA_FLAGS=-Xptxas=-v && cmake --build $B -j16 --target test_cuda bench_cuda_decode && cp $B/tests/test_cuda $B/bench/bench_cuda_decode $B/; } > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log" | tee -a "$LOG"; exit 1
 else
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" | grep -B1 -A1 registers | grep -E "registers|spill" | tee -a "$LOG"
 fi
 if has sass; then
   say "sass"
-  cuobjdump -sass "$B/test_cuda" > "$OUT/sass.txt" 2>&1; ls -la "$OUT/sass.txt" | tee -a "$LOG"
+  # Opcode counts of the uniform K2V2 instances (head_dim 128): v10 selector decode vs v9 lookup.
+  cuobjdump -sass "$B/test_cuda" 2>&1 | python3 "$ROOT/tools/device/sass_counts.py" \
+    packed_decode_kernelILi128ELi2ELb1ELb1E packed_decode_kernelILi128ELi2ELb1ELb0E \
+    packed_decode_kernelILi128ELi3ELb1ELb0E > "$OUT/sass_counts.txt" 2>&1; cat "$OUT/sass_counts.txt" | tee -a "$LOG"
 fi
 if has tests; then
-  say "format tests"
-  $B/test_cache_format 2>&1 | tail -3 | tee -a "$LOG"
+  if [ -x "$B/test_cache_format" ]; then
+    say "format tests"
+    $B/test_cache_format 2>&1 | tail -3 | tee -a "$LOG"
+  fi
   say "cuda tests"
   $B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" 2>&1 | grep -vE "^\[ RUN|^\[       OK" | tail -40 | tee -a "$LOG"
 fi
 if has sanitize; then
-  say "compute-sanitizer memcheck (small decode + append + prefill)"
-  compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda --gtest_filter='CudaPackedDecode.Small:CudaPackedAppend.*:CudaPackedPrefill.*' 2>&1 | tail -6 | tee -a "$LOG"
-  say "compute-sanitizer racecheck (small decode + prefill)"
-  compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda --gtest_filter='CudaPackedDecode.Small:CudaPackedPrefill.*' 2>&1 | tail -4 | tee -a "$LOG"
+  SMALL='CudaPackedDecode.Small:CudaPackedDecode.SmallZeroBit:CudaPackedDecode.SmallWide:CudaVqDecode.Small'
+  say "compute-sanitizer memcheck (small decode: packed, 0-bit sides, 5..8-bit generic, vq; append; prefill)"
+  compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda --gtest_filter="$SMALL:CudaPackedAppend.*:CudaPackedPrefill.*" 2>&1 | tail -6 | tee -a "$LOG"
+  say "compute-sanitizer racecheck (small decode cases + prefill)"
+  compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda --gtest_filter="$SMALL:CudaPackedPrefill.*" 2>&1 | tail -4 | tee -a "$LOG"
 fi
 if has bench; then
   say "benchmark"

@@ -19,10 +19,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "ratekv/packed_format.h"
+
+namespace ratekv::packed {
+class VqLayerLayout;  // ratekv/packed_vq_format.h
+}
 
 namespace ratekv::cuda {
 
@@ -42,20 +47,36 @@ struct DecodeBatch {
 ///   rotations: for h in heads, side in (key, value), group g: dim×dim fp32
 ///              row-major, y = Π u (so x̂ = n Πᵀ c[idx]); concatenated.
 ///   levels:    same order, 2^bits fp32 Lloyd–Max levels, strictly ascending.
+/// A side of a KV head may have no groups (all its channels at 0 bits,
+/// docs/packed_format.md §6): its scores are 0 / its output channels 0, as in
+/// the CPU packed cache.
 /// Throws Error when a span has the wrong length, levels are not ascending,
 /// n_heads is not a multiple of n_kv_heads, GQA > 16, head_dim ∉ {64,128,256},
-/// a side of a KV head has no groups (all its channels at 0 bits),
 /// or the padded groups of a side need more tiles than the kernels hold
 /// (head_dim/16 + 2 for head_dim ≤ 128, 16 for 256).
 class PackedPlan {
  public:
   PackedPlan(const packed::LayerLayout& layout, int n_heads, std::span<const float> rotations,
              std::span<const float> levels);
+  /// A plan with groups of 5..8 bits (docs/packed_format.md §5, the CPU
+  /// packed cache's PackedKVCache::ext_layout): `layout` holds every group
+  /// (a b-bit group as its low 4-bit part), `ext` the high (b − 4)-bit parts
+  /// of the wide groups, per KV head and side in the order of the wide groups
+  /// of `layout` (matched by channel list). `levels` has 2^b levels for a
+  /// wide group. Such plans run on the generic (non-tensor-core) decode
+  /// kernel and need the extension pool (packed_decode_attention's ext_pool);
+  /// packed_append / packed_prefill reject them. Throws Error when ext does
+  /// not match layout (head_dim, heads, a wide part without a 4-bit main
+  /// group of the same channels), besides the checks above.
+  PackedPlan(const packed::LayerLayout& layout, const packed::LayerLayout& ext, int n_heads,
+             std::span<const float> rotations, std::span<const float> levels);
   ~PackedPlan();
   PackedPlan(const PackedPlan&) = delete;
   PackedPlan& operator=(const PackedPlan&) = delete;
 
   const packed::LayerLayout& layout() const { return layout_; }
+  /// The extension layout of a plan with 5..8-bit groups, else nullptr.
+  const packed::LayerLayout* ext_layout() const { return ext_ ? &*ext_ : nullptr; }
   int n_heads() const { return n_heads_; }
   int head_dim() const { return layout_.head_dim(); }
   int gqa() const { return n_heads_ / layout_.n_kv_heads(); }
@@ -64,7 +85,9 @@ class PackedPlan {
   const Device& device() const { return *dev_; }
 
  private:
+  void build(std::span<const float> rotations, std::span<const float> levels);
   packed::LayerLayout layout_;
+  std::optional<packed::LayerLayout> ext_;
   int n_heads_;
   std::unique_ptr<Device> dev_;
 };
@@ -104,6 +127,91 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                              float* out, void* workspace, size_t workspace_bytes, int n_splits,
                              void* stream,
                              PackedDecodeVariant variant = PackedDecodeVariant::specialized);
+
+/// The same for a plan with 5..8-bit groups: `ext_pool` holds the extension
+/// pages (plan.ext_layout()->page_bytes() each, same page table: physical
+/// page p of the pool ↔ physical page p of ext_pool). A plan without wide
+/// groups ignores ext_pool (may be nullptr). Plans with wide groups run on
+/// the generic kernel: one thread per token for the scores, codes read bit
+/// by bit (correctness path, no bandwidth target); same rounding as the
+/// tensor-core kernels (fp16 rotated query and levels, fp32 accumulation).
+void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
+                             const uint8_t* pool, const uint8_t* ext_pool, const void* q,
+                             DType q_dtype, float scale, float* out, void* workspace,
+                             size_t workspace_bytes, int n_splits, void* stream);
+
+/// RoPE of the keys of a vq plan (DESIGN.md §5: keys are quantized pre-RoPE
+/// and rotated at the key's position in attention), as ratekv::apply_rope:
+/// block i = channels (2i, 2i+1) (interleaved, GGUF "llama") or (i, i + d/2)
+/// (NeoX), angle pos · θ^(−2i/d) in double, cos/sin rounded to fp32.
+struct VqRope {
+  bool neox = false;
+  double theta = 10000.0;  ///< the layer's RoPE base (> 0, finite)
+};
+
+/// A layer's vq pages (docs/packed_format.md §7; TaSQ / CQ plans, codec kind
+/// vq, and fp16 sides) uploaded for vq_decode_attention.
+///   codewords: for h in KV heads, side in (key, value) whose kind is vq:
+///              (G, 2^bits, g) fp32 reconstruction codewords C̃ = C / a
+///              (channel weights folded in, cache::VqCodec), concatenated;
+///   channels:  same order, (G, g) int32: the head channel of coordinate i
+///              of group gi (each channel of the head exactly once).
+/// The key side must be in the vq pages (kind vq or fp16). The value side is
+/// in the vq pages too, or — kind none here — a scalar TQ-MSE side in the
+/// layer's scalar pages (docs/packed_format.md §2–3, the CPU packed cache's
+/// layout(layer)): then `scalar_values` is its PackedPlan (no key groups in
+/// any head; kept alive by the caller) and vq_decode_attention reads those
+/// pages from `scalar_pool`, accumulating in each value group's rotated domain
+/// (fp32 levels, fp16 norms) and rotating back in the merge.
+/// Throws Error on wrong span lengths, a channel list that is not a
+/// permutation, non-finite codewords, GQA > 16, head_dim > 256 or odd, a bad
+/// RoPE base, or a value side in neither page kind / a scalar plan that does
+/// not match (head_dim, heads, key groups).
+class VqPlan {
+ public:
+  VqPlan(const packed::VqLayerLayout& layout, int n_heads, std::span<const float> codewords,
+         std::span<const int32_t> channels, VqRope rope,
+         const PackedPlan* scalar_values = nullptr);
+  ~VqPlan();
+  VqPlan(const VqPlan&) = delete;
+  VqPlan& operator=(const VqPlan&) = delete;
+
+  const packed::VqLayerLayout& layout() const { return *layout_; }
+  /// The scalar TQ-MSE value side's plan, or nullptr.
+  const PackedPlan* scalar_values() const { return scalar_; }
+  int n_heads() const { return n_heads_; }
+  int head_dim() const { return head_dim_; }
+  int n_kv_heads() const { return n_kv_heads_; }
+  int gqa() const { return n_heads_ / n_kv_heads_; }
+
+  struct Device;  ///< device-side tables (opaque)
+  const Device& device() const { return *dev_; }
+
+ private:
+  std::unique_ptr<packed::VqLayerLayout> layout_;  // (this header does not include packed_vq_format.h)
+  const PackedPlan* scalar_ = nullptr;
+  int n_heads_, head_dim_, n_kv_heads_;
+  std::unique_ptr<Device> dev_;
+};
+
+/// Split count vq_decode_attention uses for n_splits = 0 (size the workspace
+/// with decode_workspace_bytes(…, default_splits(plan, batch, max_seq_len))).
+int default_splits(const VqPlan& plan, int batch, int max_seq_len);
+
+/// Split-K decode attention over vq pages (correctness path: no tensor
+/// cores, no bandwidth target):
+///   k̂_t = RoPE_t(s_t · C̃[z_t]) (vq keys; fp16 keys are stored post-RoPE),
+///   v̂_t = s_t · C̃[z_t], the fp16 row, or (scalar values) Σ_g Π_gᵀ n_g c_g[idx],
+///   out[b,q] = Σ_t softmax_t(scale · q·k̂_t) v̂_t
+/// in fp32 (query not rounded), at positions t = 0 … seq_lens[b]−1. `pool`
+/// holds the layer's vq pages (layout().page_bytes() each), `scalar_pool` its
+/// scalar pages when the values are scalar (else ignored, may be nullptr),
+/// both under the page table of `batch`. Shapes as packed_decode_attention
+/// (q (batch, n_heads, head_dim) fp32/fp16, out fp32).
+void vq_decode_attention(const VqPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
+                         const uint8_t* scalar_pool, const void* q, DType q_dtype, float scale,
+                         float* out, void* workspace, size_t workspace_bytes, int n_splits,
+                         void* stream);
 
 /// The fp16 baseline of the same structure. Pages hold, per (page, KV head),
 /// K (64, head_dim) then V (64, head_dim) fp16: page stride
