@@ -68,16 +68,22 @@ int32_t pick_token(const float* logits, int n_vocab, double temp, int top_k, std
 void run(const GenerateArgs& a) {
   check(a.n_predict >= 0, "-n: {} must be >= 0", a.n_predict);
   check(std::isfinite(a.temp) && a.temp >= 0, "--temp: {} must be a finite value >= 0", a.temp);
-  LoadedModel lm = load_model(a.model);
+  // Prompt, context and cache are settled from the model's header: an option
+  // error (--chat template, -p/-n past the context, --cache/--plan) comes
+  // before the weights load.
+  std::vector<int32_t> prompt;
+  std::unique_ptr<KVCache> cache;
+  LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+    const std::string text = a.chat ? chat_prompt(h.file, a.prompt) : a.prompt;
+    prompt = h.tokenizer.encode(text, /*add_bos=*/true, /*parse_special=*/a.chat);
+    check(!prompt.empty(), "-p: the prompt is empty after tokenization (and the model adds no BOS)");
+    const int64_t n_ctx = static_cast<int64_t>(prompt.size()) + a.n_predict;
+    check(n_ctx <= h.config.n_ctx_train, "-p/-n: prompt ({} tokens) + {} new tokens exceed the model context {}",
+          prompt.size(), a.n_predict, h.config.n_ctx_train);
+    cache = make_cache(a.cache, h.config, n_ctx, a.plan);
+  });
   Model& model = *lm.model;
   const Tokenizer& tok = *lm.tokenizer;
-  const std::string text = a.chat ? chat_prompt(*lm.file, a.prompt) : a.prompt;
-  std::vector<int32_t> prompt = tok.encode(text, /*add_bos=*/true, /*parse_special=*/a.chat);
-  check(!prompt.empty(), "-p: the prompt is empty after tokenization (and the model adds no BOS)");
-  const int64_t n_ctx = static_cast<int64_t>(prompt.size()) + a.n_predict;
-  check(n_ctx <= model.position_limit(), "-p/-n: prompt ({} tokens) + {} new tokens exceed the model context {}",
-        prompt.size(), a.n_predict, model.position_limit());
-  auto cache = make_cache(a.cache, model, n_ctx, a.plan);
   const int V = model.config().n_vocab;
   std::vector<float> logits(V);
   std::mt19937_64 rng(a.seed);

@@ -32,23 +32,27 @@ void run(const PerplexityArgs& a) {
   std::ifstream in(a.text, std::ios::binary);
   check(static_cast<bool>(in), "-f: cannot read '{}'", a.text);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  LoadedModel lm = load_model(a.model);
-  Model& model = *lm.model;
-  check(a.n_ctx <= model.position_limit(), "-c: context {} exceeds the model's context {}", a.n_ctx,
-        model.position_limit());
-
-  const auto t_tok = std::chrono::steady_clock::now();
-  const std::vector<int32_t> tokens = lm.tokenizer->encode(text, /*add_bos=*/true);
-  spdlog::info("tokenized {} bytes into {} tokens in {:.2f} s (add_bos {})", text.size(), tokens.size(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_tok).count(), lm.add_bos);
+  // Context, token count and cache are checked against the model's header,
+  // before the weights load.
+  std::vector<int32_t> tokens;
+  std::unique_ptr<KVCache> cache;
   const int64_t n_ctx = a.n_ctx;
-  check(static_cast<int64_t>(tokens.size()) >= 2 * n_ctx,
-        "-f/-c: '{}' has {} tokens; need at least 2·CTX = {} (llama-perplexity's requirement)", a.text, tokens.size(),
-        2 * n_ctx);
+  LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+    check(n_ctx <= h.config.n_ctx_train, "-c: context {} exceeds the model's context {}", n_ctx,
+          h.config.n_ctx_train);
+    cache = make_cache(a.cache, h.config, n_ctx, a.plan);
+    const auto t_tok = std::chrono::steady_clock::now();
+    tokens = h.tokenizer.encode(text, /*add_bos=*/true);
+    spdlog::info("tokenized {} bytes into {} tokens in {:.2f} s (add_bos {})", text.size(), tokens.size(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_tok).count(), h.add_bos);
+    check(static_cast<int64_t>(tokens.size()) >= 2 * n_ctx,
+          "-f/-c: '{}' has {} tokens; need at least 2·CTX = {} (llama-perplexity's requirement)", a.text,
+          tokens.size(), 2 * n_ctx);
+  });
+  Model& model = *lm.model;
   const int64_t all_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
   const int64_t max_chunks = a.chunks > 0 ? std::min(a.chunks, all_chunks) : all_chunks;
 
-  auto cache = make_cache(a.cache, model, n_ctx, a.plan);
   Progress progress("perplexity chunks", max_chunks);
   const auto t0 = std::chrono::steady_clock::now();
   const PerplexityResult r = perplexity(model, *cache, tokens, n_ctx, a.chunks, lm.add_bos, lm.tokenizer->bos_id(),

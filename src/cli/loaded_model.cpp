@@ -10,13 +10,17 @@
 
 namespace ratekv::cli {
 
-LoadedModel load_model(const std::string& path) {
+LoadedModel load_model(const std::string& path, const BeforeWeights& before_weights) {
   const auto t0 = std::chrono::steady_clock::now();
   LoadedModel m;
   m.file = std::make_unique<GgufFile>(GgufFile::open(path));
-  m.model = std::make_unique<Model>(Model::load(*m.file));
   m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*m.file));
   m.add_bos = m.file->has("tokenizer.ggml.add_bos_token") && m.file->get_bool("tokenizer.ggml.add_bos_token");
+  if (before_weights) {
+    const ModelConfig cfg = ModelConfig::from_gguf(*m.file);
+    before_weights(ModelHeader{*m.file, cfg, *m.tokenizer, m.add_bos});
+  }
+  m.model = std::make_unique<Model>(Model::load(*m.file));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = m.model->config();
   spdlog::info("loaded {} ({}, {} layers, {} heads / {} KV heads, head_dim {}) in {:.2f} s; fp32 weights {:.1f} MiB",
@@ -38,16 +42,16 @@ void add_plan_option(CLI::App* cmd, std::string& plan) {
       ->check(CLI::ExistingFile);
 }
 
-std::unique_ptr<KVCache> make_cache(const std::string& kind, const Model& model, int64_t n_ctx,
+std::unique_ptr<KVCache> make_cache(const std::string& kind, const ModelConfig& cfg, int64_t n_ctx,
                                     const std::string& plan) {
-  const KVCacheShape shape = model.config().kv_shape(n_ctx);
+  const KVCacheShape shape = cfg.kv_shape(n_ctx);
   if (kind == "fp32") {
     check(plan.empty(), "--plan '{}': only used with --cache fake|packed (got --cache fp32)", plan);
     return std::make_unique<DenseKVCache>(shape);
   }
   check(kind == "fake" || kind == "packed", "--cache '{}': unknown cache kind (fp32, fake, packed)", kind);
   check(!plan.empty(), "--cache {}: needs --plan PLAN", kind);
-  auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(plan), model.config(), plan);
+  auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(plan), cfg, plan);
   if (kind == "fake") return std::make_unique<cache::FakeQuantKVCache>(shape, std::move(codecs));
   return std::make_unique<cache::PackedKVCache>(shape, std::move(codecs));
 }

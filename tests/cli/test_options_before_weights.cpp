@@ -1,0 +1,79 @@
+// Option errors of the model-running subcommands that need the model's header
+// (context length, tokenizer, chat template, architecture) but not its
+// weights: each must end with a clean "error: ..." naming the flag before the
+// weights are dequantized, i.e. without load_model's "... fp32 weights ..."
+// log line. Uses the real model assets (skips when absent).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <unistd.h>
+
+#include "../support/assets.h"
+#include "cli_runner.h"
+
+using ratekv_test::cli_path;
+using ratekv_test::Result;
+using ratekv_test::run_cli;
+
+namespace {
+
+// The log line load_model() prints once the weights are loaded.
+constexpr const char* kWeightsLoaded = "fp32 weights";
+
+class OptionsBeforeWeights : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+    smollm2_ = ratekv_test::smollm2_path();
+    gemma3_ = ratekv_test::gemma3_path();
+    if (!fs::exists(smollm2_)) GTEST_SKIP() << "model asset absent: " << smollm2_;
+    dir_ = fs::temp_directory_path() / ("ratekv_cli_before_weights_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    text_ = dir_ / "t.txt";
+    std::ofstream(text_) << "A short text of a few dozen tokens, far fewer than two chunks of 512.";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+  static std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+  // Runs `args`; expects exit 1 with "error: " followed (somewhere) by each of
+  // `needles`, and no weights loaded.
+  static void expect_early_error(const std::string& args, std::initializer_list<const char*> needles) {
+    const Result r = run_cli(args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << args << "\n" << r.output;
+    for (const char* n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << "\n" << r.output;
+    EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
+  }
+  fs::path smollm2_, gemma3_, dir_, text_;
+};
+
+TEST_F(OptionsBeforeWeights, Generate) {
+  const std::string base = "generate -m " + q(smollm2_) + " -p 'Hello there' ";
+  // The marker is what a load prints: a run with good options loads and prints it.
+  const Result ok = run_cli(base + "-n 1");
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  ASSERT_NE(ok.output.find(kWeightsLoaded), std::string::npos) << ok.output;
+  // --plan without a plan cache (the plan file exists; its content is never read).
+  expect_early_error(base + "-n 4 --plan " + q(text_), {"--plan", "--cache fp32"});
+  expect_early_error(base + "-n 4 --cache fake", {"--cache fake: needs --plan"});
+  expect_early_error(base + "-n 4 --cache packed", {"--cache packed: needs --plan"});
+  // SmolLM2's context is 8192 tokens.
+  expect_early_error(base + "-n 9000", {"-p/-n", "9000 new tokens", "8192"});
+}
+
+TEST_F(OptionsBeforeWeights, GenerateChatNeedsChatMLTemplate) {
+  if (!fs::exists(gemma3_)) GTEST_SKIP() << "model asset absent: " << gemma3_;
+  expect_early_error("generate -m " + q(gemma3_) + " -p hi -n 4 --chat", {"--chat", "ChatML"});
+}
+
+TEST_F(OptionsBeforeWeights, Perplexity) {
+  const std::string base = "perplexity -m " + q(smollm2_) + " -f " + q(text_) + " ";
+  expect_early_error(base + "-c 10000", {"-c: context 10000", "8192"});
+  expect_early_error(base + "-c 64 --plan " + q(text_), {"--plan", "--cache fp32"});
+  expect_early_error(base + "-c 64 --cache fake", {"--cache fake: needs --plan"});
+  expect_early_error(base + "-c 512", {"-f/-c", "need at least 2·CTX = 1024"});
+}
+
+}  // namespace
