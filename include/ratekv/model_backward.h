@@ -41,11 +41,18 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ratekv/model.h"
 
 namespace ratekv {
+
+/// Throws Error "<context>: arch '<arch>': the backward pass is implemented
+/// for 'llama' only (...)" unless cfg.arch is "llama". Needs only the config,
+/// so callers can check before loading weights (ModelBackward's constructor
+/// calls it with context "ModelBackward").
+void check_backward_arch(const ModelConfig& cfg, const std::string& context);
 
 /// Which cached tensor of a layer.
 enum class KVTensor {

@@ -13,6 +13,7 @@
 #include "ratekv/eval/distortion_measure.h"
 #include "ratekv/error.h"
 #include "ratekv/log.h"
+#include "ratekv/model_backward.h"
 #include "ratekv/sha256.h"
 
 namespace ratekv::cli {
@@ -45,17 +46,22 @@ void run(const CalibrateArgs& a) {
           "--curves-json '{}': the same file as -o '{}' (the statistics would overwrite the JSON)", a.curves_json,
           a.out);
   }
-  LoadedModel lm = load_model(a.model);
-  if (a.sensitivity) {
-    check(a.sens_len <= lm.model->position_limit(), "--sens-len {}: exceeds the model's position limit {}",
-          a.sens_len, lm.model->position_limit());
-  }
-  const int64_t need = a.sensitivity ? std::max(a.tokens, a.sens_seqs * a.sens_len) : a.tokens;
-  const std::string what =
-      a.sensitivity && need > a.tokens
-          ? fmt::format("-f (--sensitivity reads --sens-seqs {} × --sens-len {} tokens)", a.sens_seqs, a.sens_len)
-          : std::string("-f");
-  std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, need, lm.add_bos, what);
+  // The architecture, --sens-len and the text length are checked against the
+  // model's header, before its weights load and long before the backward pass.
+  std::vector<int32_t> ids;
+  LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+    if (a.sensitivity) {
+      check_backward_arch(h.config, "--sensitivity");
+      check(a.sens_len <= h.config.n_ctx_train, "--sens-len {}: exceeds the model's position limit {}", a.sens_len,
+            h.config.n_ctx_train);
+    }
+    const int64_t need = a.sensitivity ? std::max(a.tokens, a.sens_seqs * a.sens_len) : a.tokens;
+    const std::string what =
+        a.sensitivity && need > a.tokens
+            ? fmt::format("-f (--sensitivity reads --sens-seqs {} × --sens-len {} tokens)", a.sens_seqs, a.sens_len)
+            : std::string("-f");
+    ids = read_text_tokens(h.tokenizer, a.text, need, h.add_bos, what);
+  });
   spdlog::info("calibrating on the first {} tokens of {} in chunks of {}", a.tokens, a.text, a.ctx);
   calib::KVStats s = calib::calibrate(*lm.model, std::span<const int32_t>(ids).first(a.tokens), a.ctx);
   if (a.sensitivity) {

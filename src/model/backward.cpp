@@ -417,13 +417,16 @@ struct ModelBackward<T>::Impl {
   }
 };
 
+void check_backward_arch(const ModelConfig& cfg, const std::string& context) {
+  check(cfg.arch == "llama",
+        "{}: arch '{}': the backward pass is implemented for 'llama' only (RMSNorm, SwiGLU, plain softmax attention)",
+        context, cfg.arch);
+}
+
 template <class T>
 ModelBackward<T>::ModelBackward(const Model& model) : impl_(std::make_unique<Impl>()) {
   const ModelConfig& c = model.config();
-  check(c.arch == "llama",
-        "ModelBackward: arch '{}': the backward pass is implemented for 'llama' only (RMSNorm, SwiGLU, plain "
-        "softmax attention)",
-        c.arch);
+  check_backward_arch(c, "ModelBackward");
   Impl& m = *impl_;
   m.model = &model;
   m.cfg = c;

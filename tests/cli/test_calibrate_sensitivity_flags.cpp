@@ -6,6 +6,7 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "../support/assets.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
@@ -34,5 +35,31 @@ TEST(CalibrateSensitivityFlags, BadCountsNameTheFlagBeforeLoading) {
   const Result r = run_cli(base.substr(0, base.size() - std::string("--sensitivity ").size()) + "--sens-len 1");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find("--sens-len"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+// The backward pass is llama-only: --sensitivity on a Gemma 3 model fails
+// naming the arch before the model's weights load and before the statistics
+// pass (it used to fail only after that whole pass).
+TEST(CalibrateSensitivityFlags, GemmaFailsBeforeTheStatisticsPass) {
+  if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+  const fs::path model = ratekv_test::gemma3_path();
+  if (!fs::exists(model)) GTEST_SKIP() << "model asset absent: " << model;
+  const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_sens_gemma_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream t(dir / "t.txt");
+    for (int i = 0; i < 40; ++i) t << "The quick brown fox jumps over the lazy dog number " << i << ". ";
+  }
+  const Result r = run_cli("calibrate -m '" + model.string() + "' -f '" + (dir / "t.txt").string() +
+                           "' --tokens 32 --ctx 32 -o '" + (dir / "s.safetensors").string() +
+                           "' --sensitivity --sens-seqs 1 --sens-len 16");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("error: --sensitivity: arch 'gemma3': the backward pass is implemented for 'llama' only"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("calibrating on"), std::string::npos) << "statistics pass ran first:\n" << r.output;
+  EXPECT_EQ(r.output.find("fp32 weights"), std::string::npos) << "weights were loaded first:\n" << r.output;
+  EXPECT_FALSE(fs::exists(dir / "s.safetensors"));
   fs::remove_all(dir);
 }
