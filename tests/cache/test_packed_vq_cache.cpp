@@ -357,3 +357,55 @@ TEST(PackedVqCache, MissingOrMismatchedSideFileIsAnError) {
   EXPECT_NO_THROW(packed.append(0, 1, &p0, K.data(), K.data(), K.data()));
   std::filesystem::remove_all(dir);
 }
+
+// fp16 sides without any vq: fp16 keys (post-RoPE rows) with TQ-MSE values and
+// the reverse, in the vq pages, equal the fake-quant cache; a layer side with
+// fp16 on some KV heads only is an Error naming the layer.
+TEST(PackedVqCache, Fp16SidesEqualFakeQuantAndMixedFp16IsAnError) {
+  const int Hkv = 3, d = 64, ratio = 3;
+  const ModelConfig cfg = config(d, Hkv, ratio);
+  const int64_t T = 130;
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
+  for (int fp16_side = 0; fp16_side < 2; ++fp16_side) {
+    Plan p;
+    p.method = "test";
+    static_cast<PlanTarget&>(p.model) = plan_target(cfg);
+    p.layers.assign(cfg.n_layers, std::vector<HeadPlan>(Hkv));
+    for (int l = 0; l < cfg.n_layers; ++l)
+      for (int h = 0; h < Hkv; ++h) {
+        const Codec tq = Codec::tq_mse(2, d, 40 + h);
+        p.layers[l][h] = fp16_side == 0 ? HeadPlan{Codec::fp16(), tq} : HeadPlan{tq, Codec::fp16()};
+      }
+    auto codecs = std::make_shared<const PlanCodecs>(p, cfg, "fp16-plan");
+    FakeQuantKVCache fake(cfg.kv_shape(T), codecs);
+    PackedKVCache packed(cfg.kv_shape(T), codecs);
+    ASSERT_NE(packed.vq_layout(0), nullptr);
+    EXPECT_EQ(packed.vq_layout(0)->side(static_cast<packed::Side>(fp16_side)).kind, packed::VqSideKind::fp16);
+    const auto Kp = kv_data(T, Hkv, d, 11), V = kv_data(T, Hkv, d, 12);
+    const auto K = rotated(Kp, T, Hkv, d, pos.data(), cfg, 0);
+    fake.append(0, T, pos.data(), Kp.data(), K.data(), V.data());
+    packed.append(0, T, pos.data(), Kp.data(), K.data(), V.data());
+    AttnParams ap;
+    ap.scale = 0.125f;
+    for (int64_t nq : {int64_t{1}, T}) {
+      std::vector<float> q(nq * ratio * Hkv * d);
+      std::mt19937 rng(5);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& x : q) x = nd(rng);
+      std::vector<float> of(q.size()), op(q.size());
+      fake.attend(0, nq, pos.data() + (T - nq), q.data(), of.data(), ap);
+      packed.attend(0, nq, pos.data() + (T - nq), q.data(), op.data(), ap);
+      EXPECT_LT(rel_err(op, of), 1e-5) << "fp16 side " << fp16_side << ", " << nq << " queries";
+    }
+    // Mixed: head 1 of layer 1 back to TQ-MSE on the fp16 side.
+    Plan mixed = p;
+    (fp16_side == 0 ? mixed.layers[1][1].key : mixed.layers[1][1].value) = Codec::tq_mse(3, d, 9);
+    try {
+      PackedKVCache c(cfg.kv_shape(T), std::make_shared<const PlanCodecs>(mixed, cfg, "mixed"));
+      ADD_FAILURE() << "mixed fp16 layer side accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("layers[1]"), std::string::npos) << e.what();
+    }
+  }
+}
