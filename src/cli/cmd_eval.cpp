@@ -1,4 +1,4 @@
-// `ratekv eval`: RoPE-logit MAE, attention KL and perplexity of KV-cache
+// `ratekv eval`: RoPE-logit MAE, attention KL, logit NMSE by position and perplexity of KV-cache
 // plans against the fp32 cache and each other (eval/plan_eval.h).
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +23,7 @@ struct EvalArgs {
   std::vector<std::string> plans, baselines;
   int64_t tokens = 2048, ctx = 512, query_stride = 1;
   int seeds = 3;
-  bool no_ppl = false, force = false;
+  bool no_ppl = false, no_ppl_kv = false, force = false;
 };
 
 // tools/plot_eval.py: $RATEKV_TOOLS_DIR, else <exe dir>/../../tools (build/bin/ratekv).
@@ -68,6 +68,7 @@ void run(const EvalArgs& a) {
   opt.n_seeds = a.seeds;
   opt.query_stride = a.query_stride;
   opt.perplexity = !a.no_ppl;
+  opt.perplexity_kv = !a.no_ppl_kv;
   opt.bos_id = lm.add_bos ? lm.tokenizer->bos_id() : -1;
   nlohmann::json rep = eval::evaluate_plans(*lm.model, ids, entries, opt);
   rep["model"]["file"] = std::filesystem::path(a.model).filename().string();
@@ -93,7 +94,7 @@ const Registrar reg("eval", [](CLI::App& app) {
   auto* c = app.add_subcommand(
       "eval",
       "Evaluate KV-cache plans against the fp32 cache and each other: per-layer RoPE-logit MAE and attention KL "
-      "(K-only, V exact), perplexity with K-only and K+V quantized (llama.cpp windows), over run seeds");
+      "(K-only, V exact), attention-logit NMSE by query position (buckets 0-63, 64-127, 128-255, ...), perplexity with K-only and K+V quantized (llama.cpp windows), over run seeds");
   c->add_option("-m,--model", a->model, "GGUF model")->required()->check(CLI::ExistingFile);
   c->add_option("--plan", a->plans, "plan file (repeatable); rows are named by the file name without .json / .plan")
       ->check(CLI::ExistingFile);
@@ -105,6 +106,8 @@ const Registrar reg("eval", [](CLI::App& app) {
   c->add_option("--query-stride", a->query_stride, "MAE/KL over every r-th query row (all causal keys)")
       ->capture_default_str();
   c->add_flag("--no-ppl", a->no_ppl, "skip the quantized perplexity passes");
+  c->add_flag("--no-ppl-kv", a->no_ppl_kv,
+              "skip the K+V perplexity pass, keep K-only (e.g. plans whose values are fp16 anyway)");
   c->add_option("--json", a->json_out, "write the report as JSON");
   c->add_option("--plot", a->plot_out, "write a per-layer MAE plot (PNG; needs --json and matplotlib)");
   c->add_flag("--force", a->force, "overwrite output files");

@@ -1,4 +1,5 @@
-// RoPE-logit MAE and attention KL of quantized keys (eval/logit_error.h).
+// RoPE-logit MAE, attention KL and logit NMSE by query position of quantized
+// keys (eval/logit_error.h).
 #include "ratekv/eval/logit_error.h"
 
 #include <cblas.h>
@@ -25,6 +26,19 @@ void log_softmax(const float* s, int64_t len, float scale, float* out) {
 }
 
 }  // namespace
+
+int position_bucket(int64_t pos) {
+  check(pos >= 0, "logit error: query position {} must be ≥ 0", pos);
+  if (pos < kFirstPositionBucket) return 0;
+  int b = 1;
+  for (int64_t end = 2 * kFirstPositionBucket; pos >= end; end *= 2) ++b;
+  return b;
+}
+
+int64_t position_bucket_begin(int b) {
+  check(b >= 0 && b <= 40, "logit error: position bucket {} out of range 0..40", b);
+  return b == 0 ? 0 : kFirstPositionBucket << (b - 1);
+}
 
 LogitErrorReference::LogitErrorReference(const float* q, const float* k, int64_t n, int n_heads, int n_kv_heads,
                                          int head_dim, float scale, int64_t query_stride)
@@ -64,12 +78,22 @@ LogitErrorSums LogitErrorReference::compare(const float* khat) const {
     const float* S = &s_[static_cast<size_t>(g) * rows_ * n_];
     const float* LP = &logp_[static_cast<size_t>(g) * rows_ * n_];
     LogitErrorSums acc;
+    acc.by_position.resize(static_cast<size_t>(position_bucket((rows_ - 1) * stride_)) + 1);
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t len = r * stride_ + 1;
       const float* s = S + r * n_;
       const float* sh = Sh.data() + r * n_;
-      double a = 0.0;
-      for (int64_t j = 0; j < len; ++j) a += std::fabs(double{s[j]} - sh[j]);
+      double a = 0.0, e2 = 0.0, r2 = 0.0;
+      for (int64_t j = 0; j < len; ++j) {
+        const double e = double{sh[j]} - s[j];
+        a += std::fabs(e);
+        e2 += e * e;
+        r2 += double{s[j]} * s[j];
+      }
+      PositionSums& ps = acc.by_position[static_cast<size_t>(position_bucket(r * stride_))];
+      ps.sq_err += e2;
+      ps.sq_ref += r2;
+      ps.pairs += len;
       log_softmax(sh, len, scale_, lq.data());
       const float* lp = LP + r * n_;
       double kl = 0.0;

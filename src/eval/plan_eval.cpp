@@ -2,6 +2,7 @@
 // quantized perplexity passes (eval/plan_eval.h).
 #include "ratekv/eval/plan_eval.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -133,7 +134,7 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
   if (opt.perplexity) {
     for (size_t p = 0; p < P; ++p)
       for (size_t s = 0; s < codecs[p].size(); ++s)
-        for (int mode = 0; mode < 2; ++mode) {
+        for (int mode = 0; mode < (opt.perplexity_kv ? 2 : 1); ++mode) {
           cache::FakeQuantOptions fo;
           fo.quantize_v = mode == 1;
           cache::FakeQuantKVCache kv(cfg.kv_shape(ctx), codecs[p][s], fo);
@@ -168,6 +169,24 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rep["seconds"] = seconds;
 
+  // Query-position buckets of the NMSE: every bucket holding a position < ctx.
+  const int n_buckets = position_bucket(ctx - 1) + 1;
+  json buckets = json::array();
+  for (int b = 0; b < n_buckets; ++b) {
+    int64_t pairs = 0;
+    if (P > 0)
+      for (int l = 0; l < L; ++l)
+        if (static_cast<size_t>(b) < sums[0][0][l].by_position.size()) pairs += sums[0][0][l].by_position[b].pairs;
+    buckets.push_back({{"begin", position_bucket_begin(b)},
+                       {"end", std::min<int64_t>(position_bucket_begin(b + 1), ctx)},
+                       {"pairs_per_layer", L > 0 ? pairs / L : 0}});
+  }
+  rep["position_buckets"] = buckets;
+  rep["nmse_definition"] =
+      "per bucket of query positions i (position in the window, which starts from an empty cache): "
+      "sum over (layer, query head, i in bucket, key j <= i) of (q.khat - q.k)^2 / sum of (q.k)^2, "
+      "pre-softmax logits, post-RoPE, q and k from the fp32 pass; K-only";
+
   json jp = json::array();
   std::vector<std::vector<std::vector<double>>> mae(P), kl(P);  // [p][s][l], expanded to S seeds
   for (size_t p = 0; p < P; ++p) {
@@ -186,6 +205,26 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
       for (int s = 0; s < S; ++s) out.push_back(v[det[p] ? 0 : s]);
       return out;
     };
+    // Logit NMSE by query-position bucket, all layers and heads: per seed Σ_l err / Σ_l ref.
+    std::vector<double> nmse_all;
+    std::vector<std::vector<double>> nmse_pos;  // [s][b]
+    for (int s = 0; s < S; ++s) {
+      LogitErrorSums all;
+      all.by_position.resize(static_cast<size_t>(n_buckets));
+      for (int l = 0; l < L; ++l) all.merge(sums[p][det[p] ? 0 : s][l]);
+      nmse_all.push_back(all.nmse());
+      std::vector<double> v(static_cast<size_t>(n_buckets));
+      for (int b = 0; b < n_buckets; ++b) v[b] = all.by_position[b].nmse();
+      nmse_pos.push_back(v);
+    }
+    json pos_mean = json::array(), pos_sd = json::array();
+    for (int b = 0; b < n_buckets; ++b) {
+      std::vector<double> v(S);
+      for (int s = 0; s < S; ++s) v[s] = nmse_pos[s][b];
+      const auto [m, sd] = mean_sd(v);
+      pos_mean.push_back(m);
+      pos_sd.push_back(sd);
+    }
     const Plan::Achieved a = plans[p].plan.achieved();
     json e = {{"name", plans[p].name},
               {"file", plans[p].file},
@@ -195,10 +234,19 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
               {"sink_tokens", plans[p].plan.sink_tokens},
               {"bits", {{"k", a.k}, {"v", a.v}, {"k_code", a.k_code}, {"v_code", a.v_code}}},
               {"mae", layer_stat_json(mae[p])},
-              {"kl", layer_stat_json(kl[p])}};
+              {"kl", layer_stat_json(kl[p])},
+              {"nmse", stat_json(nmse_all)},
+              {"nmse_by_position", {{"mean", pos_mean}, {"sd", pos_sd}, {"per_seed", nmse_pos}}}};
+    // The calibration window length of a fitted plan (TaSQ / CQ record it in "fit"):
+    // NMSE buckets at or past it are positions the fit never saw.
+    const json& fit = plans[p].plan.fit;
+    if (fit.is_object() && fit.contains("ctx") && fit["ctx"].is_number_integer()) {
+      e["fit_ctx"] = fit["ctx"];
+      if (fit.contains("calibration_tokens")) e["fit_calibration_tokens"] = fit["calibration_tokens"];
+    }
     if (opt.perplexity) {
       e["ppl_k"] = stat_json(expand(ppl_k[p]));
-      e["ppl_kv"] = stat_json(expand(ppl_kv[p]));
+      if (opt.perplexity_kv) e["ppl_kv"] = stat_json(expand(ppl_kv[p]));
     }
     jp.push_back(e);
   }
@@ -238,10 +286,10 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
         std::vector<double> dk(S), dkv(S);
         for (int s = 0; s < S; ++s) {
           dk[s] = ppl_k[a][det[a] ? 0 : s] - ppl_k[b][det[b] ? 0 : s];
-          dkv[s] = ppl_kv[a][det[a] ? 0 : s] - ppl_kv[b][det[b] ? 0 : s];
+          if (opt.perplexity_kv) dkv[s] = ppl_kv[a][det[a] ? 0 : s] - ppl_kv[b][det[b] ? 0 : s];
         }
         c["ppl_k_diff"] = stat_json(dk);
-        c["ppl_kv_diff"] = stat_json(dkv);
+        if (opt.perplexity_kv) c["ppl_kv_diff"] = stat_json(dkv);
       }
       cmp.push_back(c);
     }
@@ -273,7 +321,7 @@ std::string format_eval_report(const json& r) {
                        p["name"].get<std::string>(), p["bits"]["k"].get<double>(), p["bits"]["v"].get<double>(),
                        fmt::format("{:.4f} ± {:.4f}", p["mae"]["mean"].get<double>(), p["mae"]["mean_sd"].get<double>()),
                        fmt::format("{:.5f} ± {:.5f}", p["kl"]["mean"].get<double>(), p["kl"]["mean_sd"].get<double>()),
-                       ppl ? pm(p["ppl_k"]) : "-", ppl ? pm(p["ppl_kv"]) : "-");
+                       ppl ? pm(p["ppl_k"]) : "-", p.contains("ppl_kv") ? pm(p["ppl_kv"]) : "-");
   }
   if (!r["comparisons"].empty()) {
     out += "\nPairs at equal effective K bits (a vs b): layers where a has lower MAE, mean per-layer MAE reduction "
@@ -285,9 +333,39 @@ std::string format_eval_report(const json& r) {
                          100.0 * c["fraction_layers_a_lower_mae"].get<double>(),
                          100.0 * c["mae_reduction"]["mean"].get<double>(), 100.0 * c["mae_reduction"]["sd"].get<double>());
       if (c.contains("ppl_k_diff"))
-        out += fmt::format(", ΔPPL K-only {:+.4f} ± {:.4f}, K+V {:+.4f} ± {:.4f}", c["ppl_k_diff"]["mean"].get<double>(),
-                           c["ppl_k_diff"]["sd"].get<double>(), c["ppl_kv_diff"]["mean"].get<double>(),
+        out += fmt::format(", ΔPPL K-only {:+.4f} ± {:.4f}", c["ppl_k_diff"]["mean"].get<double>(),
+                           c["ppl_k_diff"]["sd"].get<double>());
+      if (c.contains("ppl_kv_diff"))
+        out += fmt::format(", K+V {:+.4f} ± {:.4f}", c["ppl_kv_diff"]["mean"].get<double>(),
                            c["ppl_kv_diff"]["sd"].get<double>());
+      out += "\n";
+    }
+  }
+  if (r.contains("position_buckets") && !r["plans"].empty() && r["plans"][0].contains("nmse_by_position")) {
+    // Smallest calibration window among fitted plans: buckets from it on are past it.
+    int64_t fit_ctx = 0;
+    std::string fitted;
+    for (const auto& p : r["plans"])
+      if (p.contains("fit_ctx")) {
+        const int64_t c = p["fit_ctx"].get<int64_t>();
+        fit_ctx = fit_ctx == 0 ? c : std::min(fit_ctx, c);
+        fitted += (fitted.empty() ? "" : ", ") + fmt::format("{} {}", p["name"].get<std::string>(), c);
+      }
+    out += "\nAttention-logit NMSE by query position: sum (q.khat - q.k)^2 / sum (q.k)^2 over all layers, query heads "
+           "and causal keys of the queries in each position bucket (pre-softmax, K-only; mean over seeds)\n";
+    if (fit_ctx > 0)
+      out += fmt::format("Calibration window length (fit ctx) of fitted plans: {}; buckets marked * start at or past "
+                         "{} tokens (positions the fit never saw)\n",
+                         fitted, fit_ctx);
+    out += fmt::format("| {:<22} | {:>10} |", "plan", "all");
+    for (const auto& b : r["position_buckets"]) {
+      const int64_t lo = b["begin"].get<int64_t>(), hi = b["end"].get<int64_t>() - 1;
+      out += fmt::format(" {:>10} |", fmt::format("{}{}-{}", fit_ctx > 0 && lo >= fit_ctx ? "*" : "", lo, hi));
+    }
+    out += "\n";
+    for (const auto& p : r["plans"]) {
+      out += fmt::format("| {:<22} | {:>10.3e} |", p["name"].get<std::string>(), p["nmse"]["mean"].get<double>());
+      for (const auto& v : p["nmse_by_position"]["mean"]) out += fmt::format(" {:>10.3e} |", v.get<double>());
       out += "\n";
     }
   }

@@ -111,6 +111,75 @@ TEST(LogitError, GqaAndQueryStride) {
   EXPECT_THROW(logit_error(q.data(), k.data(), kh.data(), 3, 2, 1, 1, 0.0f), Error);
 }
 
+TEST(LogitNmse, PositionBuckets) {
+  EXPECT_EQ(position_bucket(0), 0);
+  EXPECT_EQ(position_bucket(63), 0);
+  EXPECT_EQ(position_bucket(64), 1);
+  EXPECT_EQ(position_bucket(127), 1);
+  EXPECT_EQ(position_bucket(128), 2);
+  EXPECT_EQ(position_bucket(511), 3);
+  EXPECT_EQ(position_bucket(512), 4);
+  EXPECT_EQ(position_bucket(2047), 5);
+  EXPECT_EQ(position_bucket(2048), 6);
+  for (int b = 0; b < 12; ++b) {
+    EXPECT_EQ(position_bucket(position_bucket_begin(b)), b);
+    EXPECT_EQ(position_bucket(position_bucket_begin(b + 1) - 1), b);
+  }
+  EXPECT_EQ(position_bucket_begin(3), 256);
+  EXPECT_THROW(position_bucket(-1), Error);
+  EXPECT_THROW(position_bucket_begin(-1), Error);
+}
+
+// Scaled keys k̂ = (1 + α)k scale every logit by 1 + α: NMSE = α² in every
+// bucket, whatever q and k (random, GQA, n = 131 crosses into bucket 2).
+TEST(LogitNmse, ScaledKeysGiveAlphaSquaredEverywhere) {
+  std::mt19937 g(5);
+  const int64_t n = 131;
+  const auto q = randn(n * 4 * 8, g, 1.0f), k = randn(n * 2 * 8, g, 1.0f);
+  const double alpha = 0.125;  // (1 + α)·k is exact in float
+  std::vector<float> kh(k.size());
+  for (size_t i = 0; i < k.size(); ++i) kh[i] = static_cast<float>((1 + alpha) * k[i]);
+  const LogitErrorSums s = logit_error(q.data(), k.data(), kh.data(), n, 4, 2, 8, 0.35f);
+  ASSERT_EQ(s.by_position.size(), 3u);
+  for (int b = 0; b < 3; ++b) EXPECT_NEAR(s.by_position[b].nmse(), alpha * alpha, 1e-5 * alpha * alpha) << b;
+  EXPECT_EQ(s.by_position[0].pairs, 4 * 64 * 65 / 2);  // heads × causal pairs of queries 0..63
+  EXPECT_EQ(s.by_position[2].pairs, 4 * (129 + 130 + 131));
+  EXPECT_NEAR(s.nmse(), alpha * alpha, 1e-5 * alpha * alpha);
+  // Exact keys: 0 in every bucket.
+  const LogitErrorSums z = logit_error(q.data(), k.data(), k.data(), n, 4, 2, 8, 0.35f);
+  for (const auto& b : z.by_position) EXPECT_EQ(b.sq_err, 0.0);
+}
+
+// Error only on keys j ≥ 64, d = 1, q = k = 1 (every logit 1), k̂_j = 1 + α
+// for j ≥ 64: query i has i − 63 wrong logits (α² each) out of i + 1.
+//   bucket 0 (i < 64): 0;  bucket 1: α²·Σ_{i=64}^{127}(i−63) / Σ(i+1) = α²·2080/6176;
+//   bucket 2 (i = 128..130): α²·(65+66+67)/(129+130+131) = α²·198/390.
+// Query stride 64 keeps rows 0, 64, 128: bucket 1 = α²·1/65, bucket 2 = α²·65/129.
+TEST(LogitNmse, HandComputedLateKeyError) {
+  const int64_t n = 131;
+  const double alpha = 0.5;
+  const std::vector<float> q(n, 1.0f), k(n, 1.0f);
+  std::vector<float> kh(n, 1.0f);
+  for (int64_t j = 64; j < n; ++j) kh[j] = static_cast<float>(1 + alpha);
+  const LogitErrorSums s = logit_error(q.data(), k.data(), kh.data(), n, 1, 1, 1, 1.0f);
+  ASSERT_EQ(s.by_position.size(), 3u);
+  EXPECT_EQ(s.by_position[0].nmse(), 0.0);
+  EXPECT_NEAR(s.by_position[1].nmse(), alpha * alpha * 2080.0 / 6176.0, 1e-12);
+  EXPECT_NEAR(s.by_position[2].nmse(), alpha * alpha * 198.0 / 390.0, 1e-12);
+  EXPECT_NEAR(s.nmse(), alpha * alpha * (2080.0 + 198.0) / (64 * 65 / 2 + 6176.0 + 390.0), 1e-12);
+  const LogitErrorSums st = logit_error(q.data(), k.data(), kh.data(), n, 1, 1, 1, 1.0f, 64);
+  ASSERT_EQ(st.by_position.size(), 3u);
+  EXPECT_EQ(st.by_position[0].pairs, 1);
+  EXPECT_NEAR(st.by_position[1].nmse(), alpha * alpha / 65.0, 1e-12);
+  EXPECT_NEAR(st.by_position[2].nmse(), alpha * alpha * 65.0 / 129.0, 1e-12);
+  // merge() adds bucket sums (a shorter vector grows).
+  LogitErrorSums m;
+  m.merge(st);
+  m.merge(s);
+  EXPECT_NEAR(m.by_position[1].sq_err, alpha * alpha * (2080.0 + 1.0), 1e-9);
+  EXPECT_EQ(m.by_position[2].pairs, 390 + 129);
+}
+
 TEST(BaselinePlans, EffectiveBits) {
   Model m = tiny_model();
   EXPECT_DOUBLE_EQ(baseline_plan("q8_0", m.config()).achieved().k, 8.5);
@@ -155,11 +224,79 @@ TEST(EvaluatePlans, TinyModelReport) {
   EXPECT_GT(tq["mae"]["mean_sd"].get<double>(), 0.0);  // rotations differ across seeds
   EXPECT_EQ(tq["mae"]["per_seed"].size(), 3u);
   EXPECT_DOUBLE_EQ(tq["bits"]["k"].get<double>(), 2.5);  // 2 + 16/32
+  // NMSE by position: ctx 32 → one bucket [0, 32); fp16 keys err by fp16 rounding only
+  // (relative 2^-11 per element, so NMSE ≪ 1e-5), 2-bit KIVI far more; "all" = the one bucket.
+  ASSERT_EQ(r["position_buckets"].size(), 1u);
+  EXPECT_EQ(r["position_buckets"][0]["end"], 32);
+  EXPECT_EQ(r["position_buckets"][0]["pairs_per_layer"], 2 * 4 * 32 * 33 / 2);  // windows × heads × causal pairs
+  const double nf = fp16["nmse"]["mean"].get<double>(), nk = kivi["nmse"]["mean"].get<double>();
+  EXPECT_GT(nf, 0.0);
+  EXPECT_LT(nf, 1e-5);
+  EXPECT_GT(nk, 1e3 * nf);
+  EXPECT_LT(nk, 1.0);
+  EXPECT_DOUBLE_EQ(kivi["nmse_by_position"]["mean"][0].get<double>(), nk);
+  EXPECT_EQ(tq["nmse_by_position"]["per_seed"].size(), 3u);
+  EXPECT_GT(tq["nmse"]["sd"].get<double>(), 0.0);
+  EXPECT_FALSE(fp16.contains("fit_ctx"));
   // tq2 (K 2.5 bits) has no partner at equal bits except none; kivi2 (3.0) neither → no comparisons.
   EXPECT_TRUE(r["comparisons"].empty());
   const std::string table = format_eval_report(r);
   EXPECT_NE(table.find("kivi2"), std::string::npos);
+  EXPECT_NE(table.find("Attention-logit NMSE by query position"), std::string::npos);
   // Same-name plans are refused.
   plans.push_back({"tq2", "", u});
   EXPECT_THROW(evaluate_plans(m, t, plans, opt), Error);
+}
+
+// A window longer than a fitted plan's calibration windows: the buckets cover
+// every position < ctx, the plan's "fit" ctx is reported and its buckets past
+// it are marked; the per-bucket NMSE recombines to the all-position NMSE.
+TEST(EvaluatePlans, NmseBucketsPastFitCtx) {
+  Model m = tiny_model();
+  const auto t = tokens(140);
+  std::vector<PlanEntry> plans;
+  Plan k = baseline_plan("kivi2", m.config());
+  k.fit = {{"method", "test"}, {"ctx", 64}, {"calibration_tokens", 640}};
+  plans.push_back({"kivi2-fitted", "", k});
+  EvalOptions opt;
+  opt.ctx = 70;
+  opt.perplexity = false;
+  const auto r = evaluate_plans(m, t, plans, opt);
+  ASSERT_EQ(r["position_buckets"].size(), 2u);
+  EXPECT_EQ(r["position_buckets"][1]["begin"], 64);
+  EXPECT_EQ(r["position_buckets"][1]["end"], 70);
+  EXPECT_EQ(r["position_buckets"][1]["pairs_per_layer"], 2 * 4 * (65 + 66 + 67 + 68 + 69 + 70));
+  const auto& p = r["plans"][0];
+  EXPECT_EQ(p["fit_ctx"], 64);
+  EXPECT_EQ(p["fit_calibration_tokens"], 640);
+  const double b0 = p["nmse_by_position"]["mean"][0].get<double>(), b1 = p["nmse_by_position"]["mean"][1].get<double>();
+  const double all = p["nmse"]["mean"].get<double>();
+  EXPECT_GT(b0, 0.0);
+  EXPECT_GT(b1, 0.0);
+  EXPECT_GE(all, std::min(b0, b1));  // a ratio of sums lies between the buckets' ratios
+  EXPECT_LE(all, std::max(b0, b1));
+  const std::string table = format_eval_report(r);
+  EXPECT_NE(table.find("*64-69"), std::string::npos);
+  EXPECT_NE(table.find("kivi2-fitted 64"), std::string::npos);
+}
+
+// perplexity_kv = false: K-only perplexity only (same value as with the K+V pass on).
+TEST(EvaluatePlans, KOnlyPerplexity) {
+  Model m = tiny_model();
+  const auto t = tokens(64);
+  std::vector<PlanEntry> plans{{"kivi2", "", baseline_plan("kivi2", m.config())},
+                               {"kivi2b", "", baseline_plan("kivi2", m.config())}};
+  EvalOptions opt;
+  opt.ctx = 32;
+  const auto both = evaluate_plans(m, t, plans, opt);
+  opt.perplexity_kv = false;
+  const auto k = evaluate_plans(m, t, plans, opt);
+  EXPECT_FALSE(k["plans"][0].contains("ppl_kv"));
+  ASSERT_TRUE(both["plans"][0].contains("ppl_kv"));
+  EXPECT_DOUBLE_EQ(k["plans"][0]["ppl_k"]["mean"].get<double>(), both["plans"][0]["ppl_k"]["mean"].get<double>());
+  EXPECT_GT(both["plans"][0]["ppl_kv"]["mean"].get<double>(), 0.0);
+  ASSERT_EQ(k["comparisons"].size(), 1u);  // equal bits: compared, K-only difference only
+  EXPECT_EQ(k["comparisons"][0]["ppl_k_diff"]["mean"].get<double>(), 0.0);
+  EXPECT_FALSE(k["comparisons"][0].contains("ppl_kv_diff"));
+  EXPECT_NE(format_eval_report(k).find("ΔPPL K-only"), std::string::npos);
 }

@@ -8,7 +8,9 @@
 //    every layer's post-RoPE q and k; each plan's keys k̂ are the fake-quant
 //    cache's reconstruction of the whole window (fake_quant_sequence), and
 //    RoPE-logit MAE and attention KL (eval/logit_error.h; K-only, V exact)
-//    are accumulated per layer;
+//    are accumulated per layer, and the attention-logit NMSE per bucket of
+//    query positions over all layers (reported with the calibration window
+//    length "fit_ctx" of fitted plans, so positions past it stand out);
 //  * per plan and run seed, perplexity (ratekv/perplexity.h, llama.cpp's
 //    convention) with a FakeQuantKVCache quantizing K only and K+V.
 // Run seeds 0..n_seeds−1: seed 0 is the plan as stored, seed r > 0 the plan
@@ -42,6 +44,7 @@ struct EvalOptions {
   int n_seeds = 1;            ///< run seeds (≥ 1)
   int64_t query_stride = 1;   ///< MAE/KL over query rows i ≡ 0 mod stride (all causal keys)
   bool perplexity = true;     ///< run the quantized perplexity passes
+  bool perplexity_kv = true;  ///< with perplexity: also the K+V pass (off: K-only, no "ppl_kv" in the report)
   int32_t bos_id = -1;        ///< ≥ 0: first token of each window replaced (llama.cpp add_bos)
   double pair_tolerance = 0.02;  ///< plans whose K effective bits differ less are compared pairwise
 };
