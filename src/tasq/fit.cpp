@@ -43,6 +43,7 @@ FitCaptures capture_for_fit(Model& model, std::span<const int32_t> tokens, int64
     std::copy(a.k_pre, a.k_pre + a.n * row, cap.k_pre[a.layer].begin() + start * row);
     if (keep_values) std::copy(a.v, a.v + a.n * row, cap.v[a.layer].begin() + start * row);
   };
+  const auto t_capture = std::chrono::steady_clock::now();
   Progress prog("tasq fit: calibration tokens", N);
   for (; start < N;) {
     const int64_t n = std::min(ctx, N - start);
@@ -53,7 +54,10 @@ FitCaptures capture_for_fit(Model& model, std::span<const int32_t> tokens, int64
   }
   prog.finish();
   cap.query_weights = qw.finish();
+  spdlog::info("tasq fit: forward passes over {} tokens (keys, query weights) in {:.1f} s", N,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_capture).count());
   if (fisher) {
+    const auto t_backward = std::chrono::steady_clock::now();
     cap.k_grad_sq.resize(cfg.n_layers);
     for (auto& g : cap.k_grad_sq) g.assign(N * row, 0.0f);
     const ModelBackward<float> bw(model);
@@ -68,6 +72,8 @@ FitCaptures capture_for_fit(Model& model, std::span<const int32_t> tokens, int64
       pg.update(s0 + n);
     }
     pg.finish();
+    spdlog::info("tasq fit: backward passes over {} tokens (Fisher weights) in {:.1f} s", N,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_backward).count());
   }
   return cap;
 }
@@ -277,6 +283,7 @@ FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
   }
   prog.finish();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("{} fit: grouping + k-means of {} layers in {:.1f} s", p.method, L, secs);
   const Plan::Achieved ach = p.achieved();
   p.budget_k = ach.k;
   p.budget_v = ach.v;
