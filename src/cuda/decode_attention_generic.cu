@@ -26,12 +26,12 @@ constexpr int kRotDim = kMaxTiles * 16;
 
 /// fp16-rounded level of coordinate j of group g of side s at `slot`
 /// (wide groups: low nibble from `page`, high bits from `ext_page`).
-__device__ __forceinline__ float level_at(const HeadTables& T, const float* __restrict__ levels,
-                                          const uint8_t* page, const uint8_t* ext_page, int s,
-                                          int g, int slot, int j) {
+__device__ __forceinline__ float level_at(const HeadTables& T, const WideTables& W,
+                                          const float* __restrict__ levels, const uint8_t* page,
+                                          const uint8_t* ext_page, int s, int g, int slot, int j) {
   uint32_t code = read_code(page + T.block_offset + T.code_offset[s][g], T.bits[s][g], s, slot, j);
-  const int wb = T.wide_bits[s][g];
-  if (wb > 0) code |= read_code(ext_page + T.ext_code_offset[s][g], wb - packed::kMaxBits, s, slot, j) << 4;
+  const int wb = W.wide_bits[s][g];
+  if (wb > 0) code |= read_code(ext_page + W.ext_code_offset[s][g], wb - packed::kMaxBits, s, slot, j) << 4;
   return __half2float(__float2half_rn(levels[T.lvl_offset[s][g] + code]));
 }
 
@@ -42,7 +42,8 @@ __device__ __forceinline__ float norm_at(const HeadTables& T, const uint8_t* pag
 }
 
 __global__ void __launch_bounds__(kThreads) generic_decode_kernel(
-    const HeadTables* __restrict__ tables, const float* __restrict__ levels,
+    const HeadTables* __restrict__ tables, const WideTables* __restrict__ wide,
+    const float* __restrict__ levels,
     const uint8_t* __restrict__ pool, const uint8_t* __restrict__ ext_pool, size_t page_bytes,
     size_t ext_page_bytes, const int32_t* __restrict__ page_table, int max_pages,
     const int32_t* __restrict__ seq_lens, int pages_per_split, int n_heads, int gqa,
@@ -54,6 +55,7 @@ __global__ void __launch_bounds__(kThreads) generic_decode_kernel(
   const int h = blockIdx.y, b = blockIdx.z, split = blockIdx.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const HeadTables& T = tables[h];
+  const WideTables& W = wide[h];
   const int row_base = b * n_heads + h * gqa;
   const int len = seq_lens[b];
   const int n_pages_seq = (len + packed::kPageTokens - 1) / packed::kPageTokens;
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) generic_decode_kernel(
 #pragma unroll
         for (int r = 0; r < kRows; ++r) dot[r] = 0.f;
         for (int j = 0; j < dim; ++j) {
-          const float lev = level_at(T, levels, page, ext, 0, g, slot, j);
+          const float lev = level_at(T, W, levels, page, ext, 0, g, slot, j);
 #pragma unroll
           for (int r = 0; r < kRows; ++r) dot[r] = fmaf(qs[r][J0 + j], lev, dot[r]);
         }
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) generic_decode_kernel(
         const uint8_t* page = pool + pg * page_bytes;
         const uint8_t* ext = ext_pool ? ext_pool + pg * ext_page_bytes : nullptr;
         const int slot = tk % packed::kPageTokens;
-        const float v = norm_at(T, page, 1, g, slot) * level_at(T, levels, page, ext, 1, g, slot, j);
+        const float v = norm_at(T, page, 1, g, slot) * level_at(T, W, levels, page, ext, 1, g, slot, j);
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
           if (r < gqa) acc[r] = fmaf(ps[r][k], v, acc[r]);
@@ -180,7 +182,7 @@ void launch_generic_decode(const PackedPlan& plan, const DecodeBatch& batch, con
   const size_t ext_bytes = plan.ext_layout() ? plan.ext_layout()->page_bytes() : 0;
   const dim3 grid(w.part.n_splits, plan.layout().n_kv_heads(), batch.batch);
   generic_decode_kernel<<<grid, kThreads, 0, stream>>>(
-      D.heads, D.levels, pool, ext_pool, plan.layout().page_bytes(), ext_bytes, batch.page_table,
+      D.heads, D.wide, D.levels, pool, ext_pool, plan.layout().page_bytes(), ext_bytes, batch.page_table,
       batch.max_pages, batch.seq_lens, pages_per_split, plan.n_heads(), plan.gqa(),
       (const __half*)w.q, w.part);
   RATEKV_CUDA_CHECK(cudaGetLastError());

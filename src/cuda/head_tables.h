@@ -59,9 +59,14 @@ struct HeadTables {
   int32_t code_offset[2][8];      // bytes from the head block start
   int32_t norm_offset[2][8];
   int32_t lvl_offset[2][8];       // floats into PackedPlan::Device::levels
-  // Groups of 5..8 bits (docs/packed_format.md §5): wide_bits = b (0 for
-  // b <= 4; then bits[][] = 4, the low nibble in the main pages); the high
-  // b - 4 bits at ext_code_offset bytes from the extension page start.
+};
+
+/// Groups of 5..8 bits of one KV head (docs/packed_format.md §5), read only
+/// by the generic kernel (kept out of HeadTables, which the tensor-core
+/// kernels copy into shared memory per CTA): wide_bits = b (0 for b ≤ 4;
+/// then HeadTables::bits = 4, the low nibble in the main pages); the high
+/// b − 4 bits at ext_code_offset bytes from the extension page start.
+struct WideTables {
   int8_t wide_bits[2][8];
   int32_t ext_code_offset[2][8];
 };
@@ -80,5 +85,7 @@ struct PackedPlan::Device {
   int uniform_bits = 0;  ///< b when every head is one b-bit key and one b-bit value group over the head, else 0
   int max_tiles[2] = {0, 0};
   bool has_wide = false;  ///< some group has 5..8 bits (extension pages; generic kernel only)
+  detail::WideTables* wide = nullptr;  ///< (n_kv_heads), device
+  std::vector<detail::WideTables> host_wide;
 };
 }  // namespace ratekv::cuda

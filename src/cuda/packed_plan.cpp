@@ -72,6 +72,8 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
   for (int h = 0; h < hkv; ++h) {
     HeadTables T;
     std::memset(&T, 0, sizeof(T));
+    detail::WideTables W;
+    std::memset(&W, 0, sizeof(W));
     const packed::HeadLayout& H = layout.head(h);
     T.block_offset = (uint32_t)H.block_offset;
     for (int s = 0; s < 2; ++s) {
@@ -118,8 +120,8 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
         T.bits[s][g] = (int8_t)G.bits;
         T.code_offset[s][g] = (int32_t)G.code_offset;
         T.norm_offset[s][g] = (int32_t)G.norm_offset;
-        T.wide_bits[s][g] = (int8_t)wide_bits[g];
-        T.ext_code_offset[s][g] = (int32_t)ext_off[g];
+        W.wide_bits[s][g] = (int8_t)wide_bits[g];
+        W.ext_code_offset[s][g] = (int32_t)ext_off[g];
         const int eff_bits = wide_bits[g] ? wide_bits[g] : G.bits;
         for (int k = 0; k < nct; ++k) {
           T.tile_src[s][tile + k] =
@@ -163,6 +165,7 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
     T.stage_bytes = (int32_t)H.block_bytes;
     max_stage = std::max(max_stage, T.stage_bytes);
     dev_->host_heads.push_back(T);
+    dev_->host_wide.push_back(W);
   }
   check(rot_used == rotations.size(), "cuda packed plan: rotations has {} floats, layout uses {}",
         rotations.size(), rot_used);
@@ -170,15 +173,18 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
         levels.size(), lvl_used);
   dev_->max_stage_bytes = max_stage;
   int ub = -1;
-  for (const HeadTables& T : dev_->host_heads) {
+  for (size_t h = 0; h < dev_->host_heads.size(); ++h) {
+    const HeadTables& T = dev_->host_heads[h];
+    const detail::WideTables& W = dev_->host_wide[h];
     const bool u = T.n_groups[0] == 1 && T.n_groups[1] == 1 && T.dim[0][0] == d &&
-                   T.dim[1][0] == d && T.bits[0][0] == T.bits[1][0] && T.wide_bits[0][0] == 0 &&
-                   T.wide_bits[1][0] == 0;
+                   T.dim[1][0] == d && T.bits[0][0] == T.bits[1][0] && W.wide_bits[0][0] == 0 &&
+                   W.wide_bits[1][0] == 0;
     const int b = u ? T.bits[0][0] : 0;
     ub = ub < 0 ? b : (ub == b ? ub : 0);
   }
   dev_->uniform_bits = std::max(ub, 0);
   dev_->heads = upload(dev_->host_heads);
+  dev_->wide = upload(dev_->host_wide);
   dev_->rotations = upload(rot);
   dev_->channels = upload(chans);
   dev_->levels = upload(lvl);
@@ -186,6 +192,7 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
 
 PackedPlan::~PackedPlan() {
   cudaFree(dev_->heads);
+  cudaFree(dev_->wide);
   cudaFree(dev_->rotations);
   cudaFree(dev_->channels);
   cudaFree(dev_->levels);

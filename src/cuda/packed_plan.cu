@@ -141,9 +141,12 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
   const float* l = P.l + (size_t)row * P.n_splits;
   const HeadTables* Tp = tables ? tables + (row % n_heads) / gqa : nullptr;
   // Value groups of a head are consecutive in the rotations array (packed_plan.cpp).
-  int pi_total = 0;
+  int pi_total = 0, covered = 0;  // Π floats and output channels of the value groups
   if (Tp)
-    for (int g = 0; g < Tp->n_groups[1]; ++g) pi_total += Tp->dim[1][g] * Tp->dim[1][g];
+    for (int g = 0; g < Tp->n_groups[1]; ++g) {
+      pi_total += Tp->dim[1][g] * Tp->dim[1][g];
+      covered += Tp->dim[1][g];
+    }
   const bool pi_smem = Tp && pi_total <= kPiSmemFloats;
   float pv[kPiPerThread];
   if (pi_smem) {
@@ -237,8 +240,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
   // Output channels in no value group (0-bit channels, or a value side with
   // no groups at all) are 0, as in the CPU packed cache; written before the
   // covered ones (the barrier orders the two writes of a channel).
-  int covered = 0;
-  for (int g = 0; g < T.n_groups[1]; ++g) covered += T.dim[1][g];
   if (covered < head_dim) {
     for (int c = tid; c < head_dim; c += kMergeThreads) o[c] = 0.f;
     __syncthreads();
