@@ -68,7 +68,8 @@ void run_vq(PlanArgs& a) {
   for (const std::string& v : a.also) {
     const bool ablation = v.rfind("no-", 0) == 0;
     Variant x{v, base, ablation && a.also_seeds > 0 ? a.also_seeds : a.n_seeds};
-    if (v == "cq") x.opt.method = "cq";
+    // CQ is the baseline of DESIGN.md §5.6: plain k-means even when the main plan is Fisher-weighted.
+    if (v == "cq") x.opt.method = "cq", x.opt.fisher = false;
     else if (v == "tasq") x.opt.method = "tasq", x.opt.weighting = x.opt.normalization = x.opt.grouping = true;
     else if (v == "no-weighting") x.opt.method = "tasq", x.opt.weighting = false;
     else if (v == "no-normalization") x.opt.method = "tasq", x.opt.normalization = false;

@@ -70,3 +70,23 @@ TEST_F(PlanTasqFlags, BadRateFlagsAndMissingSideFile) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("cq.tensors.safetensors"), std::string::npos) << r.output;
 }
+
+// --fisher applies to TaSQ and its ablations, not to the CQ baseline (plain
+// k-means, DESIGN.md §5.6); no-fisher drops it; every plan records its fit ctx.
+TEST_F(PlanTasqFlags, CqBaselineStaysPlainUnderFisher) {
+  if (!fs::exists(model_path())) GTEST_SKIP() << "SmolLM2 asset missing: " << model_path();
+  const std::string m = "-m '" + model_path().string() + "' -f '" + (dir_ / "calib.txt").string() + "'";
+  const auto r = run_cli("plan --method tasq " + m + " --tokens 48 --ctx 24 --group 4 --centroids 8 --kmeans-iters 2 " +
+                         "--vquantizer fp16 --fisher --also cq,no-fisher -o '" + (dir_ / "p.json").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto kmeans = [&](const char* f) {
+    std::ifstream in(dir_ / f);
+    const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(s.find("\"ctx\": 24"), std::string::npos) << f;
+    const size_t k = s.find("\"kmeans\": \"");
+    return k == std::string::npos ? std::string() : s.substr(k + 11, 6);
+  };
+  EXPECT_EQ(kmeans("p.json"), "fisher");
+  EXPECT_EQ(kmeans("p.cq.json"), "plain ");
+  EXPECT_EQ(kmeans("p.no-fisher.json"), "plain ");
+}
