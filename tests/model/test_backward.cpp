@@ -130,38 +130,18 @@ int check_against_fd(const ModelBackward<double>& bw, const std::vector<int32_t>
 }
 
 // 2 layers, 6 query / 2 KV heads (GQA 3), head_dim 8, d_model 24, d_ff 17,
-// vocab 29; weights N(0, σ²) from `seed`.
+// vocab 29, θ = 50, untied LM head; weights N(0, σ²) from `seed`.
 Model tiny_gqa3_model(uint32_t seed) {
-  using ratekv_test::randn;
-  ModelConfig c;
-  c.arch = "llama";
-  c.n_layers = 2;
-  c.n_heads = 6;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.d_model = 24;
-  c.d_ff = 17;
-  c.n_vocab = 29;
-  c.n_ctx_train = 64;
-  c.rope_theta = 50.0;
-  c.rms_eps = 1e-5f;
-  std::mt19937 g(seed);
-  ModelWeights w;
-  const size_t d = 24, qd = 48, kvd = 16, dff = 17;
-  w.token_embd = randn(29 * d, g, 1.0f);
-  w.output = randn(29 * d, g, 0.5f);  // untied LM head
-  w.output_norm = randn(d, g, 0.1f, 1.0f);
-  for (int l = 0; l < 2; ++l) {
-    LayerWeights L;
-    L.attn_norm = randn(d, g, 0.1f, 1.0f);
-    L.ffn_norm = randn(d, g, 0.1f, 1.0f);
-    L.wqkv = randn((qd + 2 * kvd) * d, g, 0.4f);
-    L.wo = randn(d * qd, g, 0.2f);
-    L.w_gate_up = randn(2 * dff * d, g, 0.3f);
-    L.w_down = randn(d * dff, g, 0.3f);
-    w.layers.push_back(std::move(L));
-  }
-  return Model::from_weights(c, std::move(w));
+  return ratekv_test::tiny_model(seed, {.n_layers = 2,
+                                        .n_heads = 6,
+                                        .n_kv_heads = 2,
+                                        .head_dim = 8,
+                                        .d_model = 24,
+                                        .d_ff = 17,
+                                        .n_vocab = 29,
+                                        .n_ctx = 64,
+                                        .rope_theta = 50.0,
+                                        .untied_output = true});
 }
 
 }  // namespace
@@ -323,7 +303,7 @@ namespace {
 
 using testing_support::assets_dir;
 
-std::string model_path() { return assets_dir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+std::string model_path() { return ratekv_test::smollm2_path(); }
 
 class RealModelBackward : public ::testing::Test {
  protected:

@@ -31,7 +31,7 @@ namespace {
 // computes in fp32.
 constexpr double kMaxAbsLogitDiffNumpy = 5e-4;  // measured 4.0e-5
 
-std::string model_path() { return assets_dir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+std::string model_path() { return ratekv_test::smollm2_path(); }
 
 // One model for the whole suite (loading dequantizes ~135M weights).
 class RealModel : public ::testing::Test {

@@ -32,7 +32,7 @@ namespace {
 // SmolLM2's (SwiGLU, 1e-3).
 constexpr double kMaxAbsLogitDiffLlama = 0.05;  // measured 0.0318 (chat), 0.0128, 0.0072
 
-std::string model_path() { return assets_dir() + "/models/gemma-3-270m-q4_k_m.gguf"; }
+std::string model_path() { return ratekv_test::gemma3_path(); }
 
 std::string fixture(const std::string& name) {
   return std::string(RATEKV_SOURCE_DIR) + "/tests/fixtures/gemma3/" + name;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "../support/tiny_model.h"
 #include "ratekv/error.h"
 #include "ratekv/model.h"
 
@@ -17,12 +18,7 @@ namespace {
 
 constexpr int kL = 2, kH = 2, kHkv = 1, kHd = 8, kD = 12, kFf = 10, kV = 23;
 
-std::vector<float> randn(size_t n, std::mt19937& g, float sd, float mean = 0.0f) {
-  std::normal_distribution<float> nd(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
+using ratekv_test::randn;
 
 ModelConfig tiny_config() {
   ModelConfig c;

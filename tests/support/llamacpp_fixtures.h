@@ -17,17 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "assets.h"
 #include "ratekv/model.h"
 #include "ratekv/tokenizer.h"
 
 namespace ratekv::testing_support {
 
-/// $RATEKV_ASSETS, else $HOME/.cache/ratekv/assets (tools/fetch_assets.sh).
-inline std::string assets_dir() {
-  if (const char* e = std::getenv("RATEKV_ASSETS")) return e;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/ratekv/assets";
-}
+using ratekv_test::assets_dir;  // tests/support/assets.h
 
 /// Parses a JSON file; null when the file cannot be opened.
 inline nlohmann::json load_json_or_null(const std::string& path) {

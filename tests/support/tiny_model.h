@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ratekv/model.h"
@@ -19,40 +20,77 @@ inline std::vector<float> randn(size_t n, std::mt19937& g, float sd, float mean 
   return v;
 }
 
-/// 3 layers, 4 query / 2 KV heads (GQA 2), head_dim 6, d_model 20, d_ff 13,
-/// vocab 37, context 64, θ = 100; weights N(0, σ²) from `seed`. The RoPE
-/// layout follows the arch ("llama" interleaved, "qwen2" NeoX), as
-/// Model::from_weights derives it. head_dim may be changed (even).
-inline ratekv::Model tiny_model(uint32_t seed = 1, ratekv::RopeLayout layout = ratekv::RopeLayout::Interleaved,
-                                int head_dim = 6) {
+/// The shape of a tiny model; the defaults are tiny_model()'s: 3 layers,
+/// 4 query / 2 KV heads (GQA 2), head_dim 6, d_model 20, d_ff 13, vocab 37,
+/// context 64, θ = 100, LM head tied to the embeddings.
+struct TinyShape {
+  int n_layers = 3;
+  int n_heads = 4;
+  int n_kv_heads = 2;
+  int head_dim = 6;  ///< even
+  int d_model = 20;
+  int d_ff = 13;
+  int n_vocab = 37;
+  int64_t n_ctx = 64;
+  double rope_theta = 100.0;
+  bool untied_output = false;  ///< a separate LM head (ModelWeights::output)
+};
+
+/// The config of a tiny model of shape `s`: arch "llama" (interleaved RoPE)
+/// or "qwen2" (NeoX), rms_eps 1e-5.
+inline ratekv::ModelConfig tiny_config(const TinyShape& s = {},
+                                       ratekv::RopeLayout layout = ratekv::RopeLayout::Interleaved) {
   ratekv::ModelConfig c;
   c.arch = layout == ratekv::RopeLayout::NeoX ? "qwen2" : "llama";
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = head_dim;
-  c.d_model = 20;
-  c.d_ff = 13;
-  c.n_vocab = 37;
-  c.n_ctx_train = 64;
-  c.rope_theta = 100.0;
+  c.rope_layout = layout;
+  c.n_layers = s.n_layers;
+  c.n_heads = s.n_heads;
+  c.n_kv_heads = s.n_kv_heads;
+  c.head_dim = s.head_dim;
+  c.d_model = s.d_model;
+  c.d_ff = s.d_ff;
+  c.n_vocab = s.n_vocab;
+  c.n_ctx_train = s.n_ctx;
+  c.rope_theta = s.rope_theta;
   c.rms_eps = 1e-5f;
+  return c;
+}
+
+/// A model of shape `s` with weights N(0, σ²) from `seed`, drawn in the
+/// order token_embd (σ 1), output (σ 0.5, if untied), output_norm (1 ± 0.1),
+/// then per layer attn_norm, ffn_norm (1 ± 0.1), wqkv (σ 0.4), wo (σ 0.2),
+/// w_gate_up, w_down (σ 0.3). The RoPE layout follows the arch, as
+/// Model::from_weights derives it; from_weights builds "llama" and "gemma3"
+/// only, so layout NeoX ("qwen2") throws Error here (tiny_config serves NeoX).
+inline ratekv::Model tiny_model(uint32_t seed, const TinyShape& s,
+                                ratekv::RopeLayout layout = ratekv::RopeLayout::Interleaved) {
   std::mt19937 g(seed);
   ratekv::ModelWeights w;
-  const size_t d = 20, qd = 4 * static_cast<size_t>(head_dim), kvd = 2 * static_cast<size_t>(head_dim);
-  w.token_embd = randn(37 * d, g, 1.0f);
+  const size_t d = s.d_model, qd = static_cast<size_t>(s.n_heads) * s.head_dim,
+               kvd = static_cast<size_t>(s.n_kv_heads) * s.head_dim, dff = s.d_ff;
+  w.token_embd = randn(s.n_vocab * d, g, 1.0f);
+  if (s.untied_output) w.output = randn(s.n_vocab * d, g, 0.5f);
   w.output_norm = randn(d, g, 0.1f, 1.0f);
-  for (int l = 0; l < 3; ++l) {
+  for (int l = 0; l < s.n_layers; ++l) {
     ratekv::LayerWeights L;
     L.attn_norm = randn(d, g, 0.1f, 1.0f);
     L.ffn_norm = randn(d, g, 0.1f, 1.0f);
     L.wqkv = randn((qd + 2 * kvd) * d, g, 0.4f);
     L.wo = randn(d * qd, g, 0.2f);
-    L.w_gate_up = randn(2 * 13 * d, g, 0.3f);
-    L.w_down = randn(d * 13, g, 0.3f);
+    L.w_gate_up = randn(2 * dff * d, g, 0.3f);
+    L.w_down = randn(d * dff, g, 0.3f);
     w.layers.push_back(std::move(L));
   }
-  return ratekv::Model::from_weights(c, std::move(w));
+  return ratekv::Model::from_weights(tiny_config(s, layout), std::move(w));
+}
+
+/// The default tiny model (TinyShape{}) with weights from `seed`; head_dim may
+/// be changed (even).
+inline ratekv::Model tiny_model(uint32_t seed = 1, ratekv::RopeLayout layout = ratekv::RopeLayout::Interleaved,
+                                int head_dim = 6) {
+  TinyShape s;
+  s.head_dim = head_dim;
+  return tiny_model(seed, s, layout);
 }
 
 }  // namespace ratekv_test

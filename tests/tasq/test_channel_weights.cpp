@@ -14,21 +14,18 @@ using namespace ratekv::tasq;
 
 namespace {
 
+// 2 layers, 6 query / 2 KV heads (GQA 3), head_dim d, context 256, θ = 50.
 ModelConfig small_config(RopeLayout layout, int d) {
-  ModelConfig c;
-  c.arch = layout == RopeLayout::NeoX ? "qwen2" : "llama";
-  c.rope_layout = layout;
-  c.n_layers = 2;
-  c.n_heads = 6;
-  c.n_kv_heads = 2;
-  c.head_dim = d;
-  c.d_model = 16;
-  c.d_ff = 8;
-  c.n_vocab = 10;
-  c.n_ctx_train = 256;
-  c.rope_theta = 50.0;
-  c.rms_eps = 1e-5f;
-  return c;
+  return ratekv_test::tiny_config({.n_layers = 2,
+                                   .n_heads = 6,
+                                   .n_kv_heads = 2,
+                                   .head_dim = d,
+                                   .d_model = 16,
+                                   .d_ff = 8,
+                                   .n_vocab = 10,
+                                   .n_ctx = 256,
+                                   .rope_theta = 50.0},
+                                  layout);
 }
 
 }  // namespace
