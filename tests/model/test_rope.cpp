@@ -68,7 +68,9 @@ TEST(Rope, ExactRotationOfOneBlock) {
       EXPECT_NEAR(x[pairs[i][0]], 3.0 * std::cos(a) + 2.0 * std::sin(a), 1e-5) << i;
       EXPECT_NEAR(x[pairs[i][1]], 3.0 * std::sin(a) - 2.0 * std::cos(a), 1e-5) << i;
       for (int c = 0; c < d; ++c) {
-        if (c != pairs[i][0] && c != pairs[i][1]) EXPECT_EQ(x[c], 0.0f) << "channel " << c << " block " << i;
+        if (c != pairs[i][0] && c != pairs[i][1]) {
+          EXPECT_EQ(x[c], 0.0f) << "channel " << c << " block " << i;
+        }
       }
     }
   }

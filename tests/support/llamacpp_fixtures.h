@@ -53,7 +53,9 @@ inline LogitsCheck check_llamacpp_logits(Model& m, const nlohmann::json& j, doub
   const auto fixed = j.at("fixed_ids").get<std::vector<int>>();
   for (const auto& p : j.at("prompts")) {
     const auto ids = p.at("ids").get<std::vector<int32_t>>();
-    if (tok) EXPECT_EQ(tok->encode(p.at("text").get<std::string>(), true, true), ids) << p.at("name");
+    if (tok) {
+      EXPECT_EQ(tok->encode(p.at("text").get<std::string>(), true, true), ids) << p.at("name");
+    }
     const int64_t n = static_cast<int64_t>(ids.size());
     auto cache = m.make_dense_cache(n);
     std::vector<float> logits(n * V);
@@ -98,7 +100,9 @@ inline void check_llamacpp_greedy(Model& m, const nlohmann::json& j, double logi
   const int V = m.config().n_vocab;
   for (const auto& c : j.at("cases")) {
     const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    if (tok) EXPECT_EQ(tok->encode(c.at("prompt").get<std::string>(), true, true), prompt) << c.at("name");
+    if (tok) {
+      EXPECT_EQ(tok->encode(c.at("prompt").get<std::string>(), true, true), prompt) << c.at("name");
+    }
     const auto want = c.at("ids").get<std::vector<int32_t>>();
     const auto margins = c.at("margins").get<std::vector<double>>();
     auto cache = m.make_dense_cache(static_cast<int64_t>(prompt.size() + want.size()));
