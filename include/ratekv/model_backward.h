@@ -122,10 +122,15 @@ class ModelBackward {
   /// Forward + reverse pass. on_layer receives each layer's gradients as soon
   /// as they are known, in reverse layer order (n_layers − 1 first); the
   /// references are valid during the call only. Returns L. logits and
-  /// perturb as in loss(). Errors as in loss().
+  /// perturb as in loss(). hooks: nullptr, or ForwardHooks whose on_layer
+  /// sees every layer's activations of the (first) forward pass, in layer
+  /// order, exactly as Model::forward's hook would with positions 0..n−1
+  /// (float only: Error for double) — a caller that needs both the forward
+  /// activations and the gradients then runs one pass, not two. Errors as in
+  /// loss().
   double backward(std::span<const int32_t> tokens,
                   const std::function<void(const LayerKVGrad<T>&)>& on_layer, T* logits = nullptr,
-                  const KVPerturbation* perturb = nullptr) const;
+                  const KVPerturbation* perturb = nullptr, const ForwardHooks* hooks = nullptr) const;
 
   /// backward() collecting every layer (layers[l] is layer l).
   KVGradients<T> gradients(std::span<const int32_t> tokens) const;

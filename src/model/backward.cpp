@@ -174,8 +174,10 @@ struct ModelBackward<T>::Impl {
   int64_t kvd() const { return int64_t{cfg.n_kv_heads} * cfg.head_dim; }
 
   // Layer l forward: x (n, d) → y (n, d); tape gets the intermediates.
+  // hooks (float only): on_layer sees q/k before and after RoPE and v, as
+  // Model::forward's hook does (positions 0..n−1).
   void layer_forward(int l, const T* x, T* y, int64_t n, const T* rc, const T* rs, Tape& tp,
-                     const KVPerturbation* perturb) const {
+                     const KVPerturbation* perturb, const ForwardHooks* hooks = nullptr) const {
     const Layer& L = layers[l];
     const int dm = d(), h_d = hd(), half = h_d / 2, H = cfg.n_heads, Hkv = cfg.n_kv_heads, ratio = H / Hkv;
     const int64_t q_d = qd(), kv_d = kvd(), qkvd = q_d + 2 * kv_d, dff = cfg.d_ff;
@@ -200,11 +202,33 @@ struct ModelBackward<T>::Impl {
     if (here && perturb->tensor == KVTensor::KPre) tp.k_pre[perturb->index] += static_cast<T>(perturb->delta);
     if (here && perturb->tensor == KVTensor::V) tp.v[perturb->index] += static_cast<T>(perturb->delta);
     std::memcpy(tp.k.data(), tp.k_pre.data(), sizeof(T) * n * kv_d);
+    const bool hook = hooks && hooks->on_layer;
+    std::vector<T> q_pre;
+    if (hook) q_pre = tp.q;
     for (int64_t i = 0; i < n; ++i) {
       rope_rotate(tp.q.data() + i * q_d, H, h_d, pairs, rc + i * half, rs + i * half, false);
       rope_rotate(tp.k.data() + i * kv_d, Hkv, h_d, pairs, rc + i * half, rs + i * half, false);
     }
     if (here && perturb->tensor == KVTensor::KPost) tp.k[perturb->index] += static_cast<T>(perturb->delta);
+    if constexpr (std::is_same_v<T, float>) {
+      if (hook) {
+        std::vector<int32_t> pos(n);
+        for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
+        LayerActivations a;
+        a.layer = l;
+        a.n = n;
+        a.pos = pos.data();
+        a.n_heads = H;
+        a.n_kv_heads = Hkv;
+        a.head_dim = h_d;
+        a.q_pre = q_pre.data();
+        a.q_post = tp.q.data();
+        a.k_pre = tp.k_pre.data();
+        a.k_post = tp.k.data();
+        a.v = tp.v.data();
+        hooks->on_layer(a);
+      }
+    }
 
     // Causal GQA attention, one query head at a time (BLAS threads inside).
     const T scale = T(1) / std::sqrt(static_cast<T>(h_d));
@@ -320,7 +344,7 @@ struct ModelBackward<T>::Impl {
 
   // The whole pass. on_layer == nullptr: forward and loss only.
   double run(std::span<const int32_t> tokens, const std::function<void(const LayerKVGrad<T>&)>* on_layer, T* logits,
-             const KVPerturbation* perturb) const {
+             const KVPerturbation* perturb, const ForwardHooks* hooks = nullptr) const {
     const int64_t n = static_cast<int64_t>(tokens.size());
     const int dm = d(), h_d = hd(), half = h_d / 2, NL = cfg.n_layers;
     const int64_t V = cfg.n_vocab;
@@ -359,7 +383,8 @@ struct ModelBackward<T>::Impl {
       std::memcpy(xs[0].data() + i * dm, embd + int64_t{tokens[i]} * dm, sizeof(T) * dm);
     }
     Tape tp;
-    for (int l = 0; l < NL; ++l) layer_forward(l, xs[l].data(), xs[l + 1].data(), n, rc.data(), rs.data(), tp, perturb);
+    for (int l = 0; l < NL; ++l)
+      layer_forward(l, xs[l].data(), xs[l + 1].data(), n, rc.data(), rs.data(), tp, perturb, hooks);
 
     // Final RMSNorm, LM head and loss in chunks of rows; dxf = ∂L/∂(normed final state).
     std::vector<T> xf(n * dm), dxf(on_layer ? n * dm : 0);
@@ -462,9 +487,10 @@ double ModelBackward<T>::loss(std::span<const int32_t> tokens, T* logits, const 
 template <class T>
 double ModelBackward<T>::backward(std::span<const int32_t> tokens,
                                   const std::function<void(const LayerKVGrad<T>&)>& on_layer, T* logits,
-                                  const KVPerturbation* perturb) const {
+                                  const KVPerturbation* perturb, const ForwardHooks* hooks) const {
   check(static_cast<bool>(on_layer), "ModelBackward::backward: empty on_layer callback");
-  return impl_->run(tokens, &on_layer, logits, perturb);
+  check(hooks == nullptr || std::is_same_v<T, float>, "ModelBackward<double>::backward: forward hooks need float");
+  return impl_->run(tokens, &on_layer, logits, perturb, hooks);
 }
 
 template <class T>

@@ -43,38 +43,49 @@ FitCaptures capture_for_fit(Model& model, std::span<const int32_t> tokens, int64
     std::copy(a.k_pre, a.k_pre + a.n * row, cap.k_pre[a.layer].begin() + start * row);
     if (keep_values) std::copy(a.v, a.v + a.n * row, cap.v[a.layer].begin() + start * row);
   };
-  const auto t_capture = std::chrono::steady_clock::now();
-  Progress prog("tasq fit: calibration tokens", N);
-  for (; start < N;) {
-    const int64_t n = std::min(ctx, N - start);
-    DenseKVCache kv = model.make_dense_cache(n);
-    model.forward(tokens.subspan(start, n), 0, kv, nullptr, false, &hooks);
-    start += n;
-    prog.update(start);
-  }
-  prog.finish();
-  cap.query_weights = qw.finish();
-  spdlog::info("tasq fit: forward passes over {} tokens (keys, query weights) in {:.1f} s", N,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_capture).count());
-  if (fisher) {
-    const auto t_backward = std::chrono::steady_clock::now();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!fisher) {
+    Progress prog("tasq fit: calibration tokens", N);
+    for (; start < N;) {
+      const int64_t n = std::min(ctx, N - start);
+      DenseKVCache kv = model.make_dense_cache(n);
+      model.forward(tokens.subspan(start, n), 0, kv, nullptr, false, &hooks);
+      start += n;
+      prog.update(start);
+    }
+    prog.finish();
+    spdlog::info("tasq fit: forward passes over {} tokens (keys, query weights) in {:.1f} s", N,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  } else {
+    // One backward pass per window: its forward pass feeds the same hook
+    // (keys, values, query weights; ModelBackward::backward's hooks), its
+    // reverse pass the Fisher weights — no separate forward pass.
     cap.k_grad_sq.resize(cfg.n_layers);
     for (auto& g : cap.k_grad_sq) g.assign(N * row, 0.0f);
     const ModelBackward<float> bw(model);
-    Progress pg("tasq fit: backward passes (Fisher weights), tokens", N);
-    for (int64_t s0 = 0; s0 < N; s0 += ctx) {
-      const int64_t n = std::min(ctx, N - s0);
-      if (n >= 2)  // a single token has no loss: its weight stays 0
-        bw.backward(tokens.subspan(s0, n), [&](const LayerKVGrad<float>& g) {
-          float* dst = cap.k_grad_sq[g.layer].data() + s0 * row;
-          for (int64_t i = 0; i < n * row; ++i) dst[i] = g.dk_pre[i] * g.dk_pre[i];
-        });
-      pg.update(s0 + n);
+    Progress pg("tasq fit: forward + backward passes (keys, Fisher weights), tokens", N);
+    for (; start < N;) {
+      const int64_t n = std::min(ctx, N - start);
+      if (n >= 2) {
+        bw.backward(
+            tokens.subspan(start, n),
+            [&](const LayerKVGrad<float>& g) {
+              float* dst = cap.k_grad_sq[g.layer].data() + start * row;
+              for (int64_t i = 0; i < n * row; ++i) dst[i] = g.dk_pre[i] * g.dk_pre[i];
+            },
+            nullptr, nullptr, &hooks);
+      } else {  // a single token has no loss: forward only, its Fisher weight stays 0
+        DenseKVCache kv = model.make_dense_cache(n);
+        model.forward(tokens.subspan(start, n), 0, kv, nullptr, false, &hooks);
+      }
+      start += n;
+      pg.update(start);
     }
     pg.finish();
-    spdlog::info("tasq fit: backward passes over {} tokens (Fisher weights) in {:.1f} s", N,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_backward).count());
+    spdlog::info("tasq fit: forward + backward passes over {} tokens (keys, query weights, Fisher weights) in {:.1f} s",
+                 N, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  cap.query_weights = qw.finish();
   return cap;
 }
 

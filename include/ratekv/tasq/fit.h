@@ -52,8 +52,10 @@ struct FitCaptures {
 };
 
 /// Runs `model` over `tokens` in windows of `ctx` tokens (last one shorter),
-/// with progress on stderr; with `fisher` also the backward pass of every
-/// window (model "llama" only) for k_grad_sq. Throws Error for empty tokens
+/// with progress on stderr; with `fisher` a backward pass per window instead
+/// (model "llama" only) whose forward pass feeds the captures (through
+/// ModelBackward::backward's hooks: keys equal Model::forward's up to float
+/// summation order, ≤ 1e-4) and whose reverse pass gives k_grad_sq. Throws Error for empty tokens
 /// or ctx < 1 or past the model's position limit.
 FitCaptures capture_for_fit(Model& model, std::span<const int32_t> tokens, int64_t ctx, bool keep_values,
                             bool fisher = false);
