@@ -325,9 +325,11 @@ for k, g in grouping.items():
              f"({g['layers_sum_below']}/{g['layers']} by the layer's summed cost); mean log det "
              f"{g['mean_logdet_matched']:.2f} vs {g['mean_logdet_contiguous']:.2f}; contiguous fallbacks {g['heads_fallback']}")
 
-L.append("\n## Fit time (whole `ratekv plan` run: one capture + Fisher backward, all variants and seeds)\n")
+fisher_fit = any(f["fit"]["kmeans"].startswith("fisher") for f in fits)
+L.append(f"\n## Fit time (whole `ratekv plan` run: one capture{' + Fisher backward' if fisher_fit else ''}, all "
+         f"variants and seeds)\n")
 L.append(f"wall {fit_time['wall']}, user {fit_time['user_s']} s, sys {fit_time['sys_s']} s, max RSS "
-         f"{fit_time['max_rss_kb']} kB; {'; '.join(fit_time['load'])}. Per plan (k-means etc. after the capture, "
+         f"{fit_time['max_rss_kb']} kB{'; ' + '; '.join(fit_time['load']) if fit_time['load'] else ''}. Per plan (k-means etc. after the capture, "
          f"wall s): " + ", ".join(f"{k} {v:.0f}" for k, v in fit_time['fit_seconds_per_plan'].items()))
 if fit_cq_time:
     L.append(f"\nCQ fit (separate `ratekv plan --method cq`, its own capture, no backward pass): wall "
