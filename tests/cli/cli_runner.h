@@ -20,8 +20,20 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
+/// s in single quotes for the shell (built with append: GCC 12 reports a
+/// false -Wrestrict for "'" + std::string&&).
+inline std::string shell_quote(const std::string& s) {
+  std::string r;
+  r.reserve(s.size() + 2);
+  r.push_back('\'');
+  r.append(s);
+  r.push_back('\'');
+  return r;
+}
+
 inline Result run_cli(const std::string& args) {
-  const std::string cmd = "'" + cli_path().string() + "' " + args + " 2>&1";
+  std::string cmd = shell_quote(cli_path().string());
+  cmd.append(" ").append(args).append(" 2>&1");
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

@@ -11,6 +11,7 @@
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::shell_quote;
 
 namespace {
 
@@ -29,7 +30,7 @@ class CliFlags : public ::testing::Test {
     std::error_code ec;
     if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
-  std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+  std::string q(const fs::path& p) { return shell_quote(p.string()); }
   fs::path dir_, model_, text_;
 };
 

@@ -12,6 +12,7 @@
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
+using ratekv_test::shell_quote;
 using ratekv_test::run_cli;
 
 TEST(PanelFlags, DuplicateModelsAndBudgetsAreErrorsBeforeLoading) {
@@ -22,7 +23,7 @@ TEST(PanelFlags, DuplicateModelsAndBudgetsAreErrorsBeforeLoading) {
   std::ofstream(dir / "a" / "m.gguf") << "x";
   std::ofstream(dir / "b" / "m.gguf") << "y";
   std::ofstream(dir / "t.txt") << "hello world";
-  const std::string a = "'" + (dir / "a" / "m.gguf").string() + "'", b = "'" + (dir / "b" / "m.gguf").string() + "'";
+  const std::string a = shell_quote((dir / "a" / "m.gguf").string()), b = shell_quote((dir / "b" / "m.gguf").string());
   const std::string base = "panel -o '" + (dir / "out").string() + "' --calib '" + (dir / "t.txt").string() +
                            "' --eval '" + (dir / "t.txt").string() + "' ";
   const std::pair<std::string, const char*> cases[] = {

@@ -67,12 +67,16 @@ TEST(NearestCentroidIndex, MatchesBruteForceAndIndexFlatL2) {
           EXPECT_LE(cd - bd, 1e-5 * (1.0 + bd)) << "point " << p;
           EXPECT_NEAR(dis[p], bd, 1e-4 * (1.0 + bd)) << "point " << p;
           if (lab[p] != bid) ++near_ties;
-          if (lab[p] != rlab[p]) EXPECT_NEAR(dis[p], rdis[p], 1e-4 * (1.0 + bd)) << "point " << p;
+          if (lab[p] != rlab[p]) {
+            EXPECT_NEAR(dis[p], rdis[p], 1e-4 * (1.0 + bd)) << "point " << p;
+          }
         }
         // Only float near-ties may pick another id (in 1-D, 1000+ Gaussian
         // centroids lie ~1e-3 apart and ties are common; the distance checks
         // above still hold there).
-        if (dim >= 3) EXPECT_LE(near_ties, std::max<int64_t>(1, n / 200));
+        if (dim >= 3) {
+          EXPECT_LE(near_ties, std::max<int64_t>(1, n / 200));
+        }
       }
     }
   }
