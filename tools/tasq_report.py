@@ -40,7 +40,9 @@ ev = merged("eval_long")
 ppl_ev = merged("eval_ppl")
 fits = json.loads((out / "fit.json").read_text())
 fits_cq = json.loads((out / "fit_cq.json").read_text()) if (out / "fit_cq.json").exists() else []
-fits_all = fits + fits_cq
+# A separately fitted Fisher-weighted TaSQ (when the main fit is plain k-means): OUT/fit_fisher.json.
+fits_fisher = json.loads((out / "fit_fisher.json").read_text()) if (out / "fit_fisher.json").exists() else []
+fits_all = fits + fits_cq + fits_fisher
 
 
 def stat(v):
@@ -94,7 +96,8 @@ def bits_breakdown(name, entry):
     per-group byte), checked against the eval's figure."""
     if not entry["file"]:
         return {"per_element": entry["bits"]["k"], "what": f"{entry['name']} baseline (no metadata)"}
-    plan = json.loads(Path(entry["file"]).read_text())
+    pf = Path(entry["file"])
+    plan = json.loads((pf if pf.exists() else out / pf.name).read_text())
     d = plan["model"]["head_dim"]
     code = meta = 0.0
     n = 0
@@ -177,7 +180,7 @@ if ppl_ev:
 
 # Grouping: log-det of the matched partition vs contiguous RoPE pairs, per head, over the fitted plans.
 grouping = {}
-for f in fits:
+for f in fits + fits_fisher:
     d = f["diagnostics"]["key_groups"]
     if f["fit"].get("grouping", "").startswith("hierarchical"):
         m = [e for e in d if e["logdet_matched"] is not None]
@@ -223,10 +226,11 @@ results.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
 
 # ---------------------------------------------------------------- markdown
 MAIN = ["tasq", "cq", "tq-mse-k1", "tq-mse-k2", "fp16"]
-ABL = ["tasq", "tasq.no-weighting", "tasq.no-normalization", "tasq.no-grouping", "tasq.no-fisher"]
+ABL = ["tasq", "tasq.no-weighting", "tasq.no-normalization", "tasq.no-grouping", "tasq.no-fisher", "tasq.fisher"]
 LABEL = {"tasq": "TaSQ", "cq": "CQ", "tasq.cq": "CQ", "tq-mse-k1": "TQ-MSE 1 bit", "tq-mse-k2": "TQ-MSE 2 bit", "fp16": "fp16",
          "tasq.no-weighting": "TaSQ − weighting", "tasq.no-normalization": "TaSQ − normalization",
-         "tasq.no-grouping": "TaSQ − grouping", "tasq.no-fisher": "TaSQ − Fisher"}
+         "tasq.no-grouping": "TaSQ − grouping", "tasq.no-fisher": "TaSQ − Fisher",
+         "tasq.fisher": "TaSQ + Fisher (separate fit)"}
 
 
 def pm(s, p=4, sci=False):
