@@ -242,7 +242,7 @@ FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
   check(cap.n_tokens >= opt.centroids, "tasq fit: {} calibration tokens for {} centroids per codebook",
         cap.n_tokens, opt.centroids);
   if (opt.values == "cq") {
-    check(d % opt.value_group == 0 && opt.value_group >= 1, "--vgroup {}: expected a divisor of head_dim {}",
+    check(opt.value_group >= 1 && d % opt.value_group == 0, "--vgroup {}: expected a divisor of head_dim {}",
           opt.value_group, d);
     log2_exact(opt.value_centroids, "--vcentroids");
     check(cap.n_tokens >= opt.value_centroids, "tasq fit: {} calibration tokens for {} value centroids",

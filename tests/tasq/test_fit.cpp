@@ -197,6 +197,10 @@ TEST(TasqFit, BadOptionsAreErrors) {
   x.values = "cq";  // values were not captured
   EXPECT_THROW(fit_vq_plan(cap, x), Error);
   x = o;
+  x.values = "cq";
+  x.value_group = 0;  // d % 0 was evaluated before the >= 1 test: SIGFPE instead of an Error
+  EXPECT_THROW(fit_vq_plan(cap, x), Error);
+  x = o;
   x.method = "nsnq";
   EXPECT_THROW(fit_vq_plan(cap, x), Error);
   EXPECT_THROW(capture_for_fit(m, {}, 20, false), Error);
