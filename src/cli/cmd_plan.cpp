@@ -1,6 +1,8 @@
 // `ratekv plan`: allocate bits from calibration statistics and write a plan (alloc/).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "cli/command.h"
 #include "ratekv/alloc/make_plan.h"
@@ -15,6 +17,7 @@
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/sha256.h"
+#include "ratekv/model_backward.h"
 #include "ratekv/tasq/fit.h"
 #endif
 
@@ -42,6 +45,16 @@ void run_vq(PlanArgs& a) {
   check(!a.model.empty(), "--method {}: -m/--model is required", a.rq.method);
   check(!a.text.empty(), "--method {}: -f/--file (calibration text) is required", a.rq.method);
   check(a.tokens >= 1, "--tokens {}: expected ≥ 1", a.tokens);
+  check(!fs::is_directory(a.out), "-o: '{}' is a directory; expected a plan file path (.json)", a.out);
+  check(a.stats.empty(), "--stats: --method {} fits on -f text; it takes no statistics", a.rq.method);
+  check(a.rq.fp16_window == 0 && a.rq.sink_tokens == 0,
+        "--fp16-window/--sink-tokens: not supported with --method {} (the fitted plan keeps no fp16 tokens)",
+        a.rq.method);
+  {
+    std::set<std::string> seen;
+    for (const std::string& v : a.also)
+      check(seen.insert(v).second && v != a.rq.method, "--also {}: given twice or equal to --method", v);
+  }
   check(a.n_seeds >= 1 && a.n_seeds <= 100, "--kmeans-seeds {}: expected 1..100", a.n_seeds);
   check(a.also_seeds >= 0 && a.also_seeds <= a.n_seeds, "--also-kmeans-seeds {}: expected 1..--kmeans-seeds ({})",
         a.also_seeds, a.n_seeds);
@@ -97,6 +110,12 @@ void run_vq(PlanArgs& a) {
   LoadedModel lm = load_model(a.model);
   const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
   spdlog::info("{} fit: {} calibration tokens of {} in windows of {}", a.rq.method, ids.size(), a.text, a.ctx);
+  // Option errors before the capture (minutes at 40K tokens), not after it.
+  for (const auto& v : variants) {
+    tasq::validate_fit_options(lm.model->config(), static_cast<int64_t>(ids.size()), v.opt);
+  }
+  if (std::any_of(variants.begin(), variants.end(), [](const auto& v) { return v.opt.fisher; }))
+    check_backward_arch(lm.model->config(), "--fisher");
   bool fisher = false;
   for (const auto& v : variants) fisher = fisher || v.opt.fisher;
   const tasq::FitCaptures cap = tasq::capture_for_fit(*lm.model, ids, a.ctx, values == "cq", fisher);

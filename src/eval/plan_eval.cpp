@@ -67,6 +67,9 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
   check(opt.ctx >= 4, "eval: --ctx {} must be at least 4", opt.ctx);
   check(opt.n_seeds >= 1 && opt.n_seeds <= 1000, "eval: --seeds {}: expected 1..1000", opt.n_seeds);
   check(opt.query_stride >= 1, "eval: query stride {} must be ≥ 1", opt.query_stride);
+  // A stride ≥ ctx keeps only query 0 of each window, which attends to one key: its KL is 0 by construction.
+  check(opt.query_stride < opt.ctx, "eval: --query-stride {} must be below --ctx {} (it would keep only query 0 of "
+        "each window, whose attention KL is 0 by construction)", opt.query_stride, opt.ctx);
   const int64_t n_chunks = static_cast<int64_t>(tokens.size()) / opt.ctx;
   check(n_chunks >= 1, "eval: {} tokens do not fill one window of --ctx {}", tokens.size(), opt.ctx);
   check(!opt.perplexity || n_chunks >= 2,
@@ -76,6 +79,12 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
     std::set<std::string> names;
     for (const auto& p : plans) check(names.insert(p.name).second, "eval: two plans are named '{}'", p.name);
   }
+  // A fitted plan's calibration window marks the NMSE buckets past it; checked before the passes.
+  for (const auto& p : plans)
+    if (p.plan.fit.is_object() && p.plan.fit.contains("ctx"))
+      check(p.plan.fit["ctx"].is_number_integer() && p.plan.fit["ctx"].get<int64_t>() >= 1,
+            "eval: plan '{}': fit.ctx = {}: expected a positive integer (the calibration window in tokens)", p.name,
+            p.plan.fit["ctx"].dump());
   const int L = cfg.n_layers, S = opt.n_seeds;
   const size_t P = plans.size();
 
@@ -240,7 +249,7 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
     // The calibration window length of a fitted plan (TaSQ / CQ record it in "fit"):
     // NMSE buckets at or past it are positions the fit never saw.
     const json& fit = plans[p].plan.fit;
-    if (fit.is_object() && fit.contains("ctx") && fit["ctx"].is_number_integer()) {
+    if (fit.is_object() && fit.contains("ctx")) {
       e["fit_ctx"] = fit["ctx"];
       if (fit.contains("calibration_tokens")) e["fit_calibration_tokens"] = fit["calibration_tokens"];
     }

@@ -228,9 +228,8 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
 
 }  // namespace
 
-FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
-  const ModelConfig& cfg = cap.cfg;
-  const int L = cfg.n_layers, H = cfg.n_kv_heads, d = cfg.head_dim;
+void validate_fit_options(const ModelConfig& cfg, int64_t n_tokens, const FitOptions& opt) {
+  const int d = cfg.head_dim;
   check(opt.method == "tasq" || opt.method == "cq", "--method {}: expected tasq or cq", opt.method);
   check(opt.values == "cq" || opt.values == "fp16", "--vquantizer {}: expected cq or fp16", opt.values);
   check(opt.group >= 1 && d % opt.group == 0, "--group {}: expected a divisor of head_dim {}", opt.group, d);
@@ -239,16 +238,24 @@ FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
           "--group {}: TaSQ groups whole RoPE pairs by matching: expected 2, 4, 8, … dividing head_dim {}", opt.group,
           d);
   log2_exact(opt.centroids, "--centroids");
-  check(cap.n_tokens >= opt.centroids, "tasq fit: {} calibration tokens for {} centroids per codebook",
-        cap.n_tokens, opt.centroids);
+  check(n_tokens >= opt.centroids, "tasq fit: {} calibration tokens for {} centroids per codebook", n_tokens,
+        opt.centroids);
+  check(opt.kmeans_iters >= 1 && opt.kmeans_iters <= 1000, "--kmeans-iters {}: expected 1..1000", opt.kmeans_iters);
   if (opt.values == "cq") {
     check(opt.value_group >= 1 && d % opt.value_group == 0, "--vgroup {}: expected a divisor of head_dim {}",
           opt.value_group, d);
     log2_exact(opt.value_centroids, "--vcentroids");
-    check(cap.n_tokens >= opt.value_centroids, "tasq fit: {} calibration tokens for {} value centroids",
-          cap.n_tokens, opt.value_centroids);
-    check(!cap.v.empty() && !cap.v[0].empty(), "tasq fit: values were not captured (needed for --vquantizer cq)");
+    check(n_tokens >= opt.value_centroids, "tasq fit: {} calibration tokens for {} value centroids", n_tokens,
+          opt.value_centroids);
   }
+}
+
+FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
+  const ModelConfig& cfg = cap.cfg;
+  const int L = cfg.n_layers, H = cfg.n_kv_heads, d = cfg.head_dim;
+  validate_fit_options(cfg, cap.n_tokens, opt);
+  if (opt.values == "cq")
+    check(!cap.v.empty() && !cap.v[0].empty(), "tasq fit: values were not captured (needed for --vquantizer cq)");
   const bool tasq = opt.method == "tasq";
   if (opt.fisher)
     check(cap.k_grad_sq.size() == static_cast<size_t>(L) && !cap.k_grad_sq[0].empty(),

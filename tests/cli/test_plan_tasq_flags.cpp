@@ -90,3 +90,33 @@ TEST_F(PlanTasqFlags, CqBaselineStaysPlainUnderFisher) {
   EXPECT_EQ(kmeans("p.cq.json"), "plain ");
   EXPECT_EQ(kmeans("p.no-fisher.json"), "plain ");
 }
+
+// Fit options are checked before the calibration capture (which takes minutes
+// at 40K tokens), fitting-irrelevant flags and a directory as -o are errors,
+// and --also may not repeat a variant (bad-input sweep of session 3).
+TEST_F(PlanTasqFlags, OptionErrorsComeBeforeTheCapture) {
+  if (!fs::exists(model_path())) GTEST_SKIP() << "SmolLM2 asset missing: " << model_path();
+  const std::string m = "-m '" + model_path().string() + "' -f '" + (dir_ / "calib.txt").string() + "' --tokens 64";
+  const std::string o = " -o '" + (dir_ / "p.json").string() + "'";
+  for (const std::string& bad : {std::string("--group 3"), std::string("--centroids 48"), std::string("--vgroup 0"),
+                                 std::string("--vcentroids 3"), std::string("--kmeans-iters 0"),
+                                 std::string("--centroids 128")}) {
+    const auto r = run_cli("plan --method tasq " + m + " " + bad + o);
+    EXPECT_EQ(r.status, 1) << bad << "\n" << r.output;
+    EXPECT_NE(r.output.find("error:"), std::string::npos) << bad << "\n" << r.output;
+    EXPECT_EQ(r.output.find("forward passes over"), std::string::npos) << bad << ": error after the capture\n"
+                                                                      << r.output;
+    EXPECT_FALSE(fs::exists(dir_ / "p.json")) << bad;
+  }
+  auto r = run_cli("plan --method tasq " + m + " --fp16-window 16" + o);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--fp16-window"), std::string::npos) << r.output;
+  r = run_cli("plan --method tasq " + m + " --also cq --also cq" + o);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--also cq"), std::string::npos) << r.output;
+  fs::create_directories(dir_ / "adir");
+  r = run_cli("plan --method tasq " + m + " -o '" + (dir_ / "adir").string() + "'");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("is a directory"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "adir.json"));
+}

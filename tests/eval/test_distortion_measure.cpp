@@ -81,7 +81,9 @@ TEST(DistortionMeasure, MatchesPerHeadReference) {
             const double want = sq / (N * d);
             const double got = (side == 0 ? c.mse_k : c.mse_v)[(size_t)(l * H + h) * 3 + j];
             EXPECT_NEAR(got, want, 1e-12 * want) << q << " b" << j + 1 << " l" << l << " h" << h << " side " << side;
-            if (j > 0) EXPECT_LT(got, (side == 0 ? c.mse_k : c.mse_v)[(size_t)(l * H + h) * 3 + j - 1]) << q;
+            if (j > 0) {
+              EXPECT_LT(got, (side == 0 ? c.mse_k : c.mse_v)[(size_t)(l * H + h) * 3 + j - 1]) << q;
+            }
           }
     }
     // The stored fit is the shared-β fit of the measurements.

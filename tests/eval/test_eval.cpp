@@ -280,6 +280,30 @@ TEST(EvaluatePlans, NmseBucketsPastFitCtx) {
   EXPECT_NE(table.find("kivi2-fitted 64"), std::string::npos);
 }
 
+// A query stride ≥ ctx keeps only query 0 of each window (one key: KL 0 by
+// construction), and a fitted plan's "fit" ctx must be a positive integer:
+// both are errors before any pass (bad-input sweep of session 3).
+TEST(EvaluatePlans, RejectsStrideAtCtxAndBadFitCtx) {
+  Model m = tiny_model();
+  const auto t = tokens(140);
+  EvalOptions opt;
+  opt.ctx = 64;
+  opt.perplexity = false;
+  std::vector<PlanEntry> plans{{"kivi2", "", baseline_plan("kivi2", m.config())}};
+  opt.query_stride = 64;
+  EXPECT_THROW(evaluate_plans(m, t, plans, opt), Error);
+  opt.query_stride = 63;
+  EXPECT_NO_THROW(evaluate_plans(m, t, plans, opt));
+  opt.query_stride = 1;
+  for (const nlohmann::json& bad : {nlohmann::json(-5), nlohmann::json("512"), nlohmann::json(nullptr),
+                                    nlohmann::json(1e18), nlohmann::json::array({512})}) {
+    Plan k = baseline_plan("kivi2", m.config());
+    k.fit = {{"method", "test"}, {"ctx", bad}};
+    std::vector<PlanEntry> one{{"fitted", "", k}};
+    EXPECT_THROW(evaluate_plans(m, t, one, opt), Error) << bad.dump();
+  }
+}
+
 // perplexity_kv = false: K-only perplexity only (same value as with the K+V pass on).
 TEST(EvaluatePlans, KOnlyPerplexity) {
   Model m = tiny_model();

@@ -84,6 +84,14 @@ struct FitResult {
   nlohmann::json diagnostics;
 };
 
+/// The option checks of fit_vq_plan that need only the model config and the
+/// number of calibration tokens (n_tokens), so a caller can run them before
+/// the (long) capture: group size not dividing head_dim, tasq group not
+/// 2·2^k, centroids not a power of two in 2..65536 or more than n_tokens,
+/// k-means iterations outside 1..1000, bad value group/centroids. Throws
+/// Error naming the flag.
+void validate_fit_options(const ModelConfig& cfg, int64_t n_tokens, const FitOptions& opt);
+
 /// Fits a plan (see the file comment). Throws Error for bad options (group
 /// size not dividing head_dim, tasq group not 2·2^k, centroids not a power
 /// of two in 2..65536, fewer tokens than centroids, values "cq" without
