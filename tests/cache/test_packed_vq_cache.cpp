@@ -16,6 +16,7 @@
 #include "ratekv/error.h"
 #include "ratekv/fp16.h"
 #include "ratekv/model.h"
+#include "../support/vq_codec.h"
 
 using namespace ratekv;
 using namespace ratekv::cache;
@@ -41,20 +42,7 @@ ModelConfig config(int head_dim, int n_kv_heads, int ratio, int n_layers = 2) {
 
 enum class Values { vq, fp16, tq_mse };
 
-Codec vq_codec(int d, int g, int bits, bool shared, int H, const std::vector<int>& perm) {
-  Codec c;
-  c.kind = CodecKind::Vq;
-  c.norm = shared ? NormStorage::SharedFP16 : NormStorage::None;
-  c.scale_heads = shared ? H : 0;
-  c.group_size = g;
-  for (int i = 0; i < d; i += g) {
-    CodecGroup cg;
-    cg.bits = bits;
-    cg.channels.assign(perm.begin() + i, perm.begin() + i + g);
-    c.groups.push_back(cg);
-  }
-  return c;
-}
+using ratekv_test::vq_codec;
 
 // TaSQ-style keys (g 8, 2^6 centroids, shared scale, channel weights, RoPE
 // pairs kept together in a shuffled order) per layer; values by `vals`.

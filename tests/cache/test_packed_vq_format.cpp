@@ -11,6 +11,7 @@
 #include "ratekv/error.h"
 #include "ratekv/fp16.h"
 #include "ratekv/packed_vq_format.h"
+#include "../support/vq_codec.h"
 
 using namespace ratekv;
 using namespace ratekv::packed;
@@ -18,21 +19,7 @@ using ratekv::cache::VqCodec;
 
 namespace {
 
-// A vq codec over d channels, groups of g channels taken in `perm` order.
-Codec vq_codec(int d, int g, int bits, bool shared, int n_heads, const std::vector<int>& perm) {
-  Codec c;
-  c.kind = CodecKind::Vq;
-  c.norm = shared ? NormStorage::SharedFP16 : NormStorage::None;
-  c.scale_heads = shared ? n_heads : 0;
-  c.group_size = g;
-  for (int i = 0; i < d; i += g) {
-    CodecGroup cg;
-    cg.bits = bits;
-    cg.channels.assign(perm.begin() + i, perm.begin() + i + g);
-    c.groups.push_back(cg);
-  }
-  return c;
-}
+using ratekv_test::vq_codec;
 
 std::vector<int> iota(int d) {
   std::vector<int> p(d);

@@ -22,6 +22,7 @@
 #include "ratekv/model.h"
 #include "ratekv/packed_vq_format.h"
 #include "ratekv/quant/tq_mse.h"
+#include "../support/vq_codec.h"
 
 using namespace ratekv;
 using namespace ratekv::cache;
@@ -73,20 +74,7 @@ ModelConfig config(int head_dim, int n_kv_heads, int gqa, RopeLayout rope) {
   return c;
 }
 
-Codec vq_codec(int d, int g, int bits, bool shared, int H, const std::vector<int>& perm) {
-  Codec c;
-  c.kind = CodecKind::Vq;
-  c.norm = shared ? NormStorage::SharedFP16 : NormStorage::None;
-  c.scale_heads = shared ? H : 0;
-  c.group_size = g;
-  for (int i = 0; i < d; i += g) {
-    CodecGroup cg;
-    cg.bits = bits;
-    cg.channels.assign(perm.begin() + i, perm.begin() + i + g);
-    c.groups.push_back(cg);
-  }
-  return c;
-}
+using ratekv_test::vq_codec;
 
 // TaSQ-style keys (group g, 2^kbits centroids, shared fp16 scale, channel
 // weights, RoPE pairs kept together in a shuffled order); values CQ (g 8,
