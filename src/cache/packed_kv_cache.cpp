@@ -959,12 +959,13 @@ void PackedKVCache::attend(int layer, int64_t n, const int32_t* pos, const float
     for (int64_t r = 0; r < R; ++r) {
       AttnPartial acc{st_m[it0 * R_max + r], st_l[it0 * R_max + r]};
       // o_rot and o_plain of part 0, concatenated.
-      std::memcpy(tmp.data(), st_o.data() + (it0 * R_max + r) * max_dv, sizeof(float) * Dv);
+      // Dv = 0 (values fp16/vq, all in o_plain): st_o is empty, and memcpy from its null data() is UB.
+      if (Dv > 0) std::memcpy(tmp.data(), st_o.data() + (it0 * R_max + r) * max_dv, sizeof(float) * Dv);
       std::memcpy(tmp.data() + Dv, st_p.data() + (it0 * R_max + r) * d, sizeof(float) * d);
       for (int64_t part = 1; part < n_parts; ++part) {
         const int64_t it = it0 + part;
         const AttnPartial other{st_m[it * R_max + r], st_l[it * R_max + r]};
-        std::memcpy(tmp2.data(), st_o.data() + (it * R_max + r) * max_dv, sizeof(float) * Dv);
+        if (Dv > 0) std::memcpy(tmp2.data(), st_o.data() + (it * R_max + r) * max_dv, sizeof(float) * Dv);
         std::memcpy(tmp2.data() + Dv, st_p.data() + (it * R_max + r) * d, sizeof(float) * d);
         merge_partial(acc, tmp.data(), other, tmp2.data(), Dv + d);
       }
