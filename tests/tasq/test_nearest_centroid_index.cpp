@@ -6,6 +6,7 @@
 #include <faiss/IndexFlat.h>
 #include <faiss/impl/FaissException.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -108,8 +109,11 @@ TEST(NearestCentroidIndex, RejectsWhatItDoesNotImplement) {
 }
 
 // Faiss's k-means driven by this index lands where it lands with IndexFlatL2
-// (same seed, same Lloyd iterations): well-separated clusters, so no
-// assignment is a near-tie and the centroids agree to float rounding.
+// (same seed, same Lloyd iterations) on well-separated clusters: every
+// centroid has a partner within 0.05 (cluster noise sd 0.05, centers ~4
+// apart) and the objectives agree to 1 %. Not bit-equal: when two initial
+// centroids fall in one cluster its points are near-ties between them, and
+// the two indexes round the distances differently (FMA contraction, BLAS).
 TEST(NearestCentroidIndex, KMeansAgreesWithIndexFlatL2) {
   const int dim = 8, K = 64;
   const int64_t n = 64 * 50;
@@ -127,6 +131,17 @@ TEST(NearestCentroidIndex, KMeansAgreesWithIndexFlatL2) {
   a.train(n, x.data(), ia);
   b.train(n, x.data(), ib);
   ASSERT_EQ(a.centroids.size(), b.centroids.size());
-  for (size_t i = 0; i < a.centroids.size(); ++i) EXPECT_NEAR(a.centroids[i], b.centroids[i], 1e-4) << i;
-  EXPECT_NEAR(a.iteration_stats.back().obj, b.iteration_stats.back().obj, 1e-3 * b.iteration_stats.back().obj);
+  for (int i = 0; i < K; ++i) {
+    double best = INFINITY;
+    for (int j = 0; j < K; ++j) {
+      double s2 = 0.0;
+      for (int c = 0; c < dim; ++c) {
+        const double e = double(a.centroids[i * dim + c]) - b.centroids[j * dim + c];
+        s2 += e * e;
+      }
+      best = std::min(best, std::sqrt(s2));
+    }
+    EXPECT_LT(best, 0.05) << "centroid " << i;
+  }
+  EXPECT_NEAR(a.iteration_stats.back().obj, b.iteration_stats.back().obj, 1e-2 * b.iteration_stats.back().obj);
 }
