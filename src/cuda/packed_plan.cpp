@@ -6,17 +6,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "cuda_check_host.h"
 #include "head_tables.h"
 #include "ratekv/error.h"
 #include "ratekv/fp16.h"
-
-#define RATEKV_CUDA_CHECK(expr)                                                              \
-  do {                                                                                       \
-    cudaError_t _e = (expr);                                                                 \
-    if (_e != cudaSuccess)                                                                   \
-      ::ratekv::fail("CUDA: {} failed: {} ({}:{})", #expr, cudaGetErrorString(_e), __FILE__, \
-                     __LINE__);                                                              \
-  } while (0)
 
 namespace ratekv::cuda {
 

@@ -8,16 +8,9 @@
 
 #include "ratekv/error.h"
 #include "ratekv/packed_vq_format.h"
+#include "cuda_check_host.h"
 #include "head_tables.h"
 #include "vq_tables.h"
-
-#define RATEKV_VQ_CUDA_CHECK(expr)                                                           \
-  do {                                                                                       \
-    cudaError_t _e = (expr);                                                                 \
-    if (_e != cudaSuccess)                                                                   \
-      ::ratekv::fail("CUDA: {} failed: {} ({}:{})", #expr, cudaGetErrorString(_e), __FILE__, \
-                     __LINE__);                                                              \
-  } while (0)
 
 namespace ratekv::cuda {
 
@@ -32,8 +25,8 @@ template <typename T>
 T* upload(const std::vector<T>& v) {
   T* d = nullptr;
   if (v.empty()) return nullptr;
-  RATEKV_VQ_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
-  RATEKV_VQ_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  RATEKV_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  RATEKV_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 const char* side_name(int s) { return s == 0 ? "key" : "value"; }
