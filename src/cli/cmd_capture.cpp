@@ -6,7 +6,9 @@
 // each (n_kv_heads · N, head_dim) float32, C order, head-major: row h·N + t is
 // token t of KV head h (post-RoPE keys; values as projected), so consecutive
 // rows are consecutive tokens of one head (what per-channel-over-tokens
-// codecs such as KIVI keys group).
+// codecs such as KIVI keys group). With --queries also DIR/q_layer<l>.npy,
+// (n_heads · N, head_dim), post-RoPE queries in the same order (the real
+// decode queries of the GPU attention test, tests/cuda).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -25,7 +27,7 @@ struct CaptureArgs {
   std::string model, text, out_dir;
   int64_t tokens = 2048, ctx = 512;
   std::vector<int> layers;
-  bool force = false;
+  bool force = false, queries = false;
 };
 
 /// Writes a 2-D little-endian float32 .npy (format 1.0). Throws Error naming
@@ -60,13 +62,15 @@ void run(CaptureArgs& a) {
   for (int l : a.layers) check(l >= 0 && l < cfg.n_layers, "--layers: layer {} out of range 0..{}", l, cfg.n_layers - 1);
   std::filesystem::create_directories(a.out_dir);
   for (int l : a.layers) {
-    for (const char* side : {"k", "v"}) {
+    for (const char* side : {"k", "v", "q"}) {
+      if (*side == 'q' && !a.queries) continue;
       check_output_path(fmt::format("{}/{}_layer{}.npy", a.out_dir, side, l), a.force, "-o");
     }
   }
   const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
   const int64_t row = (int64_t)cfg.n_kv_heads * cfg.head_dim;
-  std::vector<std::vector<float>> ks(cfg.n_layers), vs(cfg.n_layers);
+  const int64_t qrow = (int64_t)cfg.n_heads * cfg.head_dim;
+  std::vector<std::vector<float>> ks(cfg.n_layers), vs(cfg.n_layers), qs(cfg.n_layers);
   std::vector<char> want(cfg.n_layers, 0);
   for (int l : a.layers) want[l] = 1;
   ForwardHooks hooks;
@@ -74,6 +78,7 @@ void run(CaptureArgs& a) {
     if (!want[act.layer]) return;
     ks[act.layer].insert(ks[act.layer].end(), act.k_post, act.k_post + act.n * row);
     vs[act.layer].insert(vs[act.layer].end(), act.v, act.v + act.n * row);
+    if (a.queries) qs[act.layer].insert(qs[act.layer].end(), act.q_post, act.q_post + act.n * qrow);
   };
   DenseKVCache cache = lm.model->make_dense_cache(a.ctx);
   Progress prog("capture", (int64_t)ids.size());
@@ -86,16 +91,19 @@ void run(CaptureArgs& a) {
   prog.finish();
   // (N, n_kv_heads, head_dim) -> (n_kv_heads, N, head_dim)
   const int64_t N = (int64_t)ids.size(), H = cfg.n_kv_heads, d = cfg.head_dim;
-  auto head_major = [&](const std::vector<float>& x) {
+  auto head_major = [&](const std::vector<float>& x, int64_t heads) {
     std::vector<float> y(x.size());
     for (int64_t t = 0; t < N; ++t)
-      for (int64_t h = 0; h < H; ++h)
-        std::copy_n(x.data() + (t * H + h) * d, d, y.data() + (h * N + t) * d);
+      for (int64_t h = 0; h < heads; ++h)
+        std::copy_n(x.data() + (t * heads + h) * d, d, y.data() + (h * N + t) * d);
     return y;
   };
   for (int l : a.layers) {
-    write_npy_f32(fmt::format("{}/k_layer{}.npy", a.out_dir, l), head_major(ks[l]), H * N, d);
-    write_npy_f32(fmt::format("{}/v_layer{}.npy", a.out_dir, l), head_major(vs[l]), H * N, d);
+    write_npy_f32(fmt::format("{}/k_layer{}.npy", a.out_dir, l), head_major(ks[l], H), H * N, d);
+    write_npy_f32(fmt::format("{}/v_layer{}.npy", a.out_dir, l), head_major(vs[l], H), H * N, d);
+    if (a.queries)
+      write_npy_f32(fmt::format("{}/q_layer{}.npy", a.out_dir, l), head_major(qs[l], cfg.n_heads),
+                    (int64_t)cfg.n_heads * N, d);
   }
   spdlog::info("wrote K/V of {} layer(s), {} tokens × {} KV heads each, to {}", a.layers.size(), ids.size(),
                cfg.n_kv_heads, a.out_dir);
@@ -114,6 +122,8 @@ const Registrar reg("capture", [](CLI::App& app) {
   c->add_option("--ctx", a->ctx, "tokens per forward chunk (fresh cache per chunk)")->capture_default_str();
   c->add_option("--layers", a->layers, "layers to capture (default: first, middle, last)")->delimiter(',');
   c->add_option("-o,--output", a->out_dir, "output directory")->required();
+  c->add_flag("--queries", a->queries,
+              "also write q_layer<l>.npy: post-RoPE queries (n_heads·N, head_dim), same order");
   c->add_flag("--force", a->force, "overwrite existing .npy files");
   c->callback([a] { run(*a); });
 });
