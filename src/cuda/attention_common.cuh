@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "head_tables.h"
@@ -187,6 +188,41 @@ struct WorkspaceView {
 };
 WorkspaceView carve_workspace(void* ws, size_t ws_bytes, int batch, int n_heads, int head_dim,
                               int n_splits);
+
+/// Device ordinals the per-instance shared-memory caches track.
+inline constexpr int kMaxDevices = 64;
+
+/// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current
+/// device unless `cache[device]` (one cache per kernel instance, zeroed) says it
+/// already is: cudaFuncSetAttribute once per instance instead of per call.
+/// Throws Error on a CUDA failure (e.g. more than the device's maximum).
+void set_smem_limit(const void* kernel, size_t bytes, int (&cache)[kMaxDevices]);
+
+/// Launches `kernel` with programmatic dependent launch (sm_90): it may start
+/// before the previous kernel of `stream` ends and must call
+/// grid_dependency_wait() before reading that kernel's outputs.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  RATEKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+/// Launches the uniform-plan kernel (decode_attention_uniform.cu: one b-bit
+/// key and one b-bit value group per head, b = 2..4, GQA ≤ 8, head_dim
+/// 64/128/256) over `pool`: split states into w.part. Throws Error for any
+/// other plan.
+void launch_uniform_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
+                           const WorkspaceView& w, int pages_per_split, cudaStream_t stream);
 
 /// Launches the query prologue: (batch·n_heads, kMaxTiles·16) fp16 rows of
 /// scale·Π_g q_g per key group (tables == nullptr: scale·q, unrotated).

@@ -17,6 +17,16 @@ constexpr int kRotDim = detail::kMaxTiles * 16;  // row stride of rotated q / pa
 
 namespace detail {
 
+void set_smem_limit(const void* kernel, size_t bytes, int (&cache)[kMaxDevices]) {
+  int dev = 0;
+  RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached && cache[dev] >= (int)bytes) return;
+  RATEKV_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  if (cached) cache[dev] = (int)bytes;
+}
+
 WorkspaceView carve_workspace(void* ws, size_t ws_bytes, int batch, int n_heads, int head_dim,
                               int n_splits) {
   const size_t need = decode_workspace_bytes(batch, n_heads, head_dim, n_splits);
@@ -293,27 +303,12 @@ void launch_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int h
                   float* out, cudaStream_t stream) {
   const size_t dyn = tables ? kPiSmemFloats * sizeof(float) : 0;
   if (dyn > 0) {
-    static int set_bytes[64] = {};  // per device ordinal: set the limit once
-    int dev = 0;
-    RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= 64 || set_bytes[dev] < (int)dyn) {
-      RATEKV_CUDA_CHECK(cudaFuncSetAttribute(merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-      if (dev >= 0 && dev < 64) set_bytes[dev] = (int)dyn;
-    }
+    static int smem_set[kMaxDevices] = {};
+    set_smem_limit(reinterpret_cast<const void*>(merge_kernel), dyn, smem_set);
   }
   // Programmatic dependent launch: loading Π overlaps the attention kernel's tail.
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(batch * n_heads);
-  cfg.blockDim = dim3(kMergeThreads);
-  cfg.dynamicSmemBytes = dyn;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  RATEKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, w.part, head_dim, gqa, n_heads, tables,
-                                       rotations, channels, out));
+  launch_pdl(merge_kernel, dim3(batch * n_heads), dim3(kMergeThreads), dyn, stream, w.part,
+             head_dim, gqa, n_heads, tables, rotations, channels, out);
 }
 
 }  // namespace detail

@@ -1,19 +1,25 @@
 // CUDA decode attention (packed and fp16) and quantize-append against CPU
 // references that round their inputs the way the kernels do (fp16 rotated
-// query, fp16 levels, fp16 K/V). Needs a GPU: skips when none is visible.
+// query, fp16 levels — int8 key levels for the uniform kernel — fp16 K/V), on
+// random pages and on real SmolLM2 K/V/Q (RATEKV_CUDA_CAPTURE). Needs a GPU:
+// skips when none is visible.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <random>
 
 #include "ratekv/cuda/decode_attention.h"
 #include "ratekv/error.h"
 #include "ratekv/fp16.h"
+#include "ratekv/npy.h"
 #include "ratekv/packed_format.h"
+#include "ratekv/quant/lloyd_max.h"
 
 using namespace ratekv;
 using namespace ratekv::packed;
@@ -142,8 +148,11 @@ struct Plan {
   std::vector<std::array<std::vector<size_t>, 2>> rot_at, lvl_at;
 };
 
+/// lloyd_max: the TurboQuant-MSE codebooks (Lloyd–Max levels of a rotated
+/// unit vector's coordinate, quant::lloyd_max_codebook) instead of random
+/// ascending levels (real data).
 Plan make_plan(int d, int hkv, bool mixed, int kb, int vb, std::mt19937& rng,
-               Special sp = Special::none) {
+               Special sp = Special::none, bool lloyd_max = false) {
   Plan P;
   std::vector<HeadSpec> heads, main_heads, ext_heads(hkv);
   for (int h = 0; h < hkv; ++h)
@@ -175,7 +184,7 @@ Plan make_plan(int d, int hkv, bool mixed, int kb, int vb, std::mt19937& rng,
         auto R = random_rotation(m, rng);
         P.rot.insert(P.rot.end(), R.begin(), R.end());
         P.lvl_at[h][s].push_back(P.lvl.size());
-        auto L = test_levels(m, G.bits, rng);
+        auto L = lloyd_max ? quant::lloyd_max_codebook(m, G.bits).levels : test_levels(m, G.bits, rng);
         P.lvl.insert(P.lvl.end(), L.begin(), L.end());
       }
   return P;
@@ -211,6 +220,14 @@ double rel_err(const std::vector<float>& a, const std::vector<double>& ref, size
   return std::sqrt(e / r);
 }
 
+/// Real activations of one layer (ratekv capture --queries): post-RoPE keys,
+/// values and queries, head-major: k, v (hkv, n, d), q (hkv·gqa, n, d).
+struct RealData {
+  std::string name;
+  int hkv = 0, gqa = 0, d = 0, n = 0;
+  std::vector<float> k, v, q;
+};
+
 struct Case {
   int d, hkv, gqa;
   std::vector<int> lens;
@@ -218,6 +235,10 @@ struct Case {
   int kb, vb;
   DType q_dtype;
   Special sp = Special::none;
+  /// Real data: pages written by packed_prefill from R's K/V (every sequence
+  /// the captured tokens 0..len−1), sequence b's query = the captured query of
+  /// its last token; plan codebooks Lloyd–Max.
+  const RealData* real = nullptr;
 };
 
 std::string name(const Case& c) {
@@ -225,7 +246,7 @@ std::string name(const Case& c) {
                   " gqa=" + std::to_string(c.gqa) + (c.mixed ? " mixed" : " uniform K" +
                   std::to_string(c.kb) + "V" + std::to_string(c.vb)) +
                   (c.sp == Special::zero_bit ? " zero-bit sides" : c.sp == Special::wide ? " 5..8-bit groups" : "") +
-                  " lens=";
+                  (c.real ? " real " + c.real->name : "") + " lens=";
   for (int l : c.lens) s += std::to_string(l) + ",";
   return s;
 }
@@ -233,10 +254,14 @@ std::string name(const Case& c) {
 void run_packed_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(name(c));
   std::mt19937 rng(seed);
-  Plan P = make_plan(c.d, c.hkv, c.mixed, c.kb, c.vb, rng, c.sp);
+  Plan P = make_plan(c.d, c.hkv, c.mixed, c.kb, c.vb, rng, c.sp, c.real != nullptr);
   const LayerLayout& L = *P.layout;
   const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
   Batch B = make_batch(c.lens, rng);
+  std::unique_ptr<cuda::PackedPlan> plan_ptr =
+      P.ext ? std::make_unique<cuda::PackedPlan>(L, *P.ext, hq, P.rot, P.lvl)
+            : std::make_unique<cuda::PackedPlan>(L, hq, P.rot, P.lvl);
+  const cuda::PackedPlan& plan = *plan_ptr;
   // Every bit pattern is a valid code: fill pages with random bytes, then
   // valid fp16 norms in [0.5, 2).
   HostPagePool pool{&L, std::vector<uint8_t>((size_t)B.n_pages * L.page_bytes())};
@@ -248,12 +273,37 @@ void run_packed_case(const Case& c, uint32_t seed) {
         for (int g = 0; g < (int)L.head(h).side(s).size(); ++g)
           for (int t = 0; t < kPageTokens; ++t)
             write_norm(L, pool.page(p), h, s, g, t, fp32_to_fp16(U(rng)));
+  if (c.real) {  // real K/V quantized into the pages by the GPU prefill (slots past a length stay random)
+    const RealData& R = *c.real;
+    ASSERT_TRUE(R.hkv == c.hkv && R.gqa == c.gqa && R.d == c.d && R.n >= B.max_len);
+    const int nt = B.max_len;
+    std::vector<float> kx((size_t)nb * nt * c.hkv * c.d), vx(kx.size());
+    for (int b = 0; b < nb; ++b)
+      for (int i = 0; i < nt; ++i)
+        for (int h = 0; h < c.hkv; ++h) {
+          const size_t dst = (((size_t)b * nt + i) * c.hkv + h) * c.d, src = ((size_t)h * R.n + i) * c.d;
+          std::copy_n(R.k.data() + src, c.d, kx.data() + dst);
+          std::copy_n(R.v.data() + src, c.d, vx.data() + dst);
+        }
+    DevBuf<uint8_t> dp(pool.bytes);
+    DevBuf<float> dk(kx), dv(vx);
+    DevBuf<int32_t> dpt0(B.page_table), dlen0(std::vector<int32_t>(nb, 0));
+    cuda::DecodeBatch pb{dpt0.p, B.max_pages, dlen0.p, nb, nt};
+    cuda::packed_prefill(plan, pb, dp.p, dk.p, dv.p, nt, DType::f32, nullptr);
+    CK(cudaDeviceSynchronize());
+    pool.bytes = dp.get();
+  }
   // Extension pages (high bits of 5..8-bit groups): random bytes, same page table.
   HostPagePool ext_pool{P.ext.get(), std::vector<uint8_t>(P.ext ? (size_t)B.n_pages * P.ext->page_bytes() : 0)};
   for (auto& x : ext_pool.bytes) x = (uint8_t)rng();
   std::normal_distribution<float> N;
   std::vector<float> q((size_t)nb * hq * c.d);
   for (auto& x : q) x = N(rng);
+  if (c.real)
+    for (int b = 0; b < nb; ++b)
+      for (int qh = 0; qh < hq; ++qh)
+        std::copy_n(c.real->q.data() + ((size_t)qh * c.real->n + c.lens[b] - 1) * c.d, c.d,
+                    q.data() + ((size_t)b * hq + qh) * c.d);
   std::vector<uint16_t> q16(q.size());
   for (size_t i = 0; i < q.size(); ++i) {
     q16[i] = fp32_to_fp16(q[i]);
@@ -262,10 +312,6 @@ void run_packed_case(const Case& c, uint32_t seed) {
   const float scale = 1.f / std::sqrt((float)c.d);
 
   // ---- GPU ----
-  std::unique_ptr<cuda::PackedPlan> plan_ptr =
-      P.ext ? std::make_unique<cuda::PackedPlan>(L, *P.ext, hq, P.rot, P.lvl)
-            : std::make_unique<cuda::PackedPlan>(L, hq, P.rot, P.lvl);
-  const cuda::PackedPlan& plan = *plan_ptr;
   DevBuf<uint8_t> dpool(pool.bytes), dext(ext_pool.bytes);
   DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
   DevBuf<float> dq(q);
@@ -301,6 +347,8 @@ void run_packed_case(const Case& c, uint32_t seed) {
   const std::vector<float>& out = outs[0];
 
   // ---- CPU reference ----
+  // int8_keys: key levels as the uniform kernel's int8 codebooks (int8_key_levels).
+  auto reference = [&](bool int8_keys) {
   std::vector<double> ref(out.size(), 0.0);
   for (int b = 0; b < nb; ++b) {
     const int T = c.lens[b];
@@ -311,9 +359,13 @@ void run_packed_case(const Case& c, uint32_t seed) {
       // decoded levels (fp16-rounded) and norms per token and group
       std::vector<std::vector<float>> kc(KG.size()), vc(VG.size());
       std::vector<std::vector<float>> kn(KG.size()), vn(VG.size());
+      std::vector<std::vector<float>> k8(KG.size());  // int8 key levels
       for (size_t g = 0; g < KG.size(); ++g) {
         kc[g].resize((size_t)T * KG[g].dim);
         kn[g].resize(T);
+        if (int8_keys)
+          k8[g] = cuda::int8_key_levels(std::span<const float>(
+              P.lvl.data() + P.lvl_at[h][0][g], (size_t)1 << KG[g].bits));
       }
       for (size_t g = 0; g < VG.size(); ++g) {
         vc[g].resize((size_t)T * VG[g].dim);
@@ -338,7 +390,11 @@ void run_packed_case(const Case& c, uint32_t seed) {
             }
             const float* lv = P.lvl.data() + P.lvl_at[h][s][g];
             float* dst = (s == 0 ? kc : vc)[g].data() + (size_t)t * G[g].dim;
-            for (int j = 0; j < G[g].dim; ++j) dst[j] = round_fp16(lv[codes[j]]);
+            if (s == 0 && int8_keys) {
+              for (int j = 0; j < G[g].dim; ++j) dst[j] = k8[g][codes[j]];
+            } else {
+              for (int j = 0; j < G[g].dim; ++j) dst[j] = round_fp16(lv[codes[j]]);
+            }
             (s == 0 ? kn : vn)[g][t] = fp16_to_fp32(
                 read_norm(L, page, h, s == 0 ? Side::key : Side::value, (int)g, t % kPageTokens));
           }
@@ -391,9 +447,24 @@ void run_packed_case(const Case& c, uint32_t seed) {
         }
       }
     }
+  }
+  return ref;
+  };
+  const std::vector<double> ref = reference(false);
+  const bool int8_keys = !P.ext && cuda::uses_int8_keys(plan, cuda::PackedDecodeVariant::specialized);
+  const std::vector<double> ref8 = int8_keys ? reference(true) : std::vector<double>{};
+  for (int b = 0; b < nb; ++b) {
+    const int T = c.lens[b];
     const size_t n = (size_t)hq * c.d;
-    const double e = rel_err(out, ref, (size_t)b * n, n);
+    const double e = rel_err(out, int8_keys ? ref8 : ref, (size_t)b * n, n);
     EXPECT_LT(e, 1e-3) << "specialized variant, sequence " << b << " (length " << T << ")";
+    if (int8_keys) {  // what the int8 key codebooks cost against fp16 levels
+      std::vector<float> r8(ref8.begin(), ref8.end());
+      const double e8 = rel_err(r8, ref, (size_t)b * n, n);
+      EXPECT_LT(e8, 5e-3) << "int8 key levels vs fp16 levels, sequence " << b;
+      std::printf("  %s seq %d: int8 key levels move the reference by %.2e (rel), kernel vs fp16-level "
+                  "reference %.2e\n", name(c).c_str(), b, e8, rel_err(out, ref, (size_t)b * n, n));
+    }
     const double e1 = rel_err(outs[1], ref, (size_t)b * n, n);
     EXPECT_LT(e1, 1e-3) << "runtime_tables variant, sequence " << b << " (length " << T << ")";
     std::printf("  %s seq %d len %d: rel err %.2e (specialized) %.2e (runtime_tables)\n", name(c).c_str(), b,
@@ -429,6 +500,49 @@ TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
   };
   uint32_t seed = 100;
   for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+// Real SmolLM2-135M activations (head_dim 64, 3 KV heads, GQA 3): the
+// directory in RATEKV_CUDA_CAPTURE holds k/v/q_layer<l>.npy from
+// `ratekv capture --queries` (tools/device/run_cuda.sh makes them). Uniform
+// K3V3 and K2V2 and a Block-GTQ-like mixed plan, Lloyd–Max codebooks; pages
+// written by the GPU prefill; lengths 1, 97 and the whole capture.
+TEST(CudaPackedDecode, RealSmolLM2) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const char* dir = std::getenv("RATEKV_CUDA_CAPTURE");
+  if (!dir || !*dir)
+    GTEST_SKIP() << "RATEKV_CUDA_CAPTURE is not set (a directory of `ratekv capture --queries` output)";
+  int n_layers = 0;
+  for (int layer = 0; layer < 64; ++layer) {
+    const std::string base = std::string(dir) + "/";
+    const std::string kp = base + "k_layer" + std::to_string(layer) + ".npy";
+    if (!std::filesystem::exists(kp)) continue;
+    const NpyMatrix K = read_npy_f32(kp, "RATEKV_CUDA_CAPTURE");
+    const NpyMatrix V = read_npy_f32(base + "v_layer" + std::to_string(layer) + ".npy", "RATEKV_CUDA_CAPTURE");
+    const NpyMatrix Q = read_npy_f32(base + "q_layer" + std::to_string(layer) + ".npy", "RATEKV_CUDA_CAPTURE");
+    RealData R;
+    R.name = "SmolLM2 layer " + std::to_string(layer);
+    R.hkv = 3;  // SmolLM2-135M: 3 KV heads, 9 query heads, head_dim 64
+    R.d = (int)K.cols;
+    R.n = (int)(K.rows / R.hkv);
+    R.gqa = (int)(Q.rows / R.n / R.hkv);
+    ASSERT_EQ(R.d, 64);
+    ASSERT_EQ(K.rows, V.rows);
+    ASSERT_EQ((int64_t)R.hkv * R.gqa * R.n, Q.rows);
+    ASSERT_GE(R.n, 98);
+    R.k = K.data;
+    R.v = V.data;
+    R.q = Q.data;
+    const Case cases[] = {
+        {64, 3, R.gqa, {R.n, 97, 1}, false, 3, 3, DType::f32, Special::none, &R},
+        {64, 3, R.gqa, {1, R.n, 97}, false, 2, 2, DType::f16, Special::none, &R},
+        {64, 3, R.gqa, {97, R.n}, true, 0, 0, DType::f32, Special::none, &R},
+    };
+    uint32_t seed = 900 + layer;
+    for (const Case& c : cases) run_packed_case(c, seed++);
+    ++n_layers;
+  }
+  EXPECT_GT(n_layers, 0) << "no k_layer<l>.npy in " << dir;
 }
 
 // Small cases of the two tests below (also the compute-sanitizer cases).
@@ -754,6 +868,41 @@ TEST(CudaPackedPrefill, RejectsBadArguments) {
   cuda::DecodeBatch db{dpt.p, 1, dlen.p, 1, 64};
   EXPECT_THROW(cuda::packed_prefill(plan, db, pool.p, x.p, x.p, 0, DType::f32, nullptr), ratekv::Error);
   EXPECT_THROW(cuda::packed_prefill(plan, db, pool.p, nullptr, x.p, 1, DType::f32, nullptr), ratekv::Error);
+}
+
+// int8_key_levels (host): levels already on an int8 grid come back exactly;
+// every level within s/2 of its int8 image; the chosen scale is never worse
+// than the smallest admissible one (max|L|/127); the real Lloyd–Max codebooks
+// at 1..4 bits lose < 0.5 % of their largest level; bad codebooks throw.
+TEST(CudaPackedPlan, Int8KeyLevels) {
+  float sc = 0.f;
+  const std::vector<float> grid = {-127 * 0.01f, -40 * 0.01f, 3 * 0.01f, 90 * 0.01f};
+  const std::vector<float> g8 = cuda::int8_key_levels(grid, &sc);
+  EXPECT_FLOAT_EQ(sc, 0.01f);
+  for (size_t i = 0; i < grid.size(); ++i) EXPECT_FLOAT_EQ(g8[i], grid[i]);
+  for (int m : {64, 128, 256})
+    for (int bits = 1; bits <= 4; ++bits) {
+      const std::vector<float>& L = quant::lloyd_max_codebook(m, bits).levels;
+      const std::vector<float> L8 = cuda::int8_key_levels(L, &sc);
+      float amax = 0.f;
+      for (float v : L) amax = std::max(amax, std::fabs(v));
+      EXPECT_GE(sc, amax / 127.f * (1.f - 1e-6f));
+      double e = 0, e0 = 0;
+      const double s0 = amax / 127.0;
+      for (size_t i = 0; i < L.size(); ++i) {
+        const double k = L8[i] / sc;
+        EXPECT_NEAR(k, std::nearbyint(k), 1e-3) << "not an int8 multiple of the scale";
+        EXPECT_LE(std::fabs(k), 127.0 + 1e-3);
+        EXPECT_LE(std::fabs(L8[i] - L[i]), 0.5f * sc * (1.f + 1e-5f));
+        EXPECT_LE(std::fabs(L8[i] - L[i]), 0.005f * amax) << "m=" << m << " bits=" << bits;
+        e += (L8[i] - L[i]) * (L8[i] - L[i]);
+        e0 += std::pow(L[i] - s0 * std::nearbyint(L[i] / s0), 2);
+      }
+      EXPECT_LE(e, e0 * (1 + 1e-6) + 1e-18) << "m=" << m << " bits=" << bits;
+    }
+  EXPECT_THROW(cuda::int8_key_levels(std::vector<float>{0.5f}), ratekv::Error);
+  EXPECT_THROW(cuda::int8_key_levels(std::vector<float>(17, 0.f)), ratekv::Error);
+  EXPECT_THROW(cuda::int8_key_levels(std::vector<float>{-1.f, NAN}), ratekv::Error);
 }
 
 TEST(CudaPackedPlan, RejectsUnsupportedCombinations) {

@@ -92,15 +92,33 @@ class PackedPlan {
   std::unique_ptr<Device> dev_;
 };
 
-/// Which instance of the packed kernel runs:
+/// Which kernel runs:
 ///  runtime_tables — the general instance: bit widths, codebooks and offsets
 ///                   read per 16-channel tile from the head tables (any plan);
-///  specialized    — (default) for uniform K2V2 / K3V3 / K4V4 plans with
-///                   GQA ≤ 8 the instance with compile-time widths and offsets
-///                   (and only the 8 query rows it needs), else as runtime_tables.
-/// Both decode codes with byte permutes from a codebook in registers and
-/// compute the same numbers; both are tested against the CPU reference.
+///                   fp16 levels and query, fp32 accumulation;
+///  specialized    — (default) for uniform plans (one b-bit key and one b-bit
+///                   value group over every head, b = 1..4) with GQA ≤ 8 the
+///                   uniform kernel (decode_attention_uniform.cu: query rows as
+///                   the MMA's N side, compile-time widths and offsets). Its
+///                   scores are integer: key levels as int8_key_levels (one
+///                   scale per codebook), the rotated fp16 query split into two
+///                   int8 parts (q ≈ s·(hi + lo/254), s = max|q|/127 per row,
+///                   error ≤ 1.6e-5·max|q|), int32 accumulation; values as in
+///                   runtime_tables. Any other plan: as runtime_tables.
+/// Both decode codes with byte permutes from codebooks in registers; both are
+/// tested against a CPU reference with the levels each uses.
 enum class PackedDecodeVariant { runtime_tables, specialized };
+
+/// A key codebook as the uniform kernel uses it: level L_i -> s·round(L_i/s),
+/// |round(L_i/s)| ≤ 127, one fp32 scale s per codebook (written to *scale when
+/// non-null), chosen in [max|L|/127, 1.125·max|L|/127] to minimise
+/// Σ_i (L_i − s·round(L_i/s))². Error per level ≤ s/2 (≈ 0.4 % of max|L|).
+/// Throws Error unless 2..16 finite levels.
+std::vector<float> int8_key_levels(std::span<const float> levels, float* scale = nullptr);
+
+/// Whether packed_decode_attention(plan, …, variant) runs the uniform kernel
+/// with int8 key levels (int8_key_levels) instead of fp16 ones.
+bool uses_int8_keys(const PackedPlan& plan, PackedDecodeVariant variant);
 
 /// Workspace bytes for a decode step (split-K partial states + rotated query).
 size_t decode_workspace_bytes(int batch, int n_heads, int head_dim, int n_splits);
@@ -119,7 +137,8 @@ int default_splits(const PackedPlan& plan, int batch, int max_seq_len);
 ///   out[b,q] = Σ_g Π_gᵀ Σ_t softmax_t(scale · q·k̂_t) · n^V_{g,t} c_g[idx^V_{g,t}]
 /// with the score q·k̂_t = Σ_g n^K_{g,t} (Π_g q_g)·c_g[idx^K_{g,t}] computed in
 /// each key group's rotated domain. The rotated, scaled query is rounded to
-/// fp16 and the levels to fp16 (tensor cores, fp32 accumulation); P is rounded
+/// fp16 and the levels to fp16 (tensor cores, fp32 accumulation; the uniform
+/// kernel's integer scores: PackedDecodeVariant); P is rounded
 /// to fp16 after multiplying by the value norm. `pool` holds the layer's pages
 /// (layout.page_bytes() each). n_splits = 0 picks default_splits(plan, …).
 void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
