@@ -6,6 +6,9 @@
 # memory demonstration. Everything lands in $OUT (all.log, build.log,
 # test_cuda.json, cuda_decode_bench.json, sdpa_flash.json, demo.json, table.md).
 # Usage (repo root): tools/device/run_cuda.sh
+# CAPTURE=DIR: real SmolLM2 K/V/Q for CudaPackedDecode.RealSmolLM2 (default
+# .devcap when present; made here by `ratekv capture --queries`, see
+# docs/cuda_results.md), passed as RATEKV_CUDA_CAPTURE.
 # PREBUILT=DIR: use test_cuda and bench_cuda_decode already built in DIR
 # (same toolkit, sm_90; e.g. copied from a build-*/bin or tests dir) instead
 # of building here.
@@ -25,6 +28,7 @@ say "env"
 say "build"
 if [ -n "${PREBUILT:-}" ]; then
   B=$(cd "$PREBUILT" && pwd); echo "prebuilt binaries in $B" | tee -a "$LOG"
+  export LD_LIBRARY_PATH=$B:${LD_LIBRARY_PATH:-}  # shared libraries carried beside them (libfmt)
 elif ! { cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DRATEKV_CUDA=ON -DCMAKE_CUDA_FLAGS=-Xptxas=-v && cmake --build $B -j16 --target test_cuda bench_cuda_decode && cp $B/tests/test_cuda $B/bench/bench_cuda_decode $B/; } > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log" | tee -a "$LOG"; exit 1
 else
@@ -32,10 +36,10 @@ grep -E "Compiling entry|registers|spill" "$OUT/build.log" | grep -B1 -A1 regist
 fi
 if has sass; then
   say "sass"
-  # Opcode counts of the uniform K2V2 instances (head_dim 128): v10 selector decode vs v9 lookup.
-  cuobjdump -sass "$B/test_cuda" 2>&1 | python3 "$ROOT/tools/device/sass_counts.py" \
-    packed_decode_kernelILi128ELi2ELb1ELb1E packed_decode_kernelILi128ELi2ELb1ELb0E \
-    packed_decode_kernelILi128ELi3ELb1ELb0E > "$OUT/sass_counts.txt" 2>&1; cat "$OUT/sass_counts.txt" | tee -a "$LOG"
+  # Opcode counts of one page iteration: uniform kernel K2/K3/K4 and the general instance (head_dim 128).
+  cuobjdump -sass "$B/test_cuda" 2>&1 | python3 "$ROOT/tools/device/sass_counts.py" --main-loop \
+    uniform_decode_kernelILi128ELi2E uniform_decode_kernelILi128ELi3E uniform_decode_kernelILi128ELi4E \
+    packed_decode_kernelILi128ELb1E > "$OUT/sass_counts.txt" 2>&1; cat "$OUT/sass_counts.txt" | tee -a "$LOG"
 fi
 if has tests; then
   if [ -x "$B/test_cache_format" ]; then
@@ -43,7 +47,10 @@ if has tests; then
     $B/test_cache_format 2>&1 | tail -3 | tee -a "$LOG"
   fi
   say "cuda tests"
-  $B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" 2>&1 | grep -vE "^\[ RUN|^\[       OK" | tail -40 | tee -a "$LOG"
+  CAP=${CAPTURE:-$ROOT/.devcap}
+  [ -d "$CAP" ] && export RATEKV_CUDA_CAPTURE=$(cd "$CAP" && pwd)
+  $B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" > "$OUT/test_cuda.log" 2>&1
+  grep -vE "^\[ RUN|^\[       OK|rel err|move the reference" "$OUT/test_cuda.log" | tail -40 | tee -a "$LOG"
 fi
 if has sanitize; then
   SMALL='CudaPackedDecode.Small:CudaPackedDecode.SmallZeroBit:CudaPackedDecode.SmallWide:CudaVqDecode.Small'
