@@ -12,13 +12,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <sstream>
 
 #include "cli/command.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/error.h"
 #include "ratekv/log.h"
+#include "ratekv/npy.h"
 
 namespace ratekv::cli {
 namespace {
@@ -29,28 +29,6 @@ struct CaptureArgs {
   std::vector<int> layers;
   bool force = false, queries = false;
 };
-
-/// Writes a 2-D little-endian float32 .npy (format 1.0). Throws Error naming
-/// the path when the file cannot be written.
-void write_npy_f32(const std::string& path, const std::vector<float>& x, int64_t rows, int64_t cols) {
-  std::ostringstream h;
-  h << "{'descr': '<f4', 'fortran_order': False, 'shape': (" << rows << ", " << cols << "), }";
-  std::string header = h.str();
-  const size_t pre = 10;  // magic(6) + version(2) + header length(2)
-  const size_t total = (pre + header.size() + 1 + 63) / 64 * 64;
-  header.append(total - pre - header.size() - 1, ' ');
-  header.push_back('\n');
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  check(f != nullptr, "-o: cannot write '{}'", path);
-  const unsigned char magic[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
-  const uint16_t hl = (uint16_t)header.size();
-  const unsigned char hlb[2] = {(unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
-  bool ok = std::fwrite(magic, 1, 8, f) == 8 && std::fwrite(hlb, 1, 2, f) == 2 &&
-            std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
-            std::fwrite(x.data(), sizeof(float), x.size(), f) == x.size();
-  ok = (std::fclose(f) == 0) && ok;
-  check(ok, "-o: short write to '{}'", path);
-}
 
 void run(CaptureArgs& a) {
   check(a.tokens >= 1, "--tokens {}: expected ≥ 1", a.tokens);
@@ -99,11 +77,11 @@ void run(CaptureArgs& a) {
     return y;
   };
   for (int l : a.layers) {
-    write_npy_f32(fmt::format("{}/k_layer{}.npy", a.out_dir, l), head_major(ks[l], H), H * N, d);
-    write_npy_f32(fmt::format("{}/v_layer{}.npy", a.out_dir, l), head_major(vs[l], H), H * N, d);
+    write_npy_f32(fmt::format("{}/k_layer{}.npy", a.out_dir, l), head_major(ks[l], H), H * N, d, "-o");
+    write_npy_f32(fmt::format("{}/v_layer{}.npy", a.out_dir, l), head_major(vs[l], H), H * N, d, "-o");
     if (a.queries)
       write_npy_f32(fmt::format("{}/q_layer{}.npy", a.out_dir, l), head_major(qs[l], cfg.n_heads),
-                    (int64_t)cfg.n_heads * N, d);
+                    (int64_t)cfg.n_heads * N, d, "-o");
   }
   spdlog::info("wrote K/V of {} layer(s), {} tokens × {} KV heads each, to {}", a.layers.size(), ids.size(),
                cfg.n_kv_heads, a.out_dir);

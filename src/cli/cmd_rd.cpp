@@ -22,6 +22,7 @@
 
 #include "cli/command.h"
 #include "ratekv/error.h"
+#include "ratekv/npy.h"
 #include "ratekv/quant/prng.h"
 #include "ratekv/quant/quantizer.h"
 #include "ratekv/quant/rd_fit.h"
@@ -44,8 +45,10 @@ struct RdOptions {
   bool force = false;
 };
 
-// Reads a float32 matrix (N, m): .npy (little-endian '<f4', C order, 2-D) or
-// raw .f32 (needs m). Throws Error naming the file and what is wrong.
+// Reads a float32 matrix (N, m): .npy (little-endian '<f4', C order, 2-D;
+// read_npy_f32) or raw .f32 (needs m). At most n_rows rows when n_rows > 0;
+// sets m and n_rows to what was read. Throws Error naming the file and what is
+// wrong.
 std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows) {
   std::error_code ec;
   check(std::filesystem::exists(path, ec), "--data: '{}' does not exist (expected gaussian, unit, or the path of a "
@@ -54,53 +57,28 @@ std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows
         "the path of a .npy / raw .f32 file)", path);
   std::ifstream f(path, std::ios::binary);
   check((bool)f, "--data: cannot open '{}'", path);
-  std::vector<char> buf((std::istreambuf_iterator<char>(f)), {});
-  const bool is_npy = buf.size() >= 6 && std::memcmp(buf.data(), "\x93NUMPY", 6) == 0;
-  size_t offset = 0;
-  int64_t rows = 0;
-  if (is_npy) {
-    check(buf.size() >= 10, "{}: truncated .npy header", path);
-    const int major = (unsigned char)buf[6];
-    size_t hlen = 0, hstart = 0;
-    if (major == 1) {
-      hlen = (unsigned char)buf[8] | ((size_t)(unsigned char)buf[9] << 8);
-      hstart = 10;
-    } else {
-      check(major == 2 || major == 3, "{}: unsupported .npy version {}", path, major);
-      check(buf.size() >= 12, "{}: truncated .npy header", path);
-      hlen = (size_t)(unsigned char)buf[8] | ((size_t)(unsigned char)buf[9] << 8) |
-             ((size_t)(unsigned char)buf[10] << 16) | ((size_t)(unsigned char)buf[11] << 24);
-      hstart = 12;
-    }
-    check(hstart + hlen <= buf.size(), "{}: .npy header length {} runs past the file", path, hlen);
-    std::string h(buf.data() + hstart, hlen);
-    while (!h.empty() && (h.back() == ' ' || h.back() == '\n')) h.pop_back();
-    check(h.find("'descr': '<f4'") != std::string::npos, "{}: .npy dtype must be '<f4' (float32), header {}", path, h);
-    check(h.find("'fortran_order': False") != std::string::npos, "{}: .npy must be C-ordered, header {}", path, h);
-    const size_t s = h.find("'shape': (");
-    check(s != std::string::npos, "{}: .npy header has no shape: {}", path, h);
-    long long a = -1, b = -1;
-    const int got = std::sscanf(h.c_str() + s + 10, "%lld, %lld", &a, &b);
-    check(got == 2 && a >= 1 && b >= 1, "{}: .npy shape must be 2-D (N, m) with N, m ≥ 1, header {}", path, h);
-    check(b <= (1 << 20), "{}: vector dimension {} is too large", path, b);
-    offset = hstart + hlen;
-    // Bound the row count by the bytes present before multiplying (a * b * 4 could overflow).
-    check((uint64_t)a <= (buf.size() - offset) / 4 / (uint64_t)b, "{}: shape ({}, {}) needs more data than the {} "
-          "bytes after the header", path, a, b, buf.size() - offset);
-    rows = a;
-    m = (int)b;
-    check(buf.size() - offset == (size_t)(a * b) * 4, "{}: data is {} bytes, shape ({}, {}) needs {}", path,
-          buf.size() - offset, a, b, a * b * 4);
-  } else {
-    check(m >= 1, "--dim: a raw .f32 file needs the vector dimension (got {})", m);
-    check(buf.size() % (4 * (size_t)m) == 0 && !buf.empty(),
-          "{}: raw float32 file of {} bytes is not a whole number of {}-float rows", path, buf.size(), m);
-    rows = (int64_t)(buf.size() / (4 * (size_t)m));
+  char magic[6] = {};
+  f.read(magic, 6);
+  if (f.gcount() == 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0) {
+    f.close();
+    NpyMatrix x = read_npy_f32(path, "--data");
+    const int64_t rows = n_rows > 0 ? std::min(x.rows, n_rows) : x.rows;
+    x.data.resize((size_t)(rows * x.cols));
+    m = (int)x.cols;  // ≤ 2^20 (read_npy_f32)
+    n_rows = rows;
+    return std::move(x.data);
   }
+  f.clear();
+  f.seekg(0);
+  std::vector<char> buf((std::istreambuf_iterator<char>(f)), {});
+  check(m >= 1, "--dim: a raw .f32 file needs the vector dimension (got {})", m);
+  check(buf.size() % (4 * (size_t)m) == 0 && !buf.empty(),
+        "{}: raw float32 file of {} bytes is not a whole number of {}-float rows", path, buf.size(), m);
+  int64_t rows = (int64_t)(buf.size() / (4 * (size_t)m));
   if (n_rows > 0) rows = std::min(rows, n_rows);
   n_rows = rows;
   std::vector<float> x((size_t)rows * m);
-  std::memcpy(x.data(), buf.data() + offset, x.size() * 4);
+  std::memcpy(x.data(), buf.data(), x.size() * 4);
   for (size_t i = 0; i < x.size(); ++i)
     check(std::isfinite(x[i]), "{}: non-finite value at row {}, column {}", path, i / m, i % m);
   return x;
