@@ -217,12 +217,14 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
   RATEKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-/// Launches the uniform-plan kernel (decode_attention_uniform.cu: one b-bit
-/// key and one b-bit value group per head, b = 2..4, GQA ≤ 8, head_dim
-/// 64/128/256) over `pool`: split states into w.part. Throws Error for any
-/// other plan.
-void launch_uniform_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
-                           const WorkspaceView& w, int pages_per_split, cudaStream_t stream);
+/// Launches the GQA ≤ 8 kernel (decode_attention_gqa8.cu) over `pool`: split
+/// states into w.part. uniform: the instance for uniform plans (int8 key
+/// scores; plan.device().uniform_bits > 0), else the general one (runtime
+/// tables, fp16 keys). Throws Error for GQA > 8, 5..8-bit groups, a
+/// non-uniform plan with uniform = true, or head_dim ∉ {64, 128, 256}.
+void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
+                        const WorkspaceView& w, int pages_per_split, bool uniform,
+                        cudaStream_t stream);
 
 /// Launches the query prologue: (batch·n_heads, kMaxTiles·16) fp16 rows of
 /// scale·Π_g q_g per key group (tables == nullptr: scale·q, unrotated).

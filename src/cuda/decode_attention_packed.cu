@@ -1,11 +1,10 @@
-// Fused split-K decode attention over the packed KV cache, general instance:
-// any plan of 1..4-bit groups — Block-GTQ, RateQuant, K≠V widths, GQA up to 16
-// (DESIGN.md §6, §8; docs/packed_format.md, format version 2). Uniform plans
-// with GQA ≤ 8 take decode_attention_uniform.cu (variant specialized); plans
-// with 5..8-bit groups decode_attention_generic.cu.
+// Fused split-K decode attention over the packed KV cache for GQA 9..16 (any
+// plan of 1..4-bit groups; DESIGN.md §6, §8; docs/packed_format.md, format
+// version 2), and the entry points that pick the kernel: GQA ≤ 8 takes
+// decode_attention_gqa8.cu, plans with 5..8-bit groups
+// decode_attention_generic.cu.
 //
-// Grid (⌈n_splits/W⌉, n_kv_heads, batch), W = 8 (GQA ≤ 8) or 4 warps per
-// CTA, one split per warp.
+// Grid (⌈n_splits/4⌉, n_kv_heads, batch), 4 warps per CTA, one split per warp.
 // A warp owns the GQA query rows of one KV head (M = 16, rows ≥ gqa are zero)
 // and a contiguous range of pages (64 tokens each) of one sequence. Per page
 // it stages the KV head's whole head block (codes + norms, contiguous) with
@@ -34,35 +33,16 @@ namespace {
 
 constexpr int kStages = 2;  // pages in flight per warp (current + prefetch)
 // Warps (splits) per CTA; they share the head tables and the query fragments.
-// 16 query rows: 4 warps, 3 CTAs per SM; only rows < 8 (R8, GQA ≤ 8): half
-// the accumulators, 8 warps, ≤ 128 registers (2 CTAs = 16 warps per SM).
-template <bool R8>
-constexpr int kWarps = R8 ? 8 : 4;
-static_assert(detail::kPackedWarpsPerCta % kWarps<false> == 0 &&
-                  detail::kPackedWarpsPerCta % kWarps<true> == 0,
-              "default_splits rounds to whole CTAs");
-
-/// mma.m16n8k16 for warps whose query rows are all < 8 (GQA ≤ 8): accumulates
-/// only c[0], c[1] (rows g); the rows g+8 come out of a zero accumulator and are
-/// dropped, so they hold no registers and need no softmax or rescaling.
-__device__ __forceinline__ void mma_16816_top(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                              uint32_t b1) {
-  float d2, d3;
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%10,%11};\n"
-      : "+f"(c[0]), "+f"(c[1]), "=f"(d2), "=f"(d3)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f));
-}
+// 16 query rows need more registers: 4 warps, 3 CTAs per SM.
+constexpr int kWarps = 4;
+static_assert(detail::kPackedWarpsPerCta % kWarps == 0, "default_splits rounds to whole CTAs");
 
 /// Online-softmax update over the 64 scores of one page (4 token tiles of
 /// C fragments); on return S holds p = exp(S − m_new), alpha the rescale.
-/// R8: only rows g (GQA ≤ 8).
-template <bool R8>
 __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4][2][4],
                                              float (&alpha)[2]) {
-  alpha[1] = 1.f;
 #pragma unroll
-  for (int r = 0; r < (R8 ? 1 : 2); ++r) {
+  for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
 #pragma unroll
     for (int tt = 0; tt < 4; ++tt)
@@ -90,10 +70,10 @@ __device__ __forceinline__ void softmax_page(detail::RowState& st, float (&S)[4]
 }
 
 /// D: head_dim; any plan: widths/codebooks/offsets read per channel tile from the
-/// head tables in shared memory. R8: the warp's query rows are all < 8 (GQA ≤ 8):
-/// rows g+8 of the m16n8k16 tiles are not computed.
-template <int D, bool R8>
-__global__ void __launch_bounds__(32 * kWarps<R8>, D > 128 ? 1 : R8 ? 2 : 3) packed_decode_kernel(
+/// head tables in shared memory; the warp's 16 query rows are the M side of
+/// mma.m16n8k16 (rows ≥ gqa zero).
+template <int D>
+__global__ void __launch_bounds__(32 * kWarps, D > 128 ? 1 : 3) packed_decode_kernel(
     const HeadTables* __restrict__ tables, const uint8_t* __restrict__ pool, size_t page_bytes,
     const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens,
     int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot,
@@ -106,7 +86,7 @@ __global__ void __launch_bounds__(32 * kWarps<R8>, D > 128 ? 1 : R8 ? 2 : 3) pac
   const int h = blockIdx.y, b = blockIdx.z;
   const int row_base = b * n_heads + h * gqa;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-  const int split = blockIdx.x * kWarps<R8> + warp;
+  const int split = blockIdx.x * kWarps + warp;
   // Start this warp's first page before the CTA-wide prologue (its offsets read
   // straight from the global head table), so the page table lookup and the
   // page's copy overlap the table copy and the query fragments.
@@ -192,18 +172,13 @@ __global__ void __launch_bounds__(32 * kWarps<R8>, D > 128 ? 1 : R8 ? 2 : 3) pac
 #pragma unroll
         for (int j = 0; j < 4; ++j) w[j] = j < bits ? rows[32 * j] : 0u;
         const uint4 a4 = qfrag[kt * 32 + lane];
-        const uint32_t a[4] = {a4.x, R8 ? 0u : a4.y, a4.z, R8 ? 0u : a4.w};
+        const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
         for (int tt = 0; tt < 4; ++tt) {
           uint32_t bf[2][2];
           decode_fragments<0>(code_nibbles<0>(w, bits, tt), bits, cbK, bf);
-          if (R8) {
-            mma_16816_top(Sg[tt][0], a, bf[0][0], bf[0][1]);
-            mma_16816_top(Sg[tt][1], a, bf[1][0], bf[1][1]);
-          } else {
-            detail::mma_16816(Sg[tt][0], a, bf[0][0], bf[0][1]);
-            detail::mma_16816(Sg[tt][1], a, bf[1][0], bf[1][1]);
-          }
+          detail::mma_16816(Sg[tt][0], a, bf[0][0], bf[0][1]);
+          detail::mma_16816(Sg[tt][1], a, bf[1][0], bf[1][1]);
         }
         if (T.tile_last[0][kt]) {
           const __half2* nk = reinterpret_cast<const __half2*>(sb + T.norm_offset[0][grp]);
@@ -213,7 +188,7 @@ __global__ void __launch_bounds__(32 * kWarps<R8>, D > 128 ? 1 : R8 ? 2 : 3) pac
             for (int hh = 0; hh < 2; ++hh) {
               const float2 n = __half22float2(nk[8 * tt + 4 * hh + t]);
 #pragma unroll
-              for (int i = 0; i < (R8 ? 2 : 4); ++i) {
+              for (int i = 0; i < 4; ++i) {
                 S[tt][hh][i] = fmaf((i & 1) ? n.y : n.x, Sg[tt][hh][i], S[tt][hh][i]);
                 Sg[tt][hh][i] = 0.f;
               }
@@ -227,21 +202,19 @@ __global__ void __launch_bounds__(32 * kWarps<R8>, D > 128 ? 1 : R8 ? 2 : 3) pac
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-          for (int i = 0; i < (R8 ? 2 : 4); ++i)
+          for (int i = 0; i < 4; ++i)
             if (16 * tt + 8 * hh + 2 * t + (i & 1) >= valid) S[tt][hh][i] = -INFINITY;
     }
     float alpha[2];
-    softmax_page<R8>(st, S, alpha);
+    softmax_page(st, S, alpha);
 #pragma unroll
     for (int vt = 0; vt < NT; ++vt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         O[vt][hh][0] *= alpha[0];
         O[vt][hh][1] *= alpha[0];
-        if (!R8) {
-          O[vt][hh][2] *= alpha[1];
-          O[vt][hh][3] *= alpha[1];
-        }
+        O[vt][hh][2] *= alpha[1];
+        O[vt][hh][3] *= alpha[1];
       }
 
     // ---- O += (P ∘ n^V_g) · C_g per value tile ----
@@ -275,9 +248,9 @@ __global__ void __launch_bounds__(32 * kWarps<R8>, D > 128 ? 1 : R8 ? 2 : 3) pac
               }
             }
             pa[tt][0] = detail::pack_half2(S[tt][0][0] * n[0], S[tt][0][1] * n[1]);
-            pa[tt][1] = R8 ? 0u : detail::pack_half2(S[tt][0][2] * n[0], S[tt][0][3] * n[1]);
+            pa[tt][1] = detail::pack_half2(S[tt][0][2] * n[0], S[tt][0][3] * n[1]);
             pa[tt][2] = detail::pack_half2(S[tt][1][0] * n[2], S[tt][1][1] * n[3]);
-            pa[tt][3] = R8 ? 0u : detail::pack_half2(S[tt][1][2] * n[2], S[tt][1][3] * n[3]);
+            pa[tt][3] = detail::pack_half2(S[tt][1][2] * n[2], S[tt][1][3] * n[3]);
           }
         }
         const uint32_t* rows = reinterpret_cast<const uint32_t*>(
@@ -289,13 +262,8 @@ __global__ void __launch_bounds__(32 * kWarps<R8>, D > 128 ? 1 : R8 ? 2 : 3) pac
         for (int tt = 0; tt < 4; ++tt) {
           uint32_t bf[2][2];
           decode_fragments<0>(code_nibbles<0>(w, bits, tt), bits, cbV, bf);
-          if (R8) {
-            mma_16816_top(O[vt][0], pa[tt], bf[0][0], bf[0][1]);
-            mma_16816_top(O[vt][1], pa[tt], bf[1][0], bf[1][1]);
-          } else {
-            detail::mma_16816(O[vt][0], pa[tt], bf[0][0], bf[0][1]);
-            detail::mma_16816(O[vt][1], pa[tt], bf[1][0], bf[1][1]);
-          }
+          detail::mma_16816(O[vt][0], pa[tt], bf[0][0], bf[0][1]);
+          detail::mma_16816(O[vt][1], pa[tt], bf[1][0], bf[1][1]);
         }
       }
     }
@@ -306,34 +274,25 @@ __global__ void __launch_bounds__(32 * kWarps<R8>, D > 128 ? 1 : R8 ? 2 : 3) pac
   detail::store_partial<NT>(part, row_base, gqa, split, st, O, nV);
 }
 
-template <int D, bool R8>
+template <int D>
 void launch_packed(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
                    const detail::WorkspaceView& w, int pages_per_split, cudaStream_t stream) {
   const auto& dev = plan.device();
   constexpr int NT = detail::max_tiles_for(D);
   const size_t smem = (sizeof(HeadTables) + 15) / 16 * 16 + (size_t)NT * 32 * 16 +
-                      (size_t)kWarps<R8> * kStages * dev.max_stage_bytes;
+                      (size_t)kWarps * kStages * dev.max_stage_bytes;
   static int smem_set[detail::kMaxDevices] = {};  // one cache per instance
-  detail::set_smem_limit(reinterpret_cast<const void*>(packed_decode_kernel<D, R8>), smem,
+  detail::set_smem_limit(reinterpret_cast<const void*>(packed_decode_kernel<D>), smem,
                          smem_set);
-  const dim3 grid((w.part.n_splits + kWarps<R8> - 1) / kWarps<R8>, plan.layout().n_kv_heads(),
+  const dim3 grid((w.part.n_splits + kWarps - 1) / kWarps, plan.layout().n_kv_heads(),
                   batch.batch);
   // Programmatic dependent launch: the prologue (head tables, page table, first
   // page) overlaps the query-rotation kernel; the kernel waits for it before
   // reading the rotated query.
-  detail::launch_pdl(packed_decode_kernel<D, R8>, grid, dim3(32 * kWarps<R8>), smem, stream,
+  detail::launch_pdl(packed_decode_kernel<D>, grid, dim3(32 * kWarps), smem, stream,
                      dev.heads, pool, plan.layout().page_bytes(), batch.page_table,
                      batch.max_pages, batch.seq_lens, pages_per_split, plan.n_heads(), plan.gqa(),
                      (const __half*)w.q, w.part);
-}
-
-/// The general instance for head_dim D (query rows < 8 only when GQA ≤ 8).
-template <int D>
-void launch_general(bool r8, const PackedPlan& plan, const DecodeBatch& batch,
-                    const uint8_t* pool, const detail::WorkspaceView& w, int pps,
-                    cudaStream_t stream) {
-  if (r8) return launch_packed<D, true>(plan, batch, pool, w, pps, stream);
-  return launch_packed<D, false>(plan, batch, pool, w, pps, stream);
 }
 
 }  // namespace
@@ -383,16 +342,15 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   const auto& D = plan.device();
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
                               D.heads, D.rotations, D.channels, w.q, stream);
-  // Variant dispatch: uniform plans with GQA ≤ 8 (specialized) take the uniform
-  // kernel; everything else the general instance.
-  const bool r8 = plan.gqa() <= 8;
-  if (uses_int8_keys(plan, variant)) {
-    detail::launch_uniform_decode(plan, batch, pool, w, pps, stream);
+  // GQA ≤ 8: the kernel with the query rows as the MMA N side (uniform plans
+  // under `specialized`: its integer-key instance); GQA > 8: the 16-row kernel.
+  if (plan.gqa() <= 8) {
+    detail::launch_gqa8_decode(plan, batch, pool, w, pps, uses_int8_keys(plan, variant), stream);
   } else {
     switch (d) {
-      case 64: launch_general<64>(r8, plan, batch, pool, w, pps, stream); break;
-      case 128: launch_general<128>(r8, plan, batch, pool, w, pps, stream); break;
-      case 256: launch_general<256>(r8, plan, batch, pool, w, pps, stream); break;
+      case 64: launch_packed<64>(plan, batch, pool, w, pps, stream); break;
+      case 128: launch_packed<128>(plan, batch, pool, w, pps, stream); break;
+      case 256: launch_packed<256>(plan, batch, pool, w, pps, stream); break;
       default:
         detail::throw_error(detail::cat("packed_decode_attention: head_dim ", d,
                                         " has no kernel (64, 128, 256)"));

@@ -36,10 +36,10 @@ grep -E "Compiling entry|registers|spill" "$OUT/build.log" | grep -B1 -A1 regist
 fi
 if has sass; then
   say "sass"
-  # Opcode counts of one page iteration: uniform kernel K2/K3/K4 and the general instance (head_dim 128).
+  # Opcode counts of one page iteration (head_dim 128): GQA-8 kernel uniform K2/K3/K4 and general, 16-row kernel.
   cuobjdump -sass "$B/test_cuda" 2>&1 | python3 "$ROOT/tools/device/sass_counts.py" --main-loop \
-    uniform_decode_kernelILi128ELi2E uniform_decode_kernelILi128ELi3E uniform_decode_kernelILi128ELi4E \
-    packed_decode_kernelILi128ELb1E > "$OUT/sass_counts.txt" 2>&1; cat "$OUT/sass_counts.txt" | tee -a "$LOG"
+    gqa8_decode_kernelILi128ELi2E gqa8_decode_kernelILi128ELi3E gqa8_decode_kernelILi128ELi4E gqa8_decode_kernelILi128ELi0E \
+    packed_decode_kernelILi128EE > "$OUT/sass_counts.txt" 2>&1; cat "$OUT/sass_counts.txt" | tee -a "$LOG"
 fi
 if has tests; then
   if [ -x "$B/test_cache_format" ]; then

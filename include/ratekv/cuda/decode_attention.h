@@ -92,18 +92,20 @@ class PackedPlan {
   std::unique_ptr<Device> dev_;
 };
 
-/// Which kernel runs:
-///  runtime_tables — the general instance: bit widths, codebooks and offsets
-///                   read per 16-channel tile from the head tables (any plan);
-///                   fp16 levels and query, fp32 accumulation;
+/// Which kernel runs (plans of 1..4-bit groups; 5..8-bit ones always take the
+/// generic kernel):
+///  runtime_tables — bit widths, codebooks and offsets read per 16-channel tile
+///                   from the head tables (any plan); fp16 levels and query,
+///                   fp32 accumulation. GQA ≤ 8: the query rows are the MMA's
+///                   N side (decode_attention_gqa8.cu); GQA 9..16: its M side
+///                   (decode_attention_packed.cu);
 ///  specialized    — (default) for uniform plans (one b-bit key and one b-bit
 ///                   value group over every head, b = 1..4) with GQA ≤ 8 the
-///                   uniform kernel (decode_attention_uniform.cu: query rows as
-///                   the MMA's N side, compile-time widths and offsets). Its
-///                   scores are integer: key levels as int8_key_levels (one
-///                   scale per codebook), the rotated fp16 query split into two
-///                   int8 parts (q ≈ s·(hi + lo/254), s = max|q|/127 per row,
-///                   error ≤ 1.6e-5·max|q|), int32 accumulation; values as in
+///                   uniform instance: compile-time widths and offsets and
+///                   integer scores — key levels as int8_key_levels (one scale
+///                   per codebook), the rotated fp16 query split into two int8
+///                   parts (q ≈ s·(hi + lo/254), s = max|q|/127 per row, error
+///                   ≤ 1.6e-5·max|q|), int32 accumulation; values as in
 ///                   runtime_tables. Any other plan: as runtime_tables.
 /// Both decode codes with byte permutes from codebooks in registers; both are
 /// tested against a CPU reference with the levels each uses.

@@ -1,0 +1,531 @@
+// Fused split-K decode attention for GQA ≤ 8: the query rows of a KV head are
+// the N = 8 side of the MMAs (DESIGN.md §6, §8; docs/packed_format.md, format
+// version 2). Two instances per head_dim:
+//  - uniform plans (one b-bit key and one b-bit value group per head, b = 1..4;
+//    variant `specialized`): widths and offsets at compile time, integer key
+//    scores (below);
+//  - any other plan of 1..4-bit groups (Block-GTQ, RateQuant, K≠V widths, 0-bit
+//    sides; and every plan under variant `runtime_tables`): widths, codebooks,
+//    offsets and norms per 16-channel tile from the head tables in shared
+//    memory, fp16 key scores, one accumulator per key group folded with the
+//    group's norms.
+// GQA > 8 takes decode_attention_packed.cu, 5..8-bit groups
+// decode_attention_generic.cu.
+//
+// Transposed orientation: the decoded codes are the A operand, so no
+// tensor-core row is a padding row and one MMA consumes a whole code tile:
+//   Sᵀ (16 tokens × 8 rows) += K (A) · Q̃ᵀ (B)
+//        uniform: A = 16 tokens × 32 channels of int8 levels, B = the int8 hi and lo
+//                 parts of the query; mma.m16n8k32.s8, int32 accumulation
+//        general: A = 16 tokens × 16 channels of fp16 levels, B = fp16 query;
+//                 mma.m16n8k16, fp32 accumulation
+//   Oᵀ (16 channels × 8 rows) += V_tileᵀ (A: 16 channels × 16 tokens, fp16 levels)
+//                               · (P ∘ n^V_g)ᵀ (B: 16 × 8, fp16)            mma.m16n8k16, fp32
+// The format's lane words hold exactly these A fragments (code_decode.cuh): a
+// key code becomes its int8 level with one byte permute per 4 codes
+// (int8_key_levels: one scale per codebook), an fp16 level takes two per 2
+// codes. The uniform score of token t, row r is
+// n^K_t · s_r·s_L/254 · (254·Σ hi·L + Σ lo·L), the scale folded into the softmax
+// exponent. A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,
+// g+8 of each token tile; P moves from the C layout of Sᵀ to the B layout of
+// the P·V product with movmatrix (one 8×8 transpose per half tile).
+//
+// Grid (⌈n_splits/W⌉, n_kv_heads, batch), W = 8 warps per CTA (4 for
+// head_dim 256), one split per warp, each warp a contiguous range of 64-token
+// pages of one sequence. A page's head block (codes + norms, contiguous)
+// arrives by one bulk async copy (TMA, cp.async.bulk) into one of two stages
+// per warp, completion signalled on an mbarrier; the next page is in flight
+// while one is computed.
+#include "attention_common.cuh"
+#include "code_decode.cuh"
+#include "ratekv/cuda/decode_attention.h"
+
+namespace ratekv::cuda::detail {
+
+namespace {
+
+constexpr int kStages = 2;  // pages in flight per warp (current + prefetch)
+// Splits (warps) per CTA: 8 (2 CTAs per SM); head_dim 256 stages twice the
+// bytes per page and takes 4 so that two stages per warp fit in shared memory.
+template <int D>
+constexpr int kWarps = D > 128 ? 4 : 8;
+static_assert(kPackedWarpsPerCta % kWarps<64> == 0 && kPackedWarpsPerCta % kWarps<256> == 0,
+              "default_splits rounds to whole CTAs");
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+/// Makes mbarrier initialisation visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/// Arrives once on `bar` and announces `bytes` of async-copy traffic.
+__device__ __forceinline__ void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+/// Bulk async copy of `bytes` (multiple of 16, both addresses 16-byte aligned)
+/// global -> shared, completion counted on `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
+                                              uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+/// Waits until the phase with parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+/// Transpose of an 8×8 b16 matrix held as one mma C/A-style fragment
+/// (lane (g, t): row g, columns 2t, 2t+1) into the same fragment of the transpose.
+__device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+/// mma.m16n8k32 with int8 A and B, int32 accumulation (fragment layout as
+/// m16n8k16 with 4 int8 per register: a0 = (row g, k 4t..4t+3), a1 = (g+8, …),
+/// a2 = (g, k 16+4t..), a3 = (g+8, 16+…); b0 = (k 4t..4t+3, n g), b1 = (k 16+4t.., n g)).
+__device__ __forceinline__ void imma_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                           uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// An int8 key codebook in registers: byte k of c[w] = int8 level 4w + k.
+struct Codebook8 {
+  uint32_t c[4];
+};
+
+/// Four codes (nibbles 0..3 of s; for B < 4 the bits above B are zero) ->
+/// their four int8 levels, one byte each (one prmt for ≤ 8 levels; 16 levels:
+/// two halves picked per byte by code bit 3, as nibbles_to_half2).
+template <int B>
+__device__ __forceinline__ uint32_t decode4_i8(uint32_t s, const Codebook8& cb) {
+  if constexpr (B < 4) {
+    return prmt(cb.c[0], cb.c[1], s);
+  } else {
+    const uint32_t s7 = s & 0x7777u;
+    const uint32_t m = prmt(s << 4, s, 0xD9C8u);
+    return (prmt(cb.c[0], cb.c[1], s7) & ~m) | (prmt(cb.c[2], cb.c[3], s7) & m);
+  }
+}
+
+/// Shared memory of a CTA: the warps' mbarriers, [general: the head tables],
+/// the rotated query as B fragments, then each warp's kStages page stages.
+/// Query fragments: uniform [D/32][32] uint4 (b0, b1 of the int8 hi part, then
+/// of the lo part; lane (g, t): b0 = row g's channels 2t, 2t+1, 2t+8, 2t+9 of
+/// tile 2j, b1 the same of tile 2j+1); general [tiles][32] uint2 (fp16 b0 =
+/// channels 2t, 2t+1 and b1 = 2t+8, 2t+9 of row g).
+constexpr size_t kBarBytes = 128;  // ≥ 8 warps × kStages mbarriers, keeps what follows aligned
+static_assert(kBarBytes >= 8 * kStages * sizeof(uint64_t));
+constexpr size_t kTablesBytes = (sizeof(HeadTables) + 127) / 128 * 128;
+/// Rotated 16-channel tiles per side: D/16 (uniform), up to max_tiles_for(D) (general: padded groups).
+template <int D, int UB>
+constexpr int kTiles = UB > 0 ? D / 16 : max_tiles_for(D);
+template <int D, int UB>
+constexpr size_t kQfragBytes = UB > 0 ? (size_t)(D / 32) * 32 * sizeof(uint4)
+                                      : (size_t)kTiles<D, UB> * 32 * sizeof(uint2);
+template <int D, int UB>
+constexpr size_t kStagesOffset = kBarBytes + (UB > 0 ? 0 : kTablesBytes) + kQfragBytes<D, UB>;
+
+/// D: head_dim; UB: the plan's width (bits of every key and value code) for a
+/// uniform plan, 0 for the general instance (runtime tables).
+template <int D, int UB>
+__global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
+    const HeadTables* __restrict__ tables, const uint8_t* __restrict__ pool, size_t page_bytes,
+    const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens,
+    int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot, Partials part) {
+  constexpr bool U = UB > 0;
+  constexpr int NT = kTiles<D, UB>;
+  constexpr int kSideCodeBytes = (D / 16) * UB * 128;  // uniform: one side's codes in the head block
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);
+  HeadTables& Ts = *reinterpret_cast<HeadTables*>(smem + kBarBytes);  // general only
+  uint8_t* qfrag_bytes = smem + kBarBytes + (U ? 0 : kTablesBytes);
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int row_base = b * n_heads + h * gqa;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.x * kWarps<D> + warp;
+  const HeadTables& Tg = tables[h];  // global (read before the shared copy exists)
+  const int stage_bytes = Tg.stage_bytes;
+  uint8_t* stages = smem + kStagesOffset<D, UB> + (size_t)warp * kStages * stage_bytes;
+  uint64_t* bar = bars + warp * kStages;
+  const int len = seq_lens[b];
+  const int n_pages_seq = (len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int page_lo = split * pages_per_split;
+  const int page_hi = split < part.n_splits ? min(page_lo + pages_per_split, n_pages_seq) : page_lo;
+  const int32_t* pt = page_table + (size_t)b * max_pages;
+  const uint8_t* head_base = pool + Tg.block_offset;
+  auto issue = [&](int page, int stage) {
+    if (lane == 0) {
+      mbarrier_expect_tx(&bar[stage], (uint32_t)stage_bytes);
+      bulk_copy_g2s(stages + stage * stage_bytes, head_base + (size_t)pt[page] * page_bytes,
+                    (uint32_t)stage_bytes, &bar[stage]);
+    }
+  };
+  // The warp's first page goes out before the CTA-wide prologue.
+  if (lane == 0) {
+    mbarrier_init(&bar[0], 1);
+    mbarrier_init(&bar[1], 1);
+    fence_mbarrier_init();
+  }
+  __syncwarp();
+  if (page_lo < page_hi) issue(page_lo, 0);
+  if constexpr (!U) {
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(tables + h);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(&Ts);
+    for (int i = threadIdx.x; i < (int)(sizeof(HeadTables) / 4); i += blockDim.x) dst[i] = src[i];
+  }
+  // Rotated query: written by the rotation kernel, which this launch may overlap (PDL).
+  grid_dependency_wait();
+  __shared__ float q_scale[8];
+  if constexpr (U) {
+    // Two-part int8 B fragments: per row r, s_r = max|q̃_r|/127 (1 for a zero
+    // row, e.g. rows ≥ gqa), q̃/s_r = hi + lo/254 with hi = round(q̃/s_r) and
+    // lo = round((q̃/s_r − hi)·254), both in [−127, 127].
+    for (int r = warp; r < 8; r += kWarps<D>) {
+      float mx = 0.f;
+      if (r < gqa)
+        for (int c = lane; c < D; c += 32)
+          mx = fmaxf(mx, fabsf(__half2float(qrot[(size_t)(row_base + r) * kMaxTiles * 16 + c])));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      if (lane == 0) q_scale[r] = mx > 0.f ? mx / 127.f : 1.f;
+    }
+    __syncthreads();
+    uint4* qfrag = reinterpret_cast<uint4*>(qfrag_bytes);
+    for (int i = threadIdx.x; i < D / 32 * 32; i += blockDim.x) {
+      const int j = i >> 5, ln = i & 31, qg = ln >> 2, qt = ln & 3;
+      uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+      if (qg < gqa) {
+        const float inv = 1.f / q_scale[qg];
+        const __half* r = qrot + (size_t)(row_base + qg) * kMaxTiles * 16;
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {  // k index 4qt + e <-> channel 2qt + (e & 1) + 8·(e >> 1)
+            const int c = (2 * j + u) * 16 + 2 * qt + (e & 1) + 8 * (e >> 1);
+            const float x = __half2float(r[c]) * inv;  // |x| ≤ 127
+            const float xh = rintf(x);
+            const int ih = (int)xh, il = (int)rintf((x - xh) * 254.f);
+            hi[u] |= (uint32_t)(ih & 0xff) << (8 * e);
+            lo[u] |= (uint32_t)(il & 0xff) << (8 * e);
+          }
+      }
+      qfrag[i] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+    }
+  } else {
+    // fp16 B fragments (rows ≥ gqa and tiles ≥ n_tiles[0] zero).
+    uint2* qfrag = reinterpret_cast<uint2*>(qfrag_bytes);
+    const int nK = Tg.n_tiles[0];
+    for (int i = threadIdx.x; i < NT * 32; i += blockDim.x) {
+      const int kt = i >> 5, ln = i & 31, qg = ln >> 2, qt = ln & 3;
+      const __half* r = qrot + (size_t)(row_base + qg) * kMaxTiles * 16 + kt * 16 + 2 * qt;
+      const bool ok = qg < gqa && kt < nK;
+      qfrag[i] = make_uint2(ok ? *reinterpret_cast<const uint32_t*>(r) : 0u,
+                            ok ? *reinterpret_cast<const uint32_t*>(r + 8) : 0u);
+    }
+  }
+  Codebook8 cbK8;
+  Codebook cbK, cbV;
+  if constexpr (U) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) cbK8.c[w] = Tg.i8tab[0][w];
+    load_codebook(Tg.ptab[1][0], UB, cbV);
+  }
+  __syncthreads();
+  const HeadTables& T = U ? Tg : Ts;
+  const int nK = U ? NT : T.n_tiles[0], nV = U ? NT : T.n_tiles[1];
+  // Softmax exponent per score unit, rows 2t, 2t+1: log2 e (general); uniform:
+  // log2 e · s_r · s_L / 254 per integer score unit.
+  float kexp[2] = {kLog2e, kLog2e};
+  if constexpr (U) {
+    const float sl = Tg.i8scale[0] / 254.f * kLog2e;
+    kexp[0] = q_scale[2 * t] * sl;
+    kexp[1] = q_scale[2 * t + 1] * sl;
+  }
+  if (split >= part.n_splits) return;
+  if (page_lo >= page_hi) {
+    store_empty(part, row_base, gqa, split);
+    return;
+  }
+
+  float O[NT][4];  // Oᵀ: (channel 16vt + g (+8 for [2], [3]), row 2t + (i & 1))
+#pragma unroll
+  for (int vt = 0; vt < NT; ++vt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) O[vt][i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units), rows 2t, 2t+1
+  float l[2] = {0.f, 0.f};              // this lane's partial row sums
+
+  for (int pg = page_lo; pg < page_hi; ++pg) {
+    const int k = pg - page_lo, stage = k & 1;
+    if (pg + 1 < page_hi) issue(pg + 1, stage ^ 1);
+    mbarrier_wait(&bar[stage], (uint32_t)(k >> 1) & 1u);
+    const uint8_t* sb = stages + stage * stage_bytes;
+    const int valid = len - pg * packed::kPageTokens;  // tokens of this page in use (may be > 64)
+
+    // ---- Sᵀ per token tile; S[tt]: (token 16tt + g (+8 for [2], [3]), row 2t + (i & 1))
+    float S[4][4];
+    if constexpr (U) {
+      // int32 (hi and lo query parts, S = 254·hi + lo; |S| < 2^31 for D ≤ 256).
+      // Channel tiles 2j, 2j+1 make one k = 32 step: A = their codes of token g
+      // (g+8), 4 per register, in the order of code_nibbles.
+      int Sh[4][4], Sl[4][4];
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) Sh[tt][i] = Sl[tt][i] = 0;
+      const uint4* qfrag = reinterpret_cast<const uint4*>(qfrag_bytes);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) {
+        const uint32_t* rows0 = reinterpret_cast<const uint32_t*>(sb + 2 * j * UB * 128) + lane;
+        const uint32_t* rows1 = rows0 + UB * 32;
+        uint32_t w0[4], w1[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          w0[k] = k < UB ? rows0[32 * k] : 0u;
+          w1[k] = k < UB ? rows1[32 * k] : 0u;
+        }
+        const uint4 q = qfrag[j * 32 + lane];
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+          const uint32_t na = code_nibbles<UB>(w0, UB, tt), nb = code_nibbles<UB>(w1, UB, tt);
+          const uint32_t a[4] = {decode4_i8<UB>(na, cbK8), decode4_i8<UB>(na >> 16, cbK8),
+                                 decode4_i8<UB>(nb, cbK8), decode4_i8<UB>(nb >> 16, cbK8)};
+          imma_16832(Sh[tt], a, q.x, q.y);
+          imma_16832(Sl[tt], a, q.z, q.w);
+        }
+      }
+      // Key norms (one group: S = n^K ∘ (Q̃·Cᵀ)).
+      const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_offset[0][0]);
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) {
+        const float n0 = __half2float(nk[16 * tt + g]), n1 = __half2float(nk[16 * tt + g + 8]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) S[tt][i] = (float)(Sh[tt][i] * 254 + Sl[tt][i]) * (i < 2 ? n0 : n1);
+      }
+    } else {
+      // fp16 per tile; per key group an accumulator Sg, folded as S += n^K_g ∘ Sg
+      // at the group's last tile (S = Σ_g n^K_g ∘ (Q̃_g · C_gᵀ)).
+      float Sg[4][4];
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) S[tt][i] = Sg[tt][i] = 0.f;
+      const uint2* qfrag = reinterpret_cast<const uint2*>(qfrag_bytes);
+#pragma unroll
+      for (int kt = 0; kt < NT; ++kt) {
+        if (kt < nK) {
+          const int grp = T.tile_group[0][kt];
+          const int bits = T.bits[0][grp];
+          load_codebook(T.ptab[0][grp], bits, cbK);
+          const uint32_t* rows = reinterpret_cast<const uint32_t*>(sb + T.tile_src[0][kt]) + lane;
+          uint32_t w[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[j] = j < bits ? rows[32 * j] : 0u;
+          const uint2 q = qfrag[kt * 32 + lane];
+#pragma unroll
+          for (int tt = 0; tt < 4; ++tt) {
+            uint32_t f[2][2];
+            decode_fragments<0>(code_nibbles<0>(w, bits, tt), bits, cbK, f);
+            const uint32_t a[4] = {f[0][0], f[1][0], f[0][1], f[1][1]};
+            mma_16816(Sg[tt], a, q.x, q.y);
+          }
+          if (T.tile_last[0][kt]) {
+            const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_offset[0][grp]);
+#pragma unroll
+            for (int tt = 0; tt < 4; ++tt) {
+              const float n0 = __half2float(nk[16 * tt + g]), n1 = __half2float(nk[16 * tt + g + 8]);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                S[tt][i] = fmaf(i < 2 ? n0 : n1, Sg[tt][i], S[tt][i]);
+                Sg[tt][i] = 0.f;
+              }
+            }
+          }
+        }
+      }
+    }
+    // Tokens past the sequence -> −∞.
+    if (valid < packed::kPageTokens) {  // warp-uniform: only a sequence's last page
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (16 * tt + g + 8 * (i >> 1) >= valid) S[tt][i] = -INFINITY;
+    }
+    // ---- online softmax, rows 2t + r: this lane's 8 tokens, then over g
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) mx = fmaxf(mx, fmaxf(S[tt][r], S[tt][r + 2]));
+      mx *= kexp[r];
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m[r], mx);  // finite: every page has a valid token
+      alpha[r] = fast_exp2(m[r] - m_new);
+      m[r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int i = r; i < 4; i += 2) {
+          const float p = fast_exp2(fmaf(S[tt][i], kexp[r], -m_new));
+          S[tt][i] = p;
+          sum += p;
+        }
+      l[r] = l[r] * alpha[r] + sum;
+    }
+#pragma unroll
+    for (int vt = 0; vt < NT; ++vt) {
+      O[vt][0] *= alpha[0];
+      O[vt][1] *= alpha[1];
+      O[vt][2] *= alpha[0];
+      O[vt][3] *= alpha[1];
+    }
+    // ---- Oᵀ += V_tileᵀ · (P ∘ n^V_g)ᵀ per value tile; (P ∘ n^V_g)ᵀ as B
+    // fragments (tokens 2t, 2t+1 (+8), row g) via 8×8 transposes, per value group.
+    uint32_t pb[4][2];
+    auto p_fragments = [&](int grp) {
+      const __half* nv = reinterpret_cast<const __half*>(sb + T.norm_offset[1][grp]);
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) {
+        float v0 = __half2float(nv[16 * tt + g]), v1 = __half2float(nv[16 * tt + g + 8]);
+        if (valid < packed::kPageTokens) {  // unwritten slots may hold NaN norms
+          if (16 * tt + g >= valid) v0 = 0.f;
+          if (16 * tt + g + 8 >= valid) v1 = 0.f;
+        }
+        pb[tt][0] = transpose_8x8(pack_half2(S[tt][0] * v0, S[tt][1] * v0));
+        pb[tt][1] = transpose_8x8(pack_half2(S[tt][2] * v1, S[tt][3] * v1));
+      }
+    };
+    if constexpr (U) p_fragments(0);
+    int cur = U ? 0 : -1;
+#pragma unroll
+    for (int vt = 0; vt < NT; ++vt) {
+      if (vt < nV) {
+        const int grp = U ? 0 : T.tile_group[1][vt];
+        const int bits = U ? UB : T.bits[1][grp];
+        if (!U && grp != cur) {
+          cur = grp;
+          load_codebook(T.ptab[1][grp], bits, cbV);
+          p_fragments(grp);
+        }
+        const uint32_t* rows = reinterpret_cast<const uint32_t*>(
+                                   sb + (U ? kSideCodeBytes + vt * UB * 128 : T.tile_src[1][vt])) +
+                               lane;
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = j < bits ? rows[32 * j] : 0u;
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+          uint32_t f[2][2];
+          decode_fragments<UB>(code_nibbles<UB>(w, bits, tt), bits, cbV, f);
+          const uint32_t a[4] = {f[0][0], f[1][0], f[0][1], f[1][1]};
+          mma_16816(O[vt], a, pb[tt][0], pb[tt][1]);
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+  }
+  allow_dependent_launch();  // the merge may start its prologue (it waits for all CTAs)
+
+  // ---- split state: rows 2t + r < gqa; l summed over the lanes of the row (g)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = 2 * t + r;
+    if (row >= gqa) continue;
+    const size_t idx = (size_t)(row_base + row) * part.n_splits + split;
+    if (g == 0) {
+      part.m[idx] = m[r];
+      part.l[idx] = l[r];
+    }
+    float* o = part.o + idx * part.o_dim;
+#pragma unroll
+    for (int vt = 0; vt < NT; ++vt) {
+      if (vt >= nV) break;
+      o[vt * 16 + g] = O[vt][r];
+      o[vt * 16 + g + 8] = O[vt][r + 2];
+    }
+  }
+}
+
+template <int D, int UB>
+void launch(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
+            const WorkspaceView& w, int pages_per_split, cudaStream_t stream) {
+  const auto& dev = plan.device();
+  const size_t smem = kStagesOffset<D, UB> + (size_t)kWarps<D> * kStages * dev.max_stage_bytes;
+  static int smem_set[kMaxDevices] = {};  // one cache per instance
+  set_smem_limit(reinterpret_cast<const void*>(gqa8_decode_kernel<D, UB>), smem, smem_set);
+  const dim3 grid((w.part.n_splits + kWarps<D> - 1) / kWarps<D>, plan.layout().n_kv_heads(),
+                  batch.batch);
+  launch_pdl(gqa8_decode_kernel<D, UB>, grid, dim3(32 * kWarps<D>), smem, stream, dev.heads, pool,
+             plan.layout().page_bytes(), batch.page_table, batch.max_pages, batch.seq_lens,
+             pages_per_split, plan.n_heads(), plan.gqa(), (const __half*)w.q, w.part);
+}
+
+/// Instance choice for head_dim D: the uniform width, or 0 (general).
+template <int D>
+void launch_width(int ub, const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
+                  const WorkspaceView& w, int pps, cudaStream_t stream) {
+  switch (ub) {
+    case 0: return launch<D, 0>(plan, batch, pool, w, pps, stream);
+    case 1: return launch<D, 1>(plan, batch, pool, w, pps, stream);
+    case 2: return launch<D, 2>(plan, batch, pool, w, pps, stream);
+    case 3: return launch<D, 3>(plan, batch, pool, w, pps, stream);
+    case 4: return launch<D, 4>(plan, batch, pool, w, pps, stream);
+    default:
+      throw_error(cat("GQA-8 decode attention: plan width ", ub, " has no instance (0..4)"));
+  }
+}
+
+}  // namespace
+
+void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
+                        const WorkspaceView& w, int pages_per_split, bool uniform,
+                        cudaStream_t stream) {
+  require(plan.gqa() <= 8, "GQA-8 decode attention: GQA ", plan.gqa(), " > 8");
+  require(!plan.device().has_wide, "GQA-8 decode attention: the plan has 5..8-bit groups");
+  require(plan.device().max_stage_bytes % 16 == 0, "GQA-8 decode attention: head block of ",
+          plan.device().max_stage_bytes, " bytes is not a multiple of 16 (bulk copy)");
+  const int ub = uniform ? plan.device().uniform_bits : 0;
+  require(!uniform || ub > 0, "GQA-8 decode attention: the plan is not uniform");
+  switch (plan.head_dim()) {
+    case 64: return launch_width<64>(ub, plan, batch, pool, w, pages_per_split, stream);
+    case 128: return launch_width<128>(ub, plan, batch, pool, w, pages_per_split, stream);
+    case 256: return launch_width<256>(ub, plan, batch, pool, w, pages_per_split, stream);
+    default:
+      throw_error(cat("GQA-8 decode attention: head_dim ", plan.head_dim(),
+                      " has no kernel (64, 128, 256)"));
+  }
+}
+
+}  // namespace ratekv::cuda::detail
