@@ -128,6 +128,55 @@ __device__ __forceinline__ uint32_t decode4_i8(uint32_t s, const Codebook8& cb) 
   }
 }
 
+/// General instance, keys: Sg += (16 tokens × 16 channels codes of tiles
+/// [0, n_tiles) of one B-bit group, starting at `codes`) · Q̃ᵀ per token tile;
+/// qf = the group's first query fragment. Tile loop not unrolled (Sg is
+/// indexed by token tile only).
+template <int B>
+__device__ __forceinline__ void key_group_tiles(float (&Sg)[4][4], const uint8_t* codes,
+                                                const uint2* qf, int n_tiles, const Codebook& cb,
+                                                int lane) {
+#pragma unroll 1
+  for (int k = 0; k < n_tiles; ++k) {
+    const uint32_t* rows = reinterpret_cast<const uint32_t*>(codes + k * B * 128) + lane;
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = j < B ? rows[32 * j] : 0u;
+    const uint2 q = qf[k * 32 + lane];
+#pragma unroll
+    for (int tt = 0; tt < 4; ++tt) {
+      uint32_t f[2][2];
+      decode_fragments<B>(code_nibbles<B>(w, B, tt), B, cb, f);
+      const uint32_t a[4] = {f[0][0], f[1][0], f[0][1], f[1][1]};
+      mma_16816(Sg[tt], a, q.x, q.y);
+    }
+  }
+}
+
+/// General instance, values: Oᵀ[vt] += V_tileᵀ · pb for the tiles vt ∈
+/// [t0, t1) of one B-bit group whose codes start at `codes` (tile t0).
+/// Unrolled over all NT tiles (O must be indexed by constants).
+template <int B, int NT>
+__device__ __forceinline__ void value_group_tiles(float (&O)[NT][4], const uint8_t* codes, int t0,
+                                                  int t1, const uint32_t (&pb)[4][2],
+                                                  const Codebook& cb, int lane) {
+#pragma unroll
+  for (int vt = 0; vt < NT; ++vt) {
+    if (vt < t0 || vt >= t1) continue;
+    const uint32_t* rows = reinterpret_cast<const uint32_t*>(codes + (vt - t0) * B * 128) + lane;
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = j < B ? rows[32 * j] : 0u;
+#pragma unroll
+    for (int tt = 0; tt < 4; ++tt) {
+      uint32_t f[2][2];
+      decode_fragments<B>(code_nibbles<B>(w, B, tt), B, cb, f);
+      const uint32_t a[4] = {f[0][0], f[1][0], f[0][1], f[1][1]};
+      mma_16816(O[vt], a, pb[tt][0], pb[tt][1]);
+    }
+  }
+}
+
 /// Shared memory of a CTA: the warps' mbarriers, [general: the head tables],
 /// the rotated query as B fragments, then each warp's kStages page stages.
 /// Query fragments: uniform [D/32][32] uint4 (b0, b1 of the int8 hi part, then
@@ -253,7 +302,7 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
   }
   __syncthreads();
   const HeadTables& T = U ? Tg : Ts;
-  const int nK = U ? NT : T.n_tiles[0], nV = U ? NT : T.n_tiles[1];
+  const int nV = U ? NT : T.n_tiles[1];
   // Softmax exponent per score unit, rows 2t, 2t+1: log2 e (general); uniform:
   // log2 e · s_r · s_L / 254 per integer score unit.
   float kexp[2] = {kLog2e, kLog2e};
@@ -324,44 +373,39 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         for (int i = 0; i < 4; ++i) S[tt][i] = (float)(Sh[tt][i] * 254 + Sl[tt][i]) * (i < 2 ? n0 : n1);
       }
     } else {
-      // fp16 per tile; per key group an accumulator Sg, folded as S += n^K_g ∘ Sg
-      // at the group's last tile (S = Σ_g n^K_g ∘ (Q̃_g · C_gᵀ)).
-      float Sg[4][4];
+      // fp16, per key group (widths at compile time through a switch): an
+      // accumulator Sg over the group's tiles, folded as S += n^K_g ∘ Sg
+      // (S = Σ_g n^K_g ∘ (Q̃_g · C_gᵀ)).
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) S[tt][i] = Sg[tt][i] = 0.f;
+        for (int i = 0; i < 4; ++i) S[tt][i] = 0.f;
       const uint2* qfrag = reinterpret_cast<const uint2*>(qfrag_bytes);
+      const int n_groups = T.n_groups[0];
+#pragma unroll 1
+      for (int grp = 0; grp < n_groups; ++grp) {
+        const int bits = T.bits[0][grp], t0 = T.tile_begin[0][grp];
+        const int n_tiles = T.dim_pad[0][grp] >> 4;
+        load_codebook(T.ptab[0][grp], bits, cbK);
+        float Sg[4][4];
 #pragma unroll
-      for (int kt = 0; kt < NT; ++kt) {
-        if (kt < nK) {
-          const int grp = T.tile_group[0][kt];
-          const int bits = T.bits[0][grp];
-          load_codebook(T.ptab[0][grp], bits, cbK);
-          const uint32_t* rows = reinterpret_cast<const uint32_t*>(sb + T.tile_src[0][kt]) + lane;
-          uint32_t w[4];
+        for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) w[j] = j < bits ? rows[32 * j] : 0u;
-          const uint2 q = qfrag[kt * 32 + lane];
+          for (int i = 0; i < 4; ++i) Sg[tt][i] = 0.f;
+        const uint8_t* codes = sb + T.code_offset[0][grp];
+        const uint2* qf = qfrag + t0 * 32;
+        switch (bits) {
+          case 1: key_group_tiles<1>(Sg, codes, qf, n_tiles, cbK, lane); break;
+          case 2: key_group_tiles<2>(Sg, codes, qf, n_tiles, cbK, lane); break;
+          case 3: key_group_tiles<3>(Sg, codes, qf, n_tiles, cbK, lane); break;
+          default: key_group_tiles<4>(Sg, codes, qf, n_tiles, cbK, lane); break;
+        }
+        const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_offset[0][grp]);
 #pragma unroll
-          for (int tt = 0; tt < 4; ++tt) {
-            uint32_t f[2][2];
-            decode_fragments<0>(code_nibbles<0>(w, bits, tt), bits, cbK, f);
-            const uint32_t a[4] = {f[0][0], f[1][0], f[0][1], f[1][1]};
-            mma_16816(Sg[tt], a, q.x, q.y);
-          }
-          if (T.tile_last[0][kt]) {
-            const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_offset[0][grp]);
+        for (int tt = 0; tt < 4; ++tt) {
+          const float n0 = __half2float(nk[16 * tt + g]), n1 = __half2float(nk[16 * tt + g + 8]);
 #pragma unroll
-            for (int tt = 0; tt < 4; ++tt) {
-              const float n0 = __half2float(nk[16 * tt + g]), n1 = __half2float(nk[16 * tt + g + 8]);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                S[tt][i] = fmaf(i < 2 ? n0 : n1, Sg[tt][i], S[tt][i]);
-                Sg[tt][i] = 0.f;
-              }
-            }
-          }
+          for (int i = 0; i < 4; ++i) S[tt][i] = fmaf(i < 2 ? n0 : n1, Sg[tt][i], S[tt][i]);
         }
       }
     }
@@ -421,30 +465,39 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         pb[tt][1] = transpose_8x8(pack_half2(S[tt][2] * v1, S[tt][3] * v1));
       }
     };
-    if constexpr (U) p_fragments(0);
-    int cur = U ? 0 : -1;
+    if constexpr (U) {
+      p_fragments(0);
 #pragma unroll
-    for (int vt = 0; vt < NT; ++vt) {
-      if (vt < nV) {
-        const int grp = U ? 0 : T.tile_group[1][vt];
-        const int bits = U ? UB : T.bits[1][grp];
-        if (!U && grp != cur) {
-          cur = grp;
-          load_codebook(T.ptab[1][grp], bits, cbV);
-          p_fragments(grp);
-        }
-        const uint32_t* rows = reinterpret_cast<const uint32_t*>(
-                                   sb + (U ? kSideCodeBytes + vt * UB * 128 : T.tile_src[1][vt])) +
-                               lane;
+      for (int vt = 0; vt < NT; ++vt) {
+        const uint32_t* rows =
+            reinterpret_cast<const uint32_t*>(sb + kSideCodeBytes + vt * UB * 128) + lane;
         uint32_t w[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = j < bits ? rows[32 * j] : 0u;
+        for (int j = 0; j < 4; ++j) w[j] = j < UB ? rows[32 * j] : 0u;
 #pragma unroll
         for (int tt = 0; tt < 4; ++tt) {
           uint32_t f[2][2];
-          decode_fragments<UB>(code_nibbles<UB>(w, bits, tt), bits, cbV, f);
+          decode_fragments<UB>(code_nibbles<UB>(w, UB, tt), UB, cbV, f);
           const uint32_t a[4] = {f[0][0], f[1][0], f[0][1], f[1][1]};
           mma_16816(O[vt], a, pb[tt][0], pb[tt][1]);
+        }
+      }
+    } else {
+      // Per value group (widths at compile time through a switch): its P
+      // fragments, then its tiles.
+      const int n_groups = T.n_groups[1];
+#pragma unroll 1
+      for (int grp = 0; grp < n_groups; ++grp) {
+        const int bits = T.bits[1][grp], t0 = T.tile_begin[1][grp];
+        const int t1 = t0 + (T.dim_pad[1][grp] >> 4);
+        load_codebook(T.ptab[1][grp], bits, cbV);
+        p_fragments(grp);
+        const uint8_t* codes = sb + T.code_offset[1][grp];
+        switch (bits) {
+          case 1: value_group_tiles<1>(O, codes, t0, t1, pb, cbV, lane); break;
+          case 2: value_group_tiles<2>(O, codes, t0, t1, pb, cbV, lane); break;
+          case 3: value_group_tiles<3>(O, codes, t0, t1, pb, cbV, lane); break;
+          default: value_group_tiles<4>(O, codes, t0, t1, pb, cbV, lane); break;
         }
       }
     }
