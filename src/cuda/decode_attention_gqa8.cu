@@ -467,21 +467,7 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     };
     if constexpr (U) {
       p_fragments(0);
-#pragma unroll
-      for (int vt = 0; vt < NT; ++vt) {
-        const uint32_t* rows =
-            reinterpret_cast<const uint32_t*>(sb + kSideCodeBytes + vt * UB * 128) + lane;
-        uint32_t w[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = j < UB ? rows[32 * j] : 0u;
-#pragma unroll
-        for (int tt = 0; tt < 4; ++tt) {
-          uint32_t f[2][2];
-          decode_fragments<UB>(code_nibbles<UB>(w, UB, tt), UB, cbV, f);
-          const uint32_t a[4] = {f[0][0], f[1][0], f[0][1], f[1][1]};
-          mma_16816(O[vt], a, pb[tt][0], pb[tt][1]);
-        }
-      }
+      value_group_tiles<UB>(O, sb + kSideCodeBytes, 0, NT, pb, cbV, lane);
     } else {
       // Per value group (widths at compile time through a switch): its P
       // fragments, then its tiles.
