@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
       "Calibrate a GGUF model on unlabeled text, allocate bits (uniform, Block-GTQ, RateQuant),\n"
       "measure attention error / perplexity / retrieval, and generate from a packed cache."};
   app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 success; 1 bad input (file, field, value) or a failure while running, with an\n"
+      "'error: ...' line; 2 usage error (unknown flag or subcommand, a value of the wrong type).");
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str()
@@ -49,7 +52,10 @@ int main(int argc, char** argv) {
     spdlog::set_pattern("[%l] %v");
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help / --version exit 0; a usage error (unknown flag or subcommand, a
+    // value that does not parse or fails its check) prints CLI11's message,
+    // which names the option, and exits 2 (not CLI11's own 100+ codes).
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const ratekv::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -78,4 +78,20 @@ TEST_F(CliFlags, GenerateRejectsNegativeTopK) {
   EXPECT_NE(r.output.find("--top-k"), std::string::npos) << r.output;
 }
 
+// Usage errors exit 2 with CLI11's message naming the option; --help exits 0
+// (not CLI11's own 100+ exit codes).
+TEST_F(CliFlags, UsageErrorsExitTwo) {
+  const Result bad_type = run_cli("perplexity -m " + q(model_) + " -f " + q(text_) + " --chunks abc");
+  EXPECT_EQ(bad_type.status, 2) << bad_type.output;
+  EXPECT_NE(bad_type.output.find("--chunks"), std::string::npos) << bad_type.output;
+  const Result unknown_flag = run_cli("perplexity -m " + q(model_) + " -f " + q(text_) + " --no-such-flag");
+  EXPECT_EQ(unknown_flag.status, 2) << unknown_flag.output;
+  EXPECT_NE(unknown_flag.output.find("--no-such-flag"), std::string::npos) << unknown_flag.output;
+  const Result unknown_cmd = run_cli("no-such-command");
+  EXPECT_EQ(unknown_cmd.status, 2) << unknown_cmd.output;
+  const Result help = run_cli("--help");
+  EXPECT_EQ(help.status, 0) << help.output;
+  EXPECT_NE(help.output.find("Exit status"), std::string::npos) << help.output;
+}
+
 }  // namespace
