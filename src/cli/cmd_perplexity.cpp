@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/loaded_model.h"
+#include "cli/text_tokens.h"
 #include "ratekv/error.h"
 #include "ratekv/log.h"
 #include "ratekv/perplexity.h"
@@ -32,6 +33,7 @@ void run(const PerplexityArgs& a) {
   std::ifstream in(a.text, std::ios::binary);
   check(static_cast<bool>(in), "-f: cannot read '{}'", a.text);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  warn_if_not_utf8(text, "-f", a.text);
   // Context, token count and cache are checked against the model's header,
   // before the weights load.
   std::vector<int32_t> tokens;

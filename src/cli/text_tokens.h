@@ -4,15 +4,21 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ratekv/tokenizer.h"
 
 namespace ratekv::cli {
 
+/// Logs a warning naming `flag`, the file and the first offending byte when
+/// `text` is not valid UTF-8 (ratekv/utf8.h); the tokenizer then takes such
+/// bytes as raw bytes (ratekv/tokenizer.h), as llama.cpp does.
+void warn_if_not_utf8(std::string_view text, const std::string& flag, const std::string& path);
+
 /// Tokenizes a growing prefix of the UTF-8 text at `path` until it yields at
 /// least n_tokens + 64 tokens (or the whole file) and returns the first
-/// n_tokens. The 64-token margin keeps the returned tokens equal to those of
+/// n_tokens (warn_if_not_utf8 first). The 64-token margin keeps the returned tokens equal to those of
 /// tokenizing the whole file (a cut can only change the last pre-token).
 /// add_bos as Tokenizer::encode. n_tokens ≤ 0 means the whole file.
 /// Throws Error naming `flag` and the file when it cannot be read or holds
