@@ -33,18 +33,21 @@ struct CaptureArgs {
 void run(CaptureArgs& a) {
   check(a.tokens >= 1, "--tokens {}: expected ≥ 1", a.tokens);
   check(a.ctx >= 1, "--ctx {}: expected ≥ 1", a.ctx);
-  LoadedModel lm = load_model(a.model);
-  const ModelConfig& cfg = lm.model->config();
-  check(a.ctx <= cfg.n_ctx_train, "--ctx {}: the model's context is {} tokens", a.ctx, cfg.n_ctx_train);
-  if (a.layers.empty()) a.layers = {0, cfg.n_layers / 2, cfg.n_layers - 1};
-  for (int l : a.layers) check(l >= 0 && l < cfg.n_layers, "--layers: layer {} out of range 0..{}", l, cfg.n_layers - 1);
-  std::filesystem::create_directories(a.out_dir);
-  for (int l : a.layers) {
-    for (const char* side : {"k", "v", "q"}) {
-      if (*side == 'q' && !a.queries) continue;
-      check_output_path(fmt::format("{}/{}_layer{}.npy", a.out_dir, side, l), a.force, "-o");
+  // Options against the model's header, and the output files, before the weights load.
+  LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+    const ModelConfig& c = h.config;
+    check(a.ctx <= c.n_ctx_train, "--ctx {}: the model's context is {} tokens", a.ctx, c.n_ctx_train);
+    if (a.layers.empty()) a.layers = {0, c.n_layers / 2, c.n_layers - 1};
+    for (int l : a.layers) check(l >= 0 && l < c.n_layers, "--layers: layer {} out of range 0..{}", l, c.n_layers - 1);
+    std::filesystem::create_directories(a.out_dir);
+    for (int l : a.layers) {
+      for (const char* side : {"k", "v", "q"}) {
+        if (*side == 'q' && !a.queries) continue;
+        check_output_path(fmt::format("{}/{}_layer{}.npy", a.out_dir, side, l), a.force, "-o");
+      }
     }
-  }
+  });
+  const ModelConfig& cfg = lm.model->config();
   const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
   const int64_t row = (int64_t)cfg.n_kv_heads * cfg.head_dim;
   const int64_t qrow = (int64_t)cfg.n_heads * cfg.head_dim;

@@ -77,14 +77,32 @@ void run(const NiahArgs& a) {
     const char* home = std::getenv("HOME");
     hay_dir = (env ? std::string(env) : std::string(home ? home : ".") + "/.cache/ratekv/assets") + "/text/haystack";
   }
-  LoadedModel lm = load_model(a.model);
-  Model& model = *lm.model;
-  const ModelConfig& cfg = model.config();
   int64_t max_ctx = 0;
   for (int64_t c : a.ctx) {
     check(c >= 64, "--ctx: {} is too short (need ≥ 64 tokens)", c);
     max_ctx = std::max(max_ctx, c);
   }
+  struct Entry {
+    std::string name, plan_file;
+    std::shared_ptr<const cache::PlanCodecs> codecs;
+    bool packed;
+  };
+  std::vector<Entry> entries;
+  // Contexts and plans against the model's header, before the weights load.
+  LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+    check(max_ctx <= h.config.n_ctx_train, "--ctx: {} exceeds the model's context {}", max_ctx,
+          h.config.n_ctx_train);
+    if (!a.no_fp16)
+      entries.push_back(
+          {"fp16", "", std::make_shared<const cache::PlanCodecs>(fp16_plan(h.config), h.config, "fp16"), false});
+    for (const auto& p : a.plans) {
+      auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(p), h.config, p);
+      std::string base = p.substr(p.find_last_of('/') + 1);
+      entries.push_back({base + " (" + a.cache + ")", p, codecs, a.cache == "packed"});
+    }
+  });
+  Model& model = *lm.model;
+  const ModelConfig& cfg = model.config();
   // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×).
   std::string hay = eval::load_haystack(hay_dir);
   if (hay.size() > static_cast<size_t>(max_ctx) * 13) hay.resize(static_cast<size_t>(max_ctx) * 13);
@@ -98,20 +116,6 @@ void run(const NiahArgs& a) {
   nc.max_new_tokens = a.max_new;
   nc.seed = a.seed;
   nc.system_prompt = system_prompt(*lm.file);
-
-  struct Entry {
-    std::string name, plan_file;
-    std::shared_ptr<const cache::PlanCodecs> codecs;
-    bool packed;
-  };
-  std::vector<Entry> entries;
-  if (!a.no_fp16)
-    entries.push_back({"fp16", "", std::make_shared<const cache::PlanCodecs>(fp16_plan(cfg), cfg, "fp16"), false});
-  for (const auto& p : a.plans) {
-    auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(p), cfg, p);
-    std::string base = p.substr(p.find_last_of('/') + 1);
-    entries.push_back({base + " (" + a.cache + ")", p, codecs, a.cache == "packed"});
-  }
 
   nlohmann::ordered_json out;
   out["model"] = a.model;

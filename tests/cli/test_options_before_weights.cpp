@@ -76,4 +76,20 @@ TEST_F(OptionsBeforeWeights, Perplexity) {
   expect_early_error(base + "-c 512", {"-f/-c", "need at least 2·CTX = 1024"});
 }
 
+TEST_F(OptionsBeforeWeights, Capture) {
+  const std::string base = "capture -m " + q(smollm2_) + " -f " + q(text_) + " --tokens 8 ";
+  expect_early_error(base + "--ctx 9000 -o " + q(dir_ / "kv"), {"--ctx 9000", "8192"});
+  expect_early_error(base + "--ctx 8 --layers 0,30 -o " + q(dir_ / "kv"), {"--layers", "30", "0..29"});
+  fs::create_directories(dir_ / "kv2");
+  std::ofstream(dir_ / "kv2" / "q_layer0.npy") << "user data";
+  expect_early_error(base + "--ctx 8 --layers 0 --queries -o " + q(dir_ / "kv2"), {"q_layer0.npy", "already exists"});
+}
+
+TEST_F(OptionsBeforeWeights, Niah) {
+  const std::string base = "niah -m " + q(smollm2_) + " --depths 2 --trials 1 ";
+  expect_early_error(base + "--ctx 9000", {"--ctx", "9000", "8192"});
+  // A plan that is not a plan is rejected from the header's config, before the weights.
+  expect_early_error(base + "--ctx 128 --plan " + q(text_), {"t.txt"});
+}
+
 }  // namespace
