@@ -107,15 +107,16 @@ void run_vq(PlanArgs& a) {
                         "-o (side file)");
     }
 
-  LoadedModel lm = load_model(a.model);
-  const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
+  // Option errors from the model's header and the tokenized text, before the
+  // weights load and long before the capture (minutes at 40K tokens).
+  std::vector<int32_t> ids;
+  LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+    ids = read_text_tokens(h.tokenizer, a.text, a.tokens, h.add_bos, "-f");
+    for (const auto& v : variants) tasq::validate_fit_options(h.config, static_cast<int64_t>(ids.size()), v.opt);
+    if (std::any_of(variants.begin(), variants.end(), [](const auto& v) { return v.opt.fisher; }))
+      check_backward_arch(h.config, "--fisher");
+  });
   spdlog::info("{} fit: {} calibration tokens of {} in windows of {}", a.rq.method, ids.size(), a.text, a.ctx);
-  // Option errors before the capture (minutes at 40K tokens), not after it.
-  for (const auto& v : variants) {
-    tasq::validate_fit_options(lm.model->config(), static_cast<int64_t>(ids.size()), v.opt);
-  }
-  if (std::any_of(variants.begin(), variants.end(), [](const auto& v) { return v.opt.fisher; }))
-    check_backward_arch(lm.model->config(), "--fisher");
   bool fisher = false;
   for (const auto& v : variants) fisher = fisher || v.opt.fisher;
   const tasq::FitCaptures cap = tasq::capture_for_fit(*lm.model, ids, a.ctx, values == "cq", fisher);

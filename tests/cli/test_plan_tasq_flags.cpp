@@ -91,12 +91,12 @@ TEST_F(PlanTasqFlags, CqBaselineStaysPlainUnderFisher) {
   EXPECT_EQ(kmeans("p.no-fisher.json"), "plain ");
 }
 
-// Fit options are checked before the calibration capture (which takes minutes
-// at 40K tokens), fitting-irrelevant flags and a directory as -o are errors,
+// Fit options are checked before the weights load and the calibration capture
+// (which takes minutes at 40K tokens), fitting-irrelevant flags and a directory as -o are errors,
 // and --also may not repeat a variant (bad-input sweep of session 3).
 TEST_F(PlanTasqFlags, OptionErrorsComeBeforeTheCapture) {
   if (!fs::exists(model_path())) GTEST_SKIP() << "SmolLM2 asset missing: " << model_path();
-  // Nine CLI runs that each load the 135M model: minutes under ASan.
+  // Nine CLI runs that each open the 135M model: slow under ASan.
   if (std::getenv("RATEKV_SANITIZE_RUN")) GTEST_SKIP() << "model-scale CLI runs skipped in the sanitizer build";
   const std::string m = "-m '" + model_path().string() + "' -f '" + (dir_ / "calib.txt").string() + "' --tokens 64";
   const std::string o = " -o '" + (dir_ / "p.json").string() + "'";
@@ -108,6 +108,8 @@ TEST_F(PlanTasqFlags, OptionErrorsComeBeforeTheCapture) {
     EXPECT_NE(r.output.find("error:"), std::string::npos) << bad << "\n" << r.output;
     EXPECT_EQ(r.output.find("forward passes over"), std::string::npos) << bad << ": error after the capture\n"
                                                                       << r.output;
+    EXPECT_EQ(r.output.find("fp32 weights"), std::string::npos) << bad << ": error after the weights loaded\n"
+                                                               << r.output;
     EXPECT_FALSE(fs::exists(dir_ / "p.json")) << bad;
   }
   auto r = run_cli("plan --method tasq " + m + " --fp16-window 16" + o);
