@@ -249,15 +249,22 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
   if constexpr (U) {
     // Two-part int8 B fragments: per row r, s_r = max|q̃_r|/127 (1 for a zero
     // row, e.g. rows ≥ gqa), q̃/s_r = hi + lo/254 with hi = round(q̃/s_r) and
-    // lo = round((q̃/s_r − hi)·254), both in [−127, 127].
+    // lo = round((q̃/s_r − hi)·254), both in [−127, 127]. A row with a NaN or
+    // infinite element gets s_r = NaN, so its output is NaN (as in the fp16
+    // kernels) instead of a finite number from the integer conversion.
     for (int r = warp; r < 8; r += kWarps<D>) {
       float mx = 0.f;
+      bool finite = true;
       if (r < gqa)
-        for (int c = lane; c < D; c += 32)
-          mx = fmaxf(mx, fabsf(__half2float(qrot[(size_t)(row_base + r) * kMaxTiles * 16 + c])));
+        for (int c = lane; c < D; c += 32) {
+          const float v = __half2float(qrot[(size_t)(row_base + r) * kMaxTiles * 16 + c]);
+          finite = finite && isfinite(v);
+          mx = fmaxf(mx, fabsf(v));
+        }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      if (lane == 0) q_scale[r] = mx > 0.f ? mx / 127.f : 1.f;
+      finite = __all_sync(0xffffffffu, finite);
+      if (lane == 0) q_scale[r] = !finite ? NAN : mx > 0.f ? mx / 127.f : 1.f;
     }
     __syncthreads();
     uint4* qfrag = reinterpret_cast<uint4*>(qfrag_bytes);

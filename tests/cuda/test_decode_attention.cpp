@@ -545,6 +545,57 @@ TEST(CudaPackedDecode, RealSmolLM2) {
   EXPECT_GT(n_layers, 0) << "no k_layer<l>.npy in " << dir;
 }
 
+// A NaN or infinite query element gives NaN for that query row (never a
+// finite number: the uniform kernel's integer conversion would otherwise
+// turn NaN into 0), and leaves the other rows as they are; both variants,
+// uniform and mixed plans.
+TEST(CudaPackedDecode, NonFiniteQueryGivesNaNRow) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (const bool mixed : {false, true}) {
+    std::mt19937 rng(31 + mixed);
+    const int d = 64, hkv = 2, gqa = 4, hq = hkv * gqa, T = 100;
+    Plan P = make_plan(d, hkv, mixed, 3, 3, rng);
+    const LayerLayout& L = *P.layout;
+    cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
+    Batch B = make_batch({T}, rng);
+    HostPagePool pool{&L, std::vector<uint8_t>((size_t)B.n_pages * L.page_bytes())};
+    for (auto& x : pool.bytes) x = (uint8_t)rng();
+    for (int p = 0; p < B.n_pages; ++p)
+      for (int h = 0; h < hkv; ++h)
+        for (Side s : {Side::key, Side::value})
+          for (int g = 0; g < (int)L.head(h).side(s).size(); ++g)
+            for (int t = 0; t < kPageTokens; ++t) write_norm(L, pool.page(p), h, s, g, t, fp32_to_fp16(1.f));
+    std::normal_distribution<float> N;
+    for (const float bad : {NAN, INFINITY}) {
+      std::vector<float> q((size_t)hq * d);
+      for (auto& x : q) x = N(rng);
+      q[(size_t)5 * d + 17] = bad;  // query row 5 (KV head 1, GQA row 1)
+      DevBuf<uint8_t> dpool(pool.bytes);
+      DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
+      DevBuf<float> dq(q), dout((size_t)hq * d);
+      const int splits = cuda::default_splits(plan, 1, T);
+      const size_t ws_bytes = cuda::decode_workspace_bytes(1, hq, d, splits);
+      DevBuf<uint8_t> ws(ws_bytes);
+      cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, 1, T};
+      for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
+        CK(cudaMemset(dout.p, 0, dout.n * sizeof(float)));
+        cuda::packed_decode_attention(plan, db, dpool.p, dq.p, DType::f32, 0.125f, dout.p, ws.p, ws_bytes,
+                                      splits, nullptr, variant);
+        CK(cudaDeviceSynchronize());
+        const std::vector<float> out = dout.get();
+        for (int r = 0; r < hq; ++r) {
+          int n_nan = 0;
+          for (int c = 0; c < d; ++c) n_nan += std::isnan(out[(size_t)r * d + c]);
+          if (r == 5)
+            EXPECT_EQ(n_nan, d) << "row with a non-finite query element, mixed=" << mixed;
+          else
+            EXPECT_EQ(n_nan, 0) << "row " << r << ", mixed=" << mixed;
+        }
+      }
+    }
+  }
+}
+
 // Small cases of the two tests below (also the compute-sanitizer cases).
 TEST(CudaPackedDecode, SmallZeroBit) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
