@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "../support/assets.h"
 #include "cli_runner.h"
 #include "ratekv/npy.h"
 
@@ -29,12 +30,6 @@ using ratekv_test::shell_quote;
 namespace {
 
 constexpr int64_t kHeads = 9, kKvHeads = 3, kHeadDim = 64;  // SmolLM2-135M
-
-fs::path assets_root() {
-  const char* a = std::getenv("RATEKV_ASSETS");
-  if (a) return a;
-  return fs::path(std::getenv("HOME") ? std::getenv("HOME") : "/") / ".cache/ratekv/assets";
-}
 
 std::string file_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -64,8 +59,8 @@ class CaptureQueries : public ::testing::Test {
     if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
     const char* san = std::getenv("RATEKV_SANITIZE_RUN");
     if (san && std::string(san) == "1") GTEST_SKIP() << "model-scale CLI test skipped in the sanitizer build";
-    model_ = assets_root() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf";
-    text_ = assets_root() / "text" / "eval.txt";
+    model_ = ratekv_test::smollm2_path();
+    text_ = fs::path(ratekv_test::assets_dir()) / "text" / "eval.txt";
     if (!fs::exists(model_)) GTEST_SKIP() << "SmolLM2 asset missing: " << model_;
     if (!fs::exists(text_)) GTEST_SKIP() << "eval text asset missing: " << text_;
     dir_ = fs::temp_directory_path() / ("ratekv_capture_queries_" + std::to_string(::getpid()));
