@@ -33,22 +33,33 @@ struct CaptureArgs {
 void run(CaptureArgs& a) {
   check(a.tokens >= 1, "--tokens {}: expected ≥ 1", a.tokens);
   check(a.ctx >= 1, "--ctx {}: expected ≥ 1", a.ctx);
-  // Options against the model's header, and the output files, before the weights load.
+  // Options against the model's header, the text, and the output files, before the weights load; the
+  // output directory is created only once all of them pass (a failed check leaves nothing behind).
+  std::vector<int32_t> ids;
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
     const ModelConfig& c = h.config;
     check(a.ctx <= c.n_ctx_train, "--ctx {}: the model's context is {} tokens", a.ctx, c.n_ctx_train);
     if (a.layers.empty()) a.layers = {0, c.n_layers / 2, c.n_layers - 1};
-    for (int l : a.layers) check(l >= 0 && l < c.n_layers, "--layers: layer {} out of range 0..{}", l, c.n_layers - 1);
-    std::filesystem::create_directories(a.out_dir);
-    for (int l : a.layers) {
-      for (const char* side : {"k", "v", "q"}) {
-        if (*side == 'q' && !a.queries) continue;
-        check_output_path(fmt::format("{}/{}_layer{}.npy", a.out_dir, side, l), a.force, "-o");
-      }
+    for (size_t i = 0; i < a.layers.size(); ++i) {
+      const int l = a.layers[i];
+      check(l >= 0 && l < c.n_layers, "--layers: layer {} out of range 0..{}", l, c.n_layers - 1);
+      for (size_t j = 0; j < i; ++j) check(a.layers[j] != l, "--layers: layer {} given twice (each layer once)", l);
     }
+    std::error_code ec;
+    const bool dir_exists = std::filesystem::exists(a.out_dir, ec);
+    check(!dir_exists || std::filesystem::is_directory(a.out_dir, ec),
+          "-o: '{}' exists and is not a directory; expected an output directory", a.out_dir);
+    ids = read_text_tokens(h.tokenizer, a.text, a.tokens, h.add_bos, "-f");
+    if (dir_exists)
+      for (int l : a.layers) {
+        for (const char* side : {"k", "v", "q"}) {
+          if (*side == 'q' && !a.queries) continue;
+          check_output_path(fmt::format("{}/{}_layer{}.npy", a.out_dir, side, l), a.force, "-o");
+        }
+      }
+    make_output_dir(a.out_dir, "-o");
   });
   const ModelConfig& cfg = lm.model->config();
-  const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
   const int64_t row = (int64_t)cfg.n_kv_heads * cfg.head_dim;
   const int64_t qrow = (int64_t)cfg.n_heads * cfg.head_dim;
   std::vector<std::vector<float>> ks(cfg.n_layers), vs(cfg.n_layers), qs(cfg.n_layers);
@@ -101,7 +112,11 @@ const Registrar reg("capture", [](CLI::App& app) {
       ->check(CLI::ExistingFile);
   c->add_option("--tokens", a->tokens, "tokens to run")->capture_default_str();
   c->add_option("--ctx", a->ctx, "tokens per forward chunk (fresh cache per chunk)")->capture_default_str();
-  c->add_option("--layers", a->layers, "layers to capture (default: first, middle, last)")->delimiter(',');
+  c->add_option("--layers", a->layers, "layers to capture (default: first, middle, last)")
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](const std::string& s) { return s.empty() ? std::string("empty layer number") : std::string(); },
+          "LAYER"));
   c->add_option("-o,--output", a->out_dir, "output directory")->required();
   c->add_flag("--queries", a->queries,
               "also write q_layer<l>.npy: post-RoPE queries (n_heads·N, head_dim), same order");

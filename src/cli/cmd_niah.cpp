@@ -88,8 +88,12 @@ void run(const NiahArgs& a) {
     bool packed;
   };
   std::vector<Entry> entries;
-  // Contexts and plans against the model's header, before the weights load.
+  std::vector<int32_t> hay_tok;
+  eval::NiahConfig nc;
+  // Contexts, plans (and whether --cache can serve them), the chat template and the haystack against the
+  // model's header, before the weights load (and before the fp16 grid runs).
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+    nc.system_prompt = system_prompt(h.file);
     check(max_ctx <= h.config.n_ctx_train, "--ctx: {} exceeds the model's context {}", max_ctx,
           h.config.n_ctx_train);
     if (!a.no_fp16)
@@ -97,25 +101,24 @@ void run(const NiahArgs& a) {
           {"fp16", "", std::make_shared<const cache::PlanCodecs>(fp16_plan(h.config), h.config, "fp16"), false});
     for (const auto& p : a.plans) {
       auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(p), h.config, p);
+      if (a.cache == "packed") (void)cache::PackedKVCache(h.config.kv_shape(1), codecs);  // throws: no packed form
       std::string base = p.substr(p.find_last_of('/') + 1);
       entries.push_back({base + " (" + a.cache + ")", p, codecs, a.cache == "packed"});
     }
+    // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×).
+    std::string hay = eval::load_haystack(hay_dir);
+    if (hay.size() > static_cast<size_t>(max_ctx) * 13) hay.resize(static_cast<size_t>(max_ctx) * 13);
+    hay_tok = h.tokenizer.encode(hay, false);
+    spdlog::info("haystack: {} tokens from {}", hay_tok.size(), hay_dir);
   });
   Model& model = *lm.model;
   const ModelConfig& cfg = model.config();
-  // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×).
-  std::string hay = eval::load_haystack(hay_dir);
-  if (hay.size() > static_cast<size_t>(max_ctx) * 13) hay.resize(static_cast<size_t>(max_ctx) * 13);
-  const std::vector<int32_t> hay_tok = lm.tokenizer->encode(hay, false);
-  spdlog::info("haystack: {} tokens from {}", hay_tok.size(), hay_dir);
 
-  eval::NiahConfig nc;
   nc.context_lengths = a.ctx;
   nc.n_depths = a.depths;
   nc.trials = a.trials;
   nc.max_new_tokens = a.max_new;
   nc.seed = a.seed;
-  nc.system_prompt = system_prompt(*lm.file);
 
   nlohmann::ordered_json out;
   out["model"] = a.model;

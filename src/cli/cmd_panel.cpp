@@ -243,8 +243,7 @@ void run(const PanelArgs& a) {
       check(fs::path(models[i]).stem() != fs::path(models[j]).stem(),
             "--model '{}': same file name as --model '{}'; both would write the subfolder '{}' (give each model once)",
             models[i], models[j], fs::path(models[i]).stem().string());
-  if (!fs::exists(a.out)) fs::create_directories(a.out);
-  check(fs::is_directory(a.out), "--out '{}': not a directory", a.out);
+  make_output_dir(a.out, "--out");
   const fs::path out(a.out);
   check_output_path((out / "panel.json").string(), a.force || a.reuse, "--out (panel.json)");
   if (a.plot)

@@ -111,6 +111,8 @@ void run_vq(PlanArgs& a) {
   // weights load and long before the capture (minutes at 40K tokens).
   std::vector<int32_t> ids;
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+    check(a.ctx >= 1 && a.ctx <= h.config.n_ctx_train, "--ctx {}: expected 1..{} (the model's context)", a.ctx,
+          h.config.n_ctx_train);
     ids = read_text_tokens(h.tokenizer, a.text, a.tokens, h.add_bos, "-f");
     for (const auto& v : variants) tasq::validate_fit_options(h.config, static_cast<int64_t>(ids.size()), v.opt);
     if (std::any_of(variants.begin(), variants.end(), [](const auto& v) { return v.opt.fisher; }))

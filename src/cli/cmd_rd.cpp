@@ -7,6 +7,7 @@
 // spread is reported). Bits on the fit's axis are code bits b; effective bits
 // (metadata included) are printed beside them.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -59,7 +60,11 @@ std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows
   check((bool)f, "--data: cannot open '{}'", path);
   char magic[6] = {};
   f.read(magic, 6);
-  if (f.gcount() == 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0) {
+  // A file named .npy is read as .npy whatever its first bytes (read_npy_f32 then names a missing magic), never
+  // as raw floats: a damaged or mislabeled .npy would otherwise give silently wrong numbers.
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return (char)std::tolower(c); });
+  if (ext == ".npy" || (f.gcount() == 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0)) {
     f.close();
     NpyMatrix x = read_npy_f32(path, "--data");
     const int64_t rows = n_rows > 0 ? std::min(x.rows, n_rows) : x.rows;
@@ -73,14 +78,15 @@ std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows
   std::vector<char> buf((std::istreambuf_iterator<char>(f)), {});
   check(m >= 1, "--dim: a raw .f32 file needs the vector dimension (got {})", m);
   check(buf.size() % (4 * (size_t)m) == 0 && !buf.empty(),
-        "{}: raw float32 file of {} bytes is not a whole number of {}-float rows", path, buf.size(), m);
+        "--data: '{}': raw float32 file of {} bytes is not a whole number of {}-float rows (--dim {})", path,
+        buf.size(), m, m);
   int64_t rows = (int64_t)(buf.size() / (4 * (size_t)m));
   if (n_rows > 0) rows = std::min(rows, n_rows);
   n_rows = rows;
   std::vector<float> x((size_t)rows * m);
   std::memcpy(x.data(), buf.data(), x.size() * 4);
   for (size_t i = 0; i < x.size(); ++i)
-    check(std::isfinite(x[i]), "{}: non-finite value at row {}, column {}", path, i / m, i % m);
+    check(std::isfinite(x[i]), "--data: '{}': non-finite value at row {}, column {}", path, i / m, i % m);
   return x;
 }
 
@@ -128,6 +134,7 @@ void run_rd(const RdOptions& o) {
         for (int j = 0; j < m; ++j) x[i * m + j] = (float)(x[i * m + j] / std::sqrt(s));
       }
   } else {
+    check(n >= 0, "--n: {} is out of range (a file: 0 = all rows, or at most this many rows)", n);
     x = load_vectors(o.data, m, n);
   }
 
@@ -203,8 +210,9 @@ const Registrar reg{"rd", [](CLI::App& app) {
   sub->add_option("--data", opt->data, "gaussian | unit | PATH of an (N, m) float32 .npy or raw .f32 file")
       ->capture_default_str();
   sub->add_option("--dim", opt->dim, "vector dimension m (generated data and raw .f32 files)")->capture_default_str();
-  sub->add_option("--n", opt->n, "number of vectors (generated data; files: at most this many rows, 0 = all)")
-      ->capture_default_str();
+  auto* n_opt = sub->add_option("--n", opt->n,
+                                 "number of vectors (generated data; files: at most this many rows, default or 0: all)")
+                    ->capture_default_str();
   sub->add_option("--bits", opt->bits, "code bit widths, e.g. 1,2,3,4,5")->delimiter(',')->capture_default_str();
   sub->add_option("--quantizers", opt->quantizers, "tq_mse,tq_prod,kivi_key,kivi_value,quarot,q4_0,q8_0")
       ->delimiter(',')
@@ -218,8 +226,9 @@ const Registrar reg{"rd", [](CLI::App& app) {
   sub->add_option("--side", opt->side, "label for the data: key | value | any")->capture_default_str();
   sub->add_option("--json", opt->json_path, "write results as JSON to PATH ('-' = stdout instead of the table)");
   sub->add_flag("--force", opt->force, "overwrite the --json file if it exists");
-  sub->callback([opt] {
-    if (opt->data != "gaussian" && opt->data != "unit" && opt->n == 4096) opt->n = 0;  // files: all rows by default
+  sub->callback([opt, n_opt] {
+    // Files: all rows unless --n is given (also when it is given as 4096, the generated-data default).
+    if (opt->data != "gaussian" && opt->data != "unit" && n_opt->count() == 0) opt->n = 0;
     run_rd(*opt);
   });
 }};

@@ -35,4 +35,10 @@ struct Registrar {
 /// every output path at the start of a command.
 void check_output_path(const std::string& path, bool force, const std::string& flag);
 
+/// Creates the output directory `dir` (and missing parents) if needed. Throws
+/// ratekv::Error naming the flag and the path when `dir` is empty, exists and
+/// is not a directory, or cannot be created (a parent is a file, no
+/// permission), never std::filesystem::filesystem_error.
+void make_output_dir(const std::string& dir, const std::string& flag);
+
 }  // namespace ratekv::cli

@@ -27,6 +27,20 @@ void check_output_path(const std::string& path, bool force, const std::string& f
   }
 }
 
+void make_output_dir(const std::string& dir, const std::string& flag) {
+  namespace fs = std::filesystem;
+  check(!dir.empty(), "{}: empty output directory", flag);
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (fs::exists(st)) {
+    check(fs::is_directory(st), "{}: '{}' exists and is not a directory; expected an output directory", flag, dir);
+    return;
+  }
+  fs::create_directories(dir, ec);
+  check(!ec && fs::is_directory(dir), "{}: cannot create the output directory '{}': {}", flag, dir,
+        ec ? ec.message() : std::string("not a directory after creation"));
+}
+
 }  // namespace ratekv::cli
 
 int main(int argc, char** argv) {
@@ -37,7 +51,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer(
       "Exit status: 0 success; 1 bad input (file, field, value) or a failure while running, with an\n"
-      "'error: ...' line; 2 usage error (unknown flag or subcommand, a value of the wrong type).");
+      "'error: ...' line; 2 usage error (unknown flag or subcommand, a value of the wrong type or one\n"
+      "that fails the option's own check, such as an input FILE that does not exist).");
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str()
@@ -64,9 +79,10 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     // Last resort: a library exception that escaped validation is still a
-    // clean error, never an abort. Each such case is a bug to report.
+    // clean error, never an abort. Each such case is a bug to report. It is a
+    // failure while running (1), not a usage error (2).
     std::fprintf(stderr, "error: %s (internal: unexpected exception, please report)\n", e.what());
-    return 2;
+    return 1;
   }
   return 0;
 }

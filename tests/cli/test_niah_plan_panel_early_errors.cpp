@@ -1,0 +1,94 @@
+// Option errors that need only the model's header (or nothing of the model)
+// and used to surface after the weights had loaded (niah: after the whole fp16
+// grid had run) or as an internal exception:
+//  - niah --plan with a codec the packed cache cannot serve (--cache packed),
+//  - niah on a model without a ChatML chat template, and an empty --haystack,
+//  - plan --method tasq --ctx outside 1..the model's context,
+//  - panel --out under a regular file (was std::filesystem::filesystem_error,
+//    "internal: unexpected exception", exit 2).
+// Each must exit 1 with an "error: ..." naming the flag/file, without the
+// weights loaded. Uses the model assets (skips when absent).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <unistd.h>
+
+#include "../support/assets.h"
+#include "cli_runner.h"
+
+using ratekv_test::cli_path;
+using ratekv_test::Result;
+using ratekv_test::run_cli;
+
+namespace {
+
+constexpr const char* kWeightsLoaded = "fp32 weights";  // load_model's log line once the weights are in
+
+class EarlyErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+    smollm2_ = ratekv_test::smollm2_path();
+    if (!fs::exists(smollm2_)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2_;
+    dir_ = fs::temp_directory_path() / ("ratekv_early_errors_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+  static std::string q(const fs::path& p) { return ratekv_test::shell_quote(p.string()); }
+  static void expect_early_error(const std::string& args, std::initializer_list<std::string> needles) {
+    const Result r = run_cli(args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << args << "\n" << r.output;
+    for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << "\n" << r.output;
+    EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
+    EXPECT_EQ(r.output.find("internal"), std::string::npos) << r.output;
+  }
+  fs::path smollm2_, dir_;
+};
+
+TEST_F(EarlyErrors, NiahPlanThePackedCacheCannotServe) {
+  // A uniform KIVI plan for SmolLM2 from the committed calibration statistics (no model needed).
+  const std::string stats = std::string(RATEKV_SOURCE_DIR) + "/bench/results/niah_plans/ratequant-2.25.stats.json";
+  if (!fs::exists(stats)) GTEST_SKIP() << "stats fixture missing: " << stats;
+  const fs::path plan = dir_ / "kivi.plan.json";
+  const Result made = run_cli("plan --method uniform --quantizer kivi --kbits 2 --vbits 2 --stats " + q(stats) +
+                              " -o " + q(plan));
+  ASSERT_EQ(made.status, 0) << made.output;
+  expect_early_error("niah -m " + q(smollm2_) + " --depths 2 --trials 1 --ctx 128 --plan " + q(plan),
+                     {"kivi", "no packed storage", "--cache fake"});
+}
+
+TEST_F(EarlyErrors, NiahChatTemplateAndHaystack) {
+  const fs::path empty_hay = dir_ / "hay";
+  fs::create_directories(empty_hay);
+  expect_early_error("niah -m " + q(smollm2_) + " --depths 2 --trials 1 --ctx 128 --haystack " + q(empty_hay),
+                     {"haystack: '" + empty_hay.string() + "' holds no .txt files"});
+  const std::string gemma = ratekv_test::gemma3_path();
+  if (!fs::exists(gemma)) GTEST_SKIP() << "Gemma 3 asset missing: " << gemma;
+  expect_early_error("niah -m " + q(gemma) + " --depths 2 --trials 1 --ctx 128", {"chat_template", "ChatML"});
+}
+
+TEST_F(EarlyErrors, PlanTasqContextOutOfRange) {
+  const fs::path text = dir_ / "t.txt";
+  {
+    std::ofstream o(text);
+    for (int i = 0; i < 40; ++i) o << "Calibration text line " << i << ", with a few more words in it.\n";
+  }
+  const std::string base = "plan --method tasq -m " + q(smollm2_) + " -f " + q(text) +
+                           " --tokens 64 --centroids 2 --vcentroids 2 -o " + q(dir_ / "p.json") + " --ctx ";
+  expect_early_error(base + "0", {"--ctx 0", "1..8192"});
+  expect_early_error(base + "8193", {"--ctx 8193", "1..8192"});
+}
+
+TEST_F(EarlyErrors, PanelOutputUnderAFile) {
+  const fs::path file = dir_ / "not_a_dir";
+  std::ofstream(file) << "user data";
+  expect_early_error("panel --model " + q(smollm2_) + " --out " + q(file / "x"),
+                     {"--out: cannot create the output directory '" + (file / "x").string() + "'"});
+  expect_early_error("panel --model " + q(smollm2_) + " --out " + q(file), {"--out", "is not a directory"});
+}
+
+}  // namespace
