@@ -44,13 +44,14 @@ struct RdOptions {
   std::string side = "any";
   std::string json_path;
   bool force = false;
+  bool dim_given = false;  // --dim on the command line (a .npy file must then have that many columns)
 };
 
 // Reads a float32 matrix (N, m): .npy (little-endian '<f4', C order, 2-D;
 // read_npy_f32) or raw .f32 (needs m). At most n_rows rows when n_rows > 0;
-// sets m and n_rows to what was read. Throws Error naming the file and what is
-// wrong.
-std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows) {
+// sets m and n_rows to what was read. With dim_given, a .npy file must have m
+// columns. Throws Error naming the file and what is wrong.
+std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows, bool dim_given) {
   std::error_code ec;
   check(std::filesystem::exists(path, ec), "--data: '{}' does not exist (expected gaussian, unit, or the path of a "
         ".npy / raw .f32 file)", path);
@@ -67,6 +68,8 @@ std::vector<float> load_vectors(const std::string& path, int& m, int64_t& n_rows
   if (ext == ".npy" || (f.gcount() == 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0)) {
     f.close();
     NpyMatrix x = read_npy_f32(path, "--data");
+    check(!dim_given || x.cols == m, "--dim {}: --data '{}' has {} columns (leave --dim out for a .npy file)", m, path,
+          x.cols);
     const int64_t rows = n_rows > 0 ? std::min(x.rows, n_rows) : x.rows;
     x.data.resize((size_t)(rows * x.cols));
     m = (int)x.cols;  // ≤ 2^20 (read_npy_f32)
@@ -135,7 +138,7 @@ void run_rd(const RdOptions& o) {
       }
   } else {
     check(n >= 0, "--n: {} is out of range (a file: 0 = all rows, or at most this many rows)", n);
-    x = load_vectors(o.data, m, n);
+    x = load_vectors(o.data, m, n, o.dim_given);
   }
 
   json points = json::array(), fits = json::array();
@@ -209,7 +212,9 @@ const Registrar reg{"rd", [](CLI::App& app) {
       "rd", "Measure distortion D(b) of each quantizer at chosen bit widths and fit D(b) = α β^(−b).");
   sub->add_option("--data", opt->data, "gaussian | unit | PATH of an (N, m) float32 .npy or raw .f32 file")
       ->capture_default_str();
-  sub->add_option("--dim", opt->dim, "vector dimension m (generated data and raw .f32 files)")->capture_default_str();
+  auto* dim_opt =
+      sub->add_option("--dim", opt->dim, "vector dimension m (generated data and raw .f32 files; .npy: its columns)")
+          ->capture_default_str();
   auto* n_opt = sub->add_option("--n", opt->n,
                                  "number of vectors (generated data; files: at most this many rows, default or 0: all)")
                     ->capture_default_str();
@@ -226,7 +231,8 @@ const Registrar reg{"rd", [](CLI::App& app) {
   sub->add_option("--side", opt->side, "label for the data: key | value | any")->capture_default_str();
   sub->add_option("--json", opt->json_path, "write results as JSON to PATH ('-' = stdout instead of the table)");
   sub->add_flag("--force", opt->force, "overwrite the --json file if it exists");
-  sub->callback([opt, n_opt] {
+  sub->callback([opt, n_opt, dim_opt] {
+    opt->dim_given = dim_opt->count() > 0;
     // Files: all rows unless --n is given (also when it is given as 4096, the generated-data default).
     if (opt->data != "gaussian" && opt->data != "unit" && n_opt->count() == 0) opt->n = 0;
     run_rd(*opt);

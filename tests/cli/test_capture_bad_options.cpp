@@ -85,4 +85,46 @@ TEST_F(CaptureBadOptions, TextErrorsComeBeforeTheWeightsAndLeaveNoDirectory) {
   EXPECT_FALSE(fs::exists(dir_ / "kv_short"));
 }
 
+// The "only N tokens" count of an error output ("" when absent).
+std::string token_count(const std::string& out) {
+  const std::string key = "the text has only ";
+  const size_t p = out.find(key);
+  if (p == std::string::npos) return "";
+  return out.substr(p + key.size(), out.find(' ', p + key.size()) - (p + key.size()));
+}
+
+TEST_F(CaptureBadOptions, HugeTokenCountReportsTheTextsRealLength) {
+  // --tokens 2^63-1 overflowed n·6 + 4096 and n + 64: the error claimed the text had only the tokens of its
+  // first few bytes (e.g. 1031 of 150786), after a signed overflow.
+  {
+    std::ofstream o(text_);
+    for (int i = 0; i < 2000; ++i) o << "Line " << i << " of a text long enough to need more than one prefix.\n";
+  }
+  const std::string args = base(text_) + "--layers 0 -o " + q(dir_ / "kv") + " --tokens ";
+  const Result moderate = run_cli(args + "10000000");
+  const Result huge = run_cli(args + "9223372036854775807");
+  EXPECT_EQ(moderate.status, 1) << moderate.output;
+  EXPECT_EQ(huge.status, 1) << huge.output;
+  const std::string n = token_count(moderate.output);
+  ASSERT_FALSE(n.empty()) << moderate.output;
+  EXPECT_GT(std::stol(n), 20000) << moderate.output;
+  EXPECT_EQ(token_count(huge.output), n) << huge.output;
+  EXPECT_NE(huge.output.find("9223372036854775807 requested"), std::string::npos) << huge.output;
+  EXPECT_EQ(huge.output.find(kWeightsLoaded), std::string::npos) << huge.output;
+}
+
+TEST_F(CaptureBadOptions, Utf16TextWarningNamesUtf16) {
+  const fs::path f = dir_ / "utf16.txt";
+  {
+    std::ofstream o(f, std::ios::binary);
+    o.write("\xFF\xFE", 2);
+    for (char c : std::string("Hello, world.\n")) o.put(c).put('\0');
+  }
+  const Result r = run_cli(base(f) + "--tokens 100000 --layers 0 -o " + q(dir_ / "kv16"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("not valid UTF-8 at byte 0 (0xFF)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("iconv -f utf-16 -t utf-8"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << r.output;
+}
+
 }  // namespace

@@ -1,6 +1,7 @@
 // `ratekv rd --data FILE`: a file named .npy without the .npy magic is an
 // error (not raw floats), and --n counts rows of a file whenever it is given
-// (also as 4096, the generated-data default); a negative --n is an error.
+// (also as 4096, the generated-data default); a negative --n is an error; a
+// --dim given for a .npy file must match its columns.
 // Runs the built CLI; skips when it has not been built. No model needed.
 #include <gtest/gtest.h>
 
@@ -81,6 +82,19 @@ TEST_F(RdDataFiles, RowLimitCountsWhenGivenAsTheDefaultValue) {
   const Result neg = run_cli(base + " --n -5");
   EXPECT_EQ(neg.status, 1) << neg.output;
   EXPECT_NE(neg.output.find("error: --n: -5 is out of range"), std::string::npos) << neg.output;
+}
+
+TEST_F(RdDataFiles, DimThatDisagreesWithTheNpyColumns) {
+  // --dim 64 on a (97, 2) .npy was silently ignored (the file's 2 columns were used).
+  const fs::path f = write_npy("cols2.npy", 97);
+  const std::string base = "rd --quantizers kivi_value --bits 2 --n-seeds 1 --data '" + f.string() + "'";
+  const Result bad = run_cli(base + " --dim 64");
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find("error: --dim 64: --data '" + f.string() + "' has 2 columns"), std::string::npos)
+      << bad.output;
+  const Result same = run_cli(base + " --dim 2");
+  EXPECT_EQ(same.status, 0) << same.output;
+  EXPECT_NE(same.output.find("m = 2, N = 97 vectors"), std::string::npos) << same.output;
 }
 
 }  // namespace
