@@ -30,9 +30,7 @@ struct PerplexityArgs {
 void run(const PerplexityArgs& a) {
   check(a.n_ctx >= 4, "-c: context {} is too small (need >= 4)", a.n_ctx);
   if (!a.output.empty()) check_output_path(a.output, a.force, "--output");  // before the run, not after
-  std::ifstream in(a.text, std::ios::binary);
-  check(static_cast<bool>(in), "-f: cannot read '{}'", a.text);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_text_file(a.text, "-f");
   warn_if_not_utf8(text, "-f", a.text);
   // Context, token count and cache are checked against the model's header,
   // before the weights load.

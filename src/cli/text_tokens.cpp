@@ -1,6 +1,7 @@
 // First N tokens of a text file (cli/text_tokens.h).
 #include "cli/text_tokens.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -9,6 +10,17 @@
 #include "ratekv/utf8.h"
 
 namespace ratekv::cli {
+
+std::string read_text_file(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  check(std::filesystem::is_regular_file(path, ec), "{} '{}': not a regular file (expected a text file)", flag, path);
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "{} '{}': cannot open the text file", flag, path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  check(!in.bad(), "{} '{}': read failed", flag, path);
+  return std::move(ss).str();
+}
 
 void warn_if_not_utf8(std::string_view text, const std::string& flag, const std::string& path) {
   const size_t at = first_invalid_utf8(text);
@@ -25,11 +37,7 @@ void warn_if_not_utf8(std::string_view text, const std::string& flag, const std:
 
 std::vector<int32_t> read_text_tokens(const Tokenizer& tok, const std::string& path, int64_t n_tokens, bool add_bos,
                                       const std::string& flag) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "{} '{}': cannot open the text file", flag, path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = read_text_file(path, flag);
   check(!text.empty(), "{} '{}': the text file is empty", flag, path);
   warn_if_not_utf8(text, flag, path);
   if (n_tokens <= 0) return tok.encode(text, add_bos);

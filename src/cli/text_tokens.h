@@ -11,6 +11,11 @@
 
 namespace ratekv::cli {
 
+/// The bytes of the text file at `path`. Throws Error naming `flag` and the
+/// path when it is not a regular file (a directory, a FIFO, a device such as
+/// /dev/zero, whose read would never end) or cannot be read.
+std::string read_text_file(const std::string& path, const std::string& flag);
+
 /// Logs a warning naming `flag`, the file and the first offending byte when
 /// `text` is not valid UTF-8 (ratekv/utf8.h); the tokenizer then takes such
 /// bytes as raw bytes (ratekv/tokenizer.h), as llama.cpp does.

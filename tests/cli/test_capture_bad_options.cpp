@@ -1,6 +1,6 @@
 // `ratekv capture` on careless options: an -o that is a file or lies under a
-// file, a layer given twice, an empty --layers value, a text that is empty or
-// shorter than --tokens. Each must end with a clean error naming the flag
+// file, a layer given twice, an empty --layers value, a text that is empty,
+// shorter than --tokens or a device (/dev/zero), a huge --tokens. Each must end with a clean error naming the flag
 // (exit 1; 2 for a value CLI11 rejects), before the weights load, and must not
 // leave an output directory behind. Uses the SmolLM2 asset (skips when absent);
 // only the model's header is read, so each run takes well under a second.
@@ -125,6 +125,19 @@ TEST_F(CaptureBadOptions, Utf16TextWarningNamesUtf16) {
   EXPECT_NE(r.output.find("not valid UTF-8 at byte 0 (0xFF)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("iconv -f utf-16 -t utf-8"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << r.output;
+}
+
+TEST_F(CaptureBadOptions, TextThatIsADeviceIsRefused) {
+  // CLI11's ExistingFile lets devices through; -f /dev/zero was read until memory ran out. /dev/null first (it
+  // ended as "the text file is empty"): on a build without the check the /dev/zero runs are not attempted.
+  const Result null_dev = run_cli(base("/dev/null") + "--tokens 4 --layers 0 -o " + q(dir_ / "kv_null"));
+  ASSERT_EQ(null_dev.status, 1) << null_dev.output;
+  ASSERT_NE(null_dev.output.find("error: -f '/dev/null': not a regular file"), std::string::npos) << null_dev.output;
+  expect_error(base("/dev/zero") + "--tokens 4 --layers 0 -o " + q(dir_ / "kv_zero"), 1,
+               {"error: -f '/dev/zero': not a regular file (expected a text file)"});
+  EXPECT_FALSE(fs::exists(dir_ / "kv_zero"));
+  expect_error("perplexity -m " + q(model_) + " -f /dev/zero -c 64", 1,
+               {"error: -f '/dev/zero': not a regular file (expected a text file)"});
 }
 
 }  // namespace
