@@ -90,12 +90,38 @@ void run(CaptureArgs& a) {
         std::copy_n(x.data() + (t * heads + h) * d, d, y.data() + (h * N + t) * d);
     return y;
   };
-  for (int l : a.layers) {
-    write_npy_f32(fmt::format("{}/k_layer{}.npy", a.out_dir, l), head_major(ks[l], H), H * N, d, "-o");
-    write_npy_f32(fmt::format("{}/v_layer{}.npy", a.out_dir, l), head_major(vs[l], H), H * N, d, "-o");
-    if (a.queries)
-      write_npy_f32(fmt::format("{}/q_layer{}.npy", a.out_dir, l), head_major(qs[l], cfg.n_heads),
-                    (int64_t)cfg.n_heads * N, d, "-o");
+  // Every file is written as <name>.part first and renamed only once all are written, so a failed write
+  // (disk full, an unwritable entry) leaves no partial set of layers and no truncated .npy behind.
+  std::vector<std::string> finals;
+  auto write_part = [&](const std::string& final_path, const std::vector<float>& x, int64_t rows) {
+    const std::string part = final_path + ".part";
+    try {
+      write_npy_f32(part, x, rows, d, "-o");
+    } catch (...) {
+      // A short write leaves a truncated file; anything else there (a directory, a link) is not ours to remove.
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(std::filesystem::symlink_status(part, ec))) std::filesystem::remove(part, ec);
+      throw;
+    }
+    finals.push_back(final_path);
+  };
+  try {
+    for (int l : a.layers) {
+      write_part(fmt::format("{}/k_layer{}.npy", a.out_dir, l), head_major(ks[l], H), H * N);
+      write_part(fmt::format("{}/v_layer{}.npy", a.out_dir, l), head_major(vs[l], H), H * N);
+      if (a.queries)
+        write_part(fmt::format("{}/q_layer{}.npy", a.out_dir, l), head_major(qs[l], cfg.n_heads),
+                   (int64_t)cfg.n_heads * N);
+    }
+  } catch (...) {
+    std::error_code ec;
+    for (const auto& f : finals) std::filesystem::remove(f + ".part", ec);
+    throw;
+  }
+  for (const auto& f : finals) {
+    std::error_code ec;
+    std::filesystem::rename(f + ".part", f, ec);
+    check(!ec, "-o: cannot rename '{}.part' to '{}': {}", f, f, ec.message());
   }
   spdlog::info("wrote K/V of {} layer(s), {} tokens × {} KV heads each, to {}", a.layers.size(), ids.size(),
                cfg.n_kv_heads, a.out_dir);

@@ -17,12 +17,17 @@ std::vector<CommandEntry>& command_registry() {
 }
 
 void check_output_path(const std::string& path, bool force, const std::string& flag) {
+  namespace fs = std::filesystem;
   check(!path.empty(), "{}: empty output path", flag);
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  check(parent.empty() || std::filesystem::is_directory(parent), "{}: directory '{}' of '{}' does not exist", flag,
+  // error_code forms throughout: a name too long or an unreadable parent is a clean error, not filesystem_error.
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  check(parent.empty() || fs::is_directory(parent, ec), "{}: directory '{}' of '{}' does not exist", flag,
         parent.string(), path);
-  check(!std::filesystem::is_directory(path), "{}: '{}' is a directory; expected a file path", flag, path);
-  if (!force && std::filesystem::exists(path)) {
+  check(!fs::is_directory(path, ec), "{}: '{}' is a directory; expected a file path", flag, path);
+  // symlink_status: a dangling symbolic link is an existing entry too (writing through it would create its
+  // target elsewhere, or fail after other outputs were written).
+  if (!force && fs::exists(fs::symlink_status(path, ec))) {
     fail("{}: '{}' already exists; refusing to overwrite it (pass --force to replace it)", flag, path);
   }
 }

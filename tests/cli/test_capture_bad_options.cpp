@@ -1,13 +1,19 @@
 // `ratekv capture` on careless options: an -o that is a file or lies under a
 // file, a layer given twice, an empty --layers value, a text that is empty,
-// shorter than --tokens or a device (/dev/zero), a huge --tokens. Each must end with a clean error naming the flag
+// shorter than --tokens or a device (/dev/zero), a huge --tokens, an output
+// entry that is a dangling symlink, a write that fails half-way. Each must end with a clean error naming the flag
 // (exit 1; 2 for a value CLI11 rejects), before the weights load, and must not
-// leave an output directory behind. Uses the SmolLM2 asset (skips when absent);
-// only the model's header is read, so each run takes well under a second.
+// leave an output directory or a partial set of files behind. Uses the SmolLM2
+// asset (skips when absent); only the model's header is read, so each run
+// takes well under a second, except FailedWriteLeavesNoPartialSet (two runs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <string>
 #include <unistd.h>
+#include <vector>
 
 #include "../support/assets.h"
 #include "cli_runner.h"
@@ -138,6 +144,43 @@ TEST_F(CaptureBadOptions, TextThatIsADeviceIsRefused) {
   EXPECT_FALSE(fs::exists(dir_ / "kv_zero"));
   expect_error("perplexity -m " + q(model_) + " -f /dev/zero -c 64", 1,
                {"error: -f '/dev/zero': not a regular file (expected a text file)"});
+}
+
+TEST_F(CaptureBadOptions, DanglingSymlinkIsAnExistingFile) {
+  // A dangling symbolic link passed the "already exists" check: k_layer0.npy was written, then the write through
+  // the link failed, leaving a partial set after the whole run.
+  const fs::path out = dir_ / "kv_link";
+  fs::create_directories(out);
+  fs::create_symlink(dir_ / "no_such_dir" / "x", out / "v_layer0.npy");
+  expect_error(base(text_) + "--tokens 8 --layers 0 -o " + q(out), 1,
+               {"error: -o: '" + (out / "v_layer0.npy").string() + "' already exists"});
+  EXPECT_FALSE(fs::exists(out / "k_layer0.npy"));
+}
+
+TEST_F(CaptureBadOptions, FailedWriteLeavesNoPartialSet) {
+  // One model run (8 tokens). A directory where v_layer1.npy.part would go makes that write fail after
+  // k_layer0, v_layer0, q_layer0 and k_layer1 were written: none of them may be left, nor a .part file.
+  if (const char* san = std::getenv("RATEKV_SANITIZE_RUN"); san && std::string(san) == "1")
+    GTEST_SKIP() << "model-scale CLI run skipped in the sanitizer build";
+  const fs::path out = dir_ / "kv_part";
+  fs::create_directories(out / "v_layer1.npy.part");
+  const Result r = run_cli(base(text_) + "--tokens 8 --layers 0,1 --queries -o " + q(out));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("error: -o: cannot write '" + (out / "v_layer1.npy.part").string() + "'"),
+            std::string::npos)
+      << r.output;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(out)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"v_layer1.npy.part"});
+  // The same run without the obstacle writes the whole set and no .part file.
+  fs::remove(out / "v_layer1.npy.part");
+  const Result ok = run_cli(base(text_) + "--tokens 8 --layers 0,1 --queries -o " + q(out));
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(out)) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"k_layer0.npy", "k_layer1.npy", "q_layer0.npy", "q_layer1.npy",
+                                             "v_layer0.npy", "v_layer1.npy"}));
 }
 
 }  // namespace
