@@ -29,18 +29,73 @@ std::string shown(const std::string& h) {
   return h.size() <= 200 ? h : h.substr(0, 200) + "...";
 }
 
-/// The text after `'key':` in the header dict, leading spaces skipped; npos
-/// when the key is absent.
-size_t value_of(const std::string& h, const char* key) {
-  const std::string k = std::string("'") + key + "'";
-  size_t p = h.find(k);
-  if (p == std::string::npos) return p;
-  p += k.size();
-  while (p < h.size() && h[p] == ' ') ++p;
-  if (p >= h.size() || h[p] != ':') return std::string::npos;
+/// Splits the header dict h (padding removed) into its keys: h must be a
+/// Python dict literal whose keys are exactly 'descr', 'fortran_order' and
+/// 'shape', each once (NumPy's reader demands the same set), with values that
+/// are a quoted string, a tuple or list, or a bare token (True, False, a
+/// number). Sets the offset in h of each key's value; returns false for
+/// anything else (an extra, repeated or missing key, a key inside another
+/// value's string, bytes such as NUL outside strings).
+bool split_dict(const std::string& h, size_t& descr, size_t& order, size_t& shape) {
+  descr = order = shape = std::string::npos;
+  size_t p = 0;
+  auto skip = [&] {
+    while (p < h.size() && h[p] == ' ') ++p;
+  };
+  skip();
+  if (p >= h.size() || h[p] != '{') return false;
   ++p;
-  while (p < h.size() && h[p] == ' ') ++p;
-  return p;
+  for (;;) {
+    skip();
+    if (p < h.size() && h[p] == '}') break;
+    if (p >= h.size() || (h[p] != '\'' && h[p] != '"')) return false;
+    const size_t key_end = h.find(h[p], p + 1);
+    if (key_end == std::string::npos) return false;
+    const std::string key = h.substr(p + 1, key_end - p - 1);
+    p = key_end + 1;
+    skip();
+    if (p >= h.size() || h[p] != ':') return false;
+    ++p;
+    skip();
+    size_t* slot = key == "descr" ? &descr : key == "fortran_order" ? &order : key == "shape" ? &shape : nullptr;
+    if (slot == nullptr || *slot != std::string::npos) return false;  // unknown or repeated key
+    *slot = p;
+    if (p < h.size() && (h[p] == '\'' || h[p] == '"')) {  // a string (NumPy writes no escapes)
+      const size_t e = h.find(h[p], p + 1);
+      if (e == std::string::npos) return false;
+      p = e + 1;
+    } else if (p < h.size() && (h[p] == '(' || h[p] == '[')) {  // a tuple or list, possibly nested
+      int depth = 0;
+      char quote = 0;
+      for (; p < h.size(); ++p) {
+        const char c = h[p];
+        if (quote) {
+          if (c == quote) quote = 0;
+        } else if (c == '\'' || c == '"') {
+          quote = c;
+        } else if (c == '(' || c == '[') {
+          ++depth;
+        } else if (c == ')' || c == ']') {
+          if (--depth == 0) break;
+        }
+      }
+      if (p >= h.size()) return false;
+      ++p;
+    } else {  // True, False, a number
+      while (p < h.size() && (std::isalnum((unsigned char)h[p]) || h[p] == '_' || h[p] == '-' || h[p] == '+')) ++p;
+      if (p == *slot) return false;
+    }
+    skip();
+    if (p < h.size() && h[p] == ',') {
+      ++p;
+      continue;
+    }
+    if (p < h.size() && h[p] == '}') break;
+    return false;
+  }
+  ++p;  // the closing brace
+  skip();
+  return p == h.size() && descr != std::string::npos && order != std::string::npos && shape != std::string::npos;
 }
 
 /// True when h has the token `tok` at p, not followed by an identifier
@@ -114,14 +169,14 @@ NpyMatrix read_npy_f32(const std::string& path, const std::string& what) {
   check((uint64_t)f.gcount() == hlen, "{}: '{}': read of the .npy header failed", what, path);
   while (!h.empty() && (h.back() == ' ' || h.back() == '\n')) h.pop_back();
 
-  const size_t d = value_of(h, "descr");
+  size_t d = 0, fo = 0, s = 0;
+  check(split_dict(h, d, fo, s),
+        "{}: '{}': .npy header must be a dict of exactly 'descr', 'fortran_order' and 'shape' (each once), header {}",
+        what, path, shown(h));
   check(token_at(h, d, "'<f4'"),
         "{}: '{}': .npy dtype must be '<f4' (little-endian float32), header {}", what, path, shown(h));
-  const size_t fo = value_of(h, "fortran_order");
   check(token_at(h, fo, "False"),
         "{}: '{}': .npy must be C-ordered ('fortran_order': False), header {}", what, path, shown(h));
-  const size_t s = value_of(h, "shape");
-  check(s != std::string::npos, "{}: '{}': .npy header has no shape: {}", what, path, shown(h));
   std::vector<int64_t> dims;
   check(parse_shape(h, s, dims) && dims.size() == 2 && dims[0] >= 1 && dims[1] >= 1,
         "{}: '{}': .npy shape must be 2-D (rows, cols) with rows, cols ≥ 1, header {}", what, path, shown(h));

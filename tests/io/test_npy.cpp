@@ -199,6 +199,44 @@ TEST_F(Npy, ShapeNotTwoDimensional) {
   expect_read_error(write_bytes("wide.npy", npy_v1(dict_for("(1, 2000000)"), le_f32({1}))), "is too large");
 }
 
+TEST_F(Npy, HeaderDictMustHaveExactlyTheThreeKeys) {
+  const std::string data = le_f32({1, 2, 3, 4});
+  const char* kDict = "must be a dict of exactly 'descr', 'fortran_order' and 'shape'";
+  // A key inside another value's string: the old key search found 'descr': '<f4' there and read this '<f8'
+  // file as float32. NumPy itself rejects the extra key.
+  expect_read_error(
+      write_bytes("hidden.npy", npy_v1("{'x': \"'descr': '<f4'\", 'descr': '<f8', 'fortran_order': False, "
+                                       "'shape': (2, 2), }",
+                                       data)),
+      kDict);
+  expect_read_error(
+      write_bytes("extra.npy",
+                  npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), 'extra': (1, 2, 3), }", data)),
+      kDict);
+  expect_read_error(
+      write_bytes("twice.npy",
+                  npy_v1("{'descr': '<f8', 'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", data)),
+      kDict);
+  expect_read_error(write_bytes("noshape.npy", npy_v1("{'descr': '<f4', 'fortran_order': False, }", data)), kDict);
+  expect_read_error(write_bytes("nul.npy", npy_v1(std::string("{'descr': '<f4'\0, 'fortran_order': False, "
+                                                              "'shape': (2, 2), }",
+                                                              60),
+                                                  data)),
+                    kDict);
+  expect_read_error(write_bytes("unclosed.npy", npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2)", data)),
+                    kDict);
+  // A structured dtype (a list value) is parsed as a value and named as a dtype error.
+  expect_read_error(write_bytes("struct.npy", npy_v1(dict_for("(2, 2)", "[('a', '<f4')]"), data)),
+                    "dtype must be '<f4'");
+  // Any key order and double-quoted keys are a valid dict literal: read as written.
+  const std::string p = write_bytes(
+      "order.npy", npy_v1("{\"shape\": (2, 2), \"fortran_order\": False, 'descr': '<f4'}", data));
+  const ratekv::NpyMatrix m = ratekv::read_npy_f32(p, "--data");
+  EXPECT_EQ(m.rows, 2);
+  EXPECT_EQ(m.cols, 2);
+  EXPECT_EQ(m.data, (std::vector<float>{1, 2, 3, 4}));
+}
+
 TEST_F(Npy, DataShorterThanShape) {
   expect_read_error(write_bytes("short.npy", npy_v1(dict_for("(2, 2)"), le_f32({1, 2, 3}))),
                     "shape (2, 2) needs more data than the 12 bytes after the header");
