@@ -1,11 +1,12 @@
 // `ratekv capture` on careless options: an -o that is a file or lies under a
 // file, a layer given twice, an empty --layers value, a text that is empty,
 // shorter than --tokens or a device (/dev/zero), a huge --tokens, an output
-// entry that is a dangling symlink, a write that fails half-way. Each must end with a clean error naming the flag
-// (exit 1; 2 for a value CLI11 rejects), before the weights load, and must not
-// leave an output directory or a partial set of files behind. Uses the SmolLM2
-// asset (skips when absent); only the model's header is read, so each run
-// takes well under a second, except FailedWriteLeavesNoPartialSet (two runs).
+// entry that is a dangling symlink, a write that fails half-way. Each must end
+// with a clean error naming the flag (exit 1; 2 for a value CLI11 rejects),
+// before the weights load where the header suffices, and must not leave an
+// output directory or a partial set of files behind. Uses the SmolLM2 asset
+// (skips when absent); most runs read only the model's header (well under a
+// second); FailedWriteLeavesNoPartialSet runs the model twice on 8 tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
