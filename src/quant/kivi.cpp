@@ -55,6 +55,8 @@ void KIVIKey::fake_quant(const float* x, int64_t T, float* xhat) const {
   for (int64_t i = full * d; i < T * d; ++i) {  // fp16 window
     check(std::isfinite(x[i]), "kivi_key: non-finite value in window row {}", i / d);
     xhat[i] = round_fp16(x[i]);
+    check(std::isfinite(xhat[i]), "kivi_key: value {} in fp16 window row {} overflows fp16 (|x| ≤ 65504)", x[i],
+          i / d);
   }
 }
 

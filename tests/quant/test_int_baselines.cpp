@@ -95,6 +95,19 @@ TEST(KIVI, KeysPerChannelWithWindow) {
   EXPECT_EQ(xh, xh2);
 }
 
+// A window (fp16) value beyond fp16's range is an error, as the other
+// quantizers' fp16 scale overflows are (it was stored as inf: D = inf, no error).
+TEST(KIVI, KeyWindowOverflowingFp16Throws) {
+  const int d = 4, g = 4;
+  KIVIKey k({.dim = d, .bits = 2, .group_size = g});
+  std::vector<float> x(2 * d, 0.5f), xh(2 * d);
+  x[d + 1] = 1e5f;  // row 1 of a 2-row window (fewer rows than a group)
+  EXPECT_THROW(k.fake_quant(x.data(), 2, xh.data()), Error);
+  x[d + 1] = 65504.f;  // fp16's largest finite value is fine
+  k.fake_quant(x.data(), 2, xh.data());
+  EXPECT_EQ(xh[d + 1], 65504.f);
+}
+
 TEST(KIVI, ValuesPerTokenChannelGroups) {
   const int d = 70, G = 32, T = 7;  // groups 32, 32, 6
   SplitMix64 rng(4);
