@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "ratekv/error.h"
@@ -25,6 +26,9 @@ std::string read_text_file(const std::string& path, const std::string& flag) {
 void warn_if_not_utf8(std::string_view text, const std::string& flag, const std::string& path) {
   const size_t at = first_invalid_utf8(text);
   if (at == std::string_view::npos) return;
+  // Once per file and flag per process (panel reads its texts once per model).
+  static std::set<std::string> warned;
+  if (!warned.insert(flag + '\n' + path).second) return;
   // A UTF-16 byte-order mark (FF FE / FE FF) names the likely encoding; otherwise Latin-1 is the usual culprit.
   const bool utf16 = text.size() >= 2 && ((text[0] == '\xFF' && text[1] == '\xFE') ||
                                           (text[0] == '\xFE' && text[1] == '\xFF'));

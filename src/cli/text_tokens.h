@@ -17,7 +17,7 @@ namespace ratekv::cli {
 std::string read_text_file(const std::string& path, const std::string& flag);
 
 /// Logs a warning naming `flag`, the file and the first offending byte when
-/// `text` is not valid UTF-8 (ratekv/utf8.h); the tokenizer then takes such
+/// `text` is not valid UTF-8 (ratekv/utf8.h), once per (flag, file) per process; the tokenizer then takes such
 /// bytes as raw bytes (ratekv/tokenizer.h), as llama.cpp does.
 void warn_if_not_utf8(std::string_view text, const std::string& flag, const std::string& path);
 
