@@ -45,10 +45,7 @@ void run(CaptureArgs& a) {
       check(l >= 0 && l < c.n_layers, "--layers: layer {} out of range 0..{}", l, c.n_layers - 1);
       for (size_t j = 0; j < i; ++j) check(a.layers[j] != l, "--layers: layer {} given twice (each layer once)", l);
     }
-    std::error_code ec;
-    const bool dir_exists = std::filesystem::exists(a.out_dir, ec);
-    check(!dir_exists || std::filesystem::is_directory(a.out_dir, ec),
-          "-o: '{}' exists and is not a directory; expected an output directory", a.out_dir);
+    const bool dir_exists = output_dir_exists(a.out_dir, "-o");
     ids = read_text_tokens(h.tokenizer, a.text, a.tokens, h.add_bos, "-f");
     if (dir_exists)
       for (int l : a.layers) {

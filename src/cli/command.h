@@ -35,6 +35,10 @@ struct Registrar {
 /// every output path at the start of a command.
 void check_output_path(const std::string& path, bool force, const std::string& flag);
 
+/// Whether the output directory `dir` exists. Throws ratekv::Error naming the
+/// flag and the path when `dir` is empty or exists and is not a directory.
+bool output_dir_exists(const std::string& dir, const std::string& flag);
+
 /// Creates the output directory `dir` (and missing parents) if needed. Throws
 /// ratekv::Error naming the flag and the path when `dir` is empty, exists and
 /// is not a directory, or cannot be created (a parent is a file, no

@@ -32,15 +32,20 @@ void check_output_path(const std::string& path, bool force, const std::string& f
   }
 }
 
-void make_output_dir(const std::string& dir, const std::string& flag) {
+bool output_dir_exists(const std::string& dir, const std::string& flag) {
   namespace fs = std::filesystem;
   check(!dir.empty(), "{}: empty output directory", flag);
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
-  if (fs::exists(st)) {
-    check(fs::is_directory(st), "{}: '{}' exists and is not a directory; expected an output directory", flag, dir);
-    return;
-  }
+  if (!fs::exists(st)) return false;
+  check(fs::is_directory(st), "{}: '{}' exists and is not a directory; expected an output directory", flag, dir);
+  return true;
+}
+
+void make_output_dir(const std::string& dir, const std::string& flag) {
+  namespace fs = std::filesystem;
+  if (output_dir_exists(dir, flag)) return;
+  std::error_code ec;
   fs::create_directories(dir, ec);
   check(!ec && fs::is_directory(dir), "{}: cannot create the output directory '{}': {}", flag, dir,
         ec ? ec.message() : std::string("not a directory after creation"));
