@@ -135,8 +135,8 @@ void launch_fp16(int n_kv_heads, const DecodeBatch& batch, const uint16_t* pool,
                  const detail::WorkspaceView& w, int tiles_per_split, int n_heads, int gqa,
                  cudaStream_t stream) {
   const size_t smem = (size_t)detail::kWarpsPerCta * kStages * 2 * 16 * (D * 2 + 16);
-  RATEKV_CUDA_CHECK(cudaFuncSetAttribute(fp16_decode_kernel<D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  static int smem_set[detail::kMaxDevices] = {};  // one cache per instance
+  detail::set_smem_limit(reinterpret_cast<const void*>(fp16_decode_kernel<D>), smem, smem_set);
   dim3 grid((w.part.n_splits + detail::kWarpsPerCta - 1) / detail::kWarpsPerCta, n_kv_heads,
             batch.batch);
   fp16_decode_kernel<D><<<grid, 32 * detail::kWarpsPerCta, smem, stream>>>(
