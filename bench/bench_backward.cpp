@@ -23,11 +23,11 @@
 #include <random>
 #include <string>
 
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 
 #include "support/default_model.h"
-#include "ratekv/model_backward.h"
+#include "ratekv/model/backward.h"
 
 namespace {
 

@@ -19,8 +19,8 @@
 #include <memory>
 #include <random>
 
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 
 #include "support/default_model.h"
 

@@ -32,8 +32,8 @@
 #include <fmt/format.h>
 
 #include "ratekv/cache/packed_kv_cache.h"
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 
 using namespace ratekv;
 

@@ -14,7 +14,7 @@
 
 #include <immintrin.h>
 
-#include "ratekv/fp16.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/quant/prng.h"
 #include "ratekv/quant/tq_mse.h"
 

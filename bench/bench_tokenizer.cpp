@@ -16,8 +16,8 @@
 #include "model/tokenizer_bpe.h"
 #include "model/tokenizer_pretokenize.h"
 #include "model/tokenizer_utf8.h"
-#include "ratekv/gguf.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/tokenizer.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

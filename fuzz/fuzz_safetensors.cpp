@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/safetensors.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "ratekv/cuda/decode_attention.h"
-#include "ratekv/fp16.h"
-#include "ratekv/packed_format.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/format/packed_format.h"
 
 using namespace ratekv;
 using namespace ratekv::packed;

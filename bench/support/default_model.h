@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv_bench {
 

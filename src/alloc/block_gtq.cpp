@@ -6,7 +6,7 @@
 #include <limits>
 #include <numeric>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::alloc {
 

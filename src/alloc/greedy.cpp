@@ -4,7 +4,7 @@
 #include <cmath>
 #include <queue>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::alloc {
 

@@ -6,8 +6,8 @@
 #include <map>
 
 #include "ratekv/alloc/block_gtq.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
 
 namespace ratekv::alloc {
 

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "ratekv/alloc/greedy.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::alloc {
 

@@ -13,8 +13,9 @@
 #define RATEKV_PACKED_FAST 1
 #endif
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/cache/vq_page_codec.h"
 #include "ratekv/quant/grouped_tq_mse.h"
 
 namespace ratekv::cache {
@@ -423,7 +424,7 @@ void PackedKVCache::quantize_vq_rows(Layer& L, const float* k, const float* k_pr
     const auto& heads = L.vq_heads[s];
     std::vector<float> sc(n, 1.0f);
     if (kind == packed::VqSideKind::vq)
-      for (int64_t t = 0; t < n; ++t) sc[t] = packed::vq_token_scale(heads, src + t * row);
+      for (int64_t t = 0; t < n; ++t) sc[t] = vq_token_scale(heads, src + t * row);
     const int64_t p0 = c0 / kPageTokens, p1 = (c0 + n - 1) / kPageTokens + 1;
 #pragma omp parallel for schedule(static) if (p1 - p0 > 1 && n * row >= 4096)
     for (int64_t pg = p0; pg < p1; ++pg) {
@@ -433,7 +434,7 @@ void PackedKVCache::quantize_vq_rows(Layer& L, const float* k, const float* k_pr
         const int64_t t = c - c0;
         const int slot = static_cast<int>(c % kPageTokens);
         if (kind == packed::VqSideKind::vq) {
-          packed::encode_vq_token(VL, page, side, slot, heads, src + t * row, sc[t]);
+          encode_vq_token(VL, page, side, slot, heads, src + t * row, sc[t]);
         } else {
           for (int h = 0; h < Hkv; ++h) {
             for (int i = 0; i < d; ++i) h16[i] = fp32_to_fp16(src[t * row + int64_t{h} * d + i]);

@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 
 namespace ratekv::cache {
 

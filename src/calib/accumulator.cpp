@@ -3,7 +3,7 @@
 
 #include <cblas.h>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::calib {
 

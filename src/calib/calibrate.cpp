@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "ratekv/calib/accumulator.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
 
 namespace ratekv::calib {
 

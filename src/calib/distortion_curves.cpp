@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::calib {
 
@@ -42,7 +42,7 @@ void validate_curves(const std::map<std::string, QuantizerCurves>& curves, size_
     }
     for (const auto& [field, v] : {std::pair{"alpha_k", &c.fit.alpha_k}, std::pair{"alpha_v", &c.fit.alpha_v}})
       check(v->size() == n, "{}: curves.{}.{} has {} values, expected {}", name, q, field, v->size(), n);
-    alloc::validate_curve_fit(q, c.fit, name);  // known quantizer, β and α in their ranges
+    validate_curve_fit(q, c.fit, name);  // known quantizer, β and α in their ranges
   }
 }
 

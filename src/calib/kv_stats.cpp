@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ratekv/error.h"
-#include "ratekv/safetensors.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/safetensors.h"
 
 namespace ratekv::calib {
 
@@ -143,8 +143,8 @@ void KVStats::validate_against(const ModelConfig& cfg, const std::string& name) 
   check(bad.empty(), "{}: statistics were made for another model: {}", name, bad);
 }
 
-alloc::CalibStats KVStats::to_alloc_stats() const {
-  alloc::CalibStats a;
+CalibStats KVStats::to_alloc_stats() const {
+  CalibStats a;
   a.model = model;
   a.source = text_file;
   a.n_tokens = n_tokens;
@@ -269,14 +269,14 @@ bool is_safetensors_file(const std::string& path) {
   return n >= 2 && buf[8] == '{';
 }
 
-alloc::CalibStats load_alloc_stats(const std::string& path) {
+CalibStats load_alloc_stats(const std::string& path) {
   check(std::filesystem::exists(path), "--stats '{}': file not found", path);
   if (is_safetensors_file(path)) {
-    alloc::CalibStats a = KVStats::load(path).to_alloc_stats();
+    CalibStats a = KVStats::load(path).to_alloc_stats();
     a.validate(path);
     return a;
   }
-  return alloc::load_stats_json(path);
+  return load_stats_json(path);
 }
 
 }  // namespace ratekv::calib

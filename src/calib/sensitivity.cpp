@@ -1,9 +1,9 @@
 // gradient_sensitivity(): mean squared K/V gradients over calibration sequences.
 #include "ratekv/calib/sensitivity.h"
 
-#include "ratekv/error.h"
-#include "ratekv/log.h"
-#include "ratekv/model_backward.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
+#include "ratekv/model/backward.h"
 
 namespace ratekv::calib {
 

@@ -11,10 +11,10 @@
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/sensitivity.h"
 #include "ratekv/eval/distortion_measure.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
-#include "ratekv/model_backward.h"
-#include "ratekv/sha256.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
+#include "ratekv/model/backward.h"
+#include "ratekv/io/sha256.h"
 
 namespace ratekv::cli {
 namespace {

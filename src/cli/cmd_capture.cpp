@@ -16,9 +16,9 @@
 #include "cli/command.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
-#include "ratekv/npy.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
+#include "ratekv/io/npy.h"
 
 namespace ratekv::cli {
 namespace {

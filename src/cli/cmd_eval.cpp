@@ -9,11 +9,11 @@
 #include "cli/command.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/plan_eval.h"
-#include "ratekv/log.h"
-#include "ratekv/sha256.h"
+#include "ratekv/common/log.h"
+#include "ratekv/io/sha256.h"
 
 namespace ratekv::cli {
 namespace {

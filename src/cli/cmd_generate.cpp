@@ -11,8 +11,8 @@
 
 #include "cli/command.h"
 #include "cli/loaded_model.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
 
 namespace ratekv::cli {
 namespace {

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv::cli {
 namespace {

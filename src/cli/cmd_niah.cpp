@@ -14,9 +14,9 @@
 #include "cli/loaded_model.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/eval/niah.h"
-#include "ratekv/log.h"
+#include "ratekv/common/log.h"
 
 namespace ratekv::cli {
 namespace {

@@ -29,11 +29,11 @@
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/kv_stats.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/plan_eval.h"
-#include "ratekv/log.h"
-#include "ratekv/sha256.h"
+#include "ratekv/common/log.h"
+#include "ratekv/io/sha256.h"
 
 namespace ratekv::cli {
 namespace {
@@ -93,7 +93,7 @@ nlohmann::json run_model(const PanelArgs& a, const std::string& model_path, cons
   const calib::KVStats stats = calib::calibrate(*lm.model, cal, a.ctx);
   const std::string stats_path = (dir / "calib_stats.safetensors").string();
   stats.save(stats_path);
-  const alloc::CalibStats st = calib::load_alloc_stats(stats_path);
+  const CalibStats st = calib::load_alloc_stats(stats_path);
 
   // 2. plans: Block-GTQ and uniform TQ-MSE at each code-bit budget
   std::vector<eval::PlanEntry> entries;

@@ -1,6 +1,6 @@
 // `ratekv perplexity -m MODEL -f TEXT -c CTX [--chunks N] [--json] [--cache fp32|fake|packed --plan PLAN]`: perplexity
 // of a whole file (tokenized with BOS iff the model declares it) with
-// llama.cpp's llama-perplexity convention (ratekv/perplexity.h).
+// llama.cpp's llama-perplexity convention (ratekv/model/perplexity.h).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,9 +13,9 @@
 #include "cli/command.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
-#include "ratekv/perplexity.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
+#include "ratekv/model/perplexity.h"
 
 namespace ratekv::cli {
 namespace {

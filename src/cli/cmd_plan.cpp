@@ -6,18 +6,18 @@
 
 #include "cli/command.h"
 #include "ratekv/alloc/make_plan.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
 
 // The statistics file: the safetensors file of `ratekv calibrate` when the
 // calib module provides its reader, else (and always accepted) the JSON form
-// of alloc/stats.h.
+// of format/calib_stats.h.
 #include "ratekv/calib/kv_stats.h"
 #ifdef RATEKV_HAVE_TASQ
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
-#include "ratekv/sha256.h"
-#include "ratekv/model_backward.h"
+#include "ratekv/io/sha256.h"
+#include "ratekv/model/backward.h"
 #include "ratekv/tasq/fit.h"
 #endif
 
@@ -163,7 +163,7 @@ void run(PlanArgs& a) {
   }
   check(!a.stats.empty(), "--stats is required for --method {}", a.rq.method);
   check_output_path(a.out, a.force, "-o");
-  alloc::CalibStats st = calib::load_alloc_stats(a.stats);  // safetensors or JSON
+  CalibStats st = calib::load_alloc_stats(a.stats);  // safetensors or JSON
   a.rq.stats_file = std::filesystem::path(a.stats).filename().string();
   if (a.avg_bits >= 0) a.rq.avg_bits = a.avg_bits;
   alloc::PlanDiagnostics dg;
@@ -227,7 +227,7 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_option("--bmin", a->rq.b_min, "lowest width (default: block-gtq 0, others 1)");
   c->add_option("--bmax", a->rq.b_max, "highest width (default: block-gtq 4, others 8)");
   c->add_option("--stats", a->stats,
-                "statistics from `ratekv calibrate` (.safetensors) or the JSON form (alloc/stats.h); required "
+                "statistics from `ratekv calibrate` (.safetensors) or the JSON form (format/calib_stats.h); required "
                 "except for tasq/cq")
       ->check(CLI::ExistingFile);
   c->add_option("-o,--output", a->out, "output plan (.json)")->required();

@@ -22,8 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "ratekv/error.h"
-#include "ratekv/npy.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/npy.h"
 #include "ratekv/quant/prng.h"
 #include "ratekv/quant/quantizer.h"
 #include "ratekv/quant/rd_fit.h"

@@ -5,8 +5,8 @@
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
 
 namespace ratekv::cli {
 

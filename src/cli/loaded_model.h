@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "ratekv/gguf.h"
-#include "ratekv/kv_cache.h"
-#include "ratekv/model.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/kv_cache.h"
+#include "ratekv/model/model.h"
+#include "ratekv/model/tokenizer.h"
 
 namespace ratekv::cli {
 

@@ -4,8 +4,8 @@
 #include <filesystem>
 
 #include "cli/command.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 

@@ -6,9 +6,9 @@
 #include <set>
 #include <sstream>
 
-#include "ratekv/error.h"
-#include "ratekv/log.h"
-#include "ratekv/utf8.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
+#include "ratekv/common/utf8.h"
 
 namespace ratekv::cli {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ratekv/tokenizer.h"
+#include "ratekv/model/tokenizer.h"
 
 namespace ratekv::cli {
 
@@ -17,8 +17,8 @@ namespace ratekv::cli {
 std::string read_text_file(const std::string& path, const std::string& flag);
 
 /// Logs a warning naming `flag`, the file and the first offending byte when
-/// `text` is not valid UTF-8 (ratekv/utf8.h), once per (flag, file) per process; the tokenizer then takes such
-/// bytes as raw bytes (ratekv/tokenizer.h), as llama.cpp does.
+/// `text` is not valid UTF-8 (ratekv/common/utf8.h), once per (flag, file) per process; the tokenizer then takes such
+/// bytes as raw bytes (ratekv/model/tokenizer.h), as llama.cpp does.
 void warn_if_not_utf8(std::string_view text, const std::string& flag, const std::string& path);
 
 /// Tokenizes a growing prefix of the UTF-8 text at `path` until it yields at

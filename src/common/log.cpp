@@ -1,10 +1,10 @@
-#include "ratekv/log.h"
+#include "ratekv/common/log.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv {
 

@@ -1,5 +1,5 @@
-// UTF-8 validation (ratekv/utf8.h).
-#include "ratekv/utf8.h"
+// UTF-8 validation (ratekv/common/utf8.h).
+#include "ratekv/common/utf8.h"
 
 #include <cstdint>
 

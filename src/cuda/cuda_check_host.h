@@ -7,7 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 #define RATEKV_CUDA_CHECK(expr)                                                              \
   do {                                                                                       \

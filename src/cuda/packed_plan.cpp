@@ -8,8 +8,8 @@
 
 #include "cuda_check_host.h"
 #include "head_tables.h"
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 
 namespace ratekv::cuda {
 

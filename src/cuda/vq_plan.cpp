@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/packed_vq_format.h"
+#include "ratekv/common/error.h"
+#include "ratekv/format/packed_vq_format.h"
 #include "cuda_check_host.h"
 #include "head_tables.h"
 #include "vq_tables.h"

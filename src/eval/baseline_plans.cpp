@@ -2,7 +2,7 @@
 #include "ratekv/eval/baseline_plans.h"
 
 #include "ratekv/cache/plan_codecs.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::eval {
 

@@ -10,14 +10,14 @@
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/plan_codecs.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
 
 namespace ratekv::eval {
 
 namespace {
 
-Plan plan_at(const alloc::CalibStats& st, const std::string& q, int b, const CurveMeasureOptions& opt) {
+Plan plan_at(const CalibStats& st, const std::string& q, int b, const CurveMeasureOptions& opt) {
   alloc::PlanRequest rq;
   rq.budget_unit = "code";
   rq.k_bits = rq.v_bits = b;
@@ -37,7 +37,7 @@ Plan plan_at(const alloc::CalibStats& st, const std::string& q, int b, const Cur
 }  // namespace
 
 std::map<std::string, calib::QuantizerCurves> measure_distortion_curves(Model& model, std::span<const int32_t> tokens,
-                                                                        const alloc::CalibStats& st,
+                                                                        const CalibStats& st,
                                                                         const CurveMeasureOptions& opt) {
   const ModelConfig& cfg = model.config();
   check(!tokens.empty(), "distortion curves: no calibration tokens");

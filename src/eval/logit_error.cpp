@@ -9,7 +9,7 @@
 #include <cstring>
 #include <limits>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::eval {
 

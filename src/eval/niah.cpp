@@ -10,7 +10,7 @@
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::eval {
 

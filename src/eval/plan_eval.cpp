@@ -10,10 +10,10 @@
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/plan_codecs.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/eval/logit_error.h"
-#include "ratekv/perplexity.h"
-#include "ratekv/log.h"
+#include "ratekv/model/perplexity.h"
+#include "ratekv/common/log.h"
 
 namespace ratekv::eval {
 

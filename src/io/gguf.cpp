@@ -1,4 +1,4 @@
-// io/gguf.cpp — GGUF v2/v3 parser, validator and memory mapping (ratekv/gguf.h).
+// io/gguf.cpp — GGUF v2/v3 parser, validator and memory mapping (ratekv/io/gguf.h).
 //
 // Every length read from the file is checked against the bytes that remain
 // BEFORE anything is allocated for it, so memory use is bounded by a small
@@ -18,8 +18,8 @@
 
 #include <fmt/ranges.h>
 
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
 
 namespace ratekv {
 namespace {

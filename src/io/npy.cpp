@@ -1,5 +1,5 @@
-// src/io/npy.cpp — reader and writer of 2-D float32 .npy matrices (ratekv/npy.h).
-#include "ratekv/npy.h"
+// src/io/npy.cpp — reader and writer of 2-D float32 .npy matrices (ratekv/io/npy.h).
+#include "ratekv/io/npy.h"
 
 #include <algorithm>
 #include <bit>
@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv {
 namespace {

@@ -1,5 +1,5 @@
-// io/safetensors.cpp — safetensors writer and validating reader (ratekv/safetensors.h).
-#include "ratekv/safetensors.h"
+// io/safetensors.cpp — safetensors writer and validating reader (ratekv/io/safetensors.h).
+#include "ratekv/io/safetensors.h"
 
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -15,8 +15,8 @@
 #include <set>
 #include <unordered_map>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 
 namespace ratekv {
 namespace {

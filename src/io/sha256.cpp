@@ -1,5 +1,5 @@
 // SHA-256 (FIPS 180-4 §6.2): 64-byte blocks, 64 rounds, big-endian words.
-#include "ratekv/sha256.h"
+#include "ratekv/io/sha256.h"
 
 #include <array>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv {
 

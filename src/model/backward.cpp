@@ -3,7 +3,7 @@
 // to every layer's cached K/V. Templated on the scalar (float: sgemm, double:
 // dgemm). Layers are checkpointed by their residual input and recomputed one
 // at a time in the reverse pass.
-#include "ratekv/model_backward.h"
+#include "ratekv/model/backward.h"
 
 #include <cblas.h>
 
@@ -13,7 +13,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv {
 

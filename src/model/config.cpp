@@ -4,9 +4,9 @@
 #include <cmath>
 #include <limits>
 
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv {
 

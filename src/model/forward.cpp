@@ -11,9 +11,9 @@
 #include <cstring>
 #include <limits>
 
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv {
 

@@ -6,8 +6,8 @@
 
 #include <omp.h>
 
-#include "ratekv/error.h"
-#include "ratekv/kv_cache.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/kv_cache.h"
 
 namespace ratekv {
 

@@ -1,10 +1,10 @@
-// Perplexity, llama-perplexity convention (see ratekv/perplexity.h).
-#include "ratekv/perplexity.h"
+// Perplexity, llama-perplexity convention (see ratekv/model/perplexity.h).
+#include "ratekv/model/perplexity.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv {
 

@@ -1,8 +1,8 @@
 // RoPE: the arch -> channel-pair layout table (DESIGN.md §1) and the rotation.
 #include <cmath>
 
-#include "ratekv/error.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv {
 

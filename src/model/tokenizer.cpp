@@ -11,8 +11,8 @@
 #include "model/tokenizer_byte_level.h"
 #include "model/tokenizer_impl.h"
 #include "model/tokenizer_utf8.h"
-#include "ratekv/error.h"
-#include "ratekv/log.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/log.h"
 
 namespace ratekv {
 

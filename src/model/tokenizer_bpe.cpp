@@ -4,7 +4,7 @@
 #include <queue>
 
 #include "model/tokenizer_byte_level.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::tok {
 

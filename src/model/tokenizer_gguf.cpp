@@ -3,8 +3,8 @@
 #include <limits>
 
 #include "model/tokenizer_impl.h"
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
 
 namespace ratekv {
 

@@ -10,7 +10,7 @@
 #include "model/tokenizer_pretokenize.h"
 #include "model/tokenizer_special.h"
 #include "model/tokenizer_spm.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/model/tokenizer.h"
 
 namespace ratekv {
 

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "model/tokenizer_unicode_additions.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::tok {
 

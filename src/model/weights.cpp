@@ -1,7 +1,7 @@
 // Model weights: every tensor dequantized to fp32 at load (GgufFile::dequantize).
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv {
 

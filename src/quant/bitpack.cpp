@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::quant {
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 
 namespace ratekv::quant {
 

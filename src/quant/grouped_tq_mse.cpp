@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::quant {
 

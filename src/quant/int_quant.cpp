@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 
 namespace ratekv::quant {
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <mutex>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::quant {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/quant/ggml_blocks.h"
 #include "ratekv/quant/grouped_tq_mse.h"
 #include "ratekv/quant/kivi.h"

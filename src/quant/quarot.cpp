@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/quant/int_quant.h"
 
 namespace ratekv::quant {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::quant {
 

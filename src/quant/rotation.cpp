@@ -4,7 +4,7 @@
 #include <Eigen/QR>
 #include <cmath>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/quant/prng.h"
 
 namespace ratekv::quant {

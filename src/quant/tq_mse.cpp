@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/quant/bitpack.h"
 
 namespace ratekv::quant {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/quant/prng.h"
 
 namespace ratekv::quant {

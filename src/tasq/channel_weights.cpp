@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::tasq {
 

@@ -6,10 +6,10 @@
 
 #include <Eigen/Core>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
-#include "ratekv/log.h"
-#include "ratekv/model_backward.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/common/log.h"
+#include "ratekv/model/backward.h"
 #include "ratekv/quant/prng.h"
 #include "ratekv/tasq/channel_weights.h"
 #include "ratekv/tasq/grouping.h"
@@ -112,7 +112,7 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
                  int l, int side,
                  const std::vector<double>* weights /* (H, d) normalized or null */, bool normalization,
                  const std::string& grouping /* "matching" | "pairs" | "channels" */, int g, int K,
-                 const FitOptions& opt, cache::VqTensors& out) {
+                 const FitOptions& opt, VqTensors& out) {
   const int H = cfg.n_kv_heads, d = cfg.head_dim, bits = log2_exact(K, "--centroids");
   const int64_t row = static_cast<int64_t>(H) * d;
   // Channel scales a = sqrt(w).
@@ -169,7 +169,7 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
     }
     const double cost = partition_cost(sigma, d, groups);
     // Codebooks.
-    cache::VqTensors::Entry& e = out.at(l, h, side);
+    VqTensors::Entry& e = out.at(l, h, side);
     e.present = true;
     e.codebooks.clear();
     std::vector<float> pts(static_cast<size_t>(N) * g);
@@ -278,7 +278,7 @@ FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
   p.budget_unit = "effective";
   p.tensors_file = p.method + ".tensors.safetensors";  // the caller names the real file
   p.layers.assign(L, std::vector<HeadPlan>(H));
-  r.tensors = cache::VqTensors::for_plan(p);
+  r.tensors = VqTensors::for_plan(p);
   json diag_k = json::array(), diag_v = json::array();
   int fallbacks = 0;
   const auto t0 = std::chrono::steady_clock::now();

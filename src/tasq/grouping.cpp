@@ -8,7 +8,7 @@
 
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "tasq/lemon_matching.h"
 
 namespace ratekv::tasq {

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include <faiss/Clustering.h>
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/tasq/nearest_centroid_index.h"
 
 namespace ratekv::tasq {

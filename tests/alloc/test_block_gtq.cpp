@@ -9,7 +9,7 @@
 
 #include "ratekv/alloc/block_gtq.h"
 #include "ratekv/alloc/greedy.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 using namespace ratekv;
 using namespace ratekv::alloc;

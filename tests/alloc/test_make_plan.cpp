@@ -1,4 +1,4 @@
-// Plans built from statistics, and the statistics JSON file (alloc/make_plan.h, alloc/stats.h).
+// Plans built from statistics, and the statistics JSON file (alloc/make_plan.h, format/calib_stats.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "ratekv/alloc/block_gtq.h"
 #include "ratekv/alloc/make_plan.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 using namespace ratekv;
 using namespace ratekv::alloc;

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "ratekv/alloc/ratequant.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 using namespace ratekv;
 using namespace ratekv::alloc;

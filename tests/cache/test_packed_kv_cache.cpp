@@ -12,11 +12,11 @@
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
+#include "ratekv/model/tokenizer.h"
 #include "ratekv/quant/grouped_tq_mse.h"
 
 using namespace ratekv;

@@ -13,9 +13,9 @@
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/model/model.h"
 #include "../support/vq_codec.h"
 
 using namespace ratekv;

@@ -8,14 +8,18 @@
 #include <random>
 
 #include "ratekv/cache/vq_codec.h"
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
-#include "ratekv/packed_vq_format.h"
+#include "ratekv/cache/vq_page_codec.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/format/packed_vq_format.h"
 #include "../support/vq_codec.h"
 
 using namespace ratekv;
 using namespace ratekv::packed;
 using ratekv::cache::VqCodec;
+using ratekv::cache::decode_vq_token;
+using ratekv::cache::encode_vq_token;
+using ratekv::cache::vq_token_scale;
 
 namespace {
 

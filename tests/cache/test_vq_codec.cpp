@@ -11,8 +11,8 @@
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/cache/vq_codec.h"
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 
 using namespace ratekv;
 using namespace ratekv::cache;

@@ -12,7 +12,7 @@
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/distortion_curves.h"
 #include "ratekv/calib/kv_stats.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "../support/tiny_model.h"
 
 using namespace ratekv;
@@ -79,7 +79,7 @@ TEST(DistortionCurves, RoundTripAllocatorViewAndPlan) {
     for (size_t i = 0; i < n; ++i) EXPECT_EQ(rc.fit.alpha_v[i], (double)(float)c.fit.alpha_v[i]);
   }
   // The allocators' view carries the fitted curves.
-  const alloc::CalibStats a = load_alloc_stats(path);
+  const CalibStats a = load_alloc_stats(path);
   ASSERT_EQ(a.curves.count("tq-mse"), 1u);
   EXPECT_EQ(a.curves.at("kivi").beta_k, s.curves.at("kivi").fit.beta_k);
   std::filesystem::remove(path);

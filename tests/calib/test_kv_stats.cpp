@@ -11,8 +11,8 @@
 #include "ratekv/calib/accumulator.h"
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/kv_stats.h"
-#include "ratekv/error.h"
-#include "ratekv/safetensors.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/safetensors.h"
 #include "../support/tiny_model.h"
 
 using namespace ratekv;
@@ -220,7 +220,7 @@ TEST(KVStatsFile, RoundTripAndAllocatorView) {
     EXPECT_EQ(r.k_pre_cov[i], static_cast<double>(static_cast<float>(s.k_pre_cov[i])));
   r.validate_against(m.config());
   // The allocators' view: s_i = ½(q_i + k_i).
-  const alloc::CalibStats a = load_alloc_stats(path);
+  const CalibStats a = load_alloc_stats(path);
   EXPECT_EQ(a.n_tokens, 11);
   EXPECT_EQ(a.source, "calib.txt");
   const std::vector<double> e = a.block_energies(2, 1);

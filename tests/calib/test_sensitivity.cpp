@@ -11,9 +11,9 @@
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/kv_stats.h"
 #include "ratekv/calib/sensitivity.h"
-#include "ratekv/error.h"
-#include "ratekv/model_backward.h"
-#include "ratekv/safetensors.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/backward.h"
+#include "ratekv/io/safetensors.h"
 
 using namespace ratekv;
 using namespace ratekv::calib;
@@ -103,11 +103,11 @@ TEST(GradSensitivity, StatsFileRoundTripAndAllocatorViews) {
   }
 
   const int Hkv = 2, d = 6;
-  const alloc::CalibStats a = load_alloc_stats(path);
+  const CalibStats a = load_alloc_stats(path);
   ASSERT_TRUE(a.sensitivity.count("grad"));
   ASSERT_TRUE(a.sensitivity.count("activation"));
-  const alloc::Sensitivity& g = a.sensitivity.at("grad");
-  const alloc::Sensitivity& act = a.sensitivity.at("activation");
+  const Sensitivity& g = a.sensitivity.at("grad");
+  const Sensitivity& act = a.sensitivity.at("activation");
   ASSERT_EQ(g.k.size(), size_t(3 * Hkv));
   for (int lh = 0; lh < 3 * Hkv; ++lh) {
     double k = 0, v = 0, ek = 0, ev = 0;
@@ -128,7 +128,7 @@ TEST(GradSensitivity, StatsFileRoundTripAndAllocatorViews) {
   const KVStats p = KVStats::load(plain);
   EXPECT_EQ(p.grad.n_sequences, 0);
   EXPECT_TRUE(p.grad.v_sq.empty());
-  const alloc::CalibStats pa = load_alloc_stats(plain);
+  const CalibStats pa = load_alloc_stats(plain);
   EXPECT_FALSE(pa.sensitivity.count("grad"));
   EXPECT_TRUE(pa.sensitivity.count("activation"));
   std::filesystem::remove(path);

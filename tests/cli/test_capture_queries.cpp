@@ -20,7 +20,7 @@
 
 #include "../support/assets.h"
 #include "cli_runner.h"
-#include "ratekv/npy.h"
+#include "ratekv/io/npy.h"
 
 namespace fs = std::filesystem;
 using ratekv_test::cli_path;

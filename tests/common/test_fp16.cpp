@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ratekv/fp16.h"
+#include "ratekv/common/fp16.h"
 
 using namespace ratekv;
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "ratekv/utf8.h"
+#include "ratekv/common/utf8.h"
 
 namespace {
 

@@ -15,10 +15,10 @@
 #include <random>
 
 #include "ratekv/cuda/decode_attention.h"
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
-#include "ratekv/npy.h"
-#include "ratekv/packed_format.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/io/npy.h"
+#include "ratekv/format/packed_format.h"
 #include "ratekv/quant/lloyd_max.h"
 
 using namespace ratekv;

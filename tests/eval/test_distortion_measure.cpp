@@ -8,7 +8,7 @@
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/calib/calibrate.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/eval/distortion_measure.h"
 #include "../support/tiny_model.h"
 
@@ -24,7 +24,7 @@ TEST(DistortionMeasure, MatchesPerHeadReference) {
   Model m = ratekv_test::tiny_model(3);
   const ModelConfig& cfg = m.config();
   const int64_t ctx = 9;  // chunks of 9 + 8 tokens
-  const alloc::CalibStats st = calib::calibrate(m, kTokens, ctx).to_alloc_stats();
+  const CalibStats st = calib::calibrate(m, kTokens, ctx).to_alloc_stats();
   eval::CurveMeasureOptions opt;
   opt.quantizers = {"tq-mse", "block-gtq", "kivi"};
   opt.bits = {3, 1, 2};  // unsorted on purpose
@@ -95,7 +95,7 @@ TEST(DistortionMeasure, MatchesPerHeadReference) {
 
 TEST(DistortionMeasure, ArgumentErrors) {
   Model m = ratekv_test::tiny_model(3);
-  const alloc::CalibStats st = calib::calibrate(m, kTokens, 9).to_alloc_stats();
+  const CalibStats st = calib::calibrate(m, kTokens, 9).to_alloc_stats();
   eval::CurveMeasureOptions opt;
   opt.ctx = 9;
   opt.group_size = 3;

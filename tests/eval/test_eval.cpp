@@ -1,6 +1,6 @@
 // Evaluation metrics: logit MAE / attention KL closed forms, baseline plans,
 // and a small end-to-end evaluate_plans run (perplexity itself is tested in
-// tests/model with ratekv/perplexity.h).
+// tests/model with ratekv/model/perplexity.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/plan_codecs.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/logit_error.h"
 #include "ratekv/eval/plan_eval.h"

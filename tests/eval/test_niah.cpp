@@ -9,7 +9,7 @@
 #include "../support/tiny_model.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/eval/niah.h"
 
 using namespace ratekv;

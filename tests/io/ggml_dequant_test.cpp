@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "io/ggml_blocks.h"
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
-#include "ratekv/gguf.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/io/gguf.h"
 
 using namespace ratekv;
 using namespace ratekv::ggml;

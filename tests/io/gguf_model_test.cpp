@@ -8,7 +8,7 @@
 #include <set>
 
 #include "../support/assets.h"
-#include "ratekv/gguf.h"
+#include "ratekv/io/gguf.h"
 
 using namespace ratekv;
 

@@ -8,8 +8,8 @@
 #include <functional>
 
 #include "gguf_test_writer.h"
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
 
 using namespace ratekv;
 using namespace ratekv::testing;

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "ratekv/error.h"
-#include "ratekv/safetensors.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/safetensors.h"
 
 using namespace ratekv;
 using ::testing::HasSubstr;

@@ -1,4 +1,4 @@
-// Tests of the 2-D float32 .npy reader/writer (ratekv/npy.h): bit-exact round
+// Tests of the 2-D float32 .npy reader/writer (ratekv/io/npy.h): bit-exact round
 // trips of awkward shapes, agreement with the bytes NumPy itself writes, and
 // hostile files, each of which must end in ratekv::Error naming the path.
 #include <gtest/gtest.h>
@@ -13,8 +13,8 @@
 #include <unistd.h>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/npy.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/npy.h"
 
 namespace fs = std::filesystem;
 

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <string>
 
-#include "ratekv/error.h"
-#include "ratekv/sha256.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/sha256.h"
 
 namespace {
 

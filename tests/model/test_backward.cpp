@@ -13,11 +13,11 @@
 
 #include "../support/llamacpp_fixtures.h"
 #include "../support/tiny_model.h"
-#include "ratekv/error.h"
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
-#include "ratekv/model_backward.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/common/error.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
+#include "ratekv/model/backward.h"
+#include "ratekv/model/tokenizer.h"
 
 using namespace ratekv;
 namespace fs = std::filesystem;

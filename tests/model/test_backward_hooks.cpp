@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "../support/tiny_model.h"
-#include "ratekv/error.h"
-#include "ratekv/model.h"
-#include "ratekv/model_backward.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/model.h"
+#include "ratekv/model/backward.h"
 
 using namespace ratekv;
 

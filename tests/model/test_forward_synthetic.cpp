@@ -6,8 +6,8 @@
 #include <limits>
 #include <random>
 
-#include "ratekv/error.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/model.h"
 #include "../support/tiny_model.h"
 
 using namespace ratekv;

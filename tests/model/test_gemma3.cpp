@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
-#include "ratekv/perplexity.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
+#include "ratekv/model/perplexity.h"
+#include "ratekv/model/tokenizer.h"
 
 #include "../support/llamacpp_fixtures.h"
 

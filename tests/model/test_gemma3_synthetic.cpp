@@ -9,8 +9,8 @@
 #include <random>
 
 #include "../support/tiny_model.h"
-#include "ratekv/error.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/model.h"
 
 using namespace ratekv;
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <random>
 
-#include "ratekv/error.h"
-#include "ratekv/kv_cache.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/kv_cache.h"
 
 using namespace ratekv;
 

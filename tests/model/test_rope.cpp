@@ -5,8 +5,8 @@
 #include <cmath>
 #include <random>
 
-#include "ratekv/error.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/model.h"
 
 using namespace ratekv;
 

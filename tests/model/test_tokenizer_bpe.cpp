@@ -8,8 +8,8 @@
 
 #include "model/tokenizer_bpe.h"
 #include "model/tokenizer_byte_level.h"
-#include "ratekv/error.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/tokenizer.h"
 
 using namespace ratekv;
 using namespace ratekv::tok;

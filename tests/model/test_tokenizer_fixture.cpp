@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/assets.h"
-#include "ratekv/gguf.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/tokenizer.h"
 
 using namespace ratekv;
 

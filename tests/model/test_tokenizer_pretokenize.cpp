@@ -11,7 +11,7 @@
 
 #include "model/tokenizer_pretokenize.h"
 #include "model/tokenizer_utf8.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 using namespace ratekv;
 using namespace ratekv::tok;

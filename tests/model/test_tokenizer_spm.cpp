@@ -6,8 +6,8 @@
 
 #include <limits>
 
-#include "ratekv/error.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/tokenizer.h"
 
 using namespace ratekv;
 using Ids = std::vector<int32_t>;

@@ -8,8 +8,8 @@
 #include <iterator>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/quant/ggml_blocks.h"
 
 using namespace ratekv;

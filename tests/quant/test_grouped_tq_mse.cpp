@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/quant/grouped_tq_mse.h"
 #include "ratekv/quant/prng.h"
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/quant/int_quant.h"
 #include "ratekv/quant/kivi.h"
 #include "ratekv/quant/prng.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/quant/lloyd_max.h"
 
 using namespace ratekv;

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/quant/prng.h"
 #include "ratekv/quant/quantizer.h"
 

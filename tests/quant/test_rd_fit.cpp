@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/quant/lloyd_max.h"
 #include "ratekv/quant/rd_fit.h"
 

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/quant/rd_fit.h"
 
 namespace ratekv::quant {

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "assets.h"
-#include "ratekv/model.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/model/model.h"
+#include "ratekv/model/tokenizer.h"
 
 namespace ratekv::testing_support {
 

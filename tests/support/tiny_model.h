@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/model.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv_test {
 

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "ratekv/plan.h"
+#include "ratekv/format/plan.h"
 
 namespace ratekv_test {
 

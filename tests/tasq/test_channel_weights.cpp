@@ -6,7 +6,7 @@
 #include <random>
 
 #include "../support/tiny_model.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/tasq/channel_weights.h"
 
 using namespace ratekv;

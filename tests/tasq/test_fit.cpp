@@ -9,7 +9,7 @@
 #include "../support/tiny_model.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/plan_codecs.h"
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 #include "ratekv/tasq/fit.h"
 #include "ratekv/tasq/grouping.h"
 #include "ratekv/tasq/kmeans.h"
@@ -113,7 +113,7 @@ TEST(TasqFit, TinyModelPlansAndAblations) {
     }
   // The codecs serve the fake-quant cache; the reconstruction error of the
   // fitted codebooks on the calibration keys is below the keys' energy.
-  auto codecs = std::make_shared<const cache::PlanCodecs>(p, cfg, "fit", std::make_shared<cache::VqTensors>(r.tensors));
+  auto codecs = std::make_shared<const cache::PlanCodecs>(p, cfg, "fit", std::make_shared<VqTensors>(r.tensors));
   for (int l = 0; l < cfg.n_layers; ++l) {
     std::vector<float> out(cap.k_pre[l].size());
     codecs->fake_quant_layer(l, cache::KVSide::key, cap.k_pre[l].data(), 200, out.data());

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <set>
 
-#include "ratekv/error.h"
-#include "ratekv/model.h"
+#include "ratekv/common/error.h"
+#include "ratekv/model/model.h"
 #include "ratekv/tasq/grouping.h"
 
 using namespace ratekv;

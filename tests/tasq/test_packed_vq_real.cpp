@@ -13,10 +13,10 @@
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
-#include "ratekv/gguf.h"
-#include "ratekv/model.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/model.h"
 #include "ratekv/tasq/fit.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/model/tokenizer.h"
 
 using namespace ratekv;
 
@@ -64,11 +64,11 @@ TEST(PackedVqReal, FittedTasqPlanPackedEqualsFakeQuantOnSmolLM2) {
   o.value_centroids = 16;
   o.kmeans_iters = 8;
   const tasq::FitResult fit = tasq::fit_vq_plan(cap, o);
-  auto tensors = std::make_shared<cache::VqTensors>(fit.tensors);
+  auto tensors = std::make_shared<VqTensors>(fit.tensors);
   Plan fp16_values = fit.plan;  // same keys, fp16 values
   for (auto& layer : fp16_values.layers)
     for (auto& hp : layer) hp.value = Codec::fp16();
-  auto tensors_keys = std::make_shared<cache::VqTensors>(fit.tensors);
+  auto tensors_keys = std::make_shared<VqTensors>(fit.tensors);
   for (size_t i = 1; i < tensors_keys->entries.size(); i += 2) tensors_keys->entries[i] = {};  // value entries
 
   // A prompt disjoint from the fit tokens: its post-RoPE Q, pre/post-RoPE K, V.
@@ -92,7 +92,7 @@ TEST(PackedVqReal, FittedTasqPlanPackedEqualsFakeQuantOnSmolLM2) {
   struct Variant {
     const char* name;
     const Plan* plan;
-    std::shared_ptr<cache::VqTensors> tensors;
+    std::shared_ptr<VqTensors> tensors;
   };
   for (const Variant& var : {Variant{"tasq K + cq V", &fit.plan, tensors},
                              Variant{"tasq K + fp16 V", &fp16_values, tensors_keys}}) {

@@ -36,8 +36,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ratekv/alloc/ratequant.h"
-#include "ratekv/alloc/stats.h"
-#include "ratekv/plan.h"
+#include "ratekv/format/calib_stats.h"
+#include "ratekv/format/plan.h"
 
 namespace ratekv::alloc {
 

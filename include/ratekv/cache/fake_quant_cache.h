@@ -29,7 +29,7 @@
 #include <span>
 
 #include "ratekv/cache/plan_codecs.h"
-#include "ratekv/kv_cache.h"
+#include "ratekv/model/kv_cache.h"
 
 namespace ratekv::cache {
 

@@ -79,9 +79,9 @@
 #include <vector>
 
 #include "ratekv/cache/plan_codecs.h"
-#include "ratekv/kv_cache.h"
-#include "ratekv/packed_format.h"
-#include "ratekv/packed_vq_format.h"
+#include "ratekv/model/kv_cache.h"
+#include "ratekv/format/packed_format.h"
+#include "ratekv/format/packed_vq_format.h"
 #include "ratekv/quant/tq_mse.h"
 
 namespace ratekv::cache {

@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/model.h"
+#include "ratekv/model/model.h"
 #include "ratekv/cache/vq_codec.h"
-#include "ratekv/plan.h"
+#include "ratekv/format/plan.h"
 #include "ratekv/quant/quantizer.h"
 
 namespace ratekv::cache {

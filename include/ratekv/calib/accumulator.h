@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ratekv/calib/kv_stats.h"
-#include "ratekv/model.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv::calib {
 

@@ -6,7 +6,7 @@
 #include <span>
 
 #include "ratekv/calib/kv_stats.h"
-#include "ratekv/model.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv::calib {
 

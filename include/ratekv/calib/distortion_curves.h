@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ratekv/alloc/stats.h"
+#include "ratekv/format/calib_stats.h"
 #include "ratekv/quant/rd_fit.h"
-#include "ratekv/safetensors.h"
+#include "ratekv/io/safetensors.h"
 
 namespace ratekv::calib {
 
@@ -28,7 +28,7 @@ struct QuantizerCurves {
   std::vector<double> bits;   ///< (nb,) code bits per element measured, distinct, ascending
   std::vector<double> mse_k;  ///< (L, Hkv, nb) mean squared error per element, keys (> 0)
   std::vector<double> mse_v;  ///< (L, Hkv, nb) values
-  alloc::DistortionCurves fit;  ///< β_k, β_v, α_k, α_v (L, Hkv)
+  DistortionCurves fit;  ///< β_k, β_v, α_k, α_v (L, Hkv)
 };
 
 /// Fits α, β per side from bits / mse_k / mse_v (n_components = L·Hkv) and
@@ -41,9 +41,9 @@ struct CurveFitReport {
 };
 CurveFitReport curve_fit_report(const QuantizerCurves& c, size_t n_components);
 
-/// Checks every entry: its name (alloc::curve_quantizers()), bits (nb ≥ 2
+/// Checks every entry: its name (curve_quantizers()), bits (nb ≥ 2
 /// distinct ascending), mse (n, nb) positive finite, α (n) and β in the
-/// ranges of alloc::validate_curve_fit. `name` prefixes errors (naming the
+/// ranges of validate_curve_fit. `name` prefixes errors (naming the
 /// quantizer and field).
 void validate_curves(const std::map<std::string, QuantizerCurves>& curves, size_t n_components,
                      const std::string& name);

@@ -30,11 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/alloc/stats.h"
+#include "ratekv/format/calib_stats.h"
 #include "ratekv/calib/distortion_curves.h"
 #include "ratekv/calib/sensitivity.h"
-#include "ratekv/model.h"
-#include "ratekv/plan.h"
+#include "ratekv/model/model.h"
+#include "ratekv/format/plan.h"
 
 namespace ratekv::calib {
 
@@ -79,7 +79,7 @@ struct KVStats {
   ///                 (Σ of v_sq) — the activation-magnitude proxy;
   ///   "grad" (only with grad): k = E_t ‖∂L/∂k_post‖² (Σ_c grad_sq_k_post, equal
   ///                 to the pre-RoPE one: RoPE is orthogonal), v = Σ_c grad_sq_v.
-  alloc::CalibStats to_alloc_stats() const;
+  CalibStats to_alloc_stats() const;
 
   /// Writes the safetensors file (validates first). Throws Error on I/O failure.
   void save(const std::string& path) const;
@@ -98,6 +98,6 @@ bool is_safetensors_file(const std::string& path);
 /// Loads allocator statistics from either format: a safetensors file written
 /// by `ratekv calibrate` (converted with to_alloc_stats) or the JSON form of
 /// alloc/stats.h. Throws Error naming the file.
-alloc::CalibStats load_alloc_stats(const std::string& path);
+CalibStats load_alloc_stats(const std::string& path);
 
 }  // namespace ratekv::calib

@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "ratekv/model.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv::calib {
 

@@ -23,10 +23,10 @@
 #include <span>
 #include <vector>
 
-#include "ratekv/packed_format.h"
+#include "ratekv/format/packed_format.h"
 
 namespace ratekv::packed {
-class VqLayerLayout;  // ratekv/packed_vq_format.h
+class VqLayerLayout;  // ratekv/format/packed_vq_format.h
 }
 
 namespace ratekv::cuda {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/model.h"
-#include "ratekv/plan.h"
+#include "ratekv/model/model.h"
+#include "ratekv/format/plan.h"
 
 namespace ratekv::eval {
 

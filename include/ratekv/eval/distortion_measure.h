@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/alloc/stats.h"
+#include "ratekv/format/calib_stats.h"
 #include "ratekv/calib/distortion_curves.h"
-#include "ratekv/model.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv::eval {
 
@@ -43,7 +43,7 @@ struct CurveMeasureOptions {
 /// distinct widths, empty tokens, stats that do not match the model, or a
 /// zero measured distortion (a component with all-zero K or V cannot be fitted).
 std::map<std::string, calib::QuantizerCurves> measure_distortion_curves(Model& model, std::span<const int32_t> tokens,
-                                                                        const alloc::CalibStats& stats,
+                                                                        const CalibStats& stats,
                                                                         const CurveMeasureOptions& opt);
 
 }  // namespace ratekv::eval

@@ -21,9 +21,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ratekv/kv_cache.h"
-#include "ratekv/model.h"
-#include "ratekv/tokenizer.h"
+#include "ratekv/model/kv_cache.h"
+#include "ratekv/model/model.h"
+#include "ratekv/model/tokenizer.h"
 
 namespace ratekv::eval {
 

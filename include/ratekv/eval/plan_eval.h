@@ -11,7 +11,7 @@
 //    are accumulated per layer, and the attention-logit NMSE per bucket of
 //    query positions over all layers (reported with the calibration window
 //    length "fit_ctx" of fitted plans, so positions past it stand out);
-//  * per plan and run seed, perplexity (ratekv/perplexity.h, llama.cpp's
+//  * per plan and run seed, perplexity (ratekv/model/perplexity.h, llama.cpp's
 //    convention) with a FakeQuantKVCache quantizing K only and K+V.
 // Run seeds 0..n_seeds−1: seed 0 is the plan as stored, seed r > 0 the plan
 // with every rotation seed re-mixed with r (cache/plan_codecs.h
@@ -27,8 +27,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ratekv/model.h"
-#include "ratekv/plan.h"
+#include "ratekv/model/model.h"
+#include "ratekv/format/plan.h"
 
 namespace ratekv::eval {
 

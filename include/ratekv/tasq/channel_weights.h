@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ratekv/model.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv::tasq {
 

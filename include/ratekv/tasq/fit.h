@@ -18,7 +18,7 @@
 //    Values: CQ (contiguous channel groups) or fp16.
 //    k-means weights (FitOptions::fisher, DESIGN.md §5.4): by the chain rule
 //    through z = a ⊙ k / s, token t of group G weighs
-//      F_t = s_t² Σ_{i∈G} g_{t,i}² / a_i²,  g = ∂L/∂k_pre (ratekv/model_backward.h),
+//      F_t = s_t² Σ_{i∈G} g_{t,i}² / a_i²,  g = ∂L/∂k_pre (ratekv/model/backward.h),
 //    floored at 1e-6 × the group's mean F (the last token of each window has
 //    g = 0 exactly). Without it k-means is unweighted; the plan's "fit"
 //    record says which ("kmeans").
@@ -32,8 +32,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ratekv/cache/vq_codec.h"
-#include "ratekv/model.h"
-#include "ratekv/plan.h"
+#include "ratekv/model/model.h"
+#include "ratekv/format/plan.h"
 #include "ratekv/tasq/kmeans.h"
 
 namespace ratekv::tasq {
@@ -77,7 +77,7 @@ struct FitOptions {
 
 struct FitResult {
   Plan plan;                 ///< tensors_file = "<method>.tensors.safetensors"; the caller renames it
-  cache::VqTensors tensors;  ///< codebooks and channel scales
+  VqTensors tensors;  ///< codebooks and channel scales
   /// Per (layer, head): log-det cost of the chosen partition, of contiguous
   /// RoPE pairs, of contiguous channels; whether the contiguous fallback was
   /// taken; timings.

@@ -1,11 +1,11 @@
 // The vq pages of the packed format: layout arithmetic, the scalar reference
-// writer/reader and encoder/decoder (include/ratekv/packed_vq_format.h,
+// writer/reader (include/ratekv/format/packed_vq_format.h,
 // docs/packed_format.md §7). Bit by bit on purpose: this code defines the
 // format; fast paths are tested against it.
-#include "ratekv/packed_vq_format.h"
+#include "ratekv/format/packed_vq_format.h"
 
-#include "ratekv/error.h"
-#include "ratekv/fp16.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 
 namespace ratekv::packed {
 
@@ -35,20 +35,6 @@ void check_page(const VqLayerLayout& L, size_t page_size, int slot) {
 
 void check_kind(const VqLayerLayout& L, Side s, VqSideKind want, const char* what) {
   check(L.side(s).kind == want, "packed vq format: {} side is not {}", side_name(s), what);
-}
-
-void check_heads(const VqLayerLayout& L, Side s, std::span<const cache::VqCodec* const> heads) {
-  const VqSideSpec& sp = L.side(s);
-  check(static_cast<int>(heads.size()) == L.n_kv_heads(), "packed vq format: {} codecs for {} KV heads",
-        heads.size(), L.n_kv_heads());
-  for (size_t h = 0; h < heads.size(); ++h) {
-    const cache::VqCodec* c = heads[h];
-    check(c != nullptr && c->head_dim() == L.head_dim() && c->n_groups() == sp.n_groups &&
-              c->n_centroids() == (1 << sp.bits) && c->shared_scale() == sp.shared_scale,
-          "packed vq format: KV head {} {} codec does not match the layout (head_dim {}, {} groups, {} bits, "
-          "shared scale {})",
-          h, side_name(s), L.head_dim(), sp.n_groups, sp.bits, sp.shared_scale);
-  }
 }
 
 }  // namespace
@@ -174,45 +160,6 @@ void read_fp16_row(const VqLayerLayout& L, std::span<const uint8_t> page, int h,
         row.size(), L.head_dim());
   const uint8_t* at = page.data() + L.segment_offset(h, s) + 2 * static_cast<size_t>(slot) * L.head_dim();
   for (int c = 0; c < L.head_dim(); ++c) row[c] = static_cast<uint16_t>(at[2 * c] | (at[2 * c + 1] << 8));
-}
-
-float vq_token_scale(std::span<const cache::VqCodec* const> heads, const float* x) {
-  check(!heads.empty() && heads[0] != nullptr, "vq_token_scale: no codecs");
-  if (!heads[0]->shared_scale()) return 1.0f;
-  const int d = heads[0]->head_dim(), H = static_cast<int>(heads.size());
-  double acc = 0.0;  // same order as vq_fake_quant_layer: heads 0..H−1
-  for (int h = 0; h < H; ++h) acc += heads[h]->weighted_sq_sum(x + static_cast<size_t>(h) * d);
-  return cache::vq_shared_scale(acc, H, d);
-}
-
-void encode_vq_token(const VqLayerLayout& L, std::span<uint8_t> page, Side side, int slot,
-                     std::span<const cache::VqCodec* const> heads, const float* x, float s) {
-  check_kind(L, side, VqSideKind::vq, "vq");
-  check_heads(L, side, heads);
-  const VqSideSpec& sp = L.side(side);
-  const int d = L.head_dim();
-  int32_t z[1024];  // G ≤ head_dim; heads wider than 1024 groups are not a model we know
-  check(sp.n_groups <= 1024, "encode_vq_token: {} groups (at most 1024)", sp.n_groups);
-  for (int h = 0; h < L.n_kv_heads(); ++h) {
-    heads[h]->encode(x + static_cast<size_t>(h) * d, s, z);
-    write_vq_indices(L, page, h, side, slot, std::span<const int32_t>(z, sp.n_groups));
-  }
-  if (sp.shared_scale) write_vq_scale(L, page, side, slot, fp32_to_fp16(s));
-}
-
-void decode_vq_token(const VqLayerLayout& L, std::span<const uint8_t> page, Side side, int slot,
-                     std::span<const cache::VqCodec* const> heads, float* xhat) {
-  check_kind(L, side, VqSideKind::vq, "vq");
-  check_heads(L, side, heads);
-  const VqSideSpec& sp = L.side(side);
-  const int d = L.head_dim();
-  int32_t z[1024];
-  check(sp.n_groups <= 1024, "decode_vq_token: {} groups (at most 1024)", sp.n_groups);
-  const float s = sp.shared_scale ? fp16_to_fp32(read_vq_scale(L, page, side, slot)) : 1.0f;
-  for (int h = 0; h < L.n_kv_heads(); ++h) {
-    read_vq_indices(L, page, h, side, slot, std::span<int32_t>(z, sp.n_groups));
-    heads[h]->decode(z, s, xhat + static_cast<size_t>(h) * d);
-  }
 }
 
 }  // namespace ratekv::packed

@@ -1,5 +1,5 @@
-// Calibration statistics: validation and the JSON file (alloc/stats.h).
-#include "ratekv/alloc/stats.h"
+// Calibration statistics: validation and the JSON file (ratekv/format/calib_stats.h).
+#include "ratekv/format/calib_stats.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,11 +9,11 @@
 
 #include <fmt/ranges.h>
 
-#include "alloc/json_file.h"
-#include "alloc/plan_target_check.h"
-#include "ratekv/error.h"
+#include "format/json_file.h"
+#include "format/plan_target_check.h"
+#include "ratekv/common/error.h"
 
-namespace ratekv::alloc {
+namespace ratekv {
 
 using nlohmann::json;
 
@@ -104,7 +104,7 @@ std::vector<double> CalibStats::block_energies(int layer, int head) const {
 
 void CalibStats::validate(const std::string& name) const {
   const auto& m = model;
-  validate_plan_target(m, name);
+  format::validate_plan_target(m, name);
   check(n_tokens >= 0, "{}: n_tokens = {}: expected >= 0", name, n_tokens);
   const size_t nc = (size_t)m.n_layers * m.n_kv_heads, ne = nc * (m.head_dim / 2);
   check_values(q_block_energy, ne, name, "q_block_energy");
@@ -207,7 +207,7 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
 }
 
 CalibStats load_stats_json(const std::string& path) {
-  const json j = read_json_file(path, "statistics",
+  const json j = format::read_json_file(path, "statistics",
                                 "a ratekv stats file (the .safetensors of `ratekv calibrate`, or JSON statistics of "
                                 "format \"ratekv-calib-stats\")");
   return stats_from_json(j, std::filesystem::path(path).filename().string());
@@ -221,4 +221,4 @@ void save_stats_json(const CalibStats& s, const std::string& path) {
   check((bool)out, "{}: write failed", path);
 }
 
-}  // namespace ratekv::alloc
+}  // namespace ratekv

@@ -1,4 +1,4 @@
-// ratekv/plan.h — the compression plan: which codec encodes the key and the
+// ratekv/format/plan.h — the compression plan: which codec encodes the key and the
 // value cache of every (layer, KV head), at how many bits, with which groups
 // and rotation seeds (DESIGN.md §1). Produced by the allocators (`ratekv
 // plan`), consumed by the KV-cache codecs and checked against the model.

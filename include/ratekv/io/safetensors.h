@@ -1,4 +1,4 @@
-// ratekv/safetensors.h — safetensors writer and validating reader.
+// ratekv/io/safetensors.h — safetensors writer and validating reader.
 //
 // Format (huggingface safetensors): u64 little-endian N, then N bytes of a
 // UTF-8 JSON object (the header), then the data buffer. Header entries:

@@ -1,4 +1,4 @@
-// ratekv/packed_format.h — the packed KV-cache format (GPU-first), its layout
+// ratekv/format/packed_format.h — the packed KV-cache format (GPU-first), its layout
 // arithmetic and the scalar reference writer/reader that DEFINE it.
 //
 // Specification: docs/packed_format.md. Summary:

@@ -1,4 +1,4 @@
-// ratekv/model_backward.h — gradients of the causal LM loss with respect to
+// ratekv/model/backward.h — gradients of the causal LM loss with respect to
 // the cached K and V (activation gradients only; no weight gradients).
 //
 // For one sequence x_0 .. x_{n−1} the loss is the mean next-token
@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/model.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv {
 

@@ -1,5 +1,5 @@
-// The plan format: JSON (de)serialization and validation (ratekv/plan.h).
-#include "ratekv/plan.h"
+// The plan format: JSON (de)serialization and validation (ratekv/format/plan.h).
+#include "ratekv/format/plan.h"
 
 #include <cmath>
 #include <filesystem>
@@ -7,9 +7,9 @@
 #include <limits>
 #include <sstream>
 
-#include "alloc/json_file.h"
-#include "alloc/plan_target_check.h"
-#include "ratekv/error.h"
+#include "format/json_file.h"
+#include "format/plan_target_check.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv {
 
@@ -246,7 +246,7 @@ void validate_codec(const Codec& c, int d, const std::string& name, const std::s
 
 }  // namespace
 
-namespace alloc {
+namespace format {
 
 void validate_plan_target(const PlanTarget& m, const std::string& name) {
   check(!m.arch.empty(), "{}: model.arch: expected a non-empty string", name);
@@ -259,12 +259,12 @@ void validate_plan_target(const PlanTarget& m, const std::string& name) {
         "{}: model.rope_layout = \"{}\": expected \"interleaved\" or \"neox\"", name, m.rope_layout);
 }
 
-}  // namespace alloc
+}  // namespace format
 
 void Plan::validate(const std::string& name) const {
   check(!method.empty(), "{}: method: expected a non-empty string", name);
   const auto& m = model;
-  alloc::validate_plan_target(m, name);
+  format::validate_plan_target(m, name);
   check(fp16_window >= 0, "{}: fp16_window = {}: expected >= 0", name, fp16_window);
   check(sink_tokens >= 0, "{}: sink_tokens = {}: expected >= 0", name, sink_tokens);
   check(budget_unit == "effective" || budget_unit == "code",
@@ -542,7 +542,7 @@ Plan Plan::from_json(const json& j, const std::string& name) {
 }
 
 Plan Plan::load(const std::string& path) {
-  const json j = alloc::read_json_file(path, "plan", "a JSON plan (the JSON object `ratekv plan` writes)");
+  const json j = format::read_json_file(path, "plan", "a JSON plan (the JSON object `ratekv plan` writes)");
   Plan p = from_json(j, std::filesystem::path(path).filename().string());
   p.source_dir = std::filesystem::path(path).parent_path().string();
   return p;

@@ -1,4 +1,4 @@
-// ratekv/npy.h — 2-D float32 matrices in NumPy's .npy format: the files that
+// ratekv/io/npy.h — 2-D float32 matrices in NumPy's .npy format: the files that
 // `ratekv capture` writes (post-RoPE K, V, Q) and `ratekv rd --data` and the
 // GPU attention test read.
 //

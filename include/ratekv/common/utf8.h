@@ -1,4 +1,4 @@
-// ratekv/utf8.h — UTF-8 validation of input text (RFC 3629).
+// ratekv/common/utf8.h — UTF-8 validation of input text (RFC 3629).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// ratekv/model.h — Llama-family and Gemma 3 decoders on the CPU (fp32 compute).
+// ratekv/model/model.h — Llama-family and Gemma 3 decoders on the CPU (fp32 compute).
 //
 // Pieces, one per source file in src/model/:
 //   config.cpp          ModelConfig from GGUF metadata, validation
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/kv_cache.h"
+#include "ratekv/model/kv_cache.h"
 
 namespace ratekv {
 

@@ -1,4 +1,4 @@
-// ratekv/error.h — the one exception type the library throws.
+// ratekv/common/error.h — the one exception type the library throws.
 //
 // Every user-facing failure (bad file, bad flag, impossible budget, plan that
 // does not match the model, NaN activations) is reported as ratekv::Error with

@@ -1,4 +1,4 @@
-// ratekv/alloc/stats.h — the calibration statistics the allocators consume.
+// ratekv/format/calib_stats.h — the calibration statistics the allocators consume.
 //
 // `ratekv calibrate` measures these on unlabeled text (DESIGN.md §3, §4);
 // `ratekv plan` turns them into a plan. In memory: CalibStats. On disk (until
@@ -26,9 +26,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ratekv/plan.h"
+#include "ratekv/format/plan.h"
 
-namespace ratekv::alloc {
+namespace ratekv {
 
 /// Per-component sensitivities w of one estimator (e.g. "grad": mean over
 /// tokens of ‖∂L/∂K_{l,h,t}‖²; "activation": a magnitude proxy).
@@ -99,4 +99,4 @@ CalibStats load_stats_json(const std::string& path);
 /// Writes a JSON statistics file (validates first).
 void save_stats_json(const CalibStats& s, const std::string& path);
 
-}  // namespace ratekv::alloc
+}  // namespace ratekv

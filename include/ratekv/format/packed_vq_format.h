@@ -1,4 +1,4 @@
-// ratekv/packed_vq_format.h — the vq pages of the packed KV-cache format:
+// ratekv/format/packed_vq_format.h — the vq pages of the packed KV-cache format:
 // vector-quantized sides (TaSQ / CQ plans, codec kind "vq", DESIGN.md §5) and
 // fp16 sides, their layout arithmetic and the scalar reference
 // encoder/decoder that DEFINE them. Specification: docs/packed_format.md §7.
@@ -33,8 +33,7 @@
 #include <cstdint>
 #include <span>
 
-#include "ratekv/cache/vq_codec.h"
-#include "ratekv/packed_format.h"
+#include "ratekv/format/packed_format.h"
 
 namespace ratekv::packed {
 
@@ -111,26 +110,5 @@ void write_fp16_row(const VqLayerLayout& L, std::span<uint8_t> page, int h, Side
                     std::span<const uint16_t> row);
 void read_fp16_row(const VqLayerLayout& L, std::span<const uint8_t> page, int h, Side s, int slot,
                    std::span<uint16_t> row);
-
-// ---- scalar reference encoder / decoder (VqCodec's math, not a copy) ---------
-
-/// The shared fp16 scale s_t of one token of a vq layer side: x (H, head_dim)
-/// (keys pre-RoPE), heads[h] the codec of KV head h (cache::vq_shared_scale of
-/// Σ_h weighted_sq_sum); 1 when the codecs have no shared scale. Throws Error
-/// when the scale overflows fp16 (as the fake-quant cache does).
-float vq_token_scale(std::span<const cache::VqCodec* const> heads, const float* x);
-
-/// Encodes one token of a vq layer side into slot `slot` of `page`: indices
-/// z_{h,gi} = heads[h]->encode(x_h, s) (argmin, ties → lowest index: the same
-/// indices as cache::vq_fake_quant_layer) and, with a shared scale, fp16(s).
-/// x (H, head_dim); s from vq_token_scale. Throws Error on a layout/codec
-/// mismatch (head count, head_dim, G, bits, scale kind).
-void encode_vq_token(const VqLayerLayout& L, std::span<uint8_t> page, Side side, int slot,
-                     std::span<const cache::VqCodec* const> heads, const float* x, float s);
-
-/// Decodes slot `slot` of a vq side: xhat (H, head_dim) = s · C̃[z] per head
-/// (pre-RoPE for keys). Equals vq_fake_quant_layer's output bit for bit.
-void decode_vq_token(const VqLayerLayout& L, std::span<const uint8_t> page, Side side, int slot,
-                     std::span<const cache::VqCodec* const> heads, float* xhat);
 
 }  // namespace ratekv::packed

@@ -1,4 +1,4 @@
-// ratekv/perplexity.h — perplexity with llama.cpp's llama-perplexity convention.
+// ratekv/model/perplexity.h — perplexity with llama.cpp's llama-perplexity convention.
 //
 // Given the token ids of a whole text (BOS already prepended iff the model
 // declares tokenizer.ggml.add_bos_token):
@@ -17,8 +17,8 @@
 #include <span>
 #include <vector>
 
-#include "ratekv/kv_cache.h"
-#include "ratekv/model.h"
+#include "ratekv/model/kv_cache.h"
+#include "ratekv/model/model.h"
 
 namespace ratekv {
 

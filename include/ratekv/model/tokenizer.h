@@ -1,4 +1,4 @@
-// ratekv/tokenizer.h — tokenizer built from GGUF metadata (tokenizer.ggml.*).
+// ratekv/model/tokenizer.h — tokenizer built from GGUF metadata (tokenizer.ggml.*).
 //
 // Supported: tokenizer.ggml.model == "gpt2" (byte-level BPE with merges; the
 // pre-tokenizer regexes are chosen by tokenizer.ggml.pre, e.g. "smollm" splits

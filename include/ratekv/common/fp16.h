@@ -1,4 +1,4 @@
-// ratekv/fp16.h — IEEE-754 binary16 and bfloat16 <-> float32, scalar reference.
+// ratekv/common/fp16.h — IEEE-754 binary16 and bfloat16 <-> float32, scalar reference.
 //
 // Conversions round to nearest-even (float -> half), handle subnormals, inf and
 // NaN. These define how every fp16 norm/scale in a packed format is stored.

@@ -1,4 +1,4 @@
-// ratekv/kv_cache.h — the KV cache interface the model runtime attends through.
+// ratekv/model/kv_cache.h — the KV cache interface the model runtime attends through.
 //
 // One cache holds one sequence for every layer. The model calls, per layer and
 // per forward chunk of n new tokens (prefill: the whole prompt chunk; decode:

@@ -1,4 +1,4 @@
-// ratekv/sha256.h — SHA-256 (FIPS 180-4) of byte strings and files, used to
+// ratekv/io/sha256.h — SHA-256 (FIPS 180-4) of byte strings and files, used to
 // record which model and text a statistics file or plan was made from.
 #pragma once
 

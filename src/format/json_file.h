@@ -1,12 +1,12 @@
-// alloc/json_file.h — reading a bounded JSON document from disk (plans,
-// allocator statistics). Internal to the alloc module.
+// format/json_file.h — reading a bounded JSON document from disk (plans,
+// calibration statistics). Internal to the format module.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <string>
 
-namespace ratekv::alloc {
+namespace ratekv::format {
 
 /// Parses the JSON file at `path` (at most 1 GiB), which must hold a JSON
 /// object. `what` names the document in messages ("plan", "statistics");
@@ -16,4 +16,4 @@ namespace ratekv::alloc {
 /// naming the path for an unreadable, oversized, non-JSON or invalid file.
 nlohmann::json read_json_file(const std::string& path, const char* what, const char* expected);
 
-}  // namespace ratekv::alloc
+}  // namespace ratekv::format

@@ -1,11 +1,11 @@
-// The plan format: round trip, effective bits, and bad input (ratekv/plan.h).
+// The plan format: round trip, effective bits, and bad input (ratekv/format/plan.h).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "ratekv/error.h"
-#include "ratekv/plan.h"
+#include "ratekv/common/error.h"
+#include "ratekv/format/plan.h"
 
 using namespace ratekv;
 using nlohmann::json;

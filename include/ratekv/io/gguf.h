@@ -1,4 +1,4 @@
-// ratekv/gguf.h — memory-mapped GGUF (v2/v3) reader.
+// ratekv/io/gguf.h — memory-mapped GGUF (v2/v3) reader.
 //
 // Spec: the GGUF file format of ggml/llama.cpp. Layout: magic "GGUF", u32
 // version, u64 tensor_count, u64 kv_count (v1 used u32; v1 is rejected), kv

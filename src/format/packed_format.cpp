@@ -1,11 +1,11 @@
 // Packed KV-cache format: layout arithmetic and the scalar reference
 // writer/reader (docs/packed_format.md). Bit by bit on purpose: this code
 // defines the format; fast paths (CUDA append/attention) are tested against it.
-#include "ratekv/packed_format.h"
+#include "ratekv/format/packed_format.h"
 
 #include <algorithm>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
 namespace ratekv::packed {
 

@@ -7,8 +7,8 @@
 #include <numeric>
 #include <random>
 
-#include "ratekv/error.h"
-#include "ratekv/packed_format.h"
+#include "ratekv/common/error.h"
+#include "ratekv/format/packed_format.h"
 
 using namespace ratekv::packed;
 

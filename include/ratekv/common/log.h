@@ -1,4 +1,4 @@
-// ratekv/log.h — logging and progress for long work.
+// ratekv/common/log.h — logging and progress for long work.
 //
 // Logging goes through spdlog to stderr (stdout is kept for results and JSON).
 // Progress prints "label: done/total (pct) eta" at most a few times a second,

@@ -1,12 +1,12 @@
-#include "alloc/json_file.h"
+#include "format/json_file.h"
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "ratekv/error.h"
+#include "ratekv/common/error.h"
 
-namespace ratekv::alloc {
+namespace ratekv::format {
 
 namespace {
 
@@ -66,4 +66,4 @@ nlohmann::json read_json_file(const std::string& path, const char* what, const c
   }
 }
 
-}  // namespace ratekv::alloc
+}  // namespace ratekv::format
