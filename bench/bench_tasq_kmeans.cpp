@@ -1,5 +1,5 @@
 // bench_tasq_kmeans — one TaSQ codebook fit at the paper's shape (N = 40960
-// points of dimension g = 8, K = 1024 centroids; DESIGN.md §5.4): Faiss's
+// points of dimension g = 8, K = 1024 centroids; docs/design.md §5.4): Faiss's
 // k-means driven by faiss::IndexFlatL2 (the BLAS assignment, the baseline) and
 // by ratekv's NearestCentroidIndex, same points, seed and iterations, in the
 // same run. main() prints seconds per codebook and the speed ratio, in real

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TaSQ vs CQ vs TQ-MSE on SmolLM2-135M (issue 6; DESIGN.md §5, §9).
+# TaSQ vs CQ vs TQ-MSE on SmolLM2-135M (issue 6; docs/design.md §5, §9).
 # Fits TaSQ and its ablations from ONE capture of the calibration text (ratekv
 # plan --method tasq --also <ablations> --kmeans-seeds N), the CQ baseline (plain
 # k-means, no Fisher, its own capture), the TQ-MSE 1/2-bit key baselines, then

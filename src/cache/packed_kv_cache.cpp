@@ -1,5 +1,5 @@
 // PackedKVCache: codes in the packed format, attention from the codes
-// (include/ratekv/cache/packed_kv_cache.h, DESIGN.md §6).
+// (include/ratekv/cache/packed_kv_cache.h, docs/design.md §6).
 #include "ratekv/cache/packed_kv_cache.h"
 
 #include <algorithm>

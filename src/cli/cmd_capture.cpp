@@ -1,6 +1,6 @@
 // `ratekv capture`: dump real post-RoPE K and V vectors of chosen layers as
 // float32 .npy files, the input of `ratekv rd --data` (measured
-// rate–distortion curves on real K/V; DESIGN.md §4).
+// rate–distortion curves on real K/V; docs/design.md §4.2).
 //
 // Output, per captured layer l: DIR/k_layer<l>.npy and DIR/v_layer<l>.npy,
 // each (n_kv_heads · N, head_dim) float32, C order, head-major: row h·N + t is

@@ -29,7 +29,7 @@ struct PlanArgs {
   std::string stats, out;
   double avg_bits = -1.0;
   bool force = false, json = false, quiet = false;
-  // --method tasq | cq (DESIGN.md §5)
+  // --method tasq | cq (docs/design.md §5)
   std::string model, text;
   int64_t tokens = 40960, ctx = 512;
   int group = 8, centroids = 1024, vgroup = 8, vcentroids = 1024, kmeans_iters = 20, n_seeds = 1, also_seeds = 0;
@@ -81,7 +81,7 @@ void run_vq(PlanArgs& a) {
   for (const std::string& v : a.also) {
     const bool ablation = v.rfind("no-", 0) == 0;
     Variant x{v, base, ablation && a.also_seeds > 0 ? a.also_seeds : a.n_seeds};
-    // CQ is the baseline of DESIGN.md §5.6: plain k-means even when the main plan is Fisher-weighted.
+    // CQ is the baseline of docs/design.md §5.6: plain k-means even when the main plan is Fisher-weighted.
     if (v == "cq") x.opt.method = "cq", x.opt.fisher = false;
     else if (v == "tasq") x.opt.method = "tasq", x.opt.weighting = x.opt.normalization = x.opt.grouping = true;
     else if (v == "no-weighting") x.opt.method = "tasq", x.opt.weighting = false;

@@ -1,6 +1,6 @@
 // `ratekv rd` — measure rate–distortion curves D(b) of the quantizers on
 // vectors (random Gaussian, random unit, or a captured (N, m) float32 file) and
-// fit D(b) = α β^(−b) per quantizer (DESIGN.md §2, §4).
+// fit D(b) = α β^(−b) per quantizer (docs/design.md §2.2, §4.2).
 //
 // D is the normalized distortion Σ‖x − x̂‖² / Σ‖x‖² over the N rows (for unit
 // vectors this is E‖u − û‖²), averaged over --n-seeds quantizer seeds (the

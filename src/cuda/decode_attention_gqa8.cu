@@ -1,5 +1,5 @@
 // Fused split-K decode attention for GQA ≤ 8: the query rows of a KV head are
-// the N = 8 side of the MMAs (DESIGN.md §6, §8; docs/packed_format.md, format
+// the N = 8 side of the MMAs (docs/design.md §6, §8; docs/packed_format.md, format
 // version 2). Two instances per head_dim:
 //  - uniform plans (one b-bit key and one b-bit value group per head, b = 1..4;
 //    variant `specialized`): widths and offsets at compile time, integer key

@@ -1,5 +1,5 @@
 // Fused split-K decode attention over the packed KV cache for GQA 9..16 (any
-// plan of 1..4-bit groups; DESIGN.md §6, §8; docs/packed_format.md, format
+// plan of 1..4-bit groups; docs/design.md §6, §8; docs/packed_format.md, format
 // version 2), and the entry points that pick the kernel: GQA ≤ 8 takes
 // decode_attention_gqa8.cu, plans with 5..8-bit groups
 // decode_attention_generic.cu.

@@ -1,6 +1,6 @@
 // Split-K decode attention over the vq pages (docs/packed_format.md §7):
 // TaSQ / CQ sides (codebook lookup × shared fp16 scale; keys pre-RoPE, rotated
-// at the key's position) and fp16 sides. Correctness path (DESIGN.md §8: TaSQ
+// at the key's position) and fp16 sides. Correctness path (docs/design.md §8: TaSQ
 // plans have no bandwidth target): fp32 arithmetic, no tensor cores.
 //
 // Grid (n_splits, n_kv_heads, batch), 128 threads; a split is a range of

@@ -1,5 +1,5 @@
 // Quantize-append of one decode token per sequence into the packed cache
-// (TurboQuant-MSE, DESIGN.md §2; bit placement: docs/packed_format.md).
+// (TurboQuant-MSE, docs/design.md §2; bit placement: docs/packed_format.md).
 // Grid (batch, n_kv_heads, 2 sides), 256 threads; the groups of a side one
 // after another, all 8 warps on each (one row of Π_g per warp at a time).
 #include "attention_common.cuh"

@@ -1,5 +1,5 @@
 // Quantize-prefill: a whole prompt's keys and values of one layer into the
-// packed cache in one launch (TurboQuant-MSE, DESIGN.md §2; bit placement:
+// packed cache in one launch (TurboQuant-MSE, docs/design.md §2; bit placement:
 // docs/packed_format.md §3).
 //
 // Grid (pages touched per sequence, n_kv_heads · 2 sides, batch), 256 threads

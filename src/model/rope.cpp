@@ -1,4 +1,4 @@
-// RoPE: the arch -> channel-pair layout table (DESIGN.md §1) and the rotation.
+// RoPE: the arch -> channel-pair layout table (docs/design.md §1.1) and the rotation.
 #include <cmath>
 
 #include "ratekv/common/error.h"

@@ -1,4 +1,4 @@
-// Seeded Haar / randomized-Hadamard rotations (TurboQuant, DESIGN.md §2).
+// Seeded Haar / randomized-Hadamard rotations (TurboQuant, docs/design.md §2.1).
 #include "ratekv/quant/rotation.h"
 
 #include <Eigen/QR>

@@ -72,7 +72,7 @@ TEST_F(PlanTasqFlags, BadRateFlagsAndMissingSideFile) {
 }
 
 // --fisher applies to TaSQ and its ablations, not to the CQ baseline (plain
-// k-means, DESIGN.md §5.6); no-fisher drops it; every plan records its fit ctx.
+// k-means, docs/design.md §5.6); no-fisher drops it; every plan records its fit ctx.
 TEST_F(PlanTasqFlags, CqBaselineStaysPlainUnderFisher) {
   if (!fs::exists(model_path())) GTEST_SKIP() << "SmolLM2 asset missing: " << model_path();
   const std::string m = "-m '" + model_path().string() + "' -f '" + (dir_ / "calib.txt").string() + "'";

@@ -28,7 +28,7 @@ TEST(LloydMax, M2OneBitClosedForm) {
   EXPECT_NEAR(cb.distortion, 1.0 - 8.0 / (std::numbers::pi * std::numbers::pi), 1e-12);
 }
 
-// m = 128, b = 1..4: 0.361, 0.116, 0.034, 0.0093 (DESIGN.md §2), within 2 %.
+// m = 128, b = 1..4: 0.361, 0.116, 0.034, 0.0093 (docs/design.md §2.2), within 2 %.
 TEST(LloydMax, M128PublishedDistortions) {
   const double expect[4] = {0.361, 0.116, 0.034, 0.0093};
   for (int b = 1; b <= 4; ++b)

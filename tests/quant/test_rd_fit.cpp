@@ -1,5 +1,5 @@
 // D(b) = α β^(−b) fits: exact recovery on synthetic curves, and β of TQ-MSE
-// at m = 128 over b = 1..5 near 3.5 (DESIGN.md §2) from the exact density.
+// at m = 128 over b = 1..5 near 3.5 (docs/design.md §2.2) from the exact density.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,7 +1,7 @@
 // ratekv/alloc/block_gtq.h — Block-GTQ bit allocation over the RoPE blocks of
 // one (layer, KV head), with the group-norm metadata charged to the budget.
 //
-// Spec: DESIGN.md §3 (paper: papers/000_*). A head of dimension d has L = d/2
+// Spec: docs/design.md §3.2 (Block-GTQ; references in §13). A head of dimension d has L = d/2
 // RoPE blocks (2 channels each). Block i gets b_i bits per channel; blocks
 // with equal b > 0 form one TurboQuant-MSE group that stores one norm of
 // `norm_bits` bits (fp16: 16) per token; b_i = 0 drops the block (no norm).

@@ -1,6 +1,6 @@
 // ratekv/alloc/ratequant.h — RateQuant head-wise K/V bit allocation.
 //
-// Spec: DESIGN.md §4 (paper: papers/004_*). There are M = 2N components (the K
+// Spec: docs/design.md §4 (RateQuant; references in §13). There are M = 2N components (the K
 // and the V cache of each layer × KV head). Component i has a sensitivity
 // w_i ≥ 0 (mean ‖∂L/∂K‖² or ‖∂L/∂V‖² per token), a fitted distortion curve
 // D_i(b) = α_i β_i^(−b) (β_i > 1, one β per quantizer and side), and integer

@@ -1,15 +1,15 @@
 // ratekv/cache/fake_quant_cache.h — a KV cache that stores what a plan's
 // codecs would reconstruct (quantize → dequantize at append time) and
-// attends over it in fp32 exactly like DenseKVCache (DESIGN.md §6, §9).
+// attends over it in fp32 exactly like DenseKVCache (docs/design.md §6, §9.2).
 //
 // Keys are quantized post-RoPE (the layout the model appends), except vq
 // (TaSQ / CQ) key layers: quantized pre-RoPE, then RoPE at each key's position
-// is applied to the reconstruction (DESIGN.md §5); Block-GTQ
+// is applied to the reconstruction (docs/design.md §5.5); Block-GTQ
 // groups select RoPE blocks through rope_pairs() (cache/plan_codecs.h).
 //
 // Token regions of one layer holding T tokens, with S sink tokens and an fp16
 // window of W recent tokens (plan.sink_tokens / plan.fp16_window unless
-// overridden; both 0 by default = "no buffer", DESIGN.md §9):
+// overridden; both 0 by default = "no buffer", docs/design.md §9.2):
 //   [0, S)           sink: stored rounded to fp16
 //   [S, max(S,T−W))  quantized: fake_quant of the original values
 //   [max(S,T−W), T)  window: stored rounded to fp16 until it leaves the window
@@ -80,7 +80,7 @@ class FakeQuantKVCache final : public DenseKVCache {
 /// Throws Error for a layer whose keys are vq (they need the overload below).
 void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const float* x, int64_t T, int window,
                          int sink, float* out);
-/// As above; for vq key layers (quantized pre-RoPE, DESIGN.md §5) the
+/// As above; for vq key layers (quantized pre-RoPE, docs/design.md §5.5) the
 /// quantized rows are reconstructed from k_pre (T, n_kv_heads, head_dim) and
 /// rotated with RoPE at pos[t]; x holds the post-RoPE keys (for the sink and
 /// window rows). k_pre/pos may be null for other layers and for values.

@@ -1,6 +1,6 @@
 // ratekv/cache/packed_kv_cache.h — a KV cache that really stores codes in the
 // packed format (docs/packed_format.md) and computes attention from them
-// (DESIGN.md §6).
+// (docs/design.md §6).
 //
 // Serves TQ-MSE-family plans, TaSQ / CQ plans and fp16 sides: every (layer,
 // KV head, side) codec must be "tq-mse" (one group over the head),

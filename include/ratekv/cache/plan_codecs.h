@@ -1,5 +1,5 @@
 // ratekv/cache/plan_codecs.h — the quantizers a plan prescribes, built once
-// per (layer, KV head, side) and checked against the model (DESIGN.md §1).
+// per (layer, KV head, side) and checked against the model (docs/design.md §1).
 //
 // Plan codec kind → quantizer (quant/*.h), head_dim d, RoPE pairs of the
 // model's layout:
@@ -85,7 +85,7 @@ class PlanCodecs {
 /// A copy of `plan` whose every rotation seed (TQ kinds, quarot) is replaced
 /// by a deterministic mix of the stored seed and `run_seed` (SplitMix64);
 /// run_seed 0 returns the plan unchanged. Used to repeat an evaluation over
-/// independent rotations (DESIGN.md §9).
+/// independent rotations (docs/design.md §9.3).
 Plan reseeded_plan(const Plan& plan, uint64_t run_seed);
 
 /// The PlanTarget of a model config (arch, shape, RoPE layout name).

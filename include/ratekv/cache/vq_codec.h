@@ -1,5 +1,5 @@
 // ratekv/cache/vq_codec.h — run time of the plan codec kind "vq": TaSQ keys
-// and CQ keys/values (DESIGN.md §5.5, §5.6; TaSQ paper §4.4).
+// and CQ keys/values (docs/design.md §5.5, §5.6).
 //
 // One VqCodec encodes one side (K or V) of one (layer, KV head). With head_dim
 // d, G = d/g groups of g channels (the plan's group lists, in listed order),

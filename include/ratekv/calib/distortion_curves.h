@@ -1,6 +1,6 @@
 // ratekv/calib/distortion_curves.h — measured distortion of each quantizer at
 // several code widths, per K/V component, and the fitted RateQuant curves
-// D_i(b) = α_i β^(−b) (DESIGN.md §4; paper: papers/004_*), stored with the
+// D_i(b) = α_i β^(−b) (docs/design.md §4.2), stored with the
 // calibration statistics (docs/calibration_stats.md, "Distortion curves").
 //
 // Components are (layer l, KV head h) per side; layouts (L, Hkv) and

@@ -1,6 +1,6 @@
 // ratekv/calib/kv_stats.h — calibration statistics of the K/V cache of one
-// model on one text: what the allocators and later methods need (DESIGN.md
-// §3 Block-GTQ energies, §5 TaSQ sufficient statistics). Produced by
+// model on one text: what the allocators and later methods need (docs/design.md
+// §3.1 Block-GTQ energies, §5 TaSQ sufficient statistics). Produced by
 // `ratekv calibrate` (calib/calibrate.h); file format in
 // docs/calibration_stats.md.
 //
@@ -73,7 +73,7 @@ struct KVStats {
   /// Error listing every mismatch ("stats made for n_layers = 30, model has 24").
   void validate_against(const ModelConfig& cfg, const std::string& name = "stats") const;
 
-  /// The allocators' view (alloc/stats.h): identity, source, N, the two
+  /// The allocators' view (format/calib_stats.h): identity, source, N, the two
   /// block energies, the fitted curves of `curves` (by quantizer) and the sensitivities:
   ///   "activation": k = E_t ‖k_{l,h,t}‖² (Σ of k_block_energy), v = E_t ‖v‖²
   ///                 (Σ of v_sq) — the activation-magnitude proxy;
@@ -97,7 +97,7 @@ bool is_safetensors_file(const std::string& path);
 
 /// Loads allocator statistics from either format: a safetensors file written
 /// by `ratekv calibrate` (converted with to_alloc_stats) or the JSON form of
-/// alloc/stats.h. Throws Error naming the file.
+/// format/calib_stats.h. Throws Error naming the file.
 CalibStats load_alloc_stats(const std::string& path);
 
 }  // namespace ratekv::calib

@@ -1,5 +1,5 @@
 // ratekv/calib/sensitivity.h — gradient sensitivity of the K/V cache
-// (RateQuant, DESIGN.md §4): per layer l, KV head h and channel c, the mean
+// (RateQuant, docs/design.md §4.1): per layer l, KV head h and channel c, the mean
 // over calibration tokens of the squared gradient of the causal LM loss with
 // respect to the cached key (pre- and post-RoPE) and value. The allocators'
 // w_{l,h} is the sum over channels (KVStats::to_alloc_stats, "grad").

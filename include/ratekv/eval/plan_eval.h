@@ -1,6 +1,6 @@
 // ratekv/eval/plan_eval.h — evaluate KV-cache plans on a model and a text
 // against the fp32 cache and each other (the library side of `ratekv eval`;
-// DESIGN.md §3 metric, §9 protocol).
+// docs/design.md §3.5 metric, §9 protocol).
 //
 // For tokens cut into n_chunks = ⌊N/ctx⌋ windows of ctx tokens (llama.cpp's
 // perplexity windows; each from a fresh cache):

@@ -1,6 +1,6 @@
 // ratekv/format/calib_stats.h — the calibration statistics the allocators consume.
 //
-// `ratekv calibrate` measures these on unlabeled text (DESIGN.md §3, §4);
+// `ratekv calibrate` measures these on unlabeled text (docs/design.md §3.1, §4.1);
 // `ratekv plan` turns them into a plan. In memory: CalibStats. On disk (until
 // the safetensors stats file exists) a JSON file, format "ratekv-calib-stats",
 // version 1:

@@ -9,7 +9,7 @@
 //      [K group 0 codes][K group 1 codes]...[V group 0 codes]...
 //      [K norms: n_k_groups × 64 fp16][V norms: n_v_groups × 64 fp16]
 //  * A group (channels sharing one bit width b ∈ 1..4, one TurboQuant-MSE
-//    encoder of dimension m = |channels|, DESIGN.md §2) is padded to
+//    encoder of dimension m = |channels|, docs/design.md §2) is padded to
 //    m_pad = 16·⌈m/16⌉ rotated coordinates and cut into 16-channel tiles ct;
 //    a page's 64 tokens are 4 token tiles tt of 16. In every 16×16 tile
 //    (tt, ct), lane L of a warp owns the 8 elements it holds in the

@@ -1,5 +1,5 @@
 // ratekv/format/packed_vq_format.h — the vq pages of the packed KV-cache format:
-// vector-quantized sides (TaSQ / CQ plans, codec kind "vq", DESIGN.md §5) and
+// vector-quantized sides (TaSQ / CQ plans, codec kind "vq", docs/design.md §5.5) and
 // fp16 sides, their layout arithmetic and the scalar reference
 // encoder/decoder that DEFINE them. Specification: docs/packed_format.md §7.
 //

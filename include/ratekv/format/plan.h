@@ -1,6 +1,6 @@
 // ratekv/format/plan.h — the compression plan: which codec encodes the key and the
 // value cache of every (layer, KV head), at how many bits, with which groups
-// and rotation seeds (DESIGN.md §1). Produced by the allocators (`ratekv
+// and rotation seeds (docs/design.md §1). Produced by the allocators (`ratekv
 // plan`), consumed by the KV-cache codecs and checked against the model.
 //
 // On disk a plan is JSON (format "ratekv-plan", version 1); a later TaSQ plan
@@ -40,7 +40,7 @@
 //   q8_0, q4_0      llama.cpp cache types: one group, all channels, bits 8 /
 //                   4, group_size 32 (one fp16 scale per 32), norm "none".
 //   vq              vector quantization with k-means codebooks (TaSQ / CQ,
-//                   DESIGN.md §5): ≥ 1 group, each of exactly group_size
+//                   docs/design.md §5): ≥ 1 group, each of exactly group_size
 //                   "channels" (head_dim divisible by group_size); "bits" is
 //                   the index width of the group (1..16, 2^bits centroids),
 //                   the same for every group. Keys are quantized pre-RoPE,

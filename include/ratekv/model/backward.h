@@ -8,8 +8,8 @@
 // 0 .. n−1, full causal attention, no KV cache object) followed by the
 // reverse pass: LM head → final RMSNorm → for each layer, from the last:
 // SwiGLU FFN, RMSNorm, output projection, causal GQA softmax attention, RoPE,
-// Q/K/V projection, RMSNorm, residuals (DESIGN.md §4: sensitivity by a
-// backward pass; §5 step 4: TaSQ's Fisher weights use ∂L/∂k_pre).
+// Q/K/V projection, RMSNorm, residuals (docs/design.md §4.1: sensitivity by a
+// backward pass; §5.4: TaSQ's Fisher weights use ∂L/∂k_pre).
 //
 // The cached tensors are treated as the variables: ∂L/∂K_post is the gradient
 // with respect to the post-RoPE key a cache stores (only that layer's
@@ -144,7 +144,7 @@ extern template class ModelBackward<float>;
 extern template class ModelBackward<double>;
 
 /// Per-token gradient magnitudes of a batch of sequences (float path), for
-/// Fisher weights (DESIGN.md §5 step 4: F = s_p² Σ_{i∈G} g_i²/w_i with
+/// Fisher weights (docs/design.md §5.4: F = s_p² Σ_{i∈G} g_i²/w_i with
 /// g = ∂L/∂k_pre) and sensitivities. Each sequence is its own loss (positions
 /// from 0); sequences are processed one after another (OpenMP / BLAS threads
 /// inside each). For every sequence s the callback receives its full

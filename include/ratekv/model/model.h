@@ -12,7 +12,7 @@
 //
 // Conventions. Activations are row-major with the token index outermost:
 // hidden states (n, d_model), Q (n, n_heads, head_dim), K/V (n, n_kv_heads,
-// head_dim). Head and channel order are the GGUF tensor order (DESIGN.md §1);
+// head_dim). Head and channel order are the GGUF tensor order (docs/design.md §1.1);
 // for arch "llama" the converter permuted Q/K rows so RoPE pairs channels
 // (2i, 2i+1); "gemma3" keeps the NeoX pairs (i, i + head_dim/2).
 #pragma once
@@ -42,7 +42,7 @@ enum class RopeLayout {
   NeoX,         ///< block i = channels (i, i + head_dim/2) — "gemma3", "qwen2"
 };
 
-/// The one arch -> layout table (DESIGN.md §1). Throws Error naming the
+/// The one arch -> layout table (docs/design.md §1.1). Throws Error naming the
 /// architecture when it is not in the table.
 RopeLayout rope_layout_for_arch(const std::string& arch);
 /// "interleaved" or "neox".

@@ -1,5 +1,5 @@
 // ratekv/quant/grouped_tq_mse.h — TQ-MSE over channel subsets of a head
-// vector: the Block-GTQ key codec (DESIGN.md §3).
+// vector: the Block-GTQ key codec (docs/design.md §3.3).
 //
 // A head vector of dim d is split into groups {channels, bits, seed}; each
 // group is one TQ-MSE encoder of dimension |channels| over x[channels] (in the

@@ -1,5 +1,5 @@
 // ratekv/quant/kivi.h — KIVI-style asymmetric integer KV quantization
-// (Liu et al. 2024, "KIVI"; DESIGN.md §9 baseline). Integer primitive: int_quant.h.
+// (Liu et al. 2024, "KIVI"; docs/design.md §9.3 baseline). Integer primitive: int_quant.h.
 //
 // Keys (KIVIKey, scope per_channel_tokens): the rows of a head's history are
 //   cut into groups of g consecutive tokens; within a group every channel gets

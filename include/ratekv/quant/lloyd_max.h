@@ -1,5 +1,5 @@
 // ratekv/quant/lloyd_max.h — Lloyd–Max scalar codebooks for one coordinate of
-// a uniformly random unit vector in R^m (TurboQuant, DESIGN.md §2 step 3).
+// a uniformly random unit vector in R^m (TurboQuant, docs/design.md §2.2).
 //
 // Density on [-1,1]:  f_m(t) = Γ(m/2) / (√π Γ((m−1)/2)) · (1−t²)^((m−3)/2).
 // With t = sin θ the mass becomes C·cos^(m−2)θ dθ, so the CDF is

@@ -1,5 +1,5 @@
 // ratekv/quant/quantizer.h — the one interface every KV quantizer implements
-// (DESIGN.md §2–§5, §9). The quant module knows vectors, not models or files.
+// (docs/design.md §2–§5, §9). The quant module knows vectors, not models or files.
 //
 // A quantizer is described by a small JSON object (kind, dims, bits, seed and
 // kind-specific options; see each codec's header) and can be rebuilt from it
@@ -24,7 +24,7 @@
 //                       dim() = n_kv_heads·head_dim, with per-token metadata
 //                       shared across the heads (TaSQ's per-token RMS scale).
 // Effective bits per element count everything stored per token: codes, norms,
-// scales, zeros and the fp16 window (DESIGN.md §9: compare at equal effective
+// scales, zeros and the fp16 window (docs/design.md §9.1: compare at equal effective
 // bits).
 #pragma once
 

@@ -1,5 +1,5 @@
 // ratekv/quant/rd_fit.h — rate–distortion curves D(b) = α·β^(−b)
-// (RateQuant, DESIGN.md §4): fit by least squares in the log domain,
+// (RateQuant, docs/design.md §4.2): fit by least squares in the log domain,
 //   ln D = ln α − b ln β,
 // over the measured (b, D) points (b = code bits per element).
 #pragma once
@@ -30,7 +30,7 @@ RDFit fit_rd(const std::vector<RDPoint>& points);
 namespace ratekv::quant {
 
 /// Fit of D_i(b) = α_i β^(−b) over n components sharing one β (RateQuant's
-/// per-(quantizer, side) curve, DESIGN.md §4).
+/// per-(quantizer, side) curve, docs/design.md §4.2).
 struct SharedBetaFit {
   double beta = 0.0;             ///< common base β = exp(−slope)
   std::vector<double> alpha;     ///< (n,) per-component α_i

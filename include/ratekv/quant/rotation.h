@@ -1,5 +1,5 @@
 // ratekv/quant/rotation.h — the seeded random orthogonal rotation Π of
-// TurboQuant (DESIGN.md §2 step 2).
+// TurboQuant (docs/design.md §2.1).
 //
 // Kinds:
 //   haar      Π = Q·diag(sign R_ii) from the Householder QR of an m×m matrix

@@ -1,4 +1,4 @@
-// ratekv/quant/tq_mse.h — TurboQuant-MSE (arXiv 2504.19874; DESIGN.md §2).
+// ratekv/quant/tq_mse.h — TurboQuant-MSE (arXiv 2504.19874; docs/design.md §2).
 //
 // For a vector x of dimension m:
 //   n = ‖x‖₂, u = x/n, y = Π u (rotation.h), idx_i = #{j : y_i > θ_j} with θ
@@ -6,7 +6,7 @@
 //   ñ = store_norm(n) (fp16 by default). With norm correction the stored norm
 //   is n/‖c[idx]‖ so that ‖x̂‖ = n.
 //   x̂ = ñ Πᵀ c[idx].
-// Rotated-domain operations (DESIGN.md §6): with q_rot = Π q,
+// Rotated-domain operations (docs/design.md §2.3): with q_rot = Π q,
 //   q·x̂ = ñ Σ_i q_rot[i] c[idx_i]                       (score_rotated)
 //   Σ_t w_t x̂_t = Πᵀ (Σ_t w_t ñ_t c[idx_t])              (accumulate_rotated + unrotate)
 // b = 0 drops the vector: nothing stored, x̂ = 0, 0 bits.

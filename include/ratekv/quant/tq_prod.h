@@ -1,5 +1,5 @@
 // ratekv/quant/tq_prod.h — TurboQuant-prod (arXiv 2504.19874, Alg. 2;
-// DESIGN.md §2 option): (b−1)-bit TQ-MSE of the unit vector plus a 1-bit QJL
+// docs/design.md §2.4): (b−1)-bit TQ-MSE of the unit vector plus a 1-bit QJL
 // sketch of its residual, giving an unbiased inner-product estimate.
 //
 //   n = ‖x‖, u = x/n, ũ = TQ-MSE_{b−1}(u) (unit norm input, no norm stored

@@ -1,5 +1,5 @@
 // ratekv/tasq/channel_weights.h — TaSQ's query-guided per-channel key
-// weights (DESIGN.md §5.1; TaSQ paper §4.1, Eq. 1).
+// weights (docs/design.md §5.1).
 //
 // A pre-RoPE key error δ at position p changes the logit of a query at t ≥ p
 // by (R_{t−p} q_t)ᵀ δ (q_t pre-RoPE). Over all causal pairs (t, p) of the
@@ -53,7 +53,7 @@ class QueryWeightAccumulator {
 std::vector<double> query_weights_bruteforce(const float* q_pre, int64_t T, int n_heads, int n_kv_heads,
                                              int head_dim, RopeLayout layout, double theta);
 
-/// Per-head weight normalization (DESIGN.md §5.2): each head's d weights
+/// Per-head weight normalization (docs/design.md §5.2): each head's d weights
 /// scaled to unit mean. w (n_heads_total, d) in place; a head whose weights
 /// are all 0 becomes all ones. Throws Error on a negative or non-finite weight.
 void normalize_unit_mean(std::vector<double>& w, int head_dim);

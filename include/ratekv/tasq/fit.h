@@ -1,4 +1,4 @@
-// ratekv/tasq/fit.h — fitting TaSQ and CQ plans (DESIGN.md §5; the library
+// ratekv/tasq/fit.h — fitting TaSQ and CQ plans (docs/design.md §5; the library
 // side of `ratekv plan --method tasq|cq`).
 //
 // 1. capture_for_fit runs the model over calibration windows (each from a
@@ -16,7 +16,7 @@
 //    codebooks: k-means (tasq/kmeans.h) of z[G] per group, 2^bits centroids.
 //    CQ: contiguous channel groups, a = 1, s = 1, plain k-means.
 //    Values: CQ (contiguous channel groups) or fp16.
-//    k-means weights (FitOptions::fisher, DESIGN.md §5.4): by the chain rule
+//    k-means weights (FitOptions::fisher, docs/design.md §5.4): by the chain rule
 //    through z = a ⊙ k / s, token t of group G weighs
 //      F_t = s_t² Σ_{i∈G} g_{t,i}² / a_i²,  g = ∂L/∂k_pre (ratekv/model/backward.h),
 //    floored at 1e-6 × the group's mean F (the last token of each window has

@@ -1,5 +1,5 @@
 // ratekv/tasq/grouping.h — covariance-aware grouping of RoPE pairs into VQ
-// groups (DESIGN.md §5.3; TaSQ paper §4.3, Alg. 1).
+// groups (docs/design.md §5.3).
 //
 // Cost of a group G of channels: c(G) = log det Σ[G,G] (the high-rate
 // Gaussian VQ distortion at fixed |G| and K grows with det^(1/|G|)). A

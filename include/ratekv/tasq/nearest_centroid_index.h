@@ -1,5 +1,5 @@
 // ratekv/tasq/nearest_centroid_index.h — the assignment step of TaSQ/CQ
-// k-means: exact nearest centroid in small dimensions (DESIGN.md §5.4).
+// k-means: exact nearest centroid in small dimensions (docs/design.md §5.4).
 //
 // faiss::Clustering drives the k-means (initialization, Lloyd iterations,
 // weights, empty-cluster splitting); every iteration it asks an index for the
