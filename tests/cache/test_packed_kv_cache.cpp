@@ -18,6 +18,8 @@
 #include "ratekv/model/model.h"
 #include "ratekv/model/tokenizer.h"
 #include "ratekv/quant/grouped_tq_mse.h"
+#include "ratekv/ref/packed_decode_attention.h"
+#include "../support/packed_cache_plans.h"
 
 using namespace ratekv;
 using namespace ratekv::cache;
@@ -252,6 +254,68 @@ INSTANTIATE_TEST_SUITE_P(Plans, PackedEqualsFake,
                                          Case{PlanKind::zero_side, 97, 3, 64}, Case{PlanKind::zero_side, 200, 4, 128},
                                          Case{PlanKind::zero_side, 4096, 3, 64}),
                          case_name);
+
+// Decode attention from the codes equals the named CPU reference of the GPU
+// packed decode kernel (ref::packed_decode_attention, exact rounding: double
+// sums, no fp16) over the cache's own pages, scattered into a pool by a
+// shuffled page table, with the plan's rotations and codebooks: both the AVX2
+// fast path and the scalar path; uniform, Block-GTQ (padded groups, 0-bit
+// blocks), RateQuant (per-head widths, 5..8-bit groups in extension pages)
+// and all-zero sides; T 1, 97, 130, 200 (every page but the last full);
+// GQA 1, 3, 4, 7, 8; head_dim 64, 128, 256.
+TEST(PackedKVCache, DecodeAttentionEqualsNamedReference) {
+  struct C {
+    PlanKind kind;
+    int T, ratio, d;
+  };
+  const C cases[] = {{PlanKind::uniform, 1, 1, 64},     {PlanKind::uniform, 97, 8, 128},
+                     {PlanKind::block_gtq, 200, 4, 256}, {PlanKind::block_gtq, 130, 7, 64},
+                     {PlanKind::ratequant, 97, 3, 64},   {PlanKind::ratequant, 200, 1, 128},
+                     {PlanKind::zero_side, 130, 3, 64}};
+  for (const C& cs : cases)
+    for (const bool scalar : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} T={} gqa={} d={}{}", kind_name(cs.kind), cs.T, cs.ratio, cs.d,
+                               scalar ? " scalar path" : " fast path"));
+      const int Hkv = 2, d = cs.d, H = Hkv * cs.ratio, T = cs.T;
+      const ModelConfig cfg = config(d, Hkv, cs.ratio);
+      PackedCacheOptions po;
+      po.fp16_window = 0;
+      po.sink_tokens = 0;
+      po.reference_attention = scalar;
+      PackedKVCache packed(cfg.kv_shape(T), make_codecs(cfg, cs.kind), po);
+      std::vector<int32_t> pos(T);
+      for (int t = 0; t < T; ++t) pos[t] = t;
+      const int n_used = (T + 63) / 64, n_pages = n_used + 3;  // 3 pages no sequence uses
+      std::mt19937 rng(5 + T + d);
+      std::vector<int32_t> table(n_pages);
+      for (int i = 0; i < n_pages; ++i) table[i] = i;
+      std::shuffle(table.begin(), table.end(), rng);
+      std::normal_distribution<float> nd(0.0f, 1.5f);
+      for (int l = 0; l < cfg.n_layers; ++l) {
+        const auto K = kv_data(T, Hkv, d, 30 + l), V = kv_data(T, Hkv, d, 40 + l);
+        packed.append(l, T, pos.data(), K.data(), K.data(), V.data());
+        std::vector<float> q(static_cast<size_t>(H) * d), got(q.size());
+        for (float& x : q) x = nd(rng);
+        AttnParams ap;
+        ap.scale = 1.0f / std::sqrt(static_cast<float>(d));
+        packed.attend(l, 1, &pos.back(), q.data(), got.data(), ap);
+        const ref::PackedPlan plan = ratekv_test::cache_ref_plan(packed, l);
+        const size_t pb = plan.layout().page_bytes();
+        const auto pool = ratekv_test::scatter_pages([&](int i) { return packed.page(l, i); }, n_used, table, n_pages, pb);
+        std::vector<uint8_t> ext;
+        if (plan.has_wide())
+          ext = ratekv_test::scatter_pages([&](int i) { return packed.ext_page(l, i); }, n_used, table, n_pages,
+                                           plan.ext_layout()->page_bytes());
+        const std::vector<int32_t> lens = {T};
+        const auto want = ref::packed_decode_attention(plan, {std::span<const int32_t>(table).first(n_used), n_used, lens},
+                                                       pool, ext, q, ap.scale, ref::PackedRounding::exact);
+        const double e = rel_err(got, want);
+        EXPECT_LT(e, 1e-5) << "layer " << l;
+        std::printf("  %s T=%d gqa=%d d=%d %s layer %d: rel err %.2e\n", kind_name(cs.kind), T, cs.ratio, d,
+                    scalar ? "scalar" : "fast", l, e);
+      }
+    }
+}
 
 // RateQuant widths 5..8: the low nibble in the layer's pages, the high bits in
 // its extension pages, both read back with the format's reference reader;

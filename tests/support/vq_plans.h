@@ -1,0 +1,119 @@
+// tests/support/vq_plans.h — vq (TaSQ / CQ) plans for the vq decode kernel's
+// tests (tests/cuda) and its named CPU reference's (tests/ref): a one-layer
+// model config, hand-made vq codecs with random codebooks, and the tables the
+// GPU plan and ref::VqPlan take (codewords C̃, channel lists) from the CPU codecs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "ratekv/cache/plan_codecs.h"
+#include "ratekv/model/model.h"
+#include "vq_codec.h"
+
+namespace ratekv_test {
+
+/// How the values of a vq test plan are stored.
+enum class VqValues { vq, fp16, tq_mse };
+
+/// One layer, n_kv_heads · gqa query heads (llama / interleaved or qwen2 / NeoX).
+inline ratekv::ModelConfig vq_config(int head_dim, int n_kv_heads, int gqa, ratekv::RopeLayout rope) {
+  using namespace ratekv;
+  ModelConfig c;
+  c.arch = rope == RopeLayout::NeoX ? "qwen2" : "llama";
+  c.n_layers = 1;
+  c.n_heads = n_kv_heads * gqa;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = head_dim;
+  c.d_model = 16;
+  c.d_ff = 16;
+  c.n_vocab = 10;
+  c.n_ctx_train = 1 << 20;
+  c.rope_theta = rope == RopeLayout::NeoX ? 1e6 : 5e5;
+  c.rms_eps = 1e-5f;
+  c.rope_layout = rope;
+  return c;
+}
+
+/// TaSQ-style keys (group g, 2^kbits centroids, shared fp16 scale, channel
+/// weights, RoPE pairs kept together in a shuffled order); values CQ (g 8,
+/// 2^vbits, no scale), fp16, or scalar TQ-MSE at vbits. Codebooks random (seeded).
+inline std::shared_ptr<const ratekv::cache::PlanCodecs> vq_codecs(const ratekv::ModelConfig& cfg, int g, int kbits,
+                                                                  int vbits, VqValues vals, uint32_t seed) {
+  using namespace ratekv;
+  const int d = cfg.head_dim, H = cfg.n_kv_heads;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.3f, 2.0f);
+  Plan p;
+  p.method = "tasq";
+  static_cast<PlanTarget&>(p.model) = cache::plan_target(cfg);
+  p.tensors_file = "in-memory.safetensors";
+  p.layers.assign(1, std::vector<HeadPlan>(H));
+  const auto pairs = rope_pairs(cfg.rope_layout, d);
+  std::vector<int> order(d / 2);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int> perm;
+  for (int b : order) perm.insert(perm.end(), {pairs[b][0], pairs[b][1]});
+  std::vector<int> id(d);
+  std::iota(id.begin(), id.end(), 0);
+  for (int h = 0; h < H; ++h) {
+    p.layers[0][h].key = vq_codec(d, g, kbits, true, H, perm);
+    p.layers[0][h].value = vals == VqValues::vq     ? vq_codec(d, 8, vbits, false, H, id)
+                           : vals == VqValues::fp16 ? Codec::fp16()
+                                                    : Codec::tq_mse(vbits, d, seed + 17 * h);
+  }
+  VqTensors t = VqTensors::for_plan(p);
+  for (int h = 0; h < H; ++h) {
+    auto& k = t.at(0, h, 0);
+    k.present = true;
+    k.codebooks.resize(static_cast<size_t>(d / g) * (size_t{1} << kbits) * g);
+    for (float& x : k.codebooks) x = nd(rng);
+    k.channel_scale.resize(d);
+    for (float& x : k.channel_scale) x = ud(rng);
+    if (vals == VqValues::vq) {
+      auto& v = t.at(0, h, 1);
+      v.present = true;
+      v.codebooks.resize(static_cast<size_t>(d / 8) * (size_t{1} << vbits) * 8);
+      for (float& x : v.codebooks) x = 1.5f * nd(rng);
+    }
+  }
+  return std::make_shared<const cache::PlanCodecs>(p, cfg, "vq-plan", std::make_shared<const VqTensors>(std::move(t)));
+}
+
+/// The vq tables of layer 0 in the GPU plan's order (cuda::VqPlan,
+/// ref::VqPlan): reconstruction codewords C̃ (one decode per one-hot index:
+/// x̂ = 1 · C̃[z] on the group's channels) and the channel lists.
+struct VqTables {
+  std::vector<float> codewords;
+  std::vector<int32_t> channels;
+};
+inline VqTables vq_tables(const ratekv::cache::PlanCodecs& codecs) {
+  using namespace ratekv;
+  VqTables T;
+  const int d = codecs.config().head_dim;
+  for (int h = 0; h < codecs.config().n_kv_heads; ++h)
+    for (int s = 0; s < 2; ++s) {
+      const cache::VqCodec* c = codecs.vq(0, h, s == 0 ? cache::KVSide::key : cache::KVSide::value);
+      if (!c) continue;
+      const int G = c->n_groups(), K = c->n_centroids(), g = c->group_size();
+      std::vector<int32_t> z(G, 0);
+      std::vector<float> xhat(d);
+      for (int gi = 0; gi < G; ++gi) {
+        for (int j = 0; j < K; ++j) {
+          z[gi] = j;
+          c->decode(z.data(), 1.0f, xhat.data());
+          for (int i = 0; i < g; ++i) T.codewords.push_back(xhat[c->group_channels(gi)[i]]);
+        }
+        z[gi] = 0;
+        for (int i = 0; i < g; ++i) T.channels.push_back(c->group_channels(gi)[i]);
+      }
+    }
+  return T;
+}
+
+}  // namespace ratekv_test
