@@ -1,0 +1,285 @@
+"""Calibration statistics of any transformers model, in the file format of ``ratekv calibrate``.
+
+:func:`calibrate` runs the model over calibration tokens and feeds each layer's
+Q/K/V to the C++ accumulator (calib/accumulator.h — the same code the CLI
+runs), optionally followed by the gradient sensitivity ∂L/∂K, ∂L/∂V by torch
+autograd (RateQuant, DESIGN.md §4; calib/sensitivity.h defines the means).
+The result is a :class:`ratekv.KVStats`, saved as the safetensors file of
+docs/calibration_stats.md, from which :func:`ratekv.make_plan` builds plans.
+
+Capture: forward hooks on each attention module's ``q_proj``/``k_proj``/``v_proj``
+(or ``q_norm``/``k_norm`` where the model normalizes Q/K before RoPE) give the
+pre-RoPE Q/K and V; a wrapper around the model's attention function (installed
+through transformers' AttentionInterface for the duration of the call) gives
+the post-RoPE Q/K the attention reads. Channel order: transformers applies RoPE
+to half-split pairs (i, i + d/2), so the file records ``rope_layout = "neox"``;
+statistics of a GGUF ``llama`` model (interleaved pairs) differ by that channel
+permutation, and plans made from one are refused on the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from . import _core
+from .core import KVStats, RatekvError, model_config
+
+_CALIB_ATTN = "ratekv_calibrate"
+
+
+def _attention_modules(model: torch.nn.Module) -> List[torch.nn.Module]:
+    mods = [m for m in model.modules()
+            if hasattr(m, "layer_idx") and hasattr(m, "k_proj") and hasattr(m, "q_proj") and hasattr(m, "v_proj")]
+    if not mods:
+        raise RatekvError(f"calibrate: {type(model).__name__} has no attention modules with q_proj/k_proj/v_proj "
+                          "and layer_idx (transformers decoder layout)")
+    mods.sort(key=lambda m: m.layer_idx)
+    return mods
+
+
+def _tokens(tokenizer: Any, texts: Union[str, Sequence[str], None], token_ids: Any) -> torch.Tensor:
+    if token_ids is not None:
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+    else:
+        if tokenizer is None or texts is None:
+            raise RatekvError("calibrate: give texts and a tokenizer, or token_ids")
+        if isinstance(texts, str):
+            texts = [texts]
+        parts = []
+        for t in texts:
+            enc = tokenizer(t, add_special_tokens=True)["input_ids"]
+            parts.append(torch.as_tensor(enc, dtype=torch.long).flatten())
+        ids = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    if ids.numel() == 0:
+        raise RatekvError("calibrate: no calibration tokens")
+    return ids
+
+
+class _Capture:
+    """Per-layer pre-/post-RoPE activations of one forward chunk (or gradient probes)."""
+
+    def __init__(self, mods: List[torch.nn.Module], cfg: Any, grad: bool) -> None:
+        self.cfg = cfg
+        self.grad = grad
+        self.pre: dict = {}
+        self.post: dict = {}
+        self.probes: dict = {}
+        self.handles = []
+        for m in mods:
+            li = m.layer_idx
+            qsrc = getattr(m, "q_norm", None) or m.q_proj
+            ksrc = getattr(m, "k_norm", None) or m.k_proj
+            self.handles.append(qsrc.register_forward_hook(self._hook(li, "q")))
+            self.handles.append(ksrc.register_forward_hook(self._hook(li, "k")))
+            self.handles.append(m.v_proj.register_forward_hook(self._hook(li, "v")))
+
+    def _hook(self, li: int, what: str):
+        def fn(mod, inp, out):
+            if self.grad and what == "k":  # probe for ∂L/∂k_pre
+                z = torch.zeros_like(out, requires_grad=True)
+                self.probes[(li, "k_pre")] = z
+                out = out + z
+                self.pre[(li, what)] = out
+                return out
+            self.pre[(li, what)] = out.detach()
+            return None
+
+        return fn
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+_current: Optional[_Capture] = None
+
+
+def _calib_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cap = _current
+    if cap is not None:
+        li = module.layer_idx
+        if cap.grad:  # probes for ∂L/∂k_post, ∂L/∂v (the tensors attention reads)
+            zk = torch.zeros_like(key, requires_grad=True)
+            zv = torch.zeros_like(value, requires_grad=True)
+            cap.probes[(li, "k_post")] = zk
+            cap.probes[(li, "v")] = zv
+            key = key + zk
+            value = value + zv
+        else:
+            cap.post[(li, "q")] = query.detach()
+            cap.post[(li, "k")] = key.detach()
+            cap.post[(li, "v")] = value.detach()
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  **kwargs)
+
+
+def _rows(x: torch.Tensor, n: int, heads: int, d: int, what: str, layer: int,
+          heads_first: bool = False) -> torch.Tensor:
+    """(1, n, heads·d), (1, n, heads, d) or, heads_first, (1, heads, n, d) → (n, heads, d)
+    float32 CPU contiguous; non-finite values → RatekvError."""
+    if heads_first:
+        x = x.transpose(1, 2)
+    x = x.reshape(n, heads, d).to(device="cpu", dtype=torch.float32).contiguous()
+    if not torch.isfinite(x).all():
+        raise RatekvError(f"calibrate: layer {layer}: {what} has non-finite values (NaN/Inf activations)")
+    return x
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for blk in iter(lambda: f.read(1 << 20), b""):
+            h.update(blk)
+    return h.hexdigest()
+
+
+def calibrate(
+    model: torch.nn.Module,
+    tokenizer: Any = None,
+    texts: Union[str, Sequence[str], None] = None,
+    *,
+    token_ids: Any = None,
+    n_tokens: Optional[int] = None,
+    ctx: int = 512,
+    sensitivity: bool = False,
+    sens_seqs: int = 16,
+    sens_len: int = 512,
+    output: Union[str, "os.PathLike[str]", None] = None,
+    model_file: str = "",
+    model_sha256: str = "",
+    text_file: Union[str, "os.PathLike[str]", None] = None,
+) -> KVStats:
+    """Calibration statistics of a transformers causal LM (docs/calibration_stats.md).
+
+    Args:
+        model: a transformers decoder (attention modules with ``q_proj``/``k_proj``/
+            ``v_proj``; Llama, Qwen2, Mistral, …), any dtype and device; statistics are
+            accumulated in double from float32 copies.
+        tokenizer, texts: texts are tokenized with ``tokenizer(text)`` and
+            concatenated; or give ``token_ids`` (1-D) directly.
+        n_tokens: calibration tokens N (default: all); the first N are run in
+            consecutive chunks of ``ctx``, each from an empty cache at positions 0.. (as
+            ``ratekv calibrate --tokens N --ctx C``).
+        sensitivity: also E_t (∂L/∂k)², E_t (∂L/∂v)² over ``sens_seqs`` sequences of
+            ``sens_len`` tokens from the start of the tokens (``--sensitivity``); L is
+            each sequence's mean next-token cross-entropy, the K/V the attention reads
+            are the variables (autograd through zero-valued probes added to them).
+        output: write the statistics file there (safetensors; must not exist).
+        model_file, model_sha256, text_file: identity recorded in the file
+            (``text_file``: a path — its name and SHA-256 are stored).
+
+    Returns the :class:`ratekv.KVStats` (``rope_layout`` "neox", arch = model_type).
+    Raises RatekvError for no tokens, ctx or sens_len outside the model's positions,
+    too few tokens for the sensitivity sequences, non-finite activations, or an
+    existing output file.
+    """
+    global _current
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    cfg = model_config(model.config)
+    ids = _tokens(tokenizer, texts, token_ids)
+    N = int(n_tokens) if n_tokens is not None else int(ids.numel())
+    if N < 1 or N > ids.numel():
+        raise RatekvError(f"calibrate: n_tokens = {N}: the text has {ids.numel()} tokens")
+    if ctx < 1 or ctx > cfg.n_ctx_train:
+        raise RatekvError(f"calibrate: ctx = {ctx} outside 1..{cfg.n_ctx_train} (the model's positions)")
+    if sensitivity:
+        if sens_seqs < 1 or sens_len < 2 or sens_len > cfg.n_ctx_train:
+            raise RatekvError(f"calibrate: sensitivity needs sens_seqs ≥ 1 and 2 ≤ sens_len ≤ {cfg.n_ctx_train} "
+                              f"(got {sens_seqs} × {sens_len})")
+        if sens_seqs * sens_len > ids.numel():
+            raise RatekvError(f"calibrate: sensitivity reads {sens_seqs} × {sens_len} tokens, the text has "
+                              f"{ids.numel()}")
+    if output is not None and os.path.exists(os.fspath(output)):
+        raise RatekvError(f"calibrate: output '{os.fspath(output)}' exists")
+
+    mods = _attention_modules(model)
+    if len(mods) != cfg.n_layers:
+        raise RatekvError(f"calibrate: found {len(mods)} attention modules, config says {cfg.n_layers} layers")
+    dev = next(model.parameters()).device
+    H, Hk, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    acc = _core.KVStatsAccumulator(cfg)
+
+    ALL_ATTENTION_FUNCTIONS.register(_CALIB_ATTN, _calib_attention)
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_CALIB_ATTN, sdpa_mask)
+    prev_attn = model.config._attn_implementation
+    was_training = model.training
+    model.eval()
+    model.config._attn_implementation = _CALIB_ATTN
+    cap = _Capture(mods, cfg, grad=False)
+    _current = cap
+    try:
+        with torch.no_grad():
+            for start in range(0, N, ctx):
+                m = min(ctx, N - start)
+                chunk = ids[start:start + m].to(dev).unsqueeze(0)
+                pos = torch.arange(m, device=dev).unsqueeze(0)
+                cap.pre.clear()
+                cap.post.clear()
+                model(input_ids=chunk, position_ids=pos, use_cache=False, logits_to_keep=1)
+                pos32 = np.arange(m, dtype=np.int32)
+                for li in range(cfg.n_layers):
+                    acc.add(cfg, li, pos32,
+                            _rows(cap.pre[(li, "q")], m, H, d, "q (pre-RoPE)", li),
+                            _rows(cap.post[(li, "q")], m, H, d, "q (post-RoPE)", li, True),
+                            _rows(cap.pre[(li, "k")], m, Hk, d, "k (pre-RoPE)", li),
+                            _rows(cap.post[(li, "k")], m, Hk, d, "k (post-RoPE)", li, True),
+                            _rows(cap.post[(li, "v")], m, Hk, d, "v", li, True))
+        stats = acc.finish(ctx)
+
+        if sensitivity:
+            cap.close()
+            cap = _Capture(mods, cfg, grad=True)
+            _current = cap
+            L = cfg.n_layers
+            sums = {k: torch.zeros(L, Hk, d, dtype=torch.float64) for k in ("k_pre", "k_post", "v")}
+            loss_sum = 0.0
+            req = [p.requires_grad for p in model.parameters()]
+            for p in model.parameters():
+                p.requires_grad_(False)
+            try:
+                for s in range(sens_seqs):
+                    seq = ids[s * sens_len:(s + 1) * sens_len].to(dev).unsqueeze(0)
+                    cap.probes.clear()
+                    pos = torch.arange(sens_len, device=dev).unsqueeze(0)
+                    out = model(input_ids=seq, position_ids=pos, labels=seq, use_cache=False)
+                    loss = out.loss
+                    if not torch.isfinite(loss):
+                        raise RatekvError(f"calibrate: sensitivity sequence {s}: loss is {loss.item()}")
+                    keys = [(li, w) for li in range(L) for w in ("k_pre", "k_post", "v")]
+                    grads = torch.autograd.grad(loss, [cap.probes[k] for k in keys])
+                    for (li, w), g in zip(keys, grads):
+                        g = _rows(g, sens_len, Hk, d, f"∂L/∂{w}", li, w != "k_pre").double()
+                        sums[w][li] += (g * g).sum(0)
+                    loss_sum += float(loss.detach())
+            finally:
+                for p, r in zip(model.parameters(), req):
+                    p.requires_grad_(r)
+            T = float(sens_seqs * sens_len)
+            stats.set_gradient_sensitivity(
+                sens_seqs, sens_len, loss_sum / sens_seqs,
+                (sums["k_pre"] / T).numpy().ravel(), (sums["k_post"] / T).numpy().ravel(),
+                (sums["v"] / T).numpy().ravel())
+    finally:
+        cap.close()
+        _current = None
+        model.config._attn_implementation = prev_attn
+        model.train(was_training)
+
+    stats.model_file = model_file or str(getattr(model.config, "_name_or_path", "") or "")
+    stats.model_sha256 = model_sha256
+    if text_file is not None:
+        stats.text_file = os.path.basename(os.fspath(text_file))
+        stats.text_sha256 = _sha256(os.fspath(text_file))
+    if output is not None:
+        stats.save(os.fspath(output))
+    return stats

@@ -1,0 +1,235 @@
+"""Plans, calibration statistics, fake quantization — thin wrappers of the C++ core.
+
+Every function here calls the C++ library (``ratekv._core``); nothing is
+re-implemented in Python. Arrays may be numpy arrays or torch tensors (CPU or
+CUDA: they are moved to the CPU as float32 where the C++ code needs it).
+Specs: include/ratekv/format/plan.h (plans), docs/calibration_stats.md
+(statistics), include/ratekv/alloc/make_plan.h (allocators),
+include/ratekv/cache/fake_quant_cache.h (fake quantization).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from . import _core
+from ._core import (  # noqa: F401  (re-exported)
+    CalibStats,
+    KVStats,
+    ModelConfig,
+    Plan,
+    PlanCodecs,
+    RatekvError,
+    RopeLayout,
+    Tokenizer,
+)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: HF transformers model types whose attention ratekv's HF cache serves.
+HF_ARCHES = ("llama", "qwen2")
+
+
+def load_plan(path: PathLike) -> Plan:
+    """Reads and validates a plan file (JSON, docs/plan_format.md).
+
+    Raises RatekvError naming the file and the JSON path of a bad field."""
+    return Plan.load(os.fspath(path))
+
+
+def save_plan(plan: Plan, path: PathLike) -> None:
+    """Validates and writes a plan as JSON."""
+    plan.save(os.fspath(path))
+
+
+def load_stats(path: PathLike) -> KVStats:
+    """Reads a statistics file written by ``ratekv calibrate`` or :func:`ratekv.calibrate`
+    (safetensors, docs/calibration_stats.md). Raises RatekvError naming the tensor or field."""
+    return KVStats.load(os.fspath(path))
+
+
+def model_config(hf_config: Any) -> ModelConfig:
+    """The ratekv model identity of a Hugging Face ``PretrainedConfig``.
+
+    Hugging Face transformers applies RoPE with ``rotate_half`` for every
+    architecture, so its Q/K channels are in the half-split (NeoX) order: the
+    returned config has ``rope_layout = neox`` whatever the GGUF layout of the
+    same architecture is (GGUF ``llama`` pairs channels (2i, 2i+1): a plan or a
+    statistics file made from the GGUF is refused on the HF model, and the other
+    way round). ``arch`` is ``hf_config.model_type``.
+
+    Raises RatekvError when a field is missing or not positive (naming it), or
+    when the model uses partial rotary embeddings (``partial_rotary_factor`` < 1),
+    which the plans cannot describe.
+    """
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+
+    def need(name: str, *alts: str) -> Any:
+        for n in (name,) + alts:
+            v = getattr(text, n, None)
+            if v is not None:
+                return v
+        raise RatekvError(f"{type(hf_config).__name__}: no '{name}' (needed to describe the KV cache)")
+
+    cfg = ModelConfig()
+    cfg.arch = str(getattr(text, "model_type", "") or "unknown")
+    cfg.n_layers = int(need("num_hidden_layers"))
+    cfg.n_heads = int(need("num_attention_heads"))
+    kv = getattr(text, "num_key_value_heads", None)
+    cfg.n_kv_heads = int(kv if kv is not None else cfg.n_heads)
+    cfg.d_model = int(need("hidden_size"))
+    hd = getattr(text, "head_dim", None)
+    cfg.head_dim = int(hd if hd is not None else cfg.d_model // cfg.n_heads)
+    cfg.d_ff = int(getattr(text, "intermediate_size", None) or 4 * cfg.d_model)
+    cfg.n_vocab = int(need("vocab_size"))
+    cfg.n_ctx_train = int(getattr(text, "max_position_embeddings", None) or 2048)
+    rp = getattr(text, "rope_parameters", None) or {}
+    if isinstance(rp, dict) and "full_attention" in rp and isinstance(rp["full_attention"], dict):
+        rp = rp["full_attention"]
+    theta = (rp.get("rope_theta") if isinstance(rp, dict) else None) or getattr(text, "rope_theta", None) or 10000.0
+    cfg.rope_theta = float(theta)
+    prf = (rp.get("partial_rotary_factor") if isinstance(rp, dict) else None) or getattr(text, "partial_rotary_factor", 1.0)
+    if prf is not None and float(prf) != 1.0:
+        raise RatekvError(f"{cfg.arch}: partial_rotary_factor = {prf}: ratekv plans describe full-head RoPE only")
+    cfg.rms_eps = float(getattr(text, "rms_norm_eps", None) or 1e-6)
+    cfg.rope_layout = RopeLayout.neox
+    cfg.validate(f"{type(hf_config).__name__}")
+    return cfg
+
+
+def uniform_plan(
+    config: ModelConfig,
+    k_bits: float = 3,
+    v_bits: float = 3,
+    quantizer: str = "tq-mse",
+    budget_unit: str = "code",
+    seed: int = 0,
+) -> Plan:
+    """A uniform plan (every head, K at ``k_bits``, V at ``v_bits``) from the model's
+    shapes alone, built by the C++ allocator (method ``uniform`` of make_plan.h).
+
+    ``budget_unit`` "code": the widths are code bits (integers; TQ-MSE adds one fp16
+    norm per head per token); "effective": the widest code whose code + metadata bits
+    fit the budget. Raises RatekvError for an impossible budget."""
+    return make_plan(
+        _core.identity_stats(config), "uniform", k_bits=k_bits, v_bits=v_bits, quantizer=quantizer,
+        budget_unit=budget_unit, seed=seed,
+    )
+
+
+def make_plan(
+    stats: Union[KVStats, CalibStats, PathLike],
+    method: str = "block-gtq",
+    *,
+    k_bits: float = 3.0,
+    v_bits: float = 3.0,
+    avg_bits: Optional[float] = None,
+    budget_unit: str = "effective",
+    b_min: int = -1,
+    b_max: int = -1,
+    seed: int = 0,
+    quantizer: str = "tq-mse",
+    v_quantizer: str = "",
+    curves_from: str = "",
+    sensitivity: str = "grad",
+    group_size: int = 32,
+    fp16_window: int = 0,
+    sink_tokens: int = 0,
+) -> Plan:
+    """Builds a plan with the C++ allocators (the library side of ``ratekv plan``).
+
+    ``method``: ``uniform`` | ``block-gtq`` | ``ratequant`` | ``ratequant+block-gtq``
+    (include/ratekv/alloc/make_plan.h gives what the budgets mean for each).
+    ``stats``: a KVStats (from :func:`calibrate` / :func:`load_stats`), allocator
+    CalibStats, or a statistics file path. RateQuant needs sensitivities and
+    distortion curves in the statistics. Raises RatekvError naming what is missing
+    or out of range."""
+    stats_file = ""
+    if isinstance(stats, (str, os.PathLike)):
+        stats_file = os.path.basename(os.fspath(stats))
+        st = _core.load_alloc_stats(os.fspath(stats))
+    elif isinstance(stats, KVStats):
+        st = stats.to_alloc_stats()
+    else:
+        st = stats
+    rq = _core.PlanRequest()
+    rq.method = method
+    rq.k_bits = float(k_bits)
+    rq.v_bits = float(v_bits)
+    rq.avg_bits = None if avg_bits is None else float(avg_bits)
+    rq.budget_unit = budget_unit
+    rq.b_min = int(b_min)
+    rq.b_max = int(b_max)
+    rq.seed = int(seed)
+    rq.quantizer = quantizer
+    rq.v_quantizer = v_quantizer
+    rq.curves_from = curves_from
+    rq.sensitivity = sensitivity
+    rq.group_size = int(group_size)
+    rq.fp16_window = int(fp16_window)
+    rq.sink_tokens = int(sink_tokens)
+    rq.stats_file = stats_file
+    return _core.make_plan(st, rq)
+
+
+def codecs(plan: Plan, config: ModelConfig, name: str = "plan") -> PlanCodecs:
+    """The quantizers of ``plan`` for a model. Raises RatekvError listing every mismatch
+    between plan and model (arch, layers, KV heads, head_dim, RoPE layout)."""
+    return PlanCodecs(plan, config, name)
+
+
+def _to_f32_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach().to("cpu").float().contiguous().numpy()
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+
+
+def fake_quantize(
+    x: Any,
+    codecs: PlanCodecs,
+    layer: int,
+    side: str = "key",
+    *,
+    k_pre: Any = None,
+    positions: Any = None,
+    window: int = 0,
+    sink: int = 0,
+) -> Any:
+    """Quantize → dequantize the K (``side="key"``) or V cache of one layer with the plan:
+    what ratekv's fake-quant cache stores after one append of all T tokens
+    (cache/fake_quant_cache.h ``fake_quant_sequence``).
+
+    ``x``: (T, n_kv_heads, head_dim) post-RoPE keys or values, or
+    (B, n_kv_heads, T, head_dim) (Hugging Face layout, 4-D; each batch row on its
+    own). Returns the same type (numpy array, or torch tensor of x's dtype and
+    device) and shape. vq key layers need ``k_pre`` (pre-RoPE keys, x's layout)
+    and ``positions``. ``window``/``sink``: fp16 rows at the end / start.
+    Raises RatekvError for a wrong shape or non-finite input."""
+    if side not in ("key", "value"):
+        raise RatekvError(f"fake_quantize: side '{side}': expected 'key' or 'value'")
+    s = 0 if side == "key" else 1
+    is_torch = hasattr(x, "detach")
+    if is_torch:
+        import torch
+    four_d = len(x.shape) == 4
+    xs = _to_f32_numpy(x)
+    kp = None if k_pre is None else _to_f32_numpy(k_pre)
+    pos = None if positions is None else np.ascontiguousarray(np.asarray(
+        positions.cpu() if hasattr(positions, "cpu") else positions, dtype=np.int32))
+    if four_d:
+        rows = np.ascontiguousarray(xs.transpose(0, 2, 1, 3))  # (B, T, H, d)
+        kps = None if kp is None else np.ascontiguousarray(kp.transpose(0, 2, 1, 3))
+        out = np.empty_like(rows)
+        for b in range(rows.shape[0]):
+            _core.fake_quant_sequence(codecs, layer, s, rows[b], out[b], None if kps is None else kps[b], pos,
+                                      window, sink)
+        out = np.ascontiguousarray(out.transpose(0, 2, 1, 3))
+    else:
+        out = np.empty_like(xs)
+        _core.fake_quant_sequence(codecs, layer, s, xs, out, kp, pos, window, sink)
+    if is_torch:
+        return torch.from_numpy(out).to(device=x.device, dtype=x.dtype)
+    return out

@@ -1,0 +1,249 @@
+"""Hugging Face transformers (≥ 5) integration: a KV cache that stores codes.
+
+``PackedCache(plan, model.config)`` is a transformers ``Cache`` whose layers keep
+keys and values in ratekv's packed format (docs/packed_format.md), plus an
+attention function registered in transformers' ``AttentionInterface`` under the
+name ``"ratekv"`` that computes decode attention from the codes
+(:mod:`ratekv.ops`) — the cache is never dequantized into a K/V tensor::
+
+    cache = ratekv.hf.PackedCache(plan, model.config)
+    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=32)
+
+Serving mode (docs/design.md / DESIGN.md §9): the prompt's forward pass (the
+first update of an empty cache) attends to its own full-precision K/V through
+PyTorch SDPA, and its K/V are packed at the same time; from then on every decode
+step quantize-appends its token (before attending, so the token reads its own
+codes, as the C++ packed cache does) and attends from codes only.
+
+``FakeQuantCache(plan, model.config)`` is the reference of the same semantics:
+it stores what the plan's codecs reconstruct (ratekv's fake-quant path) as
+dense tensors and attends with SDPA; on the same codes it must agree with
+``PackedCache`` to fp32 rounding (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .core import HF_ARCHES, Plan, PlanCodecs, RatekvError, fake_quantize, model_config
+from .ops import PackedKVCache
+
+#: The name under which the attention function is registered.
+ATTENTION_NAME = "ratekv"
+
+
+class _Active(threading.local):
+    layer: Optional["PackedLayer"] = None
+
+
+_active = _Active()
+
+
+def packed_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function ``"ratekv"``.
+
+    query (B, n_heads, q_len, head_dim); returns (B, q_len, n_heads, head_dim), as
+    transformers' SDPA function does. A decode step (q_len = 1) of a layer whose
+    cache is a :class:`PackedCache` reads the codes (``torch.ops.ratekv.
+    decode_attention``); every other call (the prompt's prefill in serving mode,
+    other caches) is PyTorch SDPA over the given K/V. Raises RatekvError for a
+    padded batch in a packed decode step (sequences must have equal lengths)."""
+    layer = _active.layer
+    _active.layer = None
+    if layer is None or layer.layer_idx != getattr(module, "layer_idx", None) or layer.mode != "decode":
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if query.shape[2] != 1:
+        raise RatekvError(f"PackedCache: layer {layer.layer_idx}: decode attention takes one query per sequence, "
+                          f"got {query.shape[2]}")
+    if attention_mask is not None and not layer.owner._mask_checked:
+        ok = bool(attention_mask.all()) if attention_mask.dtype == torch.bool else bool((attention_mask == 0).all())
+        if not ok:
+            raise RatekvError("PackedCache: the attention mask hides cached tokens (a padded batch); PackedCache "
+                              "serves batches of equal-length prompts only")
+        layer.owner._mask_checked = True
+    scale = float(scaling) if scaling is not None else float(query.shape[-1]) ** -0.5
+    out = layer.owner.store.decode_attention(layer.layer_idx, query[:, :, 0, :], scale)  # (B, H, d)
+    return out.unsqueeze(1), None
+
+
+def register() -> None:
+    """Registers ``"ratekv"`` in transformers' AttentionInterface (and its mask
+    interface, with SDPA's masks). Idempotent; :class:`PackedCache` calls it."""
+    ALL_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, packed_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
+
+
+class PackedLayer(CacheLayerMixin):
+    """One layer of a :class:`PackedCache`: its K/V live in the packed store; the
+    update returns the given (new) K/V, which only a prefill's SDPA reads."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, owner: "PackedCache", layer_idx: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.layer_idx = layer_idx
+        self.length = 0
+        self.mode: Optional[str] = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.owner._ensure_store(key_states)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """key_states, value_states: (B, n_kv_heads, n, head_dim), keys post-RoPE."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self.length > 0 and n != 1:
+            raise RatekvError(f"PackedCache: layer {self.layer_idx}: {n} new tokens after {self.length} cached; the "
+                              "packed cache takes one prompt (prefill) and then one token per step")
+        self.owner.store.append(self.layer_idx, key_states.transpose(1, 2), value_states.transpose(1, 2))
+        self.mode = "prefill" if self.length == 0 else "decode"
+        self.length += n
+        _active.layer = self
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.length = 0
+        self.mode = None
+        if self.owner.store is not None:
+            self.owner.store.reset()
+
+    def _unsupported(self, what: str) -> None:
+        raise RatekvError(f"PackedCache: {what} is not supported (the packed cache appends only)")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self._unsupported("crop (assisted decoding)")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._unsupported("reorder_cache (beam search)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._unsupported("batch_repeat_interleave (num_return_sequences / beams)")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._unsupported("batch_select_indices")
+
+
+class PackedCache(Cache):
+    """A transformers ``Cache`` that stores K/V as ratekv codes and attends from them.
+
+    Args:
+        plan: a ratekv :class:`~ratekv.Plan` for this model — made from statistics of
+            the HF model (:func:`ratekv.calibrate`) or :func:`ratekv.uniform_plan` of
+            :func:`ratekv.model_config`. Its RoPE layout must be ``neox`` (HF's half-split
+            Q/K order); a plan made from a GGUF ``llama`` file (interleaved pairs) is
+            refused, as is one for other shapes.
+        config: ``model.config`` (Llama or Qwen2 models). The constructor sets
+            ``config._attn_implementation = "ratekv"`` (registered in transformers'
+            AttentionInterface): SDPA for every call but a packed decode step.
+        max_cache_len: tokens per sequence the store accepts (default: the model's
+            ``max_position_embeddings``).
+
+    Serving mode: the first forward (the prompt) attends to its own full-precision
+    K/V with SDPA while they are packed; each later step appends one token per
+    sequence (quantized before its own attention) and attends from the codes.
+    Batches must hold equal-length (unpadded) prompts; beam search, cropping
+    and chunked prefill onto a non-empty cache raise RatekvError.
+    Memory: :attr:`nbytes` is what the store holds (codes, norms, positions).
+    """
+
+    def __init__(self, plan: Plan, config: Any, max_cache_len: Optional[int] = None) -> None:
+        arch = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "model_type", "")
+        if arch not in HF_ARCHES:
+            raise RatekvError(f"PackedCache: model_type '{arch}' is not served (expected one of {', '.join(HF_ARCHES)})")
+        self.rk_config = model_config(config)
+        self.plan = plan
+        PlanCodecs(plan, self.rk_config, "plan")  # refuse a plan of another model or layout now, not mid-generate
+        for kind in set(plan.codec_kinds()):
+            if kind == "vq":
+                raise RatekvError("PackedCache: vq (TaSQ / CQ) plans quantize pre-RoPE keys, which transformers' "
+                                  "cache interface does not hand over; use a scalar (tq-mse, Block-GTQ, RateQuant) plan")
+        self.capacity = int(max_cache_len or self.rk_config.n_ctx_train)
+        self.store: Optional[PackedKVCache] = None
+        self._mask_checked = False
+        register()
+        config._attn_implementation = ATTENTION_NAME
+        super().__init__(layers=[PackedLayer(self, i) for i in range(self.rk_config.n_layers)])
+
+    def _ensure_store(self, key_states: torch.Tensor) -> None:
+        b = key_states.shape[0]
+        if self.store is None:
+            self.store = PackedKVCache(self.plan, self.rk_config, b, self.capacity, device=key_states.device)
+        elif self.store.batch_size != b:
+            raise RatekvError(f"PackedCache: batch size {b}, the cache holds {self.store.batch_size} sequences")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the packed store holds (0 before the first forward)."""
+        return 0 if self.store is None else self.store.nbytes
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+        self._mask_checked = False
+
+
+class FakeQuantLayer(DynamicLayer):
+    """One layer of :class:`FakeQuantCache`: dense tensors of reconstructed K/V."""
+
+    def __init__(self, owner: "FakeQuantCache", layer_idx: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.layer_idx = layer_idx
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        first = self.get_seq_length() == 0
+        kq = fake_quantize(key_states, self.owner.codecs, self.layer_idx, "key")
+        vq = fake_quantize(value_states, self.owner.codecs, self.layer_idx, "value")
+        self.keys = torch.cat([self.keys, kq], dim=-2)
+        self.values = torch.cat([self.values, vq], dim=-2)
+        if first:  # serving mode: the prompt attends to its own full-precision K/V
+            return key_states, value_states
+        return self.keys, self.values
+
+
+class FakeQuantCache(Cache):
+    """Reference for :class:`PackedCache`: the same serving-mode semantics with the
+    plan's codecs applied as quantize → dequantize (ratekv's fake-quant path,
+    cache/fake_quant_cache.h) and dense SDPA attention. For evaluation and tests;
+    it stores full tensors (no memory saving)."""
+
+    def __init__(self, plan: Plan, config: Any) -> None:
+        self.rk_config = model_config(config)
+        self.codecs = PlanCodecs(plan, self.rk_config, "plan")
+        super().__init__(layers=[FakeQuantLayer(self, i) for i in range(self.rk_config.n_layers)])

@@ -1,0 +1,132 @@
+// Bindings: the packed KV cache on the CPU (cache/packed_kv_cache.h) for a
+// batch of sequences — what ratekv.hf.PackedCache and the ratekv::* custom
+// ops run on CPU tensors.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "bind_common.h"
+#include "ratekv/cache/packed_kv_cache.h"
+#include "ratekv/cache/plan_codecs.h"
+
+namespace ratekv::py {
+
+namespace {
+
+/// Throws Error naming `what`, the layer and the first offending index when x
+/// holds a NaN or an infinity (the cache would store nothing sensible).
+void check_finite(const float* x, size_t n, const char* what, int layer) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) fail("PackedCache: layer {}: {} element {} is {} (K/V must be finite)", layer, what, i, x[i]);
+}
+
+/// B independent PackedKVCache sequences sharing one plan. Per layer, the
+/// tokens of sequence b sit at positions 0, 1, … in append order.
+class PackedBatch {
+ public:
+  PackedBatch(std::shared_ptr<const cache::PlanCodecs> codecs, int batch, int64_t n_ctx)
+      : codecs_(std::move(codecs)) {
+    const ModelConfig& cfg = codecs_->config();
+    check(batch >= 1, "PackedCache: batch {} must be ≥ 1", batch);
+    check(n_ctx >= 1, "PackedCache: n_ctx {} must be ≥ 1", n_ctx);
+    for (int b = 0; b < batch; ++b) seqs_.emplace_back(cfg.kv_shape(n_ctx), codecs_);
+    len_.assign(static_cast<size_t>(batch), std::vector<int64_t>(static_cast<size_t>(cfg.n_layers), 0));
+  }
+
+  int batch() const { return static_cast<int>(seqs_.size()); }
+  int64_t length(int b, int layer) const { return len_.at(b).at(layer); }
+
+  /// k, v (B, n, n_kv_heads, head_dim) float32, post-RoPE keys; k_pre as k
+  /// (pre-RoPE; needed by vq key layers only).
+  void append(int layer, F32In k, F32In v, std::optional<F32In> k_pre) {
+    const ModelConfig& cfg = codecs_->config();
+    check(layer >= 0 && layer < cfg.n_layers, "PackedCache: layer {} outside 0..{}", layer, cfg.n_layers - 1);
+    check_shape(k, "PackedCache.append: k", {batch(), -1, cfg.n_kv_heads, cfg.head_dim});
+    const int64_t n = static_cast<int64_t>(k.shape(1));
+    check(n >= 1, "PackedCache.append: no tokens");
+    check_shape(v, "PackedCache.append: v", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
+    if (k_pre) check_shape(*k_pre, "PackedCache.append: k_pre", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
+    check_finite(k.data(), k.size(), "key", layer);
+    check_finite(v.data(), v.size(), "value", layer);
+    const size_t per = static_cast<size_t>(n) * cfg.n_kv_heads * cfg.head_dim;
+    nb::gil_scoped_release rel;
+    for (int b = 0; b < batch(); ++b) {
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(len_[b][layer] + i);
+      const float* kp = k_pre ? k_pre->data() + b * per : k.data() + b * per;
+      seqs_[b].append(layer, n, pos.data(), kp, k.data() + b * per, v.data() + b * per);
+      len_[b][layer] += n;
+    }
+  }
+
+  /// Causal attention of the last n appended tokens' queries q (B, n,
+  /// n_heads, head_dim) over the cached codes of `layer`; out same shape.
+  void attend(int layer, F32In q, F32Out out, float scale) {
+    const ModelConfig& cfg = codecs_->config();
+    check(layer >= 0 && layer < cfg.n_layers, "PackedCache: layer {} outside 0..{}", layer, cfg.n_layers - 1);
+    check_shape(q, "PackedCache.attend: q", {batch(), -1, cfg.n_heads, cfg.head_dim});
+    const int64_t n = static_cast<int64_t>(q.shape(1));
+    check_shape(out, "PackedCache.attend: out", {batch(), n, cfg.n_heads, cfg.head_dim});
+    check_finite(q.data(), q.size(), "query", layer);
+    const size_t per = static_cast<size_t>(n) * cfg.n_heads * cfg.head_dim;
+    AttnParams p;
+    p.scale = scale;
+    p.sliding_window = cfg.layer_window(layer);
+    nb::gil_scoped_release rel;
+    for (int b = 0; b < batch(); ++b) {
+      const int64_t T = len_[b][layer];
+      check(n <= T, "PackedCache.attend: layer {}: {} queries but only {} cached tokens", layer, n, T);
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(T - n + i);
+      seqs_[b].attend(layer, n, pos.data(), q.data() + b * per, out.data() + b * per, p);
+    }
+  }
+
+  void clear() {
+    for (auto& s : seqs_) s.clear();
+    for (auto& l : len_) std::fill(l.begin(), l.end(), 0);
+  }
+  size_t bytes() const {
+    size_t t = 0;
+    for (const auto& s : seqs_) t += s.bytes();
+    return t;
+  }
+  size_t page_bytes() const {
+    size_t t = 0;
+    for (const auto& s : seqs_) t += s.page_bytes();
+    return t;
+  }
+
+ private:
+  std::shared_ptr<const cache::PlanCodecs> codecs_;
+  std::vector<cache::PackedKVCache> seqs_;
+  std::vector<std::vector<int64_t>> len_;  // [b][layer] tokens appended
+};
+
+}  // namespace
+
+void bind_cache(nb::module_& m) {
+  nb::class_<PackedBatch>(m, "PackedBatch",
+                          "A batch of CPU packed KV caches (include/ratekv/cache/packed_kv_cache.h): codes in the "
+                          "packed format, attention from the codes, never the whole cache expanded.")
+      .def(nb::init<std::shared_ptr<const cache::PlanCodecs>, int, int64_t>(), nb::arg("codecs"), nb::arg("batch"),
+           nb::arg("n_ctx"),
+           "Raises RatekvError when a codec kind is not served (kivi, quarot, q8_0, q4_0), naming it.")
+      .def_prop_ro("batch", &PackedBatch::batch)
+      .def("length", &PackedBatch::length, nb::arg("b"), nb::arg("layer"))
+      .def("append", &PackedBatch::append, nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::arg("k_pre") = nb::none(),
+           "Quantizes and stores n new tokens per sequence: k, v (B, n, n_kv_heads, head_dim) float32.")
+      .def("attend", &PackedBatch::attend, nb::arg("layer"), nb::arg("q"), nb::arg("out"), nb::arg("scale"),
+           "Causal attention of the last n tokens' queries (B, n, n_heads, head_dim) from the codes into out.")
+      .def("clear", &PackedBatch::clear)
+      .def_prop_ro("bytes", &PackedBatch::bytes, "bytes held: pages + sink/window rows + positions")
+      .def_prop_ro("page_bytes", &PackedBatch::page_bytes, "bytes of the allocated code pages");
+}
+
+}  // namespace ratekv::py
