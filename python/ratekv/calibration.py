@@ -3,7 +3,7 @@
 :func:`calibrate` runs the model over calibration tokens and feeds each layer's
 Q/K/V to the C++ accumulator (calib/accumulator.h — the same code the CLI
 runs), optionally followed by the gradient sensitivity ∂L/∂K, ∂L/∂V by torch
-autograd (RateQuant, DESIGN.md §4; calib/sensitivity.h defines the means).
+autograd (RateQuant, docs/design.md §4; calib/sensitivity.h defines the means).
 The result is a :class:`ratekv.KVStats`, saved as the safetensors file of
 docs/calibration_stats.md, from which :func:`ratekv.make_plan` builds plans.
 

@@ -9,7 +9,7 @@ name ``"ratekv"`` that computes decode attention from the codes
     cache = ratekv.hf.PackedCache(plan, model.config)
     out = model.generate(**inputs, past_key_values=cache, max_new_tokens=32)
 
-Serving mode (docs/design.md / DESIGN.md §9): the prompt's forward pass (the
+Serving mode (docs/design.md §9.2): the prompt's forward pass (the
 first update of an empty cache) attends to its own full-precision K/V through
 PyTorch SDPA, and its K/V are packed at the same time; from then on every decode
 step quantize-appends its token (before attending, so the token reads its own
@@ -18,7 +18,7 @@ codes, as the C++ packed cache does) and attends from codes only.
 ``FakeQuantCache(plan, model.config)`` is the reference of the same semantics:
 it stores what the plan's codecs reconstruct (ratekv's fake-quant path) as
 dense tensors and attends with SDPA; on the same codes it must agree with
-``PackedCache`` to fp32 rounding (DESIGN.md §6).
+``PackedCache`` to fp32 rounding (docs/design.md §6).
 """
 
 from __future__ import annotations

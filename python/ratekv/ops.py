@@ -15,7 +15,7 @@ Ops (namespace ``ratekv``; each has a fake/meta implementation, so
 
 ``handle`` names a :class:`PackedKVCache`'s storage (custom ops take tensors
 and scalars only). CPU tensors run the C++ packed cache
-(include/ratekv/cache/packed_kv_cache.h, DESIGN.md §6) with OpenMP. CUDA
+(include/ratekv/cache/packed_kv_cache.h, docs/design.md §6) with OpenMP. CUDA
 tensors need the extension built with CUDA and the GPU engine's page pool
 (``ratekv._core.has_cuda``); without them the CUDA kernels raise a clear error
 — there is no silent fallback.
@@ -122,6 +122,7 @@ class PackedKVCache:
         self.plan = plan
         self.codecs = PlanCodecs(plan, config, "plan")
         self.batch_size = int(batch_size)
+        self.scale = float(config.attention_scale())  # a Python float: nothing for torch.compile to trace
         if self.device.type == "cpu":
             self._impl = _core.PackedBatch(self.codecs, self.batch_size, int(max_tokens))
         else:
@@ -143,7 +144,7 @@ class PackedKVCache:
         """softmax(scale·q·K̂ᵀ)·V̂ over every stored token of ``layer``, from the codes.
         q: (B, n_heads, head_dim) post-RoPE; returns the same shape and dtype.
         ``scale`` defaults to the model's (1/sqrt(head_dim) unless the config says otherwise)."""
-        s = self.config.attention_scale() if scale is None else float(scale)
+        s = self.scale if scale is None else float(scale)
         return torch.ops.ratekv.decode_attention(self.seq_lens[layer], q, self.handle, layer, s)
 
     def reset(self) -> None:

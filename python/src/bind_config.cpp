@@ -67,13 +67,13 @@ void bind_config(nb::module_& m) {
       });
 
   m.def("rope_layout_for_arch", &rope_layout_for_arch, nb::arg("arch"),
-        "The GGUF channel layout of an architecture (DESIGN.md §1); raises for an unknown one.");
+        "The GGUF channel layout of an architecture (docs/design.md §1); raises for an unknown one.");
   m.def("rope_pairs", &rope_pairs, nb::arg("layout"), nb::arg("head_dim"),
         "The two channels of every RoPE block: [(a_i, b_i)] for i < head_dim/2.");
   m.def(
       "lloyd_max_distortion", [](int m, int bits) { return quant::lloyd_max_codebook(m, bits).distortion; },
       nb::arg("dim"), nb::arg("bits"),
-      "Unit-vector distortion E‖u − û‖² of TurboQuant-MSE at `bits` in dimension `dim` (DESIGN.md §2).");
+      "Unit-vector distortion E‖u − û‖² of TurboQuant-MSE at `bits` in dimension `dim` (docs/design.md §2).");
 
   nb::class_<GgufTokenizer>(m, "Tokenizer", "The GGUF tokenizer of the C++ runtime (model/tokenizer.h).")
       .def(nb::init<const std::string&>(), nb::arg("gguf_path"))

@@ -1,5 +1,5 @@
 // ratekv._core — the Python extension (nanobind): a thin binding of the C++
-// library, no second implementation of any method (DESIGN.md §11). The Python
+// library, no second implementation of any method (docs/design.md §11). The Python
 // package (python/ratekv/) wraps it with torch-facing helpers, custom ops and
 // the Hugging Face cache.
 //

@@ -58,3 +58,31 @@ def tiny_model(arch: str, head_dim: int, n_heads: int, n_kv_heads: int, n_layers
                 if p.bias is not None:
                     p.bias.normal_(0, 0.5)
     return m.eval()
+
+
+@pytest.fixture(scope="session")
+def smol_cli_stats(tmp_path_factory):
+    """`ratekv calibrate` on SmolLM2 (GGUF) over the first 160 tokens of a fixed text, chunks of 80,
+    gradient sensitivity over 2 × 48 tokens, TQ-MSE and Block-GTQ distortion curves at 1..4 bits.
+    Returns (stats path, text path, token ids as the CLI used them)."""
+    import subprocess
+
+    import ratekv
+
+    gguf = smollm2_path()
+    cli = cli_path()
+    d = tmp_path_factory.mktemp("smol")
+    text = d / "calib.txt"
+    text.write_text(
+        "The packed cache stores keys and values as codes. Attention is computed from those codes, "
+        "never from a dequantized copy of the whole cache. Rate-distortion theory says how many bits each "
+        "head deserves: sensitive heads get more, robust heads fewer, and the average stays on budget. "
+        "A plan records the widths, the rotation seeds and the channel groups of every layer and head; "
+        "calibration statistics record what the allocators read. Keys are rotated by RoPE in pairs of "
+        "channels, and the order of those pairs differs between file formats.\n" * 2)
+    out = d / "cli_stats.safetensors"
+    subprocess.run([str(cli), "calibrate", "-m", str(gguf), "-f", str(text), "--tokens", "160", "--ctx", "80",
+                    "--sensitivity", "--sens-seqs", "2", "--sens-len", "48", "--curves", "tq-mse,block-gtq",
+                    "--curve-bits", "1,2,3,4", "-o", str(out)], check=True, capture_output=True)
+    ids = ratekv.Tokenizer(str(gguf)).encode(text.read_text())
+    return out, text, ids
