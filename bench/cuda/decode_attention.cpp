@@ -11,6 +11,11 @@
 // and prints a table.
 // The torch SDPA flash baseline runs in the same device call
 // (tools/device/sdpa_baseline.py).
+// Before any timing, every kernel timed here is checked against its named
+// CPU reference (include/ratekv/ref/) on small batches of both shapes
+// (lengths 4096, 1, 97; JSON "reference_check"); the program exits 1 when a
+// kernel is off (rel err > 1e-3, or quantize-append codes other than the
+// reference's beyond midpoint ties).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,9 +29,12 @@
 #include <string>
 #include <vector>
 
-#include "ratekv/cuda/decode_attention.h"
 #include "ratekv/common/fp16.h"
+#include "ratekv/cuda/decode_attention.h"
 #include "ratekv/format/packed_format.h"
+#include "ratekv/ref/fp16_decode_attention.h"
+#include "ratekv/ref/packed_decode_attention.h"
+#include "ratekv/ref/packed_quantize.h"
 
 using namespace ratekv;
 using namespace ratekv::packed;
@@ -189,6 +197,169 @@ uint8_t* make_packed_pool(const LayerLayout& L, size_t n_pages, std::mt19937& rn
             write_norm(L, tmpl.page(p), h, s, g, t, fp32_to_fp16(U(rng)));
   fill_repeat(pool, n_pages * L.page_bytes(), tmpl.bytes);
   return pool;
+}
+
+/// A host pool of n_pages pages of L: random codes, fp16 norms in [0.5, 2).
+std::vector<uint8_t> host_packed_pool(const LayerLayout& L, int n_pages, std::mt19937& rng) {
+  HostPagePool pool{&L, std::vector<uint8_t>((size_t)n_pages * L.page_bytes())};
+  for (auto& x : pool.bytes) x = (uint8_t)rng();
+  std::uniform_real_distribution<float> U(0.5f, 2.f);
+  for (int p = 0; p < n_pages; ++p)
+    for (int h = 0; h < L.n_kv_heads(); ++h)
+      for (Side s : {Side::key, Side::value})
+        for (int g = 0; g < (int)L.head(h).side(s).size(); ++g)
+          for (int t = 0; t < kPageTokens; ++t) write_norm(L, pool.page(p), h, s, g, t, fp32_to_fp16(U(rng)));
+  return pool.bytes;
+}
+
+template <typename T>
+T* to_device(const std::vector<T>& v) {
+  T* d;
+  CK(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
+  CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <typename T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> v(n);
+  CK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+/// Largest relative L2 error over the sequences of (batch, n_heads, head_dim) outputs.
+double max_rel_err(const std::vector<float>& a, const std::vector<float>& ref, int batch) {
+  const size_t n = a.size() / batch;
+  double worst = 0;
+  for (int b = 0; b < batch; ++b) {
+    double e = 0, r = 0;
+    for (size_t i = b * n; i < (b + 1) * n; ++i) {
+      if (!std::isfinite(a[i])) return INFINITY;
+      e += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+      r += (double)ref[i] * ref[i];
+    }
+    worst = std::max(worst, std::sqrt(e / r));
+  }
+  return worst;
+}
+
+/// The kernels timed below against their named CPU references, on a batch
+/// of lengths 4096, 1, 97 (shuffled pages) of each model shape: the fp16
+/// kernel, every packed layout in both variants (the reference with the
+/// variant's rounding), and quantize-append at positions 4096, 1, 97. Rows
+/// into J["reference_check"]; false when a kernel is off.
+bool check_references(nlohmann::json& J) {
+  std::mt19937 rng(5);
+  const std::vector<int32_t> lens = {4096, 1, 97};
+  const int B = (int)lens.size(), max_pages = 4096 / kPageTokens + 1, n_pages = B * max_pages;
+  std::vector<int32_t> pt(n_pages);
+  for (int i = 0; i < n_pages; ++i) pt[i] = i;
+  std::shuffle(pt.begin(), pt.end(), rng);
+  const ref::DecodeBatch rb{pt, max_pages, lens};
+  int32_t* dpt = to_device(pt);
+  int32_t* dlen = to_device(lens);
+  const cuda::DecodeBatch db{dpt, max_pages, dlen, B, 4096};
+  bool ok = true;
+  nlohmann::json rows = nlohmann::json::array();
+  std::normal_distribution<float> N;
+  std::printf("reference check (B=%d, lengths 4096, 1, 97; rel err vs the named CPU reference):\n", B);
+  for (const Shape& S : {kLlama, kQwen}) {
+    std::vector<float> q((size_t)B * S.n_heads * kD);
+    for (auto& x : q) x = N(rng);
+    float* dq = to_device(q);
+    float* dout;
+    CK(cudaMalloc(&dout, q.size() * 4));
+    const float scale = 1.f / std::sqrt((float)kD);
+    auto row = [&](const std::string& cache, const std::string& what, double err, double limit) {
+      const bool pass = err <= limit;
+      ok = ok && pass;
+      rows.push_back({{"model", S.model}, {"cache", cache}, {"check", what}, {"value", err}, {"limit", limit},
+                      {"pass", pass}});
+      std::printf("  %-12s %-14s %-34s %.2e %s\n", S.model, cache.c_str(), what.c_str(), err, pass ? "" : "FAIL");
+    };
+    {  // fp16 kernel
+      const size_t page_elems = (size_t)S.n_kv_heads * 2 * kPageTokens * kD;
+      std::vector<uint16_t> pool((size_t)n_pages * page_elems);
+      for (auto& x : pool) x = fp32_to_fp16(N(rng));
+      uint16_t* dpool = to_device(pool);
+      const int splits = cuda::default_splits(B, S.n_kv_heads, 4096);
+      const size_t ws_bytes = cuda::decode_workspace_bytes(B, S.n_heads, kD, splits);
+      void* ws;
+      CK(cudaMalloc(&ws, ws_bytes));
+      cuda::fp16_decode_attention(S.n_heads, S.n_kv_heads, kD, db, dpool, dq, cuda::DType::f32, scale, dout, ws,
+                                  ws_bytes, splits, nullptr);
+      CK(cudaDeviceSynchronize());
+      const auto want = ref::fp16_decode_attention(S.n_heads, S.n_kv_heads, kD, rb, pool, q, scale);
+      row("fp16", "decode", max_rel_err(to_host(dout, q.size()), want, B), 1e-3);
+      CK(cudaFree(dpool));
+      CK(cudaFree(ws));
+    }
+    const std::pair<std::string, LayerLayout> layouts[] = {
+        {"K4V4", LayerLayout::uniform(kD, S.n_kv_heads, 4, 4)},
+        {"K3V3", LayerLayout::uniform(kD, S.n_kv_heads, 3, 3)},
+        {"K2V2", LayerLayout::uniform(kD, S.n_kv_heads, 2, 2)},
+        {"K3V3-blockgtq", block_gtq_k3v3(S.n_kv_heads)}};
+    for (const auto& [name, L] : layouts) {
+      const auto rot = rotations_identityish(L, rng);
+      const auto lvl = levels_for(L);
+      const cuda::PackedPlan plan(L, S.n_heads, rot, lvl);
+      const ref::PackedPlan rplan(L, S.n_heads, rot, lvl);
+      std::vector<uint8_t> pool = host_packed_pool(L, n_pages, rng);
+      uint8_t* dpool = to_device(pool);
+      const int splits = cuda::default_splits(plan, B, 4096);
+      const size_t ws_bytes = cuda::decode_workspace_bytes(B, S.n_heads, kD, splits);
+      void* ws;
+      CK(cudaMalloc(&ws, ws_bytes));
+      const auto want16 = ref::packed_decode_attention(rplan, rb, pool, {}, q, scale, ref::PackedRounding::fp16);
+      for (const auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
+        cuda::packed_decode_attention(plan, db, dpool, dq, cuda::DType::f32, scale, dout, ws, ws_bytes, splits,
+                                      nullptr, variant);
+        CK(cudaDeviceSynchronize());
+        const bool i8 = cuda::uses_int8_keys(plan, variant);
+        const auto want =
+            i8 ? ref::packed_decode_attention(rplan, rb, pool, {}, q, scale, ref::PackedRounding::int8_keys) : want16;
+        row(name,
+            std::string("decode ") + (variant == cuda::PackedDecodeVariant::specialized ? "specialized" : "runtime_tables") +
+                (i8 ? " (int8 keys)" : " (fp16)"),
+            max_rel_err(to_host(dout, q.size()), want, B), 1e-3);
+      }
+      // Quantize-append at positions 4096, 1, 97 (room for one more token in max_pages).
+      std::vector<float> kv((size_t)B * S.n_kv_heads * kD);
+      for (auto& x : kv) x = N(rng);
+      float* dkv = to_device(kv);
+      cuda::packed_append(plan, db, dpool, dkv, dkv, cuda::DType::f32, nullptr);
+      CK(cudaDeviceSynchronize());
+      const auto got = to_host(dpool, pool.size());
+      ref::packed_append(rplan, rb, pool, kv, kv);
+      // Codes that differ (bit placement is fixed: any difference is a code's).
+      int diff = 0, codes = 0;
+      for (int b = 0; b < B; ++b) {
+        const int page = pt[(size_t)b * max_pages + lens[b] / kPageTokens], slot = lens[b] % kPageTokens;
+        for (int h = 0; h < L.n_kv_heads(); ++h)
+          for (Side s : {Side::key, Side::value})
+            for (int g = 0; g < (int)L.head(h).side(s).size(); ++g) {
+              const int m = L.head(h).side(s)[g].dim;
+              std::vector<uint8_t> a(m), c(m);
+              read_codes(L, std::span<const uint8_t>(got).subspan((size_t)page * L.page_bytes(), L.page_bytes()), h, s,
+                         g, slot, a);
+              read_codes(L, std::span<const uint8_t>(pool).subspan((size_t)page * L.page_bytes(), L.page_bytes()), h,
+                         s, g, slot, c);
+              for (int j = 0; j < m; ++j) diff += a[j] != c[j];
+              codes += m;
+            }
+      }
+      row(name, "append: codes unlike the reference", diff, 2 + codes / 100000);
+      CK(cudaFree(dkv));
+      CK(cudaFree(dpool));
+      CK(cudaFree(ws));
+    }
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+  }
+  CK(cudaFree(dpt));
+  CK(cudaFree(dlen));
+  J["reference_check"] = rows;
+  return ok;
 }
 
 struct Args {
@@ -383,6 +554,11 @@ int main(int argc, char** argv) {
   J["sms"] = prop.multiProcessorCount;
   J["l2_bytes"] = prop.l2CacheSize;
   J["head_dim"] = kD;
+  if (!check_references(J)) {
+    std::ofstream(A.out) << J.dump(2) << "\n";
+    std::fprintf(stderr, "a kernel disagrees with its named CPU reference: no timings\n");
+    return 1;
+  }
   J["timing"] = "CUDA events around one call (one layer; the demo: one step over all layers), median of " +
                 std::to_string(A.reps) + ", 512 MB memset before each run to flush L2; ms_graph: the same call "
                 "captured once in a CUDA graph and replayed";

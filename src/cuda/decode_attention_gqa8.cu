@@ -23,7 +23,7 @@
 //                               · (P ∘ n^V_g)ᵀ (B: 16 × 8, fp16)            mma.m16n8k16, fp32
 // The format's lane words hold exactly these A fragments (code_decode.cuh): a
 // key code becomes its int8 level with one byte permute per 4 codes
-// (int8_key_levels: one scale per codebook), an fp16 level takes two per 2
+// (ref::int8_key_levels: one scale per codebook), an fp16 level takes two per 2
 // codes. The uniform score of token t, row r is
 // n^K_t · s_r·s_L/254 · (254·Σ hi·L + Σ lo·L), the scale folded into the softmax
 // exponent. A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,

@@ -51,7 +51,7 @@ struct HeadTables {
   // (w = 0..3), ptab[s][g][4+w] the high bytes.
   uint32_t ptab[2][8][8];
   // Key codebooks as int8 (the uniform kernel's integer scores): i8tab[g][w]
-  // byte k = round(level(4w + k) / i8scale[g]) (int8_key_levels), levels ≥ 2^bits 0.
+  // byte k = round(level(4w + k) / i8scale[g]) (ref::int8_key_levels), levels ≥ 2^bits 0.
   uint32_t i8tab[8][4];
   float i8scale[8];
   // Rotations / channels (append and the rotate kernels): offsets into flat arrays.

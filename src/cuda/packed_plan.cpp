@@ -10,6 +10,7 @@
 #include "head_tables.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
+#include "ratekv/ref/int8_key_levels.h"
 
 namespace ratekv::cuda {
 
@@ -28,37 +29,6 @@ T* upload(const std::vector<T>& v) {
   return d;
 }
 }  // namespace
-
-std::vector<float> int8_key_levels(std::span<const float> levels, float* scale) {
-  check(levels.size() >= 2 && levels.size() <= 16,
-        "int8_key_levels: {} levels, expected 2..16 (a 1..4-bit codebook)", levels.size());
-  float amax = 0.f;
-  for (float v : levels) {
-    check(std::isfinite(v), "int8_key_levels: level {} is not finite", v);
-    amax = std::max(amax, std::fabs(v));
-  }
-  // The smallest scale that fits ±127, then up to 12.5 % coarser in 64 steps:
-  // the scale with the least Σ (L − s·round(L/s))² (ties: the smallest).
-  const double s0 = amax > 0.f ? amax / 127.0 : 1.0;
-  double best_s = s0, best_e = INFINITY;
-  for (int j = 0; j <= 64; ++j) {
-    const double sc = s0 * (1.0 + j / 512.0);
-    double e = 0;
-    for (float v : levels) {
-      const double r = v - sc * std::nearbyint(v / sc);
-      e += r * r;
-    }
-    if (e < best_e) best_e = e, best_s = sc;
-  }
-  const float sf = (float)best_s;
-  std::vector<float> out(levels.size());
-  for (size_t i = 0; i < levels.size(); ++i) {
-    const long k = std::lrint(levels[i] / sf);
-    out[i] = sf * (float)std::clamp(k, -127L, 127L);
-  }
-  if (scale) *scale = sf;
-  return out;
-}
 
 bool uses_int8_keys(const PackedPlan& plan, PackedDecodeVariant variant) {
   return variant == PackedDecodeVariant::specialized && !plan.device().has_wide &&
@@ -187,7 +157,7 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
         if (s == 0 && ln <= 16) {  // int8 key codebook (uniform kernel)
           float sc = 0.f;
           const std::vector<float> q8 =
-              int8_key_levels(std::span<const float>(levels).subspan(lvl_used, ln), &sc);
+              ref::int8_key_levels(std::span<const float>(levels).subspan(lvl_used, ln), &sc);
           T.i8scale[g] = sc;
           for (size_t i = 0; i < ln; ++i)
             T.i8tab[g][i / 4] |= (uint32_t)(uint8_t)(int8_t)std::lrint(q8[i] / sc) << (8 * (i % 4));

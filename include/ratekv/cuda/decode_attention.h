@@ -14,6 +14,14 @@
 //   out  : (batch, n_heads, head_dim)    fp32
 //   page_table : (batch, max_pages) int32 physical page ids; seq_lens : (batch) int32
 // GQA: query head q reads KV head q / (n_heads / n_kv_heads).
+//
+// Every kernel family has a named CPU reference with the same inputs and the
+// kernel's rounding, built and tested without CUDA (include/ratekv/ref/):
+//   packed_decode_attention  ref::packed_decode_attention (PackedRounding)
+//   fp16_decode_attention    ref::fp16_decode_attention
+//   packed_append / _prefill ref::packed_append / ref::packed_prefill
+//   vq_decode_attention      ref::vq_decode_attention
+// tests/cuda and bench/cuda compare the kernels with them.
 #pragma once
 
 #include <cstddef>
@@ -102,24 +110,20 @@ class PackedPlan {
 ///  specialized    — (default) for uniform plans (one b-bit key and one b-bit
 ///                   value group over every head, b = 1..4) with GQA ≤ 8 the
 ///                   uniform instance: compile-time widths and offsets and
-///                   integer scores — key levels as int8_key_levels (one scale
-///                   per codebook), the rotated fp16 query split into two int8
+///                   integer scores — key levels as ref::int8_key_levels (one
+///                   scale per codebook), the rotated fp16 query split into two int8
 ///                   parts (q ≈ s·(hi + lo/254), s = max|q|/127 per row, error
 ///                   ≤ 1.6e-5·max|q|), int32 accumulation; values as in
 ///                   runtime_tables. Any other plan: as runtime_tables.
 /// Both decode codes with byte permutes from codebooks in registers; both are
-/// tested against a CPU reference with the levels each uses.
+/// tested against their named CPU reference, ref::packed_decode_attention
+/// (include/ratekv/ref/packed_decode_attention.h), with the levels each uses.
 enum class PackedDecodeVariant { runtime_tables, specialized };
 
-/// A key codebook as the uniform kernel uses it: level L_i -> s·round(L_i/s),
-/// |round(L_i/s)| ≤ 127, one fp32 scale s per codebook (written to *scale when
-/// non-null), chosen in [max|L|/127, 1.125·max|L|/127] to minimise
-/// Σ_i (L_i − s·round(L_i/s))². Error per level ≤ s/2 (≈ 0.4 % of max|L|).
-/// Throws Error unless 2..16 finite levels.
-std::vector<float> int8_key_levels(std::span<const float> levels, float* scale = nullptr);
-
 /// Whether packed_decode_attention(plan, …, variant) runs the uniform kernel
-/// with int8 key levels (int8_key_levels) instead of fp16 ones.
+/// with int8 key levels (ref::int8_key_levels, include/ratekv/ref/
+/// int8_key_levels.h) instead of fp16 ones: then its CPU reference is
+/// ref::packed_decode_attention with PackedRounding::int8_keys.
 bool uses_int8_keys(const PackedPlan& plan, PackedDecodeVariant variant);
 
 /// Workspace bytes for a decode step (split-K partial states + rotated query).
