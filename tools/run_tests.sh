@@ -14,9 +14,9 @@ if [ "$PYTESTS" != 0 ]; then bash tools/install_python_deps.sh; fi
 bash tools/fetch_assets.sh
 B=${RATEKV_BUILD_DIR:-build}
 J=${RATEKV_JOBS:-$(nproc)}
-PYOPT=-DRATEKV_PYTHON=OFF
-if [ "$PYTESTS" != 0 ]; then PYOPT=-DRATEKV_PYTHON=ON; fi
-cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release "$PYOPT" ${RATEKV_CMAKE_ARGS:-} >/dev/null
+PYOPT=(-DRATEKV_PYTHON=OFF)
+if [ "$PYTESTS" != 0 ]; then PYOPT=(-DRATEKV_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)"); fi
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release "${PYOPT[@]}" ${RATEKV_CMAKE_ARGS:-} >/dev/null
 cmake --build "$B" -j "$J"
 # Passive OpenMP waits: ctest -j runs several multi-threaded tests at once.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}

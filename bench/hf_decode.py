@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Decode step time and KV memory of Hugging Face transformers with ratekv's PackedCache vs DynamicCache.
+
+Issue 23 "What it must show": a Llama-3.1-8B-shaped model (random bf16 weights), depths 4K/32K/128K,
+B = 1 and the largest B an fp16 cache fits, DynamicCache (SDPA) and PackedCache K3V3 / K2V2 /
+Block-GTQ, eager and torch.compile'd where it compiles. Rows:
+{"cache", "B", "depth", "step_ms", "decode_tok_s", "kv_gb", "compiled"} (+ "error" when a point fails).
+
+The cache is filled to `depth` with random K/V (keys N(0,1)·0.5, values N(0,1)) through each cache's
+own write path (DynamicCache.update; PackedCache's prefill op), not by a prefill of that length; then
+`--steps` decode steps of one token per sequence are timed (CUDA events, median). Block-GTQ's plan
+comes from ratekv.calibrate() of the random model on random tokens (its statistics are those of the
+random weights: the point is speed and memory, not quality).
+
+    python bench/hf_decode.py --out bench/results/hf_h200.json          # GPU machine, full table
+    python bench/hf_decode.py --config tiny --device cpu --depths 96,200  # logic check on a CPU
+"""
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+import ratekv
+import ratekv.hf
+
+CONFIGS = {
+    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
+                         max_position_embeddings=131072 + 4096, rms_norm_eps=1e-5),
+    "tiny": dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096),
+}
+
+
+def build_model(name, device, dtype):
+    cfg = LlamaConfig(**CONFIGS[name], attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device(device):
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            m = LlamaForCausalLM(cfg)
+        finally:
+            torch.set_default_dtype(old)
+    return m.eval()
+
+
+def kv_fill(cfg, B, T, layer, device, dtype):
+    g = torch.Generator(device=device).manual_seed(1000 + layer)
+    shape = (B, cfg.num_key_value_heads, T, cfg.head_dim)
+    k = torch.randn(shape, generator=g, device=device, dtype=dtype) * 0.5
+    v = torch.randn(shape, generator=g, device=device, dtype=dtype)
+    return k, v
+
+
+def make_cache(kind, plans, model, B, T, device, dtype):
+    cfg = model.config
+    if kind == "dynamic":
+        cache = DynamicCache(config=cfg)
+    else:
+        cache = ratekv.hf.PackedCache(plans[kind], cfg, max_cache_len=T + 64)
+    for li in range(cfg.num_hidden_layers):
+        k, v = kv_fill(cfg, B, T, li, device, dtype)
+        cache.update(k, v, li)
+        del k, v
+    ratekv.hf._active.layer = None
+    return cache
+
+
+def kv_bytes(cache):
+    if isinstance(cache, ratekv.hf.PackedCache):
+        return cache.nbytes
+    return sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size()
+               for l in cache.layers)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(fwd, model, cache, B, T, steps, warmup, device):
+    tok = torch.zeros(B, 1, dtype=torch.long, device=device)
+    times = []
+    for i in range(warmup + steps):
+        pos = torch.full((B, 1), T + i, dtype=torch.long, device=device)
+        if device.type == "cuda":
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            with torch.no_grad():
+                fwd(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            e1.record()
+            torch.cuda.synchronize()
+            ms = e0.elapsed_time(e1)
+        else:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fwd(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            ms = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            times.append(ms)
+    return statistics.median(times)
+
+
+def largest_batch(per_seq_bytes, device, reserve_gb):
+    if device.type != "cuda":
+        return 2
+    free, _ = torch.cuda.mem_get_info()
+    return max(1, int((free - reserve_gb * 2**30) // per_seq_bytes))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="llama-3.1-8b", choices=sorted(CONFIGS))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--depths", default="4096,32768,131072")
+    ap.add_argument("--caches", default="dynamic,K3V3,K2V2,gtq-K3V3")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile", default="eager,compiled", help="eager, compiled or both (comma list)")
+    ap.add_argument("--reserve-gb", type=float, default=6.0, help="memory kept free for activations")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    device = torch.device(a.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_model(a.config, device, dtype)
+    cfg = model.config
+    rc = ratekv.model_config(cfg)
+    plans = {"K3V3": ratekv.uniform_plan(rc, 3, 3), "K2V2": ratekv.uniform_plan(rc, 2, 2)}
+    if "gtq-K3V3" in a.caches:
+        g = torch.Generator().manual_seed(7)
+        st = ratekv.calibrate(model, token_ids=torch.randint(0, cfg.vocab_size, (1024,), generator=g), ctx=512)
+        plans["gtq-K3V3"] = ratekv.make_plan(st, "block-gtq", k_bits=3, v_bits=3, budget_unit="code")
+    fp16_per_token = rc.kv_bytes_per_token_fp16()
+    rows = []
+    meta = {"config": a.config, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "dtype": str(dtype), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup,
+            "fill": "random K/V through each cache's write path (synthetic_fill)",
+            "plans": {k: p.achieved for k, p in plans.items()}}
+    fwds = {"eager": model.forward}
+    if "compiled" in a.compile:
+        fwds["compiled"] = torch.compile(model.forward, dynamic=True)
+    for T in [int(x) for x in a.depths.split(",")]:
+        b_fp16 = largest_batch(fp16_per_token * (T + a.warmup + a.steps + 64), device, a.reserve_gb)
+        batches = sorted({1, b_fp16})
+        for B in batches:
+            for kind in a.caches.split(","):
+                for mode, fwd in fwds.items():
+                    row = {"cache": kind if kind != "dynamic" else "dynamic-sdpa", "B": B, "depth": T,
+                           "compiled": mode == "compiled"}
+                    try:
+                        cache = make_cache(kind, plans, model, B, T, device, dtype)
+                        row["kv_gb"] = kv_bytes(cache) / 1e9
+                        ms = time_steps(fwd, model, cache, B, T, a.steps, a.warmup, device)
+                        row.update(step_ms=ms, decode_tok_s=B * 1e3 / ms)
+                    except Exception as e:  # a point that fails (OOM, compile error) is recorded, not hidden
+                        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    finally:
+                        cache = None
+                        gc.collect()
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+        # Capacity at this depth: the largest batch each cache's K/V fits (K/V bytes per sequence).
+        for kind in [k for k in a.caches.split(",") if k != "dynamic"]:
+            per_seq = None
+            try:
+                c = make_cache(kind, plans, model, 1, T, device, dtype)
+                per_seq = kv_bytes(c)
+                c = None
+                gc.collect()
+            except Exception as e:
+                meta.setdefault("capacity_errors", {})[f"{kind}@{T}"] = str(e)[:200]
+            if per_seq:
+                meta.setdefault("capacity", {})[f"{kind}@{T}"] = {
+                    "bytes_per_seq": per_seq, "fp16_bytes_per_seq": fp16_per_token * T,
+                    "ratio_vs_fp16": fp16_per_token * T / per_seq}
+    meta["fp16_largest_batch"] = {str(T): largest_batch(fp16_per_token * T, device, a.reserve_gb)
+                                  for T in [int(x) for x in a.depths.split(",")]}
+    out = {"meta": meta, "rows": rows}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    print(json.dumps(meta, indent=1))
+
+
+if __name__ == "__main__":
+    main()
