@@ -16,9 +16,13 @@ Ops (namespace ``ratekv``; each has a fake/meta implementation, so
 ``handle`` names a :class:`PackedKVCache`'s storage (custom ops take tensors
 and scalars only). CPU tensors run the C++ packed cache
 (include/ratekv/cache/packed_kv_cache.h, docs/design.md §6) with OpenMP. CUDA
-tensors need the extension built with CUDA and the GPU engine's page pool
-(``ratekv._core.has_cuda``); without them the CUDA kernels raise a clear error
-— there is no silent fallback.
+tensors run the kernels of src/cuda (packed_append / packed_prefill /
+packed_decode_attention) over pages in torch device memory, with the GPU
+engine's per-layer tables (engine/cache_format.h), on torch's current stream;
+they need an extension built with CUDA and the engine (``ratekv.has_cuda``),
+else a clear RatekvError — there is no silent fallback. The GPU path serves
+tq-mse / Block-GTQ / RateQuant plans with 1..4-bit groups (what the engine
+serves); bf16 inputs are converted to fp16 at the kernel boundary.
 """
 
 from __future__ import annotations
@@ -57,21 +61,98 @@ def _lookup(handle: int) -> Any:
 
 
 def _cuda_unavailable(what: str) -> RatekvError:
-    if not _core.has_cuda:
-        return RatekvError(f"{what}: this ratekv extension was built without CUDA (rebuild on a machine with nvcc "
-                           "and torch CUDA, RATEKV_CUDA=ON); use CPU tensors")
-    return RatekvError(f"{what}: the CUDA packed cache needs the GPU engine's page pool, not in this build")
+    return RatekvError(f"{what}: this ratekv extension was built without the CUDA packed cache (it needs nvcc and "
+                       "the GPU engine's library, RATEKV_CUDA=ON); use CPU tensors")
+
+
+class _CpuStore:
+    """B C++ PackedKVCache sequences (python/src/bind_cache.cpp)."""
+
+    def __init__(self, codecs: PlanCodecs, batch: int, max_tokens: int) -> None:
+        self.impl = _core.PackedBatch(codecs, batch, max_tokens)
+
+    def append(self, layer: int, seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.impl.append(layer, k.detach().float().contiguous(), v.detach().float().contiguous(), None)
+        seq_lens.add_(k.shape[1])
+
+    def attend(self, layer: int, seq_lens: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
+        qf = q.detach().float().contiguous().unsqueeze(1)
+        out = torch.empty_like(qf)
+        self.impl.attend(layer, qf, out, float(scale))
+        return out.squeeze(1).to(q.dtype)
+
+    def clear(self) -> None:
+        self.impl.clear()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.impl.bytes)
+
+
+class _CudaStore:
+    """Pages of every layer in torch device memory, the kernels of src/cuda over them.
+
+    Per layer one uint8 tensor of batch · ceil(max_tokens / 64) pages (the plan's page bytes
+    for that layer, engine/cache_format.h), a fixed page table (sequence b owns pages
+    b·P … b·P + P − 1) and the (B,) int32 lengths: nothing is allocated after construction and
+    every launch goes to torch's current stream, so steps can be captured in CUDA graphs. The
+    kernels' max_seq_len bound is the capacity (a constant across steps, as a graph needs)."""
+
+    def __init__(self, codecs: PlanCodecs, batch: int, max_tokens: int, device: torch.device) -> None:
+        self.tables = _core.CudaPackedLayers(codecs)
+        self.batch = batch
+        self.max_tokens = max_tokens
+        self.pages_per_seq = -(-max_tokens // 64)
+        n_pages = batch * self.pages_per_seq
+        self.pools = [torch.zeros(n_pages, self.tables.page_bytes(l), dtype=torch.uint8, device=device)
+                      for l in range(self.tables.n_layers)]
+        self.page_table = torch.arange(n_pages, dtype=torch.int32, device=device).view(batch, self.pages_per_seq)
+        self.ws_bytes = int(self.tables.workspace_bytes(batch, max_tokens))
+        self.workspace = torch.empty(self.ws_bytes, dtype=torch.uint8, device=device)
+        self.device = device
+
+    def _stream(self) -> int:
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def append(self, layer: int, seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        n = k.shape[1]
+        f16 = k.dtype != torch.float32
+        k = (k.to(torch.float16) if f16 else k).contiguous()
+        v = (v.to(torch.float16) if f16 else v.float()).contiguous()
+        self.tables.append(layer, self.pools[layer].data_ptr(), self.page_table.data_ptr(), self.pages_per_seq,
+                           seq_lens.data_ptr(), self.batch, self.max_tokens, k.data_ptr(), v.data_ptr(), n, f16,
+                           self._stream())
+        seq_lens.add_(n)
+
+    def attend(self, layer: int, seq_lens: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
+        f16 = q.dtype != torch.float32
+        qc = (q.to(torch.float16) if f16 else q).contiguous()
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        self.tables.decode(layer, self.pools[layer].data_ptr(), self.page_table.data_ptr(), self.pages_per_seq,
+                           seq_lens.data_ptr(), self.batch, self.max_tokens, qc.data_ptr(), f16, float(scale),
+                           out.data_ptr(), self.workspace.data_ptr(), self.ws_bytes, self._stream())
+        return out.to(q.dtype)
+
+    def clear(self) -> None:
+        pass  # the lengths (reset by the owner) say what is stored; pages are overwritten bit-exactly
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() for p in self.pools)
+
+
+def _check_device(what: str, t: torch.Tensor, store: Any) -> None:
+    want = "cuda" if isinstance(store, _CudaStore) else "cpu"
+    if t.device.type != want:
+        raise RatekvError(f"{what}: tensor on {t.device}, the cache lives on {want}")
 
 
 @torch.library.custom_op("ratekv::append", mutates_args=("seq_lens",))
 def append(seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, layer: int) -> None:
     """Quantize-append (B, n, n_kv_heads, head_dim) keys/values into the packed cache; seq_lens += n."""
-    impl = _lookup(handle)
-    if k.device.type == "cpu":
-        impl.append(layer, k.detach().float().contiguous(), v.detach().float().contiguous(), None)
-        seq_lens.add_(k.shape[1])
-        return
-    raise _cuda_unavailable("ratekv::append")
+    store = _lookup(handle)
+    _check_device("ratekv::append", k, store)
+    store.append(layer, seq_lens, k, v)
 
 
 @append.register_fake
@@ -82,13 +163,9 @@ def _append_fake(seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handl
 @torch.library.custom_op("ratekv::decode_attention", mutates_args=())
 def decode_attention(seq_lens: torch.Tensor, q: torch.Tensor, handle: int, layer: int, scale: float) -> torch.Tensor:
     """Attention of q (B, n_heads, head_dim) over the packed cache of ``layer``; (B, n_heads, head_dim)."""
-    impl = _lookup(handle)
-    if q.device.type == "cpu":
-        qf = q.detach().float().contiguous().unsqueeze(1)
-        out = torch.empty_like(qf)
-        impl.attend(layer, qf, out, float(scale))
-        return out.squeeze(1).to(q.dtype)
-    raise _cuda_unavailable("ratekv::decode_attention")
+    store = _lookup(handle)
+    _check_device("ratekv::decode_attention", q, store)
+    return store.attend(layer, seq_lens, q, scale)
 
 
 @decode_attention.register_fake
@@ -124,9 +201,11 @@ class PackedKVCache:
         self.batch_size = int(batch_size)
         self.scale = float(config.attention_scale())  # a Python float: nothing for torch.compile to trace
         if self.device.type == "cpu":
-            self._impl = _core.PackedBatch(self.codecs, self.batch_size, int(max_tokens))
+            self._impl: Any = _CpuStore(self.codecs, self.batch_size, int(max_tokens))
+        elif self.device.type == "cuda" and _core.has_cuda:
+            self._impl = _CudaStore(self.codecs, self.batch_size, int(max_tokens), self.device)
         else:
-            raise _cuda_unavailable("PackedKVCache(device='cuda')")
+            raise _cuda_unavailable(f"PackedKVCache(device='{self.device}')")
         self.handle = _register(self._impl)
         self.seq_lens = [torch.zeros(self.batch_size, dtype=torch.int32, device=self.device)
                          for _ in range(config.n_layers)]
@@ -156,4 +235,4 @@ class PackedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of K/V storage held (pages, fp16 sink/window rows, positions)."""
-        return int(self._impl.bytes)
+        return int(self._impl.nbytes)

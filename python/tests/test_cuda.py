@@ -1,0 +1,114 @@
+"""The packed cache on CUDA tensors (GPU machine only; skipped without a GPU or without an extension
+built with the CUDA packed cache, ratekv.has_cuda).
+
+References: the CPU packed cache (same plan, same K/V) and, for HF, FakeQuantCache. The GPU kernels
+round the rotated query and the levels to fp16, use int8 key levels for uniform plans (≤ 0.4 % of
+max|level|, include/ratekv/cuda/decode_attention.h) and round P·n to fp16: about 2^-8 relative on
+each score and weight, so outputs agree with the fp32 CPU attention to ~1e-2 of their scale; bound
+3e-2 (relative to max |out|). Codes can differ at a Lloyd–Max midpoint tie only (fp32 summation
+order), too rare to move these bounds.
+"""
+
+import pytest
+import torch
+from conftest import tiny_model
+from test_core import small_config
+from test_hf_cache import inputs, teacher_forced
+
+import ratekv
+import ratekv.hf
+from ratekv.ops import PackedKVCache
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and ratekv.has_cuda),
+                                reason="needs a CUDA device and an extension built with the CUDA packed cache")
+
+
+def rel(a, b):
+    return ((a.float().cpu() - b.float().cpu()).abs().max() / b.float().abs().max()).item()
+
+
+@pytest.mark.parametrize("hd,nh,nkv,T,B,bits", [(64, 4, 2, 97, 3, 3), (128, 32, 8, 300, 2, 2),
+                                                (256, 4, 1, 65, 1, 4), (128, 7, 1, 1, 2, 3)])
+def test_cuda_ops_match_cpu_packed_cache(hd, nh, nkv, T, B, bits):
+    cfg = small_config(head_dim=hd, n_heads=nh, n_kv=nkv)
+    plan = ratekv.uniform_plan(cfg, bits, bits)
+    g = torch.Generator().manual_seed(hd + T)
+    k = torch.randn(B, T, nkv, hd, generator=g)
+    v = torch.randn(B, T, nkv, hd, generator=g)
+    k1, v1 = torch.randn(B, 1, nkv, hd, generator=g), torch.randn(B, 1, nkv, hd, generator=g)
+    q = torch.randn(B, nh, hd, generator=g)
+    cpu, gpu = PackedKVCache(plan, cfg, B, 512), PackedKVCache(plan, cfg, B, 512, device="cuda")
+    for c, dev in ((cpu, "cpu"), (gpu, "cuda")):
+        c.append(1, k.to(dev), v.to(dev))          # prefill (packed_prefill on the GPU)
+        c.append(1, k1.to(dev), v1.to(dev))        # one decode token (packed_append)
+    assert gpu.seq_lens[1].tolist() == [T + 1] * B
+    a = gpu.decode_attention(1, q.cuda())
+    b = cpu.decode_attention(1, q)
+    assert a.device.type == "cuda" and a.shape == (B, nh, hd)
+    assert rel(a, b) < 3e-2
+    # fp16 inputs take the kernels' fp16 path: same bound
+    assert rel(gpu.decode_attention(1, q.cuda().half()), b) < 3e-2
+
+
+def test_cuda_graph_and_compile():
+    cfg = small_config(head_dim=128, n_heads=8, n_kv=2)
+    plan = ratekv.uniform_plan(cfg, 3, 3)
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(2, 200, 2, 128, generator=g).cuda()
+    steps = [(torch.randn(2, 1, 2, 128, generator=g).cuda(), torch.randn(2, 8, 128, generator=g).cuda())
+             for _ in range(3)]
+
+    def step(c, kv, q):
+        c.append(0, kv, kv)
+        return c.decode_attention(0, q)
+
+    eager = PackedKVCache(plan, cfg, 2, 512, device="cuda")
+    eager.append(0, k, k)
+    ref = [step(eager, kv, q) for kv, q in steps]
+    # CUDA graph: capture one step on static inputs, replay it for each token.
+    cg = PackedKVCache(plan, cfg, 2, 512, device="cuda")
+    cg.append(0, k, k)
+    s_kv, s_q = steps[0][0].clone(), steps[0][1].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph):
+            s_out = step(cg, s_kv, s_q)
+    torch.cuda.current_stream().wait_stream(side)
+    cg.reset()  # capture ran the step once: start again from the prefill
+    cg.append(0, k, k)
+    for (kv, q), r in zip(steps, ref):
+        s_kv.copy_(kv)
+        s_q.copy_(q)
+        graph.replay()
+        torch.testing.assert_close(s_out, r, rtol=0, atol=0)
+    # torch.compile (inductor), whole graph
+    comp = PackedKVCache(plan, cfg, 2, 512, device="cuda")
+    comp.append(0, k, k)
+    fn = torch.compile(step, fullgraph=True)
+    for (kv, q), r in zip(steps, ref):
+        torch.testing.assert_close(fn(comp, kv, q), r, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch,hd,nh,nkv,prompt,batch", [("llama", 128, 8, 2, 97, 2), ("qwen2", 64, 7, 1, 65, 1)])
+def test_hf_packed_cache_on_cuda(arch, hd, nh, nkv, prompt, batch):
+    m = tiny_model(arch, hd, nh, nkv).cuda()
+    rc = ratekv.model_config(m.config)
+    plan = ratekv.uniform_plan(rc, 3, 3)
+    ids, nxt = (t.cuda() for t in inputs(batch, prompt))
+    packed = teacher_forced(m, ratekv.hf.PackedCache(plan, m.config), ids, nxt)
+    fq = teacher_forced(m, ratekv.hf.FakeQuantCache(plan, m.config), ids, nxt)
+    assert rel(packed, fq) < 3e-2
+    out = m.generate(ids, past_key_values=ratekv.hf.PackedCache(plan, m.config), max_new_tokens=8,
+                     do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    assert out.shape == (batch, prompt + 8)
+
+
+def test_cuda_refuses_what_the_gpu_path_does_not_serve():
+    cfg = small_config()
+    with pytest.raises(ratekv.RatekvError, match="GPU engine"):
+        PackedKVCache(ratekv.uniform_plan(cfg, 8, 8), cfg, 1, 64, device="cuda")
+    c = PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 1, 64, device="cuda")
+    with pytest.raises(ratekv.RatekvError, match="cache lives on cuda"):
+        c.append(0, torch.zeros(1, 1, 2, 64), torch.zeros(1, 1, 2, 64))
