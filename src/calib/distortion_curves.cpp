@@ -76,9 +76,10 @@ std::map<std::string, QuantizerCurves> read_curves(const SafetensorsFile& f, con
     check(c.bits.size() >= 2 && c.bits.size() <= 64, "{}: curves.{}.bits: expected 2..64 widths, got {}", path, q,
           c.bits.size());
     const int64_t nb = static_cast<int64_t>(c.bits.size());
+    const std::string prefix = "curves." + q + ".";  // (a lambda may not capture a structured binding before clang 16)
     auto rd = [&](const std::string& t, std::vector<int64_t> shape) {
-      f.expect("curves." + q + "." + t, StDtype::F32, shape);
-      const std::vector<float> v = f.read_f32("curves." + q + "." + t);
+      f.expect(prefix + t, StDtype::F32, shape);
+      const std::vector<float> v = f.read_f32(prefix + t);
       return std::vector<double>(v.begin(), v.end());
     };
     c.mse_k = rd("mse_k", {L, H, nb});
