@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Downloads (here, not on the GPU machine) the Debian 12 packages the project's
-# build needs and the GPU machine lacks (DESIGN.md §8): OpenBLAS, Eigen,
+# build needs and the GPU machine lacks: OpenBLAS, Eigen,
 # nlohmann-json, CLI11, fmt, spdlog, PCRE2, GoogleTest/GoogleMock, Google
 # Benchmark and their runtime libraries. They land in DEST (default: the
 # git-ignored .devdeps/ at the repo root, ≈ 19 MB, listed in
