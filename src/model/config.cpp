@@ -1,6 +1,7 @@
 // ModelConfig from GGUF metadata (<arch>.* keys) and its validation; the
 // Gemma 3 differences (sliding-window layer pattern, two RoPE bases, QK-norm,
-// post-norms, GeGLU, embedding scale, logit soft-capping) as configuration.
+// post-norms, GeGLU, embedding scale, logit soft-capping) and the Qwen2 ones
+// (Q/K/V biases) as configuration.
 #include <cmath>
 #include <limits>
 
@@ -45,13 +46,6 @@ void read_gemma3(const GgufFile& f, ModelConfig& c) {
   } else if (c.n_layers == 62) {
     c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.d_model / c.n_heads));
   }
-  for (const char* k : {"rope.scaling.factor", "rope.scale_linear"}) {
-    if (f.has(a + k)) {
-      const double v = f.get_float(a + k);
-      check(v == 1.0 || v == 0.0, "{}: metadata '{}{}' = {}: RoPE frequency scaling is not supported", f.path(), a, k,
-            v);
-    }
-  }
   const int64_t window = f.get_int(a + "attention.sliding_window", 0);
   check(window >= 0 && window <= (int64_t{1} << 30), "{}: metadata '{}attention.sliding_window' = {}: expected 0..2^30",
         f.path(), a, window);
@@ -73,6 +67,38 @@ void read_gemma3(const GgufFile& f, ModelConfig& c) {
   const int64_t p = f.get_int(pk, 6);
   check(p >= 0 && p <= c.n_layers + 1, "{}: metadata '{}' = {}: expected a period in 0..block_count", f.path(), pk, p);
   for (int l = 0; l < c.n_layers; ++l) c.layer_sliding[l] = (p == 0 || l % p < p - 1) ? 1 : 0;
+}
+
+// Every architecture: RoPE frequency scaling (linear, YaRN) is not
+// implemented, so a factor other than 1 is refused rather than ignored.
+void check_no_rope_scaling(const GgufFile& f, const std::string& a) {
+  for (const char* k : {"rope.scaling.factor", "rope.scale_linear"}) {
+    if (f.has(a + k)) {
+      const double v = f.get_float(a + k);
+      check(v == 1.0 || v == 0.0, "{}: metadata '{}{}' = {}: RoPE frequency scaling is not supported", f.path(), a, k,
+            v);
+    }
+  }
+}
+
+// Projection biases, decided by the tensors present, as llama.cpp does
+// (llama_model_base::create_tensor_qkv loads blk.*.attn_{q,k,v}.bias as
+// optional for every architecture and build_qkv adds whichever exist; the
+// qwen2 converter always writes all three). Here the three come together or
+// not at all; biases ratekv does not apply are refused, not ignored.
+void read_biases(const GgufFile& f, ModelConfig& c) {
+  const char* names[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+  int present = 0;
+  for (const char* n : names) present += f.find_tensor(std::string("blk.0.") + n) != nullptr;
+  check(present == 0 || present == 3,
+        "{}: blk.0 has {} of the 3 tensors attn_q.bias, attn_k.bias, attn_v.bias: only all or none is supported",
+        f.path(), present);
+  c.qkv_bias = present == 3;
+  for (const char* n : {"output.bias", "blk.0.attn_output.bias", "blk.0.attn_qkv.bias", "blk.0.attn_qkv.weight",
+                        "blk.0.ffn_down.bias", "blk.0.ffn_up.bias", "blk.0.ffn_gate.bias"}) {
+    check(f.find_tensor(n) == nullptr, "{}: tensor '{}' is present: this layout is not supported (ratekv reads "
+          "separate Q/K/V projections with optional Q/K/V biases only)", f.path(), n);
+  }
 }
 
 }  // namespace
@@ -121,6 +147,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
             emb.ne[1] <= std::numeric_limits<int>::max(),
         "{}: tensor 'token_embd.weight': expected shape (ne0 = {}, ne1 = n_vocab)", f.path(), c.d_model);
   c.n_vocab = static_cast<int>(emb.ne[1]);
+  check_no_rope_scaling(f, a);
+  read_biases(f, c);
   if (c.arch == "gemma3") read_gemma3(f, c);
   c.validate(f.path());
   return c;

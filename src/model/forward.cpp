@@ -1,8 +1,8 @@
-// The forward pass: embeddings (× embd_scale) → n_layers × (RMSNorm, QKV,
-// [QK-norm], RoPE, GQA attention through the KVCache [sliding window],
+// The forward pass: embeddings (× embd_scale) → n_layers × (RMSNorm, QKV
+// [+ bias], [QK-norm], RoPE, GQA attention through the KVCache [sliding window],
 // output projection, [post-norm], RMSNorm, gated FFN (SwiGLU | GeGLU),
 // [post-norm]) → final RMSNorm → LM head [→ soft-cap]. The bracketed parts are
-// Gemma 3's, switched by ModelConfig fields; with Llama's defaults they are
+// Gemma 3's and Qwen2's (the bias), switched by ModelConfig fields; with Llama's defaults they are
 // skipped and the arithmetic is exactly the plain Llama pass. fp32
 // throughout; GEMMs through OpenBLAS.
 #include <cblas.h>
@@ -50,6 +50,8 @@ void add_into(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+bool is_supported_arch(const std::string& arch) { return arch == "llama" || arch == "gemma3" || arch == "qwen2"; }
+
 }  // namespace
 
 void rms_norm(const float* x, const float* weight, float* out, int64_t n, int d, float eps) {
@@ -67,8 +69,8 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t n, int d,
 Model Model::load(const GgufFile& f) {
   Model m;
   m.cfg_ = ModelConfig::from_gguf(f);
-  check(m.cfg_.arch == "llama" || m.cfg_.arch == "gemma3",
-        "{}: general.architecture '{}': the forward pass is implemented for 'llama' and 'gemma3' only "
+  check(is_supported_arch(m.cfg_.arch),
+        "{}: general.architecture '{}': the forward pass is implemented for 'llama', 'gemma3' and 'qwen2' only "
         "(its RoPE layout may be known, but norms/activations/attention of this family are not)",
         f.path(), m.cfg_.arch);
   m.w_ = ModelWeights::load(f, m.cfg_);
@@ -78,8 +80,8 @@ Model Model::load(const GgufFile& f) {
 
 Model Model::from_weights(ModelConfig cfg, ModelWeights w) {
   cfg.validate("Model::from_weights");
-  check(cfg.arch == "llama" || cfg.arch == "gemma3",
-        "Model::from_weights: arch '{}': only 'llama' and 'gemma3' are implemented", cfg.arch);
+  check(is_supported_arch(cfg.arch),
+        "Model::from_weights: arch '{}': only 'llama', 'gemma3' and 'qwen2' are implemented", cfg.arch);
   const size_t d = cfg.d_model, qd = size_t(cfg.n_heads) * cfg.head_dim, kvd = size_t(cfg.n_kv_heads) * cfg.head_dim,
                dff = cfg.d_ff, V = cfg.n_vocab;
   auto need = [](const std::vector<float>& v, size_t n, const std::string& what) {
@@ -95,6 +97,7 @@ Model Model::from_weights(ModelConfig cfg, ModelWeights w) {
     const std::string p = "layer " + std::to_string(l) + " ";
     need(L.attn_norm, d, p + "attn_norm");
     need(L.wqkv, (qd + 2 * kvd) * d, p + "wqkv");
+    need(L.bqkv, cfg.qkv_bias ? qd + 2 * kvd : 0, p + "bqkv");
     need(L.wo, d * qd, p + "wo");
     need(L.ffn_norm, d, p + "ffn_norm");
     need(L.w_gate_up, 2 * dff * d, p + "w_gate_up");
@@ -185,7 +188,8 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
     linear(xn.data(), L.wqkv.data(), qkv.data(), n, d, qkvd);
 #pragma omp parallel for schedule(static) if (n >= 32)
     for (int64_t i = 0; i < n; ++i) {
-      const float* r = qkv.data() + i * qkvd;
+      float* r = qkv.data() + i * qkvd;
+      if (c.qkv_bias) add_into(r, L.bqkv.data(), qkvd);  // Qwen2: before QK-norm and RoPE
       float* qi = q.data() + i * qd;
       float* ki = k.data() + i * kvd;
       std::memcpy(qi, r, sizeof(float) * qd);

@@ -35,7 +35,7 @@ void append_rows(std::vector<float>& dst, std::vector<float>&& src) {
 size_t ModelWeights::bytes() const {
   size_t b = (token_embd.size() + output.size() + output_norm.size()) * sizeof(float);
   for (const auto& l : layers) {
-    b += (l.attn_norm.size() + l.wqkv.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate_up.size() +
+    b += (l.attn_norm.size() + l.wqkv.size() + l.bqkv.size() + l.wo.size() + l.ffn_norm.size() + l.w_gate_up.size() +
           l.w_down.size() + l.attn_q_norm.size() + l.attn_k_norm.size() + l.attn_post_norm.size() +
           l.ffn_post_norm.size()) * sizeof(float);
   }
@@ -58,6 +58,12 @@ ModelWeights ModelWeights::load(const GgufFile& f, const ModelConfig& c) {
     append_rows(L.wqkv, load_tensor(f, p + "attn_q.weight", d, q_dim));
     append_rows(L.wqkv, load_tensor(f, p + "attn_k.weight", d, kv_dim));
     append_rows(L.wqkv, load_tensor(f, p + "attn_v.weight", d, kv_dim));
+    if (c.qkv_bias) {
+      L.bqkv.reserve(q_dim + 2 * kv_dim);
+      append_rows(L.bqkv, load_tensor(f, p + "attn_q.bias", q_dim, 0));
+      append_rows(L.bqkv, load_tensor(f, p + "attn_k.bias", kv_dim, 0));
+      append_rows(L.bqkv, load_tensor(f, p + "attn_v.bias", kv_dim, 0));
+    }
     L.wo = load_tensor(f, p + "attn_output.weight", q_dim, d);
     L.w_gate_up.reserve(2 * int64_t{c.d_ff} * d);
     append_rows(L.w_gate_up, load_tensor(f, p + "ffn_gate.weight", d, c.d_ff));

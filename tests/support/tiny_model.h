@@ -60,8 +60,8 @@ inline ratekv::ModelConfig tiny_config(const TinyShape& s = {},
 /// order token_embd (σ 1), output (σ 0.5, if untied), output_norm (1 ± 0.1),
 /// then per layer attn_norm, ffn_norm (1 ± 0.1), wqkv (σ 0.4), wo (σ 0.2),
 /// w_gate_up, w_down (σ 0.3). The RoPE layout follows the arch, as
-/// Model::from_weights derives it; from_weights builds "llama" and "gemma3"
-/// only, so layout NeoX ("qwen2") throws Error here (tiny_config serves NeoX).
+/// Model::from_weights derives it: layout NeoX gives a "qwen2" model without
+/// Q/K/V biases (qkv_bias false).
 inline ratekv::Model tiny_model(uint32_t seed, const TinyShape& s,
                                 ratekv::RopeLayout layout = ratekv::RopeLayout::Interleaved) {
   std::mt19937 g(seed);

@@ -1,4 +1,4 @@
-// ratekv/model/model.h — Llama-family and Gemma 3 decoders on the CPU (fp32 compute).
+// ratekv/model/model.h — Llama-family, Gemma 3 and Qwen2 decoders on the CPU (fp32 compute).
 //
 // Pieces, one per source file in src/model/:
 //   config.cpp          ModelConfig from GGUF metadata, validation
@@ -6,15 +6,22 @@
 //   weights.cpp         weights dequantized to fp32 at load (tied embeddings)
 //   forward.cpp         the forward pass (RMSNorm, GQA attention through a
 //                       KVCache, gated FFN, LM head), hooks for calibration;
-//                       the Gemma 3 differences are configuration (ModelConfig
-//                       fields below, all neutral for "llama")
+//                       the Gemma 3 and Qwen2 differences are configuration
+//                       (ModelConfig fields below, all neutral for "llama")
 //   kv_cache_dense.cpp  DenseKVCache (declared in kv_cache.h)
 //
 // Conventions. Activations are row-major with the token index outermost:
 // hidden states (n, d_model), Q (n, n_heads, head_dim), K/V (n, n_kv_heads,
 // head_dim). Head and channel order are the GGUF tensor order (docs/design.md §1.1);
 // for arch "llama" the converter permuted Q/K rows so RoPE pairs channels
-// (2i, 2i+1); "gemma3" keeps the NeoX pairs (i, i + head_dim/2).
+// (2i, 2i+1); "gemma3" and "qwen2" keep the NeoX pairs (i, i + head_dim/2).
+//
+// Architectures (the one runtime; an arch is a set of ModelConfig values read
+// by ModelConfig::from_gguf, following llama.cpp's src/models/<arch>.cpp):
+//   llama   RMSNorm, SwiGLU, interleaved RoPE, no biases
+//   gemma3  + embedding scale, QK-norm, pre/post norms, GeGLU, sliding-window
+//           layers with their own RoPE base, optional logit soft-capping
+//   qwen2   + Q/K/V projection biases (qkv_bias), NeoX RoPE; otherwise llama
 #pragma once
 
 #include <array>
@@ -80,9 +87,12 @@ void apply_rope(float* x, int64_t n_vecs, int head_dim, int64_t pos, RopeLayout 
 /// uses GELU's tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 enum class FfnActivation { SiLU, GeluTanh };
 
-/// Hyper-parameters of a Llama-family or Gemma 3 model, read from GGUF
-/// metadata `<arch>.*` (arch = general.architecture). The fields after
-/// rope_layout describe Gemma 3's differences; their defaults are Llama's.
+/// Hyper-parameters of a Llama-family, Gemma 3 or Qwen2 model, read from
+/// GGUF metadata `<arch>.*` (arch = general.architecture). The fields after
+/// rope_layout describe the Gemma 3 and Qwen2 differences; their defaults
+/// are Llama's (every field neutral), so a runtime (CPU here, the GPU engine)
+/// implements an architecture by honouring these fields, never by testing
+/// `arch`.
 struct ModelConfig {
   std::string arch;          ///< general.architecture
   int n_layers = 0;          ///< <arch>.block_count
@@ -107,6 +117,15 @@ struct ModelConfig {
   int64_t sliding_window = 0;     ///< <arch>.attention.sliding_window (tokens); used by layers marked below
   std::vector<uint8_t> layer_sliding;  ///< (n_layers) 1 = sliding-window layer; empty = all global
   double rope_theta_swa = 0;      ///< <arch>.rope.freq_base_swa for sliding layers (gemma3 default 10000)
+
+  // --- Qwen2 (arch "qwen2"); neutral default for "llama" / "gemma3" ---
+  /// The Q, K and V projections carry biases (blk.*.attn_{q,k,v}.bias, F32;
+  /// set by from_gguf when blk.0 has them, as llama.cpp decides — every qwen2
+  /// GGUF does, the llama/gemma3 files here do not):
+  /// [q k v] = W_qkv·x + b_qkv, added right after the projection — before
+  /// QK-norm (if any) and before RoPE, so the pre-RoPE key includes b_k and
+  /// RoPE rotates it with the key. LayerWeights::bqkv holds the biases.
+  bool qkv_bias = false;
 
   /// True if layer l attends within sliding_window only.
   bool is_sliding(int l) const { return !layer_sliding.empty() && layer_sliding[l] != 0; }
@@ -143,6 +162,10 @@ struct ModelConfig {
 struct LayerWeights {
   std::vector<float> attn_norm;  ///< (d_model)
   std::vector<float> wqkv;       ///< (n_heads·hd + 2·n_kv_heads·hd, d_model): Q rows, then K, then V
+  /// (n_heads·hd + 2·n_kv_heads·hd) when cfg.qkv_bias, else empty: the Q, K
+  /// and V biases in wqkv's row order (Q heads, then KV heads of K, then of V;
+  /// within a head the GGUF channel order, i.e. NeoX pairs (i, i+hd/2) for qwen2).
+  std::vector<float> bqkv;
   std::vector<float> wo;         ///< (d_model, n_heads·hd)
   std::vector<float> ffn_norm;   ///< (d_model)
   std::vector<float> w_gate_up;  ///< (2·d_ff, d_model): gate rows, then up rows
@@ -157,7 +180,9 @@ struct LayerWeights {
 /// All weights, dequantized to fp32 at load.
 struct ModelWeights {
   std::vector<float> token_embd;  ///< (n_vocab, d_model)
-  std::vector<float> output;      ///< (n_vocab, d_model); empty when tied to token_embd
+  /// (n_vocab, d_model) when the GGUF has `output.weight` (an untied LM head,
+  /// as both Qwen2.5-Coder files have); empty when tied to token_embd.
+  std::vector<float> output;
   std::vector<float> output_norm; ///< (d_model)
   std::vector<LayerWeights> layers;
   /// LM head matrix (n_vocab, d_model): `output`, or token_embd when tied.
@@ -194,15 +219,15 @@ struct ForwardHooks {
   std::function<void(const LayerActivations&)> on_layer;
 };
 
-/// A loaded model ("llama" or "gemma3" arch). The weights are immutable after
+/// A loaded model ("llama", "gemma3" or "qwen2" arch). The weights are immutable after
 /// load; forward() allocates its activations per call and only reads the
 /// weights, so concurrent calls with distinct caches are safe.
 class Model {
  public:
   /// Reads the config and dequantizes all weights; the GgufFile may be closed
   /// afterwards. Throws Error for an architecture whose forward pass is not
-  /// implemented (anything but "llama" and "gemma3"), a bad config, or
-  /// missing tensors.
+  /// implemented (anything but "llama", "gemma3" and "qwen2"), a bad config,
+  /// or missing tensors.
   static Model load(const GgufFile& f);
   /// Builds a model from an explicit config and weights (tests, synthetic
   /// models). Validates the config and every weight's size; throws Error.
