@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Regenerate the llama.cpp reference fixtures under tests/fixtures/smollm2/ or
-# tests/fixtures/gemma3/ (run once by a person, NEVER in CI). Formats: the README.md there.
+# Regenerate the llama.cpp reference fixtures under tests/fixtures/smollm2/, gemma3/,
+# qwen2.5-coder-0.5b/ or qwen2.5-coder-1.5b/ (run once by a person, NEVER in CI). Formats:
+# the README.md there.
 #
 # Prerequisites:
-#   tools/fetch_assets.sh        (model + text/eval.txt)
+#   tools/fetch_assets.sh        (model + text/eval.txt; --with-qwen-1.5b for qwen15)
 #   tools/build_llamacpp.sh      (llama.cpp CPU build, 15-25 min on 2 cores)
 #
-#   tools/make_reference_fixtures.sh [--model smollm2|gemma3] [tokenizer] [logits] [greedy] [perplexity]
+#   tools/make_reference_fixtures.sh [--model smollm2|gemma3|qwen05|qwen15] [tokenizer] [logits] [greedy] [perplexity]
 #       (no step: all four, in that order; default model smollm2)
 #
 # Environment: RATEKV_ASSETS, RATEKV_LLAMA_ROOT as in the two scripts above.
@@ -37,7 +38,17 @@ case "$WHICH" in
     MODEL="$ASSETS/models/gemma-3-270m-q4_k_m.gguf"
     F32_MODEL="$ROOT/ref/gemma-3-270m.F32-from-Q4_K_M.gguf"
     SET=(gemma3) ;;
-  *) die "--model '$WHICH': expected smollm2 or gemma3" ;;
+  qwen05)
+    OUT="$REPO/tests/fixtures/qwen2.5-coder-0.5b"
+    MODEL="$ASSETS/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    F32_MODEL="$ROOT/ref/qwen2.5-coder-0.5b.F32-from-Q4_K_M.gguf"
+    SET=(qwen2) ;;
+  qwen15)
+    OUT="$REPO/tests/fixtures/qwen2.5-coder-1.5b"
+    MODEL="$ASSETS/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    F32_MODEL="$ROOT/ref/qwen2.5-coder-1.5b.F32-from-Q4_K_M.gguf"
+    SET=(qwen2) ;;
+  *) die "--model '$WHICH': expected smollm2, gemma3, qwen05 or qwen15" ;;
 esac
 
 STEPS=("$@")
@@ -51,6 +62,7 @@ for t in llama-tokenize llama-perplexity; do
 done
 [[ -e "$BIN/libllama.so" && -f "$SRC/include/llama.h" ]] || die "libllama.so or llama.h missing under $ROOT: run tools/build_llamacpp.sh first"
 "$HERE/fetch_assets.sh" --check >/dev/null || die "assets missing or corrupt: run tools/fetch_assets.sh first"
+[[ -f "$MODEL" ]] || die "$MODEL not found: run tools/fetch_assets.sh (--with-qwen-1.5b for qwen15)"
 command -v python3 >/dev/null || die "python3 not found"
 MODEL_SHA="$(sha256sum "$MODEL" | cut -d' ' -f1)"
 EVAL_SHA="$(sha256sum "$EVAL" | cut -d' ' -f1)"
@@ -73,9 +85,20 @@ for s in "${STEPS[@]}"; do
   echo "make_reference_fixtures.sh: $s" >&2
   case "$s" in
     tokenizer)
-      python3 "$HERE/ref/tokenizer_fixture.py" "$BIN/llama-tokenize" "$MODEL" "$MODEL_SHA" "$OUT/tokenizer.json" "${SET[@]}"
-      if [[ "$WHICH" == gemma3 ]]; then
-        python3 "$HERE/ref/tokenizer_stress_fixture.py" "$BIN/llama-tokenize" "$MODEL" "$OUT/tokenizer_stress.json"
+      # Qwen2.5-Coder 0.5B and 1.5B share one vocabulary: one tokenizer fixture (in the 0.5B
+      # directory), checked on both when the 1.5B file is present.
+      if [[ "$WHICH" == qwen15 ]]; then
+        echo "make_reference_fixtures.sh: qwen15 shares the 0.5B tokenizer fixture (run --model qwen05 tokenizer)" >&2
+        continue
+      fi
+      OTHERS=()
+      Q15="$ASSETS/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+      if [[ "$WHICH" == qwen05 && -f "$Q15" ]]; then OTHERS=("$Q15"); fi
+      python3 "$HERE/ref/tokenizer_fixture.py" "$BIN/llama-tokenize" "$MODEL" "$MODEL_SHA" "$OUT/tokenizer.json" "${SET[@]}" \
+        "${OTHERS[@]}"
+      if [[ "$WHICH" == gemma3 || "$WHICH" == qwen05 ]]; then
+        python3 "$HERE/ref/tokenizer_stress_fixture.py" "$BIN/llama-tokenize" "$MODEL" "$OUT/tokenizer_stress.json" \
+          "${OTHERS[@]}"
       fi ;;
     logits)
       build_ref

@@ -23,6 +23,9 @@ namespace {
 constexpr std::string_view kEogTexts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
     "<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+    // Qwen's fill-in-the-middle pad / repository / file-separator tokens
+    // (llama.cpp's special_fim_{pad,rep,sep}_id, also end-of-generation).
+    "<|fim_pad|>", "<|fim_repo|>", "<|repo_name|>", "<|file_sep|>",
 };
 
 void check_id(int32_t id, size_t n, const char* key) {
@@ -68,7 +71,7 @@ std::vector<std::string> regexes_for(const std::string& pre) {
   auto r = tok::pre_tokenizer_regexes(pre);
   check(r.has_value(),
         "tokenizer.ggml.pre = '{}' is not supported (supported: smollm, starcoder, refact, command-r, codeshell, "
-        "exaone, minerva-7b, gpt-2, phi-2)",
+        "exaone, minerva-7b, gpt-2, phi-2, qwen2)",
         pre);
   return *r;
 }

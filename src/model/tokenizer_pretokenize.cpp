@@ -28,6 +28,18 @@ std::string gpt2_word_regex() {
          "])";
 }
 
+std::string qwen2_word_regex() {
+  const std::string ws = kWhiteSpaceClass;
+  const std::string l = std::string("\\p{L}") + kExtraLetterClass, n = std::string("\\p{N}") + kExtraNumberClass;
+  return "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"  // contractions, either case
+         "|[^\\r\\n" + l + n + "]?[" + l + "]+"                       // a word, with one leading non-letter
+         "|[" + n + "]"                                                 // one digit
+         "| ?[^" + ws + l + n + "]+[\\r\\n]*"                         // punctuation run (+ newlines)
+         "|[" + ws + "]*[\\r\\n]+"                                    // whitespace ending in newlines
+         "|[" + ws + "]+(?![^" + ws + "])"                               // whitespace not before a non-space
+         "|[" + ws + "]+";
+}
+
 std::optional<std::vector<std::string>> pre_tokenizer_regexes(std::string_view pre) {
   static constexpr std::array<std::string_view, 7> kDigitsThenGpt2 = {
       "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"};
@@ -36,6 +48,7 @@ std::optional<std::vector<std::string>> pre_tokenizer_regexes(std::string_view p
     if (n == pre) return std::vector<std::string>{number_class(), gpt2_word_regex()};
   for (auto n : kGpt2)
     if (n == pre) return std::vector<std::string>{gpt2_word_regex()};
+  if (pre == "qwen2") return std::vector<std::string>{qwen2_word_regex()};
   return std::nullopt;
 }
 

@@ -42,12 +42,25 @@ std::string number_class();
 /// letter_class() and number_class().
 std::string gpt2_word_regex();
 
+/// The Qwen2 word regex, llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2 (Qwen2's
+/// tokenizer.json regex with the case-insensitive contractions spelled out):
+///   (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
+///   |[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*
+///   |\s*[\r\n]+|\s+(?!\S)|\s+
+/// — digits one at a time, a word takes one leading non-letter (a space,
+/// tab, quote ...), newlines end punctuation runs and whitespace runs. In
+/// PCRE2 syntax with kWhiteSpaceClass, letter_class() and number_class(),
+/// equivalent to llama.cpp's hand-written splitter for it
+/// (unicode_regex_split_custom_qwen2; tests/fixtures/qwen2.5-0.5b).
+std::string qwen2_word_regex();
+
 /// The regex cascade llama.cpp uses for tokenizer.ggml.pre == `pre`, or
 /// nullopt when `pre` is not supported here. Supported:
 ///   "smollm" (and "starcoder", "refact", "command-r", "codeshell", "exaone",
 ///   "minerva-7b", which share it): {number_class(), gpt2_word_regex()} — every
 ///   digit is its own word, then GPT-2 words;
-///   "gpt-2", "phi-2": {gpt2_word_regex()}.
+///   "gpt-2", "phi-2": {gpt2_word_regex()};
+///   "qwen2": {qwen2_word_regex()}.
 std::optional<std::vector<std::string>> pre_tokenizer_regexes(std::string_view pre);
 
 /// A compiled regex cascade. Thread-safe: split() may run concurrently.

@@ -316,8 +316,8 @@ TEST(Tokenizer, UnsupportedModelOrPreNamesKeyAndValue) {
   v = c.v.vocab();
   v.model = "llama";  // SentencePiece-style: needs one score per token
   expect_error(v, {"tokenizer.ggml.scores", "0 entries"});
-  v = c.v.vocab("qwen2");
-  expect_error(v, {"tokenizer.ggml.pre", "'qwen2'"});
+  v = c.v.vocab("qwen35");
+  expect_error(v, {"tokenizer.ggml.pre", "'qwen35'"});
   v = c.v.vocab("");
   expect_error(v, {"tokenizer.ggml.pre"});
   v = c.v.vocab();

@@ -1,12 +1,14 @@
 // The regex pre-tokenizer (src/model/tokenizer_pretokenize.h): hand-checked
-// splits for the SmolLM2 ("smollm") cascade, and a randomized comparison with
-// an independent procedural scanner of the same rules (llama.cpp's
-// description of the GPT-2 regex), code point by code point.
+// splits for the SmolLM2 ("smollm") and Qwen2 ("qwen2") cascades, and
+// randomized comparisons with independent procedural scanners of the same
+// rules (llama.cpp's hand-written splitters for the GPT-2 and Qwen2 regexes,
+// unicode_regex_split_custom_gpt2 / _qwen2), code point by code point.
 #include <gtest/gtest.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cctype>
 #include <random>
 
 #include "model/tokenizer_pretokenize.h"
@@ -106,6 +108,89 @@ Words reference_smollm(const std::string& text) {
   return w;
 }
 
+// Qwen2 word rules on code points [b, e), as llama.cpp's
+// unicode_regex_split_custom_qwen2 scans them (a procedural reading of
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
+// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+).
+void qwen2_scan(const std::vector<char32_t>& cp, size_t b, size_t e, std::vector<std::pair<size_t, size_t>>& out) {
+  auto in = [&](size_t i) { return i < e; };
+  auto letter = [&](size_t i) { return in(i) && is_letter(cp[i]); };
+  auto number = [&](size_t i) { return in(i) && is_number(cp[i]); };
+  auto space = [&](size_t i) { return in(i) && is_space(cp[i]); };
+  auto other = [&](size_t i) { return in(i) && !is_space(cp[i]) && !is_letter(cp[i]) && !is_number(cp[i]); };
+  auto lower = [&](size_t i) { return in(i) && cp[i] < 128 ? static_cast<char32_t>(std::tolower(int(cp[i]))) : cp[i]; };
+  auto nl = [&](size_t i) { return in(i) && (cp[i] == '\r' || cp[i] == '\n'); };
+  size_t pos = b;
+  auto emit = [&](size_t end) {
+    out.emplace_back(pos, end);
+    pos = end;
+  };
+  while (pos < e) {
+    const char32_t c = cp[pos];
+    if (c == '\'' && in(pos + 1)) {
+      const char32_t n1 = lower(pos + 1);
+      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
+        emit(pos + 2);
+        continue;
+      }
+      if (in(pos + 2)) {
+        const char32_t n2 = lower(pos + 2);
+        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+          emit(pos + 3);
+          continue;
+        }
+      }
+    }
+    if (!nl(pos) && !number(pos) && (letter(pos) || letter(pos + 1))) {  // [^\r\n L N]? L+
+      size_t p = pos + 1;
+      while (letter(p)) ++p;
+      emit(p);
+      continue;
+    }
+    if (number(pos)) {
+      emit(pos + 1);
+      continue;
+    }
+    const size_t p0 = pos + (c == ' ' && other(pos + 1) ? 1 : 0);
+    if (other(p0)) {  // ' '? [^\s L N]+ [\r\n]*
+      size_t p = p0;
+      while (other(p)) ++p;
+      while (nl(p)) ++p;
+      emit(p);
+      continue;
+    }
+    size_t q = pos, last_nl = 0;
+    while (space(q)) {
+      if (nl(q)) last_nl = q + 1;
+      ++q;
+    }
+    if (last_nl > 0) {  // \s*[\r\n]+
+      emit(last_nl);
+      continue;
+    }
+    if (q - pos > 1 && in(q)) {  // \s+(?!\S)
+      emit(q - 1);
+      continue;
+    }
+    emit(q > pos ? q : pos + 1);  // \s+, or one character nothing else took
+  }
+}
+
+Words reference_qwen2(const std::string& text) {
+  std::vector<char32_t> cp;
+  std::vector<size_t> byte_off;
+  for (size_t pos = 0; pos < text.size();) {
+    byte_off.push_back(pos);
+    cp.push_back(utf8_decode_one(text, pos));
+  }
+  byte_off.push_back(text.size());
+  std::vector<std::pair<size_t, size_t>> spans;
+  qwen2_scan(cp, 0, cp.size(), spans);
+  Words w;
+  for (auto [s, e] : spans) w.push_back(text.substr(byte_off[s], byte_off[e] - byte_off[s]));
+  return w;
+}
+
 }  // namespace
 
 TEST(PreTokenizer, SmolLMCascade) {
@@ -189,6 +274,61 @@ TEST(PreTokenizer, MatchesIndependentScannerOnRandomText) {
     }
     ASSERT_EQ(joined, s);
   }
+}
+
+TEST(PreTokenizer, Qwen2HandCheckedSplits) {
+  const auto r = pre_tokenizer_regexes("qwen2");
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->size(), 1u);
+  const PreTokenizer p(*r);
+  EXPECT_EQ(p.split("Hello world"), (Words{"Hello", " world"}));
+  // Contractions in either case; a quote before letters joins them.
+  EXPECT_EQ(p.split("I'LL we'Ve x'y"), (Words{"I", "'LL", " we", "'Ve", " x", "'y"}));
+  // One digit per word; a space before a digit is a word of its own.
+  EXPECT_EQ(p.split("abc 12345"), (Words{"abc", " ", "1", "2", "3", "4", "5"}));
+  // A word takes one leading non-letter that is not a newline: tab, '(', '_'.
+  EXPECT_EQ(p.split("\tfoo(bar_baz"), (Words{"\tfoo", "(bar", "_baz"}));
+  EXPECT_EQ(p.split("\nfoo"), (Words{"\n", "foo"}));
+  // Punctuation runs keep one leading space and swallow following newlines.
+  EXPECT_EQ(p.split("x);\n\n  y"), (Words{"x", ");\n\n", " ", " y"}));
+  // Whitespace up to the last newline of a run is one word.
+  EXPECT_EQ(p.split("a \n \n  b"), (Words{"a", " \n \n", " ", " b"}));
+  EXPECT_EQ(p.split("a\r\n\r\nb"), (Words{"a", "\r\n\r\n", "b"}));
+  // Without newlines: all but the last space, which joins the next word.
+  EXPECT_EQ(p.split("a   b"), (Words{"a", "  ", " b"}));
+  EXPECT_EQ(p.split("a  "), (Words{"a", "  "}));
+  // A combining mark (\p{M}) is not a letter: it ends the word.
+  EXPECT_EQ(p.split("e\xCC\x81t"), (Words{"e", "\xCC\x81t"}));
+  EXPECT_EQ(p.split(""), Words{});
+}
+
+TEST(PreTokenizer, Qwen2MatchesIndependentScannerOnRandomText) {
+  const char32_t alphabet[] = {'a',    'b',    's',    't',    'r',    'e',     'v',     'm',    'l',     'd',
+                               'S',    'L',    'E',    '\'',   ' ',    ' ',     ' ',     '\t',   '\n',    '\r',
+                               '0',    '7',    0x663,  0xBD,   0xE9,   0x4E2D,  0x85,    0xA0,   0x3000,  0x2028,
+                               '!',    '.',    '(',    '_',    0x1F600, 0x200D, 0x301,   0xFFFD, 0x10FFFF, 0xD800,
+                               0xE000, 0x2160, 0x11F50, 0x31350};
+  std::mt19937 rng(4321);
+  std::uniform_int_distribution<size_t> pick(0, std::size(alphabet) - 1);
+  std::uniform_int_distribution<int> len(0, 40);
+  const PreTokenizer p(*pre_tokenizer_regexes("qwen2"));
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string s;
+    const int n = len(rng);
+    for (int i = 0; i < n; ++i) utf8_append(s, alphabet[pick(rng)]);
+    const Words got = p.split(s);
+    ASSERT_EQ(got, reference_qwen2(s)) << "iteration " << iter;
+    std::string joined;
+    for (const auto& w : got) {
+      ASSERT_FALSE(w.empty());
+      joined += w;
+    }
+    ASSERT_EQ(joined, s);
+  }
+  // Long runs stay linear and whole.
+  const std::string spaces(1 << 20, ' ');
+  EXPECT_EQ(p.split(spaces + "x"), (Words{std::string((1 << 20) - 1, ' '), " x"}));
+  EXPECT_EQ(p.split(std::string(1 << 20, '\n')), Words{std::string(1 << 20, '\n')});
 }
 
 TEST(PreTokenizer, LongRunsDoNotExhaustTheMatcher) {

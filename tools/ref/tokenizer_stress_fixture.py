@@ -6,7 +6,9 @@ contractions, digits, control bytes the vocabulary lacks, invalid UTF-8,
 encoded surrogates and special-token texts. The text is stored as hex because
 it is not valid UTF-8. Run once (not in CI); stdlib only.
 
-usage: tokenizer_stress_fixture.py LLAMA_TOKENIZE MODEL OUT_JSON
+usage: tokenizer_stress_fixture.py LLAMA_TOKENIZE MODEL OUT_JSON [MODEL2 ...]
+
+MODEL2 ...: models sharing MODEL's vocabulary; each must give identical ids (checked).
 """
 import json
 import os
@@ -48,22 +50,30 @@ def make_text():
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) < 4:
         sys.exit(__doc__)
-    tool, model, out = sys.argv[1:]
+    tool, model, out = sys.argv[1:4]
+    others = sys.argv[4:]
     text = make_text()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "stress.txt")
-        with open(path, "wb") as f:
-            f.write(text)
-        cmd = [tool, "-m", model, "-f", path, "--ids", "--no-escape", "--log-disable", "--no-bos"]
-        res = subprocess.run(cmd, capture_output=True, check=False)
-    if res.returncode != 0:
-        sys.exit(f"tokenizer_stress_fixture.py: {' '.join(cmd)} failed:\n{res.stderr.decode(errors='replace')}")
-    lines = [l for l in res.stdout.decode().splitlines() if l.startswith("[")]
-    if len(lines) != 1:
-        sys.exit("tokenizer_stress_fixture.py: unexpected llama-tokenize output")
-    ids = json.loads(lines[0])
+
+    def tokenize(m):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "stress.txt")
+            with open(path, "wb") as f:
+                f.write(text)
+            cmd = [tool, "-m", m, "-f", path, "--ids", "--no-escape", "--log-disable", "--no-bos"]
+            res = subprocess.run(cmd, capture_output=True, check=False)
+        if res.returncode != 0:
+            sys.exit(f"tokenizer_stress_fixture.py: {' '.join(cmd)} failed:\n{res.stderr.decode(errors='replace')}")
+        lines = [l for l in res.stdout.decode().splitlines() if l.startswith("[")]
+        if len(lines) != 1:
+            sys.exit("tokenizer_stress_fixture.py: unexpected llama-tokenize output")
+        return json.loads(lines[0])
+
+    ids = tokenize(model)
+    for other in others:
+        if tokenize(other) != ids:
+            sys.exit(f"tokenizer_stress_fixture.py: {other} tokenizes the stress text differently from {model}")
     doc = {
         "generator": "tools/ref/tokenizer_stress_fixture.py (seed %d, %d items)" % (SEED, N_ITEMS),
         "command": "llama-tokenize -m MODEL -f stress.txt --ids --no-escape --log-disable --no-bos",
@@ -74,6 +84,9 @@ def main():
         "parse_special": True,
         "ids": ids,
     }
+    if others:
+        import hashlib
+        doc["also_checked"] = [hashlib.sha256(open(o, "rb").read()).hexdigest() for o in others]
     with open(out, "w") as f:
         json.dump(doc, f, separators=(",", ":"))
         f.write("\n")
