@@ -69,6 +69,14 @@
 // range is split over the sequence (pages) into parts with partial states
 // {o, m, l} (flash-decoding) merged by log-sum-exp; OpenMP over (KV head,
 // part) for decode and (KV head, query block) for prefill.
+//
+// Sources (src/cache/): packed_kv_cache.cpp (layouts, append, bytes),
+// packed_attention.cpp (work items, merge, the per-page driver attend_rows),
+// packed_attention_avx2.cpp (fast path), packed_attention_scalar.cpp (scalar
+// path), packed_codes.cpp (pack_token_codes / unpack_codes); shared internals
+// in packed_attention_kernels.h. The GPU decode kernel's named CPU reference
+// is ref::packed_decode_attention (include/ratekv/ref/); tests/cache checks
+// this cache's decode attention against it.
 #pragma once
 
 #include <array>
