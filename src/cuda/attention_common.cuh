@@ -232,11 +232,12 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
                          float scale, const HeadTables* tables, const float* rot,
                          const int32_t* chans, __half* out, cudaStream_t stream);
 
-/// Launches the log-sum-exp merge of the split states and the back-rotation:
+/// Launches the split-K epilogue (splitk_lse_merge.cu): the log-sum-exp merge
+/// of the split states and the back-rotation,
 /// out[b,q,:] = Σ_g Π_gᵀ o_g (tables == nullptr: identity, o_dim == head_dim).
-void launch_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int head_dim,
-                  const HeadTables* tables, const float* rotations, const int32_t* channels,
-                  float* out, cudaStream_t stream);
+void launch_splitk_lse_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int head_dim,
+                             const HeadTables* tables, const float* rotations, const int32_t* channels,
+                             float* out, cudaStream_t stream);
 
 /// Launches the generic (non-tensor-core) attention kernel over the pages of
 /// `pool` (and `ext_pool` for 5..8-bit groups): split states into w.part

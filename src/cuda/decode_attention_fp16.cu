@@ -179,8 +179,8 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
     case 128: launch_fp16<128>(n_kv_heads, batch, pool, w, tps, n_heads, gqa, stream); break;
     case 256: launch_fp16<256>(n_kv_heads, batch, pool, w, tps, n_heads, gqa, stream); break;
   }
-  detail::launch_merge(w, batch.batch, n_heads, gqa, head_dim, nullptr, nullptr, nullptr, out,
-                       stream);
+  detail::launch_splitk_lse_merge(w, batch.batch, n_heads, gqa, head_dim, nullptr, nullptr, nullptr,
+                                  out, stream);
 }
 
 }  // namespace ratekv::cuda

@@ -10,8 +10,8 @@
 // rounded to fp16, fp16 norms), one warp per query row does the online
 // softmax (log2 units), then one thread per rotated value coordinate
 // accumulates Σ_t p_t n^V_t c[idx^V_t]. The split states have the layout of
-// the tensor-core kernels (detail::Partials), so launch_merge merges and
-// rotates back. Codes are read bit by bit with packed::element_pos /
+// the tensor-core kernels (detail::Partials), so the split-K epilogue
+// (launch_splitk_lse_merge) merges and rotates back. Codes are read bit by bit with packed::element_pos /
 // packed::code_bit_pos, the format's own definitions.
 #include "attention_common.cuh"
 #include "ratekv/cuda/decode_attention.h"

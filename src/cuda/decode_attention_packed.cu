@@ -15,7 +15,8 @@
 // (mma.m16n8k16, the query A fragments shared by the CTA's warps), folds the
 // key norms into the 64 scores, updates the online softmax once per page,
 // folds the value norms into P and runs P·V per value tile, accumulating in
-// the rotated domain. merge_kernel merges the split states and rotates back.
+// the rotated domain. The split-K epilogue (splitk_lse_merge.cu) merges the
+// split states and rotates back.
 #include "attention_common.cuh"
 #include "code_decode.cuh"
 #include "ratekv/cuda/decode_attention.h"
@@ -319,8 +320,8 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
                               D.heads, D.rotations, D.channels, w.q, stream);
   detail::launch_generic_decode(plan, batch, pool, ext_pool, w, pps, stream);
-  detail::launch_merge(w, batch.batch, hq, plan.gqa(), d, D.heads, D.rotations, D.channels, out,
-                       stream);
+  detail::launch_splitk_lse_merge(w, batch.batch, hq, plan.gqa(), d, D.heads, D.rotations, D.channels,
+                                  out, stream);
 }
 
 void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
@@ -356,8 +357,8 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                                         " has no kernel (64, 128, 256)"));
     }
   }
-  detail::launch_merge(w, batch.batch, hq, plan.gqa(), d, D.heads, D.rotations, D.channels, out,
-                       stream);
+  detail::launch_splitk_lse_merge(w, batch.batch, hq, plan.gqa(), d, D.heads, D.rotations, D.channels,
+                                  out, stream);
 }
 
 }  // namespace ratekv::cuda

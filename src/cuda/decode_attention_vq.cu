@@ -11,8 +11,8 @@
 // against the GQA query rows (one thread per (token, row)), one warp per row
 // runs the online softmax (log2 units), then the values are decoded into the
 // same buffer and accumulated (one thread per channel). The split states have
-// the layout of detail::Partials (o unrotated, o_dim stride); launch_merge
-// with no tables merges them.
+// the layout of detail::Partials (o unrotated, o_dim stride); the split-K
+// epilogue (launch_splitk_lse_merge) with no tables merges them.
 #include "attention_common.cuh"
 #include "ratekv/cuda/decode_attention.h"
 #include "vq_tables.h"
@@ -244,10 +244,11 @@ void vq_decode_attention(const VqPlan& plan, const DecodeBatch& batch, const uin
                                                   scale, w.part);
   RATEKV_CUDA_CHECK(cudaGetLastError());
   if (sv)  // back-rotation of the scalar value groups (their key side is empty)
-    detail::launch_merge(w, batch.batch, hq, plan.gqa(), d, sv->device().heads,
-                         sv->device().rotations, sv->device().channels, out, stream);
+    detail::launch_splitk_lse_merge(w, batch.batch, hq, plan.gqa(), d, sv->device().heads,
+                                    sv->device().rotations, sv->device().channels, out, stream);
   else
-    detail::launch_merge(w, batch.batch, hq, plan.gqa(), d, nullptr, nullptr, nullptr, out, stream);
+    detail::launch_splitk_lse_merge(w, batch.batch, hq, plan.gqa(), d, nullptr, nullptr, nullptr, out,
+                                    stream);
 }
 
 }  // namespace ratekv::cuda

@@ -34,7 +34,7 @@ inline constexpr int kMaxTiles = 18;
 inline constexpr int max_tiles_for(int head_dim) { return head_dim <= 128 ? head_dim / 16 + 2 : 16; }
 
 /// Per-KV-head tables the packed kernels read (built on the host from
-/// packed::LayerLayout; see packed_plan.cu).
+/// packed::LayerLayout; see packed_plan.cpp).
 struct HeadTables {
   uint32_t block_offset;          // bytes from the page start
   int32_t stage_bytes;            // bytes of the head block (staged whole per page)

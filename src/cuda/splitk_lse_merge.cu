@@ -1,127 +1,22 @@
-// PackedPlan (host tables -> device), the decode workspace, the query-rotation
-// prologue and the split-K log-sum-exp merge + back-rotation epilogue.
+// The split-K epilogue of every decode kernel (packed, generic, vq, fp16):
+// the log-sum-exp merge of the per-split partial states {m, l, o}
+// (detail::Partials, written by the attention kernels) into one output row,
+// with the back-rotation Π_gᵀ of each value group of the packed plans:
+//   M = max_s m_s,  w_s = 2^(m_s − M),  L = Σ_s w_s l_s,
+//   o_rot = Σ_s w_s o_s / L,  out[ch_g] = Π_gᵀ o_rot[g]   (no tables: out = o_rot).
+// Scores are in log2 units (the kernels fold log2 e into the scale). The CPU
+// reference of the whole decode (kernel + this merge) is
+// ref::packed_decode_attention / vq / fp16 (include/ratekv/ref/).
 #include <cmath>
-#include <cstring>
 
 #include "attention_common.cuh"
 #include "ratekv/cuda/decode_attention.h"
 
-namespace ratekv::cuda {
-
-using detail::HeadTables;
-using packed::Side;
-
-namespace {
-constexpr int kRotDim = detail::kMaxTiles * 16;  // row stride of rotated q / partial o
-}  // namespace
-
-namespace detail {
-
-void set_smem_limit(const void* kernel, size_t bytes, int (&cache)[kMaxDevices]) {
-  int dev = 0;
-  RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  if (cached && cache[dev] >= (int)bytes) return;
-  RATEKV_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-  if (cached) cache[dev] = (int)bytes;
-}
-
-WorkspaceView carve_workspace(void* ws, size_t ws_bytes, int batch, int n_heads, int head_dim,
-                              int n_splits) {
-  const size_t need = decode_workspace_bytes(batch, n_heads, head_dim, n_splits);
-  require(ws != nullptr && ws_bytes >= need, "cuda decode attention: workspace of ", ws_bytes,
-          " bytes, ", need, " needed (decode_workspace_bytes)");
-  const size_t rows = (size_t)batch * n_heads;
-  char* p = static_cast<char*>(ws);
-  WorkspaceView w;
-  w.q = reinterpret_cast<__half*>(p);
-  p += rows * kRotDim * sizeof(__half);
-  w.part.o = reinterpret_cast<float*>(p);
-  p += rows * n_splits * kRotDim * sizeof(float);
-  w.part.m = reinterpret_cast<float*>(p);
-  p += rows * n_splits * sizeof(float);
-  w.part.l = reinterpret_cast<float*>(p);
-  w.part.n_splits = n_splits;
-  w.part.o_dim = kRotDim;
-  return w;
-}
+namespace ratekv::cuda::detail {
 
 namespace {
 
-// out[r, J] = fp16(scale · Σ_i Π_g[j][i] q_r[ch_i]) (J = rotated coordinate j of
-// key group g, tables), or fp16(scale · q_r[J]) (no tables), for the gqa query
-// rows r of one KV head. Grid (batch · n_kv_heads, kRotDim / 8): one warp per
-// rotated coordinate, lanes over i (a coalesced row of Π_g, every load of it
-// in flight at once), the KV head's query rows sharing each row of Π_g. The
-// whole rotation is about one round trip to memory: at B = 1 the old
-// one-block-per-query-row version walked 16 rows per warp one after another
-// (15 µs cold, docs/cuda_results.md).
-template <typename TQ>
-__global__ void __launch_bounds__(256) rotate_query_kernel(
-    const TQ* __restrict__ q, int head_dim, int n_heads, int gqa, float scale,
-    const HeadTables* __restrict__ tables, const float* __restrict__ rot,
-    const int32_t* __restrict__ chans, __half* __restrict__ out) {
-  constexpr int kMaxGqa = 16;
-  __shared__ float qs[kMaxGqa][256];
-  allow_dependent_launch();  // the attention kernel's prologue may overlap this one
-  const int n_kv = n_heads / gqa;
-  const int b = blockIdx.x / n_kv, h = blockIdx.x % n_kv;
-  const int row0 = b * n_heads + h * gqa;  // first query row of this KV head
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int J = blockIdx.y * 8 + warp;     // rotated coordinate of this warp
-  const int n_out = tables ? tables[h].n_tiles[0] * 16 : head_dim;
-  if (blockIdx.y * 8 >= n_out) return;     // block-uniform
-  // Issue this warp's row of Π_g and its channel indices before waiting for
-  // the query rows (the two memory round trips overlap).
-  float rv[8];
-  int cv[8];
-  int g = 0, dim = 0, j = 0;
-  if (tables && J < n_out) {
-    const HeadTables& T = tables[h];
-    g = T.tile_group[0][J / 16];
-    dim = T.dim[0][g];
-    j = J - T.tile_begin[0][g] * 16;
-    const float* Rj = rot + T.rot_offset[0][g] + (size_t)j * dim;
-    const int32_t* ch = chans + T.chan_offset[0][g];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {  // dim ≤ 256 = 8 · 32
-      const int i = lane + 32 * k;
-      const bool ok = j < dim && i < dim;  // padded coordinates j ≥ dim are written as 0
-      rv[k] = ok ? Rj[i] : 0.f;
-      cv[k] = ok ? ch[i] : 0;
-    }
-  }
-  for (int idx = threadIdx.x; idx < gqa * head_dim; idx += blockDim.x)
-    qs[idx / head_dim][idx % head_dim] = (float)q[(size_t)row0 * head_dim + idx];
-  __syncthreads();
-  if (J >= n_out) return;
-  if (!tables) {
-    if (lane < gqa) out[(size_t)(row0 + lane) * kRotDim + J] = __float2half_rn(scale * qs[lane][J]);
-    return;
-  }
-  float acc[kMaxGqa];
-#pragma unroll
-  for (int r = 0; r < kMaxGqa; ++r) acc[r] = 0.f;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    if (32 * k >= dim) break;  // warp-uniform
-#pragma unroll
-    for (int r = 0; r < kMaxGqa; ++r)
-      if (r < gqa) acc[r] = fmaf(rv[k], qs[r][cv[k]], acc[r]);
-  }
-#pragma unroll
-  for (int r = 0; r < kMaxGqa; ++r) {
-    if (r < gqa) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    }
-  }
-  // lane r writes row r (acc[r] is the same in every lane after the butterflies)
-#pragma unroll
-  for (int r = 0; r < kMaxGqa; ++r)
-    if (r < gqa && lane == r) out[(size_t)(row0 + r) * kRotDim + J] = __float2half_rn(scale * acc[r]);
-}
+constexpr int kRotDim = kMaxTiles * 16;  // row stride of partial o
 
 // Log-sum-exp merge of the split states, then back-rotation per value group.
 // One block per (batch, query head) row, kMergeThreads threads: the splits are
@@ -136,7 +31,7 @@ constexpr int kMergeQ = 8;
 constexpr int kMergeThreads = 128 * kMergeQ;
 constexpr int kPiSmemFloats = 16384;  // 64 KB: one 128×128 group (uniform d ≤ 128)
 constexpr int kPiPerThread = kPiSmemFloats / kMergeThreads;
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(
+__global__ void __launch_bounds__(kMergeThreads) splitk_lse_merge_kernel(
     Partials P, int head_dim, int gqa, int n_heads, const HeadTables* __restrict__ tables,
     const float* __restrict__ rot, const int32_t* __restrict__ chans, float* __restrict__ out) {
   extern __shared__ float pis[];  // value-side Π of this KV head (dynamic, when it fits)
@@ -282,34 +177,17 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(
 
 }  // namespace
 
-void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,
-                         float scale, const HeadTables* tables, const float* rot,
-                         const int32_t* chans, __half* out, cudaStream_t stream) {
-  require(gqa >= 1 && gqa <= 16 && n_heads % gqa == 0 && head_dim <= 256,
-          "cuda decode attention: query rotation supports GQA 1..16 and head_dim <= 256 (got GQA ",
-          gqa, ", head_dim ", head_dim, ")");
-  const dim3 grid(batch * (n_heads / gqa), kRotDim / 8);  // (batch, KV head) × 8 coordinates
-  if (q_f16)
-    rotate_query_kernel<__half><<<grid, 256, 0, stream>>>(
-        static_cast<const __half*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out);
-  else
-    rotate_query_kernel<float><<<grid, 256, 0, stream>>>(
-        static_cast<const float*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out);
-  RATEKV_CUDA_CHECK(cudaGetLastError());
-}
-
-void launch_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int head_dim,
-                  const HeadTables* tables, const float* rotations, const int32_t* channels,
-                  float* out, cudaStream_t stream) {
+void launch_splitk_lse_merge(const WorkspaceView& w, int batch, int n_heads, int gqa, int head_dim,
+                             const HeadTables* tables, const float* rotations, const int32_t* channels,
+                             float* out, cudaStream_t stream) {
   const size_t dyn = tables ? kPiSmemFloats * sizeof(float) : 0;
   if (dyn > 0) {
     static int smem_set[kMaxDevices] = {};
-    set_smem_limit(reinterpret_cast<const void*>(merge_kernel), dyn, smem_set);
+    set_smem_limit(reinterpret_cast<const void*>(splitk_lse_merge_kernel), dyn, smem_set);
   }
   // Programmatic dependent launch: loading Π overlaps the attention kernel's tail.
-  launch_pdl(merge_kernel, dim3(batch * n_heads), dim3(kMergeThreads), dyn, stream, w.part,
+  launch_pdl(splitk_lse_merge_kernel, dim3(batch * n_heads), dim3(kMergeThreads), dyn, stream, w.part,
              head_dim, gqa, n_heads, tables, rotations, channels, out);
 }
 
-}  // namespace detail
-}  // namespace ratekv::cuda
+}  // namespace ratekv::cuda::detail
