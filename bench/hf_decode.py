@@ -124,6 +124,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", default="eager,compiled", help="eager, compiled or both (comma list)")
+    ap.add_argument("--batches", default="1,max", help="batch sizes; 'max' = the largest an fp16 cache fits")
     ap.add_argument("--reserve-gb", type=float, default=6.0, help="memory kept free for activations")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -143,12 +144,12 @@ def main():
             "dtype": str(dtype), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup,
             "fill": "random K/V through each cache's write path (synthetic_fill)",
             "plans": {k: p.achieved for k, p in plans.items()}}
-    fwds = {"eager": model.forward}
+    fwds = {"eager": model.forward} if "eager" in a.compile else {}
     if "compiled" in a.compile:
         fwds["compiled"] = torch.compile(model.forward, dynamic=True)
     for T in [int(x) for x in a.depths.split(",")]:
         b_fp16 = largest_batch(fp16_per_token * (T + a.warmup + a.steps + 64), device, a.reserve_gb)
-        batches = sorted({1, b_fp16})
+        batches = sorted({b_fp16 if x == "max" else int(x) for x in a.batches.split(",")})
         for B in batches:
             for kind in a.caches.split(","):
                 for mode, fwd in fwds.items():

@@ -28,10 +28,13 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize("hd,nh,nkv,T,B,bits", [(64, 4, 2, 97, 3, 3), (128, 32, 8, 300, 2, 2),
-                                                (256, 4, 1, 65, 1, 4), (128, 7, 1, 1, 2, 3)])
+                                                (256, 4, 1, 65, 1, 4), (128, 7, 1, 1, 2, 3), (128, 8, 2, 130, 2, 0)])
 def test_cuda_ops_match_cpu_packed_cache(hd, nh, nkv, T, B, bits):
+    """bits 0: a Block-GTQ plan with mixed key widths (K 3.5 effective bits: blocks at 4 and 3 bits),
+    served by the runtime-tables kernels; else uniform K{bits}V{bits} (the specialized kernel)."""
     cfg = small_config(head_dim=hd, n_heads=nh, n_kv=nkv)
-    plan = ratekv.uniform_plan(cfg, bits, bits)
+    plan = (ratekv.make_plan(ratekv._core.identity_stats(cfg), "block-gtq", k_bits=3.5, v_bits=3.25) if bits == 0
+            else ratekv.uniform_plan(cfg, bits, bits))
     g = torch.Generator().manual_seed(hd + T)
     k = torch.randn(B, T, nkv, hd, generator=g)
     v = torch.randn(B, T, nkv, hd, generator=g)

@@ -37,8 +37,12 @@ for s in $STAGES; do
       done ;;
     bench)
       source /tmp/ratekv-build/env.sh
+      # The eager table, then torch.compile at one point (an 8B model's compile takes minutes).
       stage bench env PYTHONPATH=/tmp/ratekv-build/python "$PY" bench/hf_decode.py --out "$OUT/hf_h200.json" \
-        ${BENCH_ARGS:-} ;;
+        --compile eager ${BENCH_ARGS:-}
+      stage bench-compiled timeout "${COMPILE_TIMEOUT:-150}" env PYTHONPATH=/tmp/ratekv-build/python "$PY" \
+        bench/hf_decode.py --out "$OUT/hf_h200_compiled.json" --compile compiled --depths 4096 --batches 1 \
+        --caches dynamic,K3V3 ;;
   esac
 done
 exit $rc
