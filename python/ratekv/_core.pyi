@@ -470,6 +470,17 @@ class KVStats:
         Stores E_t (∂L/∂k_pre)², E_t (∂L/∂k_post)², E_t (∂L/∂v)², each (n_layers, n_kv_heads, head_dim) float64 (calib/sensitivity.h).
         """
 
+    def set_curves(self, quantizer: str, bits: Sequence[float], mse_k: Annotated[NDArray[numpy.float64], dict(order='C', device='cpu', writable=False)], mse_v: Annotated[NDArray[numpy.float64], dict(order='C', device='cpu', writable=False)]) -> None:
+        """
+        Stores one quantizer's measured distortion (mse_k, mse_v: (n_layers, n_kv_heads, len(bits)) float64, mean squared error per element) and its fit D = α β^(−b) by calib::fit_curves (calib/distortion_curves.h, docs/calibration_stats.md).
+        """
+
+    def curve(self, quantizer: str) -> dict:
+        """A quantizer's measured distortion and fitted curves."""
+
+    @property
+    def curve_names(self) -> list[str]: ...
+
 class KVStatsAccumulator:
     """
     Running sums of every statistic of calib/kv_stats.h (calib/accumulator.h).

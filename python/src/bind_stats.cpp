@@ -140,7 +140,49 @@ void bind_stats(nb::module_& m) {
           nb::arg("n_sequences"), nb::arg("seq_len"), nb::arg("mean_loss"), nb::arg("k_pre_sq"), nb::arg("k_post_sq"),
           nb::arg("v_sq"),
           "Stores E_t (∂L/∂k_pre)², E_t (∂L/∂k_post)², E_t (∂L/∂v)², each (n_layers, n_kv_heads, head_dim) float64 "
-          "(calib/sensitivity.h).");
+          "(calib/sensitivity.h).")
+      .def(
+          "set_curves",
+          [](calib::KVStats& s, const std::string& quantizer, const std::vector<double>& bits,
+             nb::ndarray<const double, nb::c_contig, nb::device::cpu> mse_k,
+             nb::ndarray<const double, nb::c_contig, nb::device::cpu> mse_v) {
+            const size_t n = static_cast<size_t>(s.model.n_layers) * s.model.n_kv_heads;
+            calib::QuantizerCurves qc;
+            qc.bits = bits;
+            qc.mse_k = from_array(mse_k, n * bits.size(), "mse_k");
+            qc.mse_v = from_array(mse_v, n * bits.size(), "mse_v");
+            calib::fit_curves(qc, n);
+            std::map<std::string, calib::QuantizerCurves> one{{quantizer, qc}};
+            calib::validate_curves(one, n, "stats");
+            s.curves[quantizer] = std::move(qc);
+          },
+          nb::arg("quantizer"), nb::arg("bits"), nb::arg("mse_k"), nb::arg("mse_v"),
+          "Stores one quantizer's measured distortion (mse_k, mse_v: (n_layers, n_kv_heads, len(bits)) float64, "
+          "mean squared error per element) and its fit D = α β^(−b) by calib::fit_curves "
+          "(calib/distortion_curves.h, docs/calibration_stats.md).")
+      .def(
+          "curve",
+          [](const calib::KVStats& s, const std::string& quantizer) {
+            auto it = s.curves.find(quantizer);
+            check(it != s.curves.end(), "stats: no distortion curves of '{}'", quantizer);
+            const auto& c = it->second;
+            const size_t L = s.model.n_layers, H = s.model.n_kv_heads, nb_ = c.bits.size();
+            nb::dict d;
+            d["bits"] = c.bits;
+            d["mse_k"] = to_numpy(c.mse_k, {L, H, nb_});
+            d["mse_v"] = to_numpy(c.mse_v, {L, H, nb_});
+            d["alpha_k"] = to_numpy(c.fit.alpha_k, {L, H});
+            d["alpha_v"] = to_numpy(c.fit.alpha_v, {L, H});
+            d["beta_k"] = c.fit.beta_k;
+            d["beta_v"] = c.fit.beta_v;
+            return d;
+          },
+          nb::arg("quantizer"), "A quantizer's measured distortion and fitted curves.")
+      .def_prop_ro("curve_names", [](const calib::KVStats& s) {
+        std::vector<std::string> r;
+        for (const auto& [k, _] : s.curves) r.push_back(k);
+        return r;
+      });
 
   nb::class_<calib::KVStatsAccumulator>(m, "KVStatsAccumulator",
                                         "Running sums of every statistic of calib/kv_stats.h (calib/accumulator.h).")

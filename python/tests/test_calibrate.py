@@ -42,7 +42,7 @@ def test_same_statistics_as_cli(smol_hf, smol_cli_stats, tmp_path):
     stats_path, text, ids = smol_cli_stats
     out = tmp_path / "py_stats.safetensors"
     st = ratekv.calibrate(smol_hf, token_ids=ids, n_tokens=160, ctx=80, sensitivity=True, sens_seqs=2, sens_len=48,
-                          output=out, text_file=text)
+                          curves=["tq-mse", "block-gtq"], curve_bits=[1, 2, 3, 4], output=out, text_file=text)
     cli = ratekv.load_stats(stats_path)
     assert (st.rope_layout, cli.rope_layout) == ("neox", "interleaved")
     assert st.n_tokens == cli.n_tokens == 160 and st.ctx == 80 and st.grad_n_sequences == 2
@@ -60,6 +60,23 @@ def test_same_statistics_as_cli(smol_hf, smol_cli_stats, tmp_path):
         assert a.shape == b.shape, name
         rel = np.abs(a - b) / (np.abs(b) + 1e-3 * np.abs(b).max())
         assert rel.max() <= bounds.get(name, 1e-4), (name, rel.max())
+    # Distortion curves. Values are not permuted by RoPE layouts, and Block-GTQ's key groups list
+    # (a_i, b_i) of their blocks in block order — the same values in either layout: those MSEs agree
+    # to fp32 rounding. TQ-MSE keys rotate the whole head in channel order, which differs between the
+    # layouts: the same distortion in expectation only (160 tokens × 64 channels: within 15 %).
+    for q in ("tq-mse", "block-gtq"):
+        a, b = st.curve(q), cli.curve(q)
+        assert a["bits"] == b["bits"] == [1, 2, 3, 4]
+        np.testing.assert_allclose(a["mse_v"], b["mse_v"], rtol=1e-4)
+        if q == "block-gtq":
+            np.testing.assert_allclose(a["mse_k"], b["mse_k"], rtol=1e-3)
+            assert a["beta_k"] == pytest.approx(b["beta_k"], rel=1e-4)
+        else:
+            ratio = a["mse_k"].mean(axis=(0, 1)) / b["mse_k"].mean(axis=(0, 1))
+            assert np.all(np.abs(ratio - 1) < 0.15), ratio
+        assert a["beta_v"] == pytest.approx(b["beta_v"], rel=1e-4)
+    rq = ratekv.make_plan(st, "ratequant", avg_bits=3.0, budget_unit="code")
+    assert rq.rope_layout == "neox" and rq.achieved["k_code"] + rq.achieved["v_code"] == pytest.approx(6.0)
     # The Python-written file is the CLI's format: `ratekv plan` reads it.
     back = ratekv.load_stats(out)
     assert np.array_equal(back.tensor("k_pre_cov"), st.tensor("k_pre_cov").astype(np.float32).astype(np.float64))
