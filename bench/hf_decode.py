@@ -59,17 +59,28 @@ def kv_fill(cfg, B, T, layer, device, dtype):
     return k, v
 
 
-def make_cache(kind, plans, model, B, T, device, dtype):
+def make_cache(kind, plans, model, B, T, device, dtype, chunk=8192):
+    """A cache holding T random tokens per sequence in every layer. Packed caches are filled
+    through the store's prefill op in chunks of `chunk` tokens (the write path of a prompt; the
+    chunks keep the transient fp16 K/V small at large B·T)."""
     cfg = model.config
     if kind == "dynamic":
         cache = DynamicCache(config=cfg)
-    else:
-        cache = ratekv.hf.PackedCache(plans[kind], cfg, max_cache_len=T + 64)
-    for li in range(cfg.num_hidden_layers):
-        k, v = kv_fill(cfg, B, T, li, device, dtype)
-        cache.update(k, v, li)
-        del k, v
-    ratekv.hf._active.layer = None
+        for li in range(cfg.num_hidden_layers):
+            k, v = kv_fill(cfg, B, T, li, device, dtype)
+            cache.update(k, v, li)
+            del k, v
+        return cache
+    cache = ratekv.hf.PackedCache(plans[kind], cfg, max_cache_len=T + 64)
+    probe = torch.empty(B, cfg.num_key_value_heads, 0, cfg.head_dim, device=device, dtype=dtype)
+    for li, layer in enumerate(cache.layers):
+        layer.lazy_initialization(probe, probe)
+        for t0 in range(0, T, chunk):
+            k, v = kv_fill(cfg, B, min(chunk, T - t0), li * 1000 + t0 // chunk, device, dtype)
+            cache.store.append(li, k.transpose(1, 2), v.transpose(1, 2))
+            del k, v
+        layer.length = T
+        layer.mode = "decode"
     return cache
 
 
@@ -183,6 +194,28 @@ def main():
                 meta.setdefault("capacity", {})[f"{kind}@{T}"] = {
                     "bytes_per_seq": per_seq, "fp16_bytes_per_seq": fp16_per_token * T,
                     "ratio_vs_fp16": fp16_per_token * T / per_seq}
+    # Capacity: at the deepest depth, one decode row of each packed cache at the largest batch its
+    # pages fit (the fp16 cache's largest batch is b_fp16 above).
+    T = max(int(x) for x in a.depths.split(","))
+    for kind in [k for k in a.caches.split(",") if k != "dynamic"]:
+        cap = meta.get("capacity", {}).get(f"{kind}@{T}")
+        if not cap or device.type != "cuda":
+            continue
+        B = largest_batch(cap["bytes_per_seq"] * (T + 64 + a.warmup + a.steps) / T, device, a.reserve_gb)
+        row = {"cache": kind, "B": B, "depth": T, "compiled": False, "largest_batch": True}
+        try:
+            cache = make_cache(kind, plans, model, B, T, device, dtype)
+            row["kv_gb"] = kv_bytes(cache) / 1e9
+            ms = time_steps(model.forward, model, cache, B, T, a.steps, a.warmup, device)
+            row.update(step_ms=ms, decode_tok_s=B * 1e3 / ms)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            cache = None
+            gc.collect()
+            torch.cuda.empty_cache()
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     meta["fp16_largest_batch"] = {str(T): largest_batch(fp16_per_token * T, device, a.reserve_gb)
                                   for T in [int(x) for x in a.depths.split(",")]}
     out = {"meta": meta, "rows": rows}
