@@ -29,7 +29,7 @@ for s in $STAGES; do
         python/tests/test_hf_cache.py --junitxml="$OUT/pytest.xml" ;;
     sanitize)
       source /tmp/ratekv-build/env.sh
-      for tool in memcheck racecheck; do
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         stage "compute-sanitizer $tool" env PYTHONPATH=/tmp/ratekv-build/python \
           compute-sanitizer --tool "$tool" --error-exitcode 3 --target-processes all \
           "$PY" tools/device/python_ops_smoke.py > "$OUT/sanitizer_$tool.txt" 2>&1
