@@ -11,17 +11,21 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/gpu_cache.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/log.h"
 #include "ratekv/model/perplexity.h"
+#ifdef RATEKV_HAVE_ENGINE
+#include "ratekv/engine/perplexity.h"
+#endif
 
 namespace ratekv::cli {
 namespace {
 
 struct PerplexityArgs {
-  std::string model, text, output, cache = "fp32", plan;
+  std::string model, text, output, cache = "fp32", plan, ctk, ctv, device = "cpu", mode = "evaluation";
   int64_t n_ctx = 512;
   int64_t chunks = -1;
   bool json = false, force = false;
@@ -34,13 +38,27 @@ void run(const PerplexityArgs& a) {
   warn_if_not_utf8(text, "-f", a.text);
   // Context, token count and cache are checked against the model's header,
   // before the weights load.
+  require_engine(a.device);
   std::vector<int32_t> tokens;
   std::unique_ptr<KVCache> cache;
+  std::string cache_kind = a.cache;
   const int64_t n_ctx = a.n_ctx;
+#ifdef RATEKV_HAVE_ENGINE
+  std::optional<engine::CacheFormat> gpu_fmt;
+#endif
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
     check(n_ctx <= h.config.n_ctx_train, "-c: context {} exceeds the model's context {}", n_ctx,
           h.config.n_ctx_train);
-    cache = make_cache(a.cache, h.config, n_ctx, a.plan);
+    const std::optional<Plan> types = cache_type_plan_or_empty(a.ctk, a.ctv, a.plan, h.config);
+    if (a.device == "cuda") {
+#ifdef RATEKV_HAVE_ENGINE
+      gpu_fmt = gpu_cache_format(types, a.ctk, a.ctv, a.cache, a.plan, h.config);
+#endif
+    } else if (types) {
+      cache = make_cache_for_plan(*types, h.config, n_ctx, cache_kind);
+    } else {
+      cache = make_cache(a.cache, h.config, n_ctx, a.plan);
+    }
     const auto t_tok = std::chrono::steady_clock::now();
     tokens = h.tokenizer.encode(text, /*add_bos=*/true);
     spdlog::info("tokenized {} bytes into {} tokens in {:.2f} s (add_bos {})", text.size(), tokens.size(),
@@ -54,13 +72,36 @@ void run(const PerplexityArgs& a) {
   const int64_t max_chunks = a.chunks > 0 ? std::min(a.chunks, all_chunks) : all_chunks;
 
   Progress progress("perplexity chunks", max_chunks);
+  const auto on_chunk = [&](int64_t done, const PerplexityResult& run) {
+    progress.update(done);
+    spdlog::info("chunk {}/{}: ppl {:.4f}, running ppl {:.4f}", done, run.n_chunks, run.chunk_ppl.back(), run.ppl);
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  const PerplexityResult r = perplexity(model, *cache, tokens, n_ctx, a.chunks, lm.add_bos, lm.tokenizer->bos_id(),
-                                        [&](int64_t done, const PerplexityResult& run) {
-                                          progress.update(done);
-                                          spdlog::info("chunk {}/{}: ppl {:.4f}, running ppl {:.4f}", done,
-                                                       run.n_chunks, run.chunk_ppl.back(), run.ppl);
-                                        });
+  PerplexityResult r;
+  std::string cache_label = cache_kind, mode_name = "evaluation";
+  size_t cache_bytes = 0;
+  int64_t cache_tokens = 0;
+  if (a.device == "cuda") {
+#ifdef RATEKV_HAVE_ENGINE
+    engine::EngineOptions o;
+    o.max_prefill_tokens = n_ctx;
+    o.pool_bytes = gpu_fmt->page_bytes_all_layers() * static_cast<size_t>((n_ctx + 63) / 64 + 1);
+    auto eng = engine::Engine::create(model.config(), model.weights(), {}, *gpu_fmt, o);
+    const engine::PrefillMode mode =
+        a.mode == "serving" ? engine::PrefillMode::serving : engine::PrefillMode::evaluation;
+    spdlog::info("GPU engine ({}): {} cache, {} mode; {}", engine::cuda_device_name(), gpu_fmt->label(),
+                 engine::prefill_mode_name(mode), eng->memory().summary());
+    r = engine::gpu_perplexity(*eng, tokens, n_ctx, a.chunks, lm.add_bos, lm.tokenizer->bos_id(), mode, on_chunk);
+    cache_label = gpu_fmt->label();
+    mode_name = engine::prefill_mode_name(mode);
+    cache_tokens = n_ctx;
+    cache_bytes = static_cast<size_t>((n_ctx + 63) / 64) * gpu_fmt->page_bytes_all_layers();
+#endif
+  } else {
+    r = perplexity(model, *cache, tokens, n_ctx, a.chunks, lm.add_bos, lm.tokenizer->bos_id(), on_chunk);
+    cache_bytes = cache->bytes();
+    cache_tokens = cache->n_tokens();
+  }
   progress.finish();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t n_chunks = r.n_chunks, count = r.n_scored;
@@ -70,10 +111,14 @@ void run(const PerplexityArgs& a) {
   nlohmann::ordered_json j;
   j["model"] = a.model;
   j["text"] = a.text;
-  j["cache"] = a.cache;
+  j["device"] = a.device;
+  j["cache"] = cache_label;
   j["plan"] = a.plan;
-  j["cache_bytes"] = cache->bytes();
-  j["cache_tokens"] = cache->n_tokens();
+  j["cache_type_k"] = a.ctk;
+  j["cache_type_v"] = a.ctv;
+  j["mode"] = mode_name;
+  j["cache_bytes"] = cache_bytes;
+  j["cache_tokens"] = cache_tokens;
   j["fp16_bytes_per_token"] = model.config().kv_bytes_per_token_fp16();
   j["n_ctx"] = n_ctx;
   j["n_chunks"] = n_chunks;
@@ -88,8 +133,9 @@ void run(const PerplexityArgs& a) {
   j["tokens_per_second"] = static_cast<double>(n_chunks * n_ctx) / secs;
   const std::string report =
       a.json ? j.dump(2) + "\n"
-             : fmt::format("PPL = {:.4f} +/- {:.5f}  (ctx {}, {} chunks, {} tokens scored of {} in file, cache {})\n",
-                           ppl, ppl_err, n_ctx, n_chunks, count, tokens.size(), a.cache);
+             : fmt::format("PPL = {:.4f} +/- {:.5f}  (ctx {}, {} chunks, {} tokens scored of {} in file, cache {}, "
+                           "{}, {} mode)\n",
+                           ppl, ppl_err, n_ctx, n_chunks, count, tokens.size(), cache_label, a.device, mode_name);
   if (!a.output.empty()) {
     std::ofstream out(a.output);
     check(static_cast<bool>(out), "--output: cannot open '{}' for writing", a.output);
@@ -98,7 +144,7 @@ void run(const PerplexityArgs& a) {
   } else {
     std::cout << report;
   }
-  std::fprintf(stderr, "%s\n", cache_size_report(a.cache, *cache, model).c_str());
+  if (cache) std::fprintf(stderr, "%s\n", cache_size_report(cache_kind, *cache, model).c_str());
   std::fprintf(stderr, "perplexity: %lld chunks x %lld tokens in %.2f s (%.1f tokens/s)\n",
                static_cast<long long>(n_chunks), static_cast<long long>(n_ctx), secs, n_chunks * n_ctx / secs);
 }
@@ -118,6 +164,13 @@ Registrar reg("perplexity", [](CLI::App& app) {
   cmd->add_flag("--force", args->force, "overwrite --output if it exists");
   add_cache_option(cmd, args->cache);
   add_plan_option(cmd, args->plan);
+  add_cache_type_options(cmd, args->ctk, args->ctv);
+  add_device_option(cmd, args->device);
+  cmd->add_option("--prefill-mode", args->mode,
+                  "--device cuda: evaluation (every K/V quantized before attention reads it, as on the CPU) or "
+                  "serving (each window attends to its own fp16 K/V); docs/design.md §9.2")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->callback([args] { run(*args); });
 });
 

@@ -7,6 +7,7 @@
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/log.h"
+#include "ratekv/eval/baseline_plans.h"
 
 namespace ratekv::cli {
 
@@ -54,6 +55,45 @@ std::unique_ptr<KVCache> make_cache(const std::string& kind, const ModelConfig& 
   auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(plan), cfg, plan);
   if (kind == "fake") return std::make_unique<cache::FakeQuantKVCache>(shape, std::move(codecs));
   return std::make_unique<cache::PackedKVCache>(shape, std::move(codecs));
+}
+
+void add_cache_type_options(CLI::App* cmd, std::string& ctk, std::string& ctv) {
+  const std::vector<std::string> names = eval::cache_type_names();
+  cmd->add_option("--cache-type-k", ctk,
+                  "KV cache type for K, as llama.cpp's -ctk: f16, q8_0, q4_0, or tq2/tq3/tq4 (uniform TurboQuant-MSE "
+                  "at 2/3/4 bits, built from the model's shapes; no calibration). Needs -ctv; replaces --cache/--plan")
+      ->check(CLI::IsMember(names));
+  cmd->add_option("--cache-type-v", ctv, "KV cache type for V (as -ctk)")->check(CLI::IsMember(names));
+}
+
+std::optional<Plan> cache_type_plan_or_empty(const std::string& ctk, const std::string& ctv,
+                                             const std::string& plan_flag_value, const ModelConfig& cfg) {
+  if (ctk.empty() && ctv.empty()) return std::nullopt;
+  check(!ctk.empty() && !ctv.empty(), "-ctk/-ctv: give both (got -ctk '{}', -ctv '{}')", ctk, ctv);
+  check(plan_flag_value.empty(), "-ctk/-ctv and --plan '{}': give one of them", plan_flag_value);
+  return eval::cache_type_plan(ctk, ctv, cfg);
+}
+
+std::unique_ptr<KVCache> make_cache_for_plan(const Plan& plan, const ModelConfig& cfg, int64_t n_ctx,
+                                             std::string& kind, const std::string& name) {
+  auto codecs = std::make_shared<const cache::PlanCodecs>(plan, cfg, name);
+  bool packable = true;
+  for (const auto& layer : plan.layers)
+    for (const HeadPlan& h : layer)
+      for (const Codec* c : {&h.key, &h.value})
+        packable = packable && (c->kind == CodecKind::TqMse || c->kind == CodecKind::TqMseGrouped ||
+                                c->kind == CodecKind::FP16 || c->kind == CodecKind::Vq);
+  kind = packable ? "packed" : "fake";
+  if (packable) return std::make_unique<cache::PackedKVCache>(cfg.kv_shape(n_ctx), std::move(codecs));
+  return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(n_ctx), std::move(codecs));
+}
+
+void add_device_option(CLI::App* cmd, std::string& device) {
+  cmd->add_option("--device", device,
+                  "where the model runs: cpu (the fp32 CPU runtime) or cuda (the GPU engine: bf16 weights, fp16 or "
+                  "packed cache; needs a build with CUDA and an sm_90 GPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 std::string cache_size_report(const std::string& kind, const KVCache& cache, const Model& model) {

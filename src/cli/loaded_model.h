@@ -6,11 +6,13 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ratekv/io/gguf.h"
 #include "ratekv/model/kv_cache.h"
 #include "ratekv/model/model.h"
+#include "ratekv/format/plan.h"
 #include "ratekv/model/tokenizer.h"
 
 namespace ratekv::cli {
@@ -57,6 +59,26 @@ void add_plan_option(CLI::App* cmd, std::string& plan);
 /// serve (the packed cache: tq-mse / tq-mse-grouped only).
 std::unique_ptr<KVCache> make_cache(const std::string& kind, const ModelConfig& cfg, int64_t n_ctx,
                                     const std::string& plan = "");
+
+/// Adds llama.cpp's `-ctk,--cache-type-k` and `-ctv,--cache-type-v` (f16,
+/// q8_0, q4_0, tq2, tq3, tq4; eval::cache_type_names) to `cmd`. Both or
+/// neither must be given (checked by cache_type_plan_or_empty).
+void add_cache_type_options(CLI::App* cmd, std::string& ctk, std::string& ctv);
+
+/// The plan -ctk/-ctv stand for (eval::cache_type_plan, seed 0), or nullopt
+/// when neither is given. Throws Error naming the flag when only one is given,
+/// or when --plan is given too (one source of the cache, not two).
+std::optional<Plan> cache_type_plan_or_empty(const std::string& ctk, const std::string& ctv,
+                                             const std::string& plan_flag_value, const ModelConfig& cfg);
+
+/// A CPU cache for an in-memory plan: the packed cache when every codec has
+/// packed storage (tq-mse, tq-mse-grouped, fp16, vq), else the fake-quant cache
+/// (q8_0, q4_0, kivi, quarot); `kind` receives "packed" or "fake".
+std::unique_ptr<KVCache> make_cache_for_plan(const Plan& plan, const ModelConfig& cfg, int64_t n_ctx,
+                                             std::string& kind, const std::string& name = "cache types");
+
+/// Adds `--device cpu|cuda` to `cmd`.
+void add_device_option(CLI::App* cmd, std::string& device);
 
 /// One line on the cache size measured from its allocations: bytes per token
 /// (cache.bytes() / n_tokens), total, and the ratio against an fp16 K/V cache

@@ -75,7 +75,17 @@ int main(int argc, char** argv) {
     // stdout carries results (tables, JSON); all logging goes to stderr.
     spdlog::set_default_logger(spdlog::stderr_color_mt("ratekv"));
     spdlog::set_pattern("[%l] %v");
-    app.parse(argc, argv);
+    // llama.cpp spells the cache types -ctk / -ctv (one dash, three letters),
+    // which CLI11 cannot declare as a short name: map them to the long names.
+    std::vector<std::string> args;
+    for (int i = argc - 1; i >= 1; --i) {  // CLI11 takes the arguments in reverse order
+      std::string a = argv[i];
+      for (const auto& [from, to] : {std::pair<std::string, std::string>{"-ctk", "--cache-type-k"},
+                                     std::pair<std::string, std::string>{"-ctv", "--cache-type-v"}})
+        if (a == from || a.rfind(from + "=", 0) == 0) a = to + a.substr(from.size());
+      args.push_back(std::move(a));
+    }
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     // --help / --version exit 0; a usage error (unknown flag or subcommand, a
     // value that does not parse or fails its check) prints CLI11's message,

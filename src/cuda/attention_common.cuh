@@ -239,6 +239,16 @@ void launch_splitk_lse_merge(const WorkspaceView& w, int batch, int n_heads, int
                              const HeadTables* tables, const float* rotations, const int32_t* channels,
                              float* out, cudaStream_t stream);
 
+/// Resident warps per SM of the GQA ≤ 8 fp16 kernel at head_dim (shared memory bound).
+int fp16_n8_warps_per_sm(int head_dim);
+
+/// Launches the GQA ≤ 8 fp16 kernel (decode_attention_fp16_n8.cu) over the fp16
+/// pages of `pool`: split states into w.part (merge with launch_merge, no
+/// tables). Throws Error for GQA > 8 or head_dim ∉ {64, 128, 256}.
+void launch_fp16_n8(int n_kv_heads, int head_dim, const DecodeBatch& batch, const uint16_t* pool,
+                    const WorkspaceView& w, int tiles_per_split, int n_heads, int gqa,
+                    cudaStream_t stream);
+
 /// Launches the generic (non-tensor-core) attention kernel over the pages of
 /// `pool` (and `ext_pool` for 5..8-bit groups): split states into w.part
 /// (decode_attention_generic.cu). Throws Error when the plan has wide groups

@@ -4,6 +4,8 @@
 // the packed kernel is measured against and checked with.
 //
 // Page layout: per (page, KV head) K (64, head_dim) then V (64, head_dim) fp16.
+#include <algorithm>
+
 #include "attention_common.cuh"
 #include "ratekv/cuda/decode_attention.h"
 
@@ -147,10 +149,33 @@ void launch_fp16(int n_kv_heads, const DecodeBatch& batch, const uint16_t* pool,
 
 }  // namespace
 
+namespace {
+bool use_n8(int gqa, Fp16DecodeVariant variant) {
+  return variant == Fp16DecodeVariant::n8 || (variant == Fp16DecodeVariant::automatic && gqa <= 8);
+}
+}  // namespace
+
+int fp16_default_splits(int batch, int n_kv_heads, int n_heads, int head_dim, int max_seq_len,
+                        Fp16DecodeVariant variant) {
+  const int gqa = n_kv_heads > 0 ? n_heads / n_kv_heads : 1;
+  if (!use_n8(gqa, variant)) return default_splits(batch, n_kv_heads, max_seq_len);
+  int sms = 132, dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0) sms = n;
+  }
+  const int rows = std::max(1, batch * n_kv_heads);
+  const int tiles = (max_seq_len + 15) / 16;
+  const int wave = std::max(1, sms * detail::fp16_n8_warps_per_sm(head_dim) / rows);
+  int want = std::max(1, std::min(wave, tiles / 2));
+  if (want >= 4) want = want / 4 * 4;  // whole CTAs of 4 warps
+  return want;
+}
+
 void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const DecodeBatch& batch,
                            const uint16_t* pool, const void* q, DType q_dtype, float scale,
                            float* out, void* workspace, size_t workspace_bytes, int n_splits,
-                           void* stream_) {
+                           void* stream_, Fp16DecodeVariant variant) {
   detail::check_batch(batch, "fp16_decode_attention");
   detail::require(pool && q && out, "fp16_decode_attention: pool, q and out must be device pointers");
   detail::require(n_kv_heads > 0 && n_heads > 0 && n_heads % n_kv_heads == 0,
@@ -158,8 +183,11 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
                   n_kv_heads);
   const int gqa = n_heads / n_kv_heads;
   detail::require(gqa <= 16, "fp16_decode_attention: GQA ", gqa, " > 16 unsupported");
+  detail::require(variant != Fp16DecodeVariant::n8 || gqa <= 8, "fp16_decode_attention: the n8 kernel needs GQA <= 8, got ",
+                  gqa);
   auto stream = static_cast<cudaStream_t>(stream_);
-  if (n_splits <= 0) n_splits = default_splits(batch.batch, n_kv_heads, batch.max_seq_len);
+  if (n_splits <= 0)
+    n_splits = fp16_default_splits(batch.batch, n_kv_heads, n_heads, head_dim, batch.max_seq_len, variant);
   const int n_tiles = (batch.max_seq_len + 15) / 16;
   const int tps = (n_tiles + n_splits - 1) / n_splits;
   const detail::WorkspaceView w =
@@ -174,6 +202,11 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
   }
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, n_heads, head_dim, gqa, scale,
                               nullptr, nullptr, nullptr, w.q, stream);
+  if (use_n8(gqa, variant)) {
+    detail::launch_fp16_n8(n_kv_heads, head_dim, batch, pool, w, tps, n_heads, gqa, stream);
+    detail::launch_merge(w, batch.batch, n_heads, gqa, head_dim, nullptr, nullptr, nullptr, out, stream);
+    return;
+  }
   switch (head_dim) {
     case 64: launch_fp16<64>(n_kv_heads, batch, pool, w, tps, n_heads, gqa, stream); break;
     case 128: launch_fp16<128>(n_kv_heads, batch, pool, w, tps, n_heads, gqa, stream); break;

@@ -397,10 +397,16 @@ TEST(CudaFp16Decode, AgainstReference) {
   };
   const C cases[] = {{64, 3, 8, {1, 97, 4096}},
                      {128, 2, 4, {100003, 1, 97, 4096, 5, 16, 17, 300}},
-                     {256, 1, 1, {97}}};
+                     {128, 4, 7, {33, 4097, 1000}},
+                     {256, 1, 1, {97}},
+                     {64, 1, 12, {130, 7}}};
   uint32_t seed = 7;
+  // Both kernels (the GQA ≤ 8 one rejects GQA 12, which only rows16 runs).
+  for (const cuda::Fp16DecodeVariant var : {cuda::Fp16DecodeVariant::rows16, cuda::Fp16DecodeVariant::n8})
   for (const C& c : cases) {
-    SCOPED_TRACE("d=" + std::to_string(c.d) + " gqa=" + std::to_string(c.gqa));
+    if (var == cuda::Fp16DecodeVariant::n8 && c.gqa > 8) continue;
+    SCOPED_TRACE("d=" + std::to_string(c.d) + " gqa=" + std::to_string(c.gqa) +
+                 (var == cuda::Fp16DecodeVariant::n8 ? " n8" : " rows16"));
     std::mt19937 rng(seed++);
     TestBatch B = make_batch(c.lens, rng);
     const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
@@ -420,7 +426,7 @@ TEST(CudaFp16Decode, AgainstReference) {
     DevBuf<uint8_t> ws(ws_bytes);
     cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
     cuda::fp16_decode_attention(hq, c.hkv, c.d, db, dpool.p, dq.p, DType::f32, scale, dout.p,
-                                ws.p, ws_bytes, splits, nullptr);
+                                ws.p, ws_bytes, splits, nullptr, var);
     CK(cudaDeviceSynchronize());
     const auto out = dout.get();
     const std::vector<float> reference = ref::fp16_decode_attention(hq, c.hkv, c.d, B.ref(), pool, q, scale);

@@ -238,13 +238,31 @@ void vq_decode_attention(const VqPlan& plan, const DecodeBatch& batch, const uin
                          float* out, void* workspace, size_t workspace_bytes, int n_splits,
                          void* stream);
 
+/// Which fp16 decode kernel runs:
+///  rows16    — the query rows of a KV head as the M side of mma.m16n8k16
+///              (GQA ≤ 16; decode_attention_fp16.cu);
+///  n8        — GQA ≤ 8: the query rows as the N side, 16-byte cp.async into
+///              swizzled shared-memory rows, ldmatrix fragments
+///              (decode_attention_fp16_n8.cu);
+///  automatic — n8 when GQA ≤ 8, else rows16.
+enum class Fp16DecodeVariant { automatic, rows16, n8 };
+
+/// Split count fp16_decode_attention uses for n_splits = 0 with `variant`
+/// (size its workspace with decode_workspace_bytes(…, this)); ≥ 1, at most one
+/// wave of the kernel's resident warps, ≥ 2 tiles of 16 tokens per split.
+int fp16_default_splits(int batch, int n_kv_heads, int n_heads, int head_dim, int max_seq_len,
+                        Fp16DecodeVariant variant = Fp16DecodeVariant::automatic);
+
 /// The fp16 baseline of the same structure. Pages hold, per (page, KV head),
 /// K (64, head_dim) then V (64, head_dim) fp16: page stride
-/// n_kv_heads · 2 · 64 · head_dim · 2 bytes. Query scaled and rounded to fp16.
+/// n_kv_heads · 2 · 64 · head_dim · 2 bytes. Query scaled and rounded to fp16;
+/// fp32 accumulation, P rounded to fp16. n_splits = 0 picks
+/// fp16_default_splits(…, variant). Throws Error for GQA > 16 (n8: > 8) or
+/// head_dim ∉ {64, 128, 256}.
 void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const DecodeBatch& batch,
                            const uint16_t* pool, const void* q, DType q_dtype, float scale,
                            float* out, void* workspace, size_t workspace_bytes, int n_splits,
-                           void* stream);
+                           void* stream, Fp16DecodeVariant variant = Fp16DecodeVariant::automatic);
 
 /// Quantize-append of one decode token per sequence, all KV heads: token
 /// position seq_lens[b] (the length BEFORE the append) is written into its

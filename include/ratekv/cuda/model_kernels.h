@@ -1,0 +1,118 @@
+// ratekv/cuda/model_kernels.h — the GPU engine's own kernels (sm_90): what
+// cuBLAS has no kernel for in a Llama/Qwen2 forward pass (docs/design.md §10):
+// embedding gather, RMSNorm with the residual add, Q/K/V bias + RoPE (both
+// layouts) + split, SwiGLU, causal softmax of prefill scores, greedy argmax,
+// the fp16 cache's page writer, the packed pages' dequantizer (evaluation-mode
+// prefill), the synthetic weight generator (model/synthetic.h) and a
+// read-bandwidth probe.
+//
+// All pointers are DEVICE pointers; streams are cudaStream_t passed as void*;
+// every launch is asynchronous. bf16 and fp16 tensors are passed as their
+// 16-bit patterns (uint16_t). Argument errors throw ratekv::Error before any
+// launch; a failed launch throws Error naming the kernel. Row-major layouts,
+// innermost dimension last; n = tokens (rows).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ratekv::cuda {
+
+class PackedPlan;
+
+/// out[i] = bf16 bits of synthetic_value(seed, tensor, index0 + i, kind,
+/// amp_exp) (model/synthetic.h; kind 0 linear, 1 norm), i < n. Exact: the
+/// values are bf16 numbers.
+void synthetic_fill_bf16(uint16_t* out, int64_t n, uint64_t seed, uint32_t tensor, int kind,
+                         int amp_exp, uint64_t index0, void* stream);
+/// The same values as fp32.
+void synthetic_fill_f32(float* out, int64_t n, uint64_t seed, uint32_t tensor, int kind, int amp_exp,
+                        uint64_t index0, void* stream);
+
+/// out = bf16(in) (round to nearest even), n elements.
+void f32_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream);
+
+/// x (n, d) fp32 = table[tokens[i]] (table: (vocab, d) bf16). Token ids are
+/// the caller's to check (the engine checks them on the host).
+void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int d, float* x, void* stream);
+
+/// RMSNorm with the residual add (docs/design.md §1; ratekv::rms_norm): for
+/// each row i < n, first x[i] += delta[i] when delta is non-null (x is
+/// updated), then out[i] = bf16(x[i] · r · w) with r = fp32(1/√(Σx²/d + eps))
+/// and Σx² in double, as the CPU runtime. x, delta: (n, d) fp32; w: (d) fp32;
+/// out: (n, d) bf16.
+void add_rms_norm(float* x, const float* delta, const float* w, int n, int d, float eps, uint16_t* out,
+                  void* stream);
+
+/// Q/K/V split, bias and RoPE of n tokens (model.h's RoPE: block i rotated by
+/// pos·f_i, f_i = inv_freq[i] = θ^(−2i/hd) in double, cos/sin rounded to fp32;
+/// channel pairs (2i, 2i+1) (neox = false, GGUF "llama") or (i, i + hd/2)
+/// (neox = true, "qwen2")).
+///   qkv  : (n, (H + 2·Hkv)·hd) fp32, Q rows then K then V (the QKV GEMM);
+///   bias : ((H + 2·Hkv)·hd) fp32 added first, or null;
+///   pos  : (n) int32 positions;
+/// outputs (each may be null): q32 (n, H, hd) fp32, q16 (n, H, hd) fp16,
+/// k32 / v32 (n, Hkv, hd) fp32, k16 / v16 (n, Hkv, hd) fp16.
+struct QkvRopeOut {
+  float* q32 = nullptr;
+  uint16_t* q16 = nullptr;
+  float* k32 = nullptr;
+  float* v32 = nullptr;
+  uint16_t* k16 = nullptr;
+  uint16_t* v16 = nullptr;
+};
+void qkv_bias_rope(const float* qkv, const float* bias, const int32_t* pos, int n, int n_heads,
+                   int n_kv_heads, int head_dim, bool neox, const double* inv_freq, const QkvRopeOut& out,
+                   void* stream);
+
+/// SwiGLU: out[i, j] = bf16(silu(gu[i, j]) · gu[i, dff + j]), silu(x) =
+/// x/(1 + e^−x); gu: (n, 2·dff) fp32 (gate rows then up rows of the GEMM),
+/// out: (n, dff) bf16.
+void swiglu(const float* gu, int n, int dff, uint16_t* out, void* stream);
+
+/// Greedy sampling: out[i] = argmax_j logits[i, j] (the smallest j among
+/// equal maxima; NaN entries never win), logits (n, V) fp32.
+void argmax_rows(const float* logits, int n, int V, int32_t* out, void* stream);
+
+/// Causal softmax of prefill scores for `batch` matrices S_b (rows, cols)
+/// fp32 (matrix stride `stride` elements, row stride cols): row i of a query
+/// chunk starting at absolute row r0 sees columns j ≤ r0 + i:
+///   P_b[i, j] = fp16(exp(scale·S_b[i,j] − m_i) / Σ_j' exp(scale·S_b[i,j'] − m_i)),
+/// 0 for j > r0 + i. P has the layout of S (fp16).
+void causal_softmax(const float* S, int batch, int64_t stride, int rows, int cols, int r0, float scale,
+                    uint16_t* P, void* stream);
+
+/// Writes n_tokens tokens per sequence into an fp16 cache pool (the layout of
+/// fp16_decode_attention: per (page, KV head) K (64, hd) then V (64, hd)):
+/// token i of sequence b goes to position start[b] + i.
+///   k, v       : (batch, n_tokens, Hkv, hd) fp32
+///   page_table : (batch, max_pages) int32; start: (batch) int32
+/// 64-bit page offsets (pools over 4 GiB).
+void fp16_write_tokens(uint16_t* pool, int n_kv_heads, int head_dim, const int32_t* page_table, int max_pages,
+                       const int32_t* start, const float* k, const float* v, int n_tokens, int batch,
+                       void* stream);
+
+/// The reconstructions x̂ = n·Πᵀ c[idx] (per group, docs/packed_format.md) of
+/// positions 0 .. n_tokens−1 of one sequence's packed pages (page_table: its
+/// row), as fp16: k16, v16 (n_tokens, Hkv, hd). What evaluation-mode prefill
+/// attends to. Channels in no group are 0. fp32 arithmetic (levels, norms as
+/// stored), rounded to fp16 once. Throws Error for a plan with 5..8-bit groups.
+void packed_dequantize(const PackedPlan& plan, const uint8_t* pool, const int32_t* page_table, int n_tokens,
+                       uint16_t* k16, uint16_t* v16, void* stream);
+
+/// Read-bandwidth probe: reads `bytes` (a multiple of 16) of `buf` once with
+/// 16-byte loads; sink (2048 words) gets per-block XORs of the 32-bit words
+/// read, whose XOR is the XOR of the whole buffer (a check that every byte was
+/// read). Time it with events: bytes / time is the read ceiling.
+inline constexpr int kReadProbeBlocks = 2048;
+void read_probe(const void* buf, size_t bytes, uint32_t* sink, void* stream);
+
+/// Decode-step bookkeeping (B sequences): lens[b] = pos[b] + 1 (the lengths
+/// attention sees after the step's append).
+void step_lengths(const int32_t* pos, int32_t* lens, int B, void* stream);
+/// End of a decode step: pos[b] += 1; hist[(*count)·B + b] = next[b] when
+/// *count < hist_cap; then *count += 1.
+void step_advance(int32_t* pos, const int32_t* next, int32_t* hist, int32_t* count, int hist_cap, int B,
+                  void* stream);
+
+}  // namespace ratekv::cuda

@@ -1,0 +1,205 @@
+// ratekv/engine/engine.h — whole models on one NVIDIA Hopper GPU with the
+// packed (or fp16) KV cache (docs/design.md §10, issue 17): one page pool for
+// all sequences, one-piece prefill in evaluation or serving mode, decode of a
+// batch of sequences of unequal lengths, the step in a CUDA graph.
+//
+// One configuration-driven forward pass (ModelConfig): arch "llama"
+// (interleaved RoPE) and "qwen2" (Q/K/V biases, NeoX RoPE); other
+// architectures are refused with the reason (Gemma 3: engine issue 2 of 3).
+//
+// Numbers. Weights are uploaded once as bf16 (not fp16: bf16 has fp32's
+// range, so a model with outlier activations — Qwen2.5's reach the thousands
+// in the FFN — cannot overflow a GEMM operand; its 8-bit mantissa costs
+// ~2^-9 relative per rounding, which the GPU-vs-CPU tests bound). The
+// residual stream, norms' inputs and every GEMM output are fp32; GEMM inputs
+// (normalized activations, SwiGLU output, attention output) are bf16 with
+// fp32 accumulation (cuBLAS). Attention operands are fp16 (Q, K, V, P; fp16
+// is what the fp16 cache stores), scores and softmax fp32.
+//
+// Modes of prefill (docs/design.md §9.2): evaluation — the prompt's K/V are
+// written to the cache first and attention reads their reconstructions, as
+// the CPU packed cache does; serving — the prompt attends to its own
+// full-precision (fp16) K/V, the cache holds codes from then on. Decode is
+// the same in both: quantize-append, then attention from the codes.
+//
+// Memory (EngineOptions, plan_memory): weights, activations for max_batch
+// decode rows and a max_prefill_tokens prompt, workspaces, a reserve; the rest
+// is the page pool — the same number of pages in every layer, one page table
+// per sequence for all layers. add_sequence reserves the pages of a request's
+// whole length up front: a request past the pool or past the context limit
+// (the model's trained context unless raised explicitly) is an Error before
+// any work. Device memory is never allocated after construction except for
+// the CUDA graphs.
+//
+// This header has no CUDA types: device pointers are plain pointers, the
+// stream is a void* (a cudaStream_t), for bindings (the Python package).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ratekv/engine/cache_format.h"
+#include "ratekv/model/model.h"
+
+namespace ratekv::engine {
+
+/// What a prompt attends to during prefill (file comment).
+enum class PrefillMode { evaluation, serving };
+/// "evaluation" | "serving".
+const char* prefill_mode_name(PrefillMode m);
+
+/// Sizes and switches fixed at construction.
+struct EngineOptions {
+  int max_batch = 1;                   ///< sequences per decode step (≥ 1)
+  int64_t max_prefill_tokens = 2048;   ///< longest prompt prefilled in one piece (≥ 1)
+  int64_t context_limit = 0;           ///< 0: the model's n_ctx_train; more: an explicit RoPE extrapolation
+  size_t reserve_bytes = size_t{1} << 30;  ///< device memory left out of the plan (context, graphs)
+  size_t pool_bytes = 0;               ///< 0: every byte left; else at most this much for pages
+  size_t prefill_score_bytes = size_t{1} << 30;  ///< prefill attention scores + probabilities per chunk
+  int max_logit_rows = 0;              ///< LM-head rows per launch in prefill (0: max(max_batch, 512))
+  bool cuda_graphs = true;             ///< decode steps as CUDA graph replays
+  bool pages_descending = false;       ///< hand out the highest pages first (tests of 64-bit offsets)
+  int fp16_kernel = 0;                 ///< fp16 decode kernel: 0 automatic, 1 rows16, 2 n8 (cuda::Fp16DecodeVariant)
+};
+
+/// The memory plan (bytes).
+struct MemoryPlan {
+  size_t device_free = 0;    ///< free device memory when the plan was made
+  size_t weights = 0;        ///< bf16 matrices and embeddings, fp32 norms and biases
+  size_t activations = 0;    ///< decode rows, prefill rows, logits
+  size_t workspace = 0;      ///< cuBLAS, decode split states, prefill scores
+  size_t reserve = 0;
+  size_t pool = 0;           ///< pages · Σ_l page_bytes(l)
+  int64_t pages = 0;         ///< pages per layer
+  int64_t capacity_tokens = 0;  ///< pages · 64
+  /// One line: each part in GiB and the capacity in tokens.
+  std::string summary() const;
+};
+
+/// Plans memory for `cfg` with `fmt` and `opt` on a device with
+/// `device_free` free bytes; weight bytes include an untied LM head when
+/// `untied_lm_head`. Throws Error (naming the sizes) when weights, activations,
+/// workspace and reserve leave no room for one page per layer, or opt is
+/// invalid.
+MemoryPlan plan_memory(const ModelConfig& cfg, bool untied_lm_head, const CacheFormat& fmt,
+                       const EngineOptions& opt, size_t device_free);
+
+/// Bytes a decode step reads, the roofline's numerator: every layer matrix,
+/// the LM head, norms and biases (the embedding table is only gathered: B
+/// rows), plus each sequence's cache at its length (bytes per token ·
+/// tokens, all layers).
+struct StepBytes {
+  double weights = 0;
+  double cache = 0;
+  double total() const { return weights + cache; }
+};
+
+/// Per-part times of one decode step (ms), from CUDA graphs of the step's
+/// pieces (Engine::profile_decode).
+struct DecodeProfile {
+  double step = 0;       ///< the whole step
+  double gemm = 0;       ///< every weight GEMM (QKV, O, gate/up, down, LM head)
+  double attention = 0;  ///< decode attention (query prologue, kernel, merge) of every layer
+  double append = 0;     ///< quantize-append (or fp16 write) of every layer
+  double other = 0;      ///< step − the above: norms, RoPE, SwiGLU, casts, argmax, bookkeeping
+};
+
+/// Name of the current CUDA device ("" when none is visible).
+std::string cuda_device_name();
+
+class Engine {
+ public:
+  /// A model with weights on the host (fp32, e.g. dequantized from GGUF),
+  /// uploaded as bf16. qkv_bias: per layer ((H + 2·Hkv)·hd) fp32, required
+  /// (n_layers entries) iff arch_has_qkv_bias(cfg.arch), else empty. Throws
+  /// Error for an unsupported architecture or feature (naming it), a weight
+  /// of the wrong size, no CUDA device, or a memory plan that does not fit.
+  static std::unique_ptr<Engine> create(const ModelConfig& cfg, const ModelWeights& w,
+                                        const std::vector<std::vector<float>>& qkv_bias, CacheFormat fmt,
+                                        const EngineOptions& opt);
+  /// A synthetic model (model/synthetic.h): weights generated on the GPU from
+  /// `seed`, identical to synthetic_weights / synthetic_qkv_bias on the CPU.
+  static std::unique_ptr<Engine> create_synthetic(const ModelConfig& cfg, bool untied_output, uint64_t seed,
+                                                  CacheFormat fmt, const EngineOptions& opt);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelConfig& config() const;
+  const CacheFormat& format() const;
+  const MemoryPlan& memory() const;
+  const EngineOptions& options() const;
+  int64_t context_limit() const;
+  /// Tokens the unreserved pages hold.
+  int64_t free_tokens() const;
+
+  /// Reserves the pages of a sequence of up to max_tokens tokens and returns
+  /// its id. Throws Error, before any work, when max_tokens < 1, exceeds
+  /// context_limit(), or needs more pages than are free (the message gives
+  /// both numbers in tokens).
+  int add_sequence(int64_t max_tokens);
+  /// Frees a sequence's pages. Error for an unknown id.
+  void remove_sequence(int seq);
+  /// Tokens cached for `seq`.
+  int64_t seq_length(int seq) const;
+
+  /// Prefill of a fresh sequence (length 0) with `tokens` in one piece.
+  /// logits: empty, (n_vocab) for the last token, or (n, n_vocab) for every
+  /// token (host fp32). Throws Error for a non-empty sequence, tokens past its
+  /// reservation or max_prefill_tokens, or a token id outside the vocabulary.
+  void prefill(int seq, std::span<const int32_t> tokens, PrefillMode mode, std::span<float> logits);
+
+  /// Appends n_tokens synthetic K/V (seeded, uniform in [−1, 1) per channel)
+  /// to every layer of `seq` through the cache's write path (packed_prefill's
+  /// quantizer, or the fp16 writer): a long context at benchmark scale without
+  /// a prefill of that length. Results at such depths are labelled
+  /// synthetic_fill.
+  void fill_synthetic(int seq, int64_t n_tokens, uint64_t seed);
+
+  /// Greedy decode of n_steps tokens for the sequences `seqs` (distinct, at
+  /// most max_batch, each with length ≥ 1), starting from `tokens` (one per
+  /// sequence, the last sampled token). out_tokens: (n_steps, B) the argmax of
+  /// each step; last_logits: empty or (B, n_vocab), the last step's logits.
+  /// Throws Error (before any work) for a sequence past its reservation.
+  void decode(std::span<const int> seqs, std::span<const int32_t> tokens, int n_steps,
+              std::span<int32_t> out_tokens, std::span<float> last_logits = {});
+
+  /// Times `n_steps` decode steps (graph replays) of `seqs` after `warmup`
+  /// untimed steps; returns ms per step (events). The sequences grow by
+  /// warmup + n_steps tokens.
+  double time_decode(std::span<const int> seqs, std::span<const int32_t> tokens, int warmup, int n_steps);
+  /// The per-part times of one step at the sequences' current lengths
+  /// (median of `reps` replays each). Lengths do not change.
+  DecodeProfile profile_decode(std::span<const int> seqs, int reps);
+  /// Median ms of one layer's decode attention (query prologue + kernel +
+  /// merge) over `seqs` at their current lengths, L2 flushed before each
+  /// call: the number set against torch SDPA flash on the same shapes.
+  /// fp16_kernel: −1 the engine's choice, else as EngineOptions::fp16_kernel.
+  double time_attention(std::span<const int> seqs, int reps, int fp16_kernel = -1);
+  /// Bytes the next decode step of `seqs` reads (the roofline numerator).
+  StepBytes step_bytes(std::span<const int> seqs) const;
+  /// Read-bandwidth ceiling (GB/s): a read-only probe over `bytes` of device
+  /// memory (the page pool when it is that large), median of `reps`.
+  double read_ceiling_gbps(size_t bytes, int reps);
+  /// Device memory in use now (total − free), bytes.
+  size_t device_bytes_in_use() const;
+
+  // ---- raw state, for bindings (device pointers; no CUDA types) ----
+  void* stream() const;
+  uint8_t* layer_pool(int layer) const;
+  size_t page_bytes(int layer) const;
+  /// Physical page ids of `seq` (logical page i → element i).
+  std::vector<int32_t> seq_pages(int seq) const;
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ratekv::engine

@@ -1,0 +1,42 @@
+// The GPU engine's cache format from the CLI's cache flags (cli/gpu_cache.h).
+#include "cli/gpu_cache.h"
+
+#include "ratekv/cache/plan_codecs.h"
+#include "ratekv/common/error.h"
+
+namespace ratekv::cli {
+
+void require_engine(const std::string& device) {
+#ifndef RATEKV_HAVE_ENGINE
+  check(device != "cuda", "--device cuda: this build of ratekv has no GPU engine (built without CUDA)");
+#else
+  (void)device;
+#endif
+}
+
+#ifdef RATEKV_HAVE_ENGINE
+engine::CacheFormat gpu_cache_format(const std::optional<Plan>& types, const std::string& ctk, const std::string& ctv,
+                                     const std::string& cache_kind, const std::string& plan_file,
+                                     const ModelConfig& cfg) {
+  if (types) {
+    if (ctk == "f16" && ctv == "f16") return engine::CacheFormat::fp16(cfg);
+    try {
+      return engine::CacheFormat::packed(std::make_shared<const cache::PlanCodecs>(*types, cfg, "cache types"));
+    } catch (const Error& e) {
+      fail("-ctk {} -ctv {} with --device cuda: {}", ctk, ctv, e.what());
+    }
+  }
+  if (!plan_file.empty()) {
+    check(cache_kind != "fake", "--cache fake: the fake-quant cache runs on the CPU only (--device cpu)");
+    try {
+      return engine::CacheFormat::packed(std::make_shared<const cache::PlanCodecs>(Plan::load(plan_file), cfg, plan_file));
+    } catch (const Error& e) {
+      fail("--plan {} with --device cuda: {}", plan_file, e.what());
+    }
+  }
+  check(cache_kind == "fp32", "--cache {}: with --device cuda give --plan or -ctk/-ctv", cache_kind);
+  return engine::CacheFormat::fp16(cfg);
+}
+#endif
+
+}  // namespace ratekv::cli

@@ -1,0 +1,31 @@
+// cli/gpu_cache.h — the GPU engine's cache format from the CLI's cache flags
+// (-ctk/-ctv, --plan, --cache), with errors that name the flags.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "ratekv/format/plan.h"
+#include "ratekv/model/model.h"
+
+#ifdef RATEKV_HAVE_ENGINE
+#include "ratekv/engine/cache_format.h"
+
+namespace ratekv::cli {
+
+/// -ctk f16 -ctv f16 (or no cache flag and --cache fp32): the fp16 cache;
+/// other -ctk/-ctv types or --plan: the plan's packed cache. Throws Error,
+/// naming the flags, when the GPU cannot serve the choice (the engine's reason:
+/// q8_0/q4_0, fp16 mixed with packed sides, 0- or 5..8-bit groups, …) or for
+/// --cache fake (CPU only).
+engine::CacheFormat gpu_cache_format(const std::optional<Plan>& types, const std::string& ctk, const std::string& ctv,
+                                     const std::string& cache_kind, const std::string& plan_file,
+                                     const ModelConfig& cfg);
+
+}  // namespace ratekv::cli
+#endif
+
+namespace ratekv::cli {
+/// Throws Error for --device cuda in a build without the GPU engine.
+void require_engine(const std::string& device);
+}  // namespace ratekv::cli

@@ -1,0 +1,398 @@
+// The GPU engine's own kernels (ratekv/cuda/model_kernels.h).
+#include <cuda_bf16.h>
+
+#include "attention_common.cuh"
+#include "ratekv/cuda/model_kernels.h"
+#include "ratekv/model/synthetic.h"
+
+namespace ratekv::cuda {
+
+using detail::require;
+
+namespace {
+
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(x);
+  return *reinterpret_cast<const uint16_t*>(&b);
+}
+__device__ __forceinline__ float bf16_val(uint16_t u) {
+  return __uint_as_float((uint32_t)u << 16);
+}
+__device__ __forceinline__ uint16_t f16_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+
+int blocks_for(int64_t n, int threads, int cap = 65536) {
+  const int64_t b = (n + threads - 1) / threads;
+  return (int)(b < cap ? (b > 0 ? b : 1) : cap);
+}
+
+__global__ void synth_bf16_kernel(uint16_t* out, int64_t n, uint64_t seed, uint32_t tensor, int kind, int amp_exp,
+                                  uint64_t index0) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = bf16_bits(synthetic_value(seed, tensor, index0 + (uint64_t)i, (SyntheticKind)kind, amp_exp));
+}
+__global__ void synth_f32_kernel(float* out, int64_t n, uint64_t seed, uint32_t tensor, int kind, int amp_exp,
+                                 uint64_t index0) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = synthetic_value(seed, tensor, index0 + (uint64_t)i, (SyntheticKind)kind, amp_exp);
+}
+__global__ void f32_to_bf16_kernel(const float* __restrict__ in, uint16_t* __restrict__ out, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = bf16_bits(in[i]);
+}
+
+__global__ void embed_kernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ tokens, int d,
+                             float* __restrict__ x) {
+  const int i = blockIdx.x;
+  const uint16_t* row = table + (size_t)tokens[i] * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) x[(size_t)i * d + c] = bf16_val(row[c]);
+}
+
+// One block per row; Σx² in double (the CPU runtime's rms_norm).
+__global__ void __launch_bounds__(256) add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ delta,
+                                                           const float* __restrict__ w, int d, float eps,
+                                                           uint16_t* __restrict__ out) {
+  __shared__ double red[8];
+  __shared__ float r_sh;
+  float* xr = x + (size_t)blockIdx.x * d;
+  const float* dr = delta ? delta + (size_t)blockIdx.x * d : nullptr;
+  double ss = 0;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float v = xr[c];
+    if (dr) {
+      v += dr[c];
+      xr[c] = v;
+    }
+    ss += (double)v * v;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); ++i) s += red[i];
+    r_sh = (float)(1.0 / sqrt(s / d + (double)eps));
+  }
+  __syncthreads();
+  const float r = r_sh;
+  uint16_t* o = out + (size_t)blockIdx.x * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = bf16_bits(xr[c] * r * w[c]);
+}
+
+// One block per token; thread per (head, pair) of Q and K, plain copies of V.
+__global__ void qkv_rope_kernel(const float* __restrict__ qkv, const float* __restrict__ bias,
+                                const int32_t* __restrict__ pos, int H, int Hkv, int hd, bool neox,
+                                const double* __restrict__ inv_freq, QkvRopeOut o) {
+  const int i = blockIdx.x, half = hd / 2;
+  const int qd = H * hd, kvd = Hkv * hd;
+  const float* row = qkv + (size_t)i * (qd + 2 * kvd);
+  const double p = (double)pos[i];
+  // Q and K pairs: (H + Hkv) heads × half pairs.
+  for (int idx = threadIdx.x; idx < (H + Hkv) * half; idx += blockDim.x) {
+    const int head = idx / half, j = idx % half;
+    const int a = neox ? j : 2 * j, bch = neox ? j + half : 2 * j + 1;
+    const int base = head * hd;  // Q heads then K heads are consecutive in qkv
+    float xa = row[base + a], xb = row[base + bch];
+    if (bias) {
+      xa += bias[base + a];
+      xb += bias[base + bch];
+    }
+    double sd, cd;
+    sincos(p * inv_freq[j], &sd, &cd);
+    const float c = (float)cd, s = (float)sd;
+    const float ya = xa * c - xb * s, yb = xa * s + xb * c;
+    if (head < H) {
+      const size_t q0 = (size_t)i * qd + base;
+      if (o.q32) {
+        o.q32[q0 + a] = ya;
+        o.q32[q0 + bch] = yb;
+      }
+      if (o.q16) {
+        o.q16[q0 + a] = f16_bits(ya);
+        o.q16[q0 + bch] = f16_bits(yb);
+      }
+    } else {
+      const size_t k0 = (size_t)i * kvd + (base - qd);
+      if (o.k32) {
+        o.k32[k0 + a] = ya;
+        o.k32[k0 + bch] = yb;
+      }
+      if (o.k16) {
+        o.k16[k0 + a] = f16_bits(ya);
+        o.k16[k0 + bch] = f16_bits(yb);
+      }
+    }
+  }
+  for (int c = threadIdx.x; c < kvd; c += blockDim.x) {
+    float v = row[qd + kvd + c];
+    if (bias) v += bias[qd + kvd + c];
+    if (o.v32) o.v32[(size_t)i * kvd + c] = v;
+    if (o.v16) o.v16[(size_t)i * kvd + c] = f16_bits(v);
+  }
+}
+
+__global__ void swiglu_kernel(const float* __restrict__ gu, int64_t n, int dff, uint16_t* __restrict__ out) {
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n * dff;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = idx / dff, j = idx % dff;
+    const float g = gu[i * 2 * dff + j], u = gu[i * 2 * dff + dff + j];
+    out[idx] = bf16_bits(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+__global__ void __launch_bounds__(1024) argmax_kernel(const float* __restrict__ logits, int V,
+                                                      int32_t* __restrict__ out) {
+  __shared__ float bv[32];
+  __shared__ int bi[32];
+  const float* row = logits + (size_t)blockIdx.x * V;
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float v = row[j];
+    if (v > best) best = v, idx = j;  // j increases: ties keep the first
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > best || (ov == best && oi < idx)) best = ov, idx = oi;
+  }
+  if ((threadIdx.x & 31) == 0) bv[threadIdx.x >> 5] = best, bi[threadIdx.x >> 5] = idx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+      if (bv[w] > best || (bv[w] == best && bi[w] < idx)) best = bv[w], idx = bi[w];
+    out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;  // an all-NaN row: token 0
+  }
+}
+
+// One block per (matrix, row).
+__global__ void __launch_bounds__(256) causal_softmax_kernel(const float* __restrict__ S, int64_t stride, int rows,
+                                                             int cols, int r0, float scale, uint16_t* __restrict__ P) {
+  __shared__ float red[8];
+  __shared__ float bc;
+  const int row = blockIdx.x % rows, b = blockIdx.x / rows;
+  const float* s = S + b * stride + (size_t)row * cols;
+  uint16_t* p = P + b * stride + (size_t)row * cols;
+  const int lim = min(cols, r0 + row + 1);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float v = red[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) v = fmaxf(v, red[w]);
+    bc = v;
+  }
+  __syncthreads();
+  const float m = bc;
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) sum += expf(s[j] * scale - m);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __syncthreads();
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float v = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v += red[w];
+    bc = 1.f / v;
+  }
+  __syncthreads();
+  const float inv = bc;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x)
+    p[j] = j < lim ? f16_bits(expf(s[j] * scale - m) * inv) : (uint16_t)0;
+}
+
+// Grid (n_tokens, batch); every K and V element of the token's KV heads.
+__global__ void fp16_write_kernel(uint16_t* __restrict__ pool, int Hkv, int hd, const int32_t* __restrict__ page_table,
+                                  int max_pages, const int32_t* __restrict__ start, const float* __restrict__ k,
+                                  const float* __restrict__ v, int n_tokens) {
+  const int i = blockIdx.x, b = blockIdx.y;
+  const int pos = start[b] + i;
+  const size_t page = (size_t)page_table[(size_t)b * max_pages + pos / packed::kPageTokens];
+  const size_t page_elems = (size_t)Hkv * 2 * packed::kPageTokens * hd;
+  const int slot = pos % packed::kPageTokens, kvd = Hkv * hd;
+  const size_t src = ((size_t)b * n_tokens + i) * kvd;
+  for (int idx = threadIdx.x; idx < 2 * kvd; idx += blockDim.x) {
+    const int side = idx / kvd, r = idx % kvd, h = r / hd, c = r % hd;
+    const float val = side == 0 ? k[src + r] : v[src + r];
+    pool[page * page_elems + ((size_t)h * 2 + side) * packed::kPageTokens * hd + (size_t)slot * hd + c] = f16_bits(val);
+  }
+}
+
+// Grid (n_tokens, Hkv, 2 sides), 128 threads: per group, the levels·norm of
+// the codes (y_j = n · c[idx_j]) then x̂[ch_i] = Σ_j Π[j][i] y_j.
+__global__ void __launch_bounds__(128) dequant_kernel(const detail::HeadTables* __restrict__ tables,
+                                                      const float* __restrict__ rot, const int32_t* __restrict__ chans,
+                                                      const float* __restrict__ levels, const uint8_t* __restrict__ pool,
+                                                      size_t page_bytes, const int32_t* __restrict__ page_table,
+                                                      int hd, uint16_t* __restrict__ k16, uint16_t* __restrict__ v16) {
+  __shared__ float y[256];
+  __shared__ float outv[256];
+  const int tok = blockIdx.x, h = blockIdx.y, s = blockIdx.z, Hkv = gridDim.y;
+  const detail::HeadTables& T = tables[h];
+  const uint8_t* head = pool + (size_t)page_table[tok / packed::kPageTokens] * page_bytes + T.block_offset;
+  const int slot = tok % packed::kPageTokens;
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) outv[c] = 0.f;
+  for (int g = 0; g < T.n_groups[s]; ++g) {
+    const int dim = T.dim[s][g], bits = T.bits[s][g];
+    const float norm = __half2float(*reinterpret_cast<const __half*>(head + T.norm_offset[s][g] + 2 * slot));
+    const float* lv = levels + T.lvl_offset[s][g];
+    __syncthreads();  // y free
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+      y[j] = norm * lv[detail::read_code(head + T.code_offset[s][g], bits, s, slot, j)];
+    __syncthreads();
+    const float* R = rot + T.rot_offset[s][g];
+    const int32_t* ch = chans + T.chan_offset[s][g];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+      float acc = 0.f;
+      for (int j = 0; j < dim; ++j) acc = fmaf(R[(size_t)j * dim + i], y[j], acc);
+      outv[ch[i]] = acc;
+    }
+  }
+  __syncthreads();
+  uint16_t* o = (s == 0 ? k16 : v16) + ((size_t)tok * Hkv + h) * hd;
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) o[c] = f16_bits(outv[c]);
+}
+
+__global__ void __launch_bounds__(512) read_probe_kernel(const uint4* __restrict__ buf, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {  // four independent 16-byte loads in flight
+    const uint4 a = buf[i], b = buf[i + stride], c = buf[i + 2 * stride], d = buf[i + 3 * stride];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = buf[i];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  __shared__ uint32_t red[16];
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t a = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) a ^= red[w];
+    sink[blockIdx.x] = a;
+  }
+}
+
+__global__ void step_lengths_kernel(const int32_t* pos, int32_t* lens, int B) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b < B) lens[b] = pos[b] + 1;
+}
+__global__ void step_advance_kernel(int32_t* pos, const int32_t* next, int32_t* hist, int32_t* count, int cap, int B) {
+  const int c = *count;
+  for (int b = threadIdx.x; b < B; b += blockDim.x) {
+    pos[b] += 1;
+    if (hist && c < cap) hist[(size_t)c * B + b] = next[b];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *count = c + 1;
+}
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) detail::throw_error(detail::cat("CUDA: ", what, " launch failed: ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+void synthetic_fill_bf16(uint16_t* out, int64_t n, uint64_t seed, uint32_t tensor, int kind, int amp_exp,
+                         uint64_t index0, void* stream) {
+  require(out && n >= 0 && (kind == 0 || kind == 1), "synthetic_fill_bf16: bad arguments");
+  if (n == 0) return;
+  synth_bf16_kernel<<<blocks_for(n, 256, 8192), 256, 0, (cudaStream_t)stream>>>(out, n, seed, tensor, kind, amp_exp,
+                                                                                index0);
+  check_launch("synthetic_fill_bf16");
+}
+void synthetic_fill_f32(float* out, int64_t n, uint64_t seed, uint32_t tensor, int kind, int amp_exp, uint64_t index0,
+                        void* stream) {
+  require(out && n >= 0 && (kind == 0 || kind == 1), "synthetic_fill_f32: bad arguments");
+  if (n == 0) return;
+  synth_f32_kernel<<<blocks_for(n, 256, 8192), 256, 0, (cudaStream_t)stream>>>(out, n, seed, tensor, kind, amp_exp,
+                                                                               index0);
+  check_launch("synthetic_fill_f32");
+}
+void f32_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream) {
+  require(in && out && n >= 0, "f32_to_bf16: bad arguments");
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<blocks_for(n, 256, 8192), 256, 0, (cudaStream_t)stream>>>(in, out, n);
+  check_launch("f32_to_bf16");
+}
+void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int d, float* x, void* stream) {
+  require(table && tokens && x && n > 0 && d > 0, "embed_rows: bad arguments");
+  embed_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(table, tokens, d, x);
+  check_launch("embed_rows");
+}
+void add_rms_norm(float* x, const float* delta, const float* w, int n, int d, float eps, uint16_t* out,
+                  void* stream) {
+  require(x && w && out && n > 0 && d > 0, "add_rms_norm: bad arguments");
+  add_rms_norm_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(x, delta, w, d, eps, out);
+  check_launch("add_rms_norm");
+}
+void qkv_bias_rope(const float* qkv, const float* bias, const int32_t* pos, int n, int n_heads, int n_kv_heads,
+                   int head_dim, bool neox, const double* inv_freq, const QkvRopeOut& out, void* stream) {
+  require(qkv && pos && inv_freq && n > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0,
+          "qkv_bias_rope: bad arguments");
+  qkv_rope_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(qkv, bias, pos, n_heads, n_kv_heads, head_dim, neox, inv_freq,
+                                                       out);
+  check_launch("qkv_bias_rope");
+}
+void swiglu(const float* gu, int n, int dff, uint16_t* out, void* stream) {
+  require(gu && out && n > 0 && dff > 0, "swiglu: bad arguments");
+  swiglu_kernel<<<blocks_for((int64_t)n * dff, 256, 8192), 256, 0, (cudaStream_t)stream>>>(gu, n, dff, out);
+  check_launch("swiglu");
+}
+void argmax_rows(const float* logits, int n, int V, int32_t* out, void* stream) {
+  require(logits && out && n > 0 && V > 0, "argmax_rows: bad arguments");
+  argmax_kernel<<<n, 1024, 0, (cudaStream_t)stream>>>(logits, V, out);
+  check_launch("argmax_rows");
+}
+void causal_softmax(const float* S, int batch, int64_t stride, int rows, int cols, int r0, float scale, uint16_t* P,
+                    void* stream) {
+  require(S && P && batch > 0 && rows > 0 && cols > 0 && r0 >= 0 && r0 + rows <= cols &&
+              stride >= (int64_t)rows * cols,
+          "causal_softmax: bad arguments");
+  causal_softmax_kernel<<<batch * rows, 256, 0, (cudaStream_t)stream>>>(S, stride, rows, cols, r0, scale, P);
+  check_launch("causal_softmax");
+}
+void fp16_write_tokens(uint16_t* pool, int n_kv_heads, int head_dim, const int32_t* page_table, int max_pages,
+                       const int32_t* start, const float* k, const float* v, int n_tokens, int batch, void* stream) {
+  require(pool && page_table && start && k && v && n_tokens > 0 && batch > 0 && max_pages > 0,
+          "fp16_write_tokens: bad arguments");
+  fp16_write_kernel<<<dim3(n_tokens, batch), 256, 0, (cudaStream_t)stream>>>(pool, n_kv_heads, head_dim, page_table,
+                                                                            max_pages, start, k, v, n_tokens);
+  check_launch("fp16_write_tokens");
+}
+void packed_dequantize(const PackedPlan& plan, const uint8_t* pool, const int32_t* page_table, int n_tokens,
+                       uint16_t* k16, uint16_t* v16, void* stream) {
+  require(pool && page_table && k16 && v16 && n_tokens > 0, "packed_dequantize: bad arguments");
+  require(!plan.device().has_wide, "packed_dequantize: the plan has 5..8-bit groups (extension pages)");
+  const auto& D = plan.device();
+  dequant_kernel<<<dim3(n_tokens, plan.layout().n_kv_heads(), 2), 128, 0, (cudaStream_t)stream>>>(
+      D.heads, D.rotations, D.channels, D.levels, pool, plan.layout().page_bytes(), page_table, plan.head_dim(), k16,
+      v16);
+  check_launch("packed_dequantize");
+}
+void read_probe(const void* buf, size_t bytes, uint32_t* sink, void* stream) {
+  require(buf && sink && bytes % 16 == 0 && bytes > 0, "read_probe: bad arguments");
+  read_probe_kernel<<<kReadProbeBlocks, 512, 0, (cudaStream_t)stream>>>(static_cast<const uint4*>(buf), bytes / 16, sink);
+  check_launch("read_probe");
+}
+void step_lengths(const int32_t* pos, int32_t* lens, int B, void* stream) {
+  step_lengths_kernel<<<(B + 127) / 128, 128, 0, (cudaStream_t)stream>>>(pos, lens, B);
+  check_launch("step_lengths");
+}
+void step_advance(int32_t* pos, const int32_t* next, int32_t* hist, int32_t* count, int hist_cap, int B,
+                  void* stream) {
+  step_advance_kernel<<<1, 256, 0, (cudaStream_t)stream>>>(pos, next, hist, count, hist_cap, B);
+  check_launch("step_advance");
+}
+
+}  // namespace ratekv::cuda

@@ -1,0 +1,862 @@
+// The GPU engine (ratekv/engine/engine.h): weights, page pool, sequences,
+// prefill, decode steps (CUDA graphs), timing.
+#include "ratekv/engine/engine.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "buffer_sizes.h"
+#include "ratekv/common/error.h"
+#include "ratekv/cuda/decode_attention.h"
+#include "ratekv/cuda/model_kernels.h"
+#include "ratekv/model/synthetic.h"
+
+#define RATEKV_CUDA_OK(expr)                                                                                     \
+  do {                                                                                                           \
+    const cudaError_t _e = (expr);                                                                               \
+    if (_e != cudaSuccess) ::ratekv::fail("CUDA: {} failed: {} ({}:{})", #expr, cudaGetErrorString(_e), __FILE__, \
+                                          __LINE__);                                                             \
+  } while (0)
+#define RATEKV_CUBLAS_OK(expr)                                                                                 \
+  do {                                                                                                         \
+    const cublasStatus_t _s = (expr);                                                                          \
+    if (_s != CUBLAS_STATUS_SUCCESS)                                                                           \
+      ::ratekv::fail("cuBLAS: {} failed: {} ({}:{})", #expr, cublasGetStatusString(_s), __FILE__, __LINE__); \
+  } while (0)
+
+namespace ratekv::engine {
+
+namespace {
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+/// Owned device allocation.
+struct DevMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevMem() = default;
+  explicit DevMem(size_t n) : bytes(n) {
+    if (n) RATEKV_CUDA_OK(cudaMalloc(&p, n));
+  }
+  DevMem(DevMem&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr, o.bytes = 0; }
+  DevMem& operator=(DevMem&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  ~DevMem() {
+    if (p) cudaFree(p);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// Parts of a decode step (graph pieces for the profile).
+enum Part : int { kGemm = 1, kAttn = 2, kAppend = 4, kOther = 8, kAdvance = 16, kAll = 31 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  ModelConfig cfg;
+  CacheFormat fmt;
+  EngineOptions opt;
+  MemoryPlan mem;
+  bool untied = false;
+  int64_t ctx_limit = 0;
+  detail::Dims dims;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  DevMem blas_ws;
+
+  // weights
+  struct Layer {
+    DevMem wqkv, wo, wgu, wdown, attn_norm, ffn_norm, bias;
+  };
+  DevMem embd, lm_head_mem, out_norm, inv_freq;
+  const uint16_t* lm_head = nullptr;
+  std::vector<Layer> layers;
+
+  // cache
+  std::vector<std::unique_ptr<cuda::PackedPlan>> plans;
+  std::vector<DevMem> pools;
+  std::vector<int32_t> free_pages;
+  struct Seq {
+    std::vector<int32_t> pages;
+    int64_t len = 0, cap = 0;
+  };
+  std::map<int, Seq> seqs;
+  int next_id = 0;
+  int max_pages = 0;  // page-table row stride: ⌈context limit / 64⌉
+
+  // activations (rows = max(prefill tokens, batch))
+  int64_t rows = 0, lrows = 0;
+  DevMem x, xn, qkv, q16, k32, v32, k16, v16, q32, o32, att16, tmp, gu, h16, tok, pos, logits;
+  // decode state
+  DevMem d_pos, d_lens, d_hist, d_count, d_pt, d_zero, d_start, attn_ws, probe_sink;
+  std::vector<int> uploaded_batch;
+  // prefill
+  DevMem p_pt, scores, probs;
+  // graphs
+  std::map<std::tuple<int, int64_t, int, int, int>, cudaGraphExec_t> graphs;
+  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+
+  explicit Impl(const ModelConfig& c, CacheFormat f, const EngineOptions& o) : cfg(c), fmt(std::move(f)), opt(o), dims(c) {}
+  ~Impl() {
+    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    if (ev0) cudaEventDestroy(ev0);
+    if (ev1) cudaEventDestroy(ev1);
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  void sync() { RATEKV_CUDA_OK(cudaStreamSynchronize(stream)); }
+
+  // y (n, out) fp32 = x (n, in) bf16 · Wᵀ, W (out, in) bf16 row-major.
+  void gemm(const uint16_t* X, const uint16_t* W, float* Y, int64_t n, int64_t in, int64_t out) {
+    const float a = 1.f, b = 0.f;
+    RATEKV_CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)n, (int)in, &a, W, CUDA_R_16BF,
+                                  (int)in, X, CUDA_R_16BF, (int)in, &b, Y, CUDA_R_32F, (int)out, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+  }
+
+  const float* next_norm(int l) const {
+    return l + 1 < cfg.n_layers ? layers[l + 1].attn_norm.as<float>() : out_norm.as<float>();
+  }
+
+  cuda::DecodeBatch batch_view(const int32_t* lens, int B, int64_t bound) const {
+    cuda::DecodeBatch db;
+    db.page_table = d_pt.as<int32_t>();
+    db.max_pages = max_pages;
+    db.seq_lens = lens;
+    db.batch = B;
+    db.max_seq_len = (int)bound;
+    return db;
+  }
+
+  cuda::Fp16DecodeVariant fp16_variant(int v) const {
+    return v == 1 ? cuda::Fp16DecodeVariant::rows16 : v == 2 ? cuda::Fp16DecodeVariant::n8
+                                                             : cuda::Fp16DecodeVariant::automatic;
+  }
+
+  // Decode attention of layer l for B rows (q32 → o32).
+  void attention(int l, int B, int64_t bound, int fp16_kernel) {
+    const cuda::DecodeBatch db = batch_view(d_lens.as<int32_t>(), B, bound);
+    const float scale = cfg.attention_scale();
+    if (fmt.is_fp16()) {
+      cuda::fp16_decode_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, db, pools[l].as<uint16_t>(), q32.p,
+                                  cuda::DType::f32, scale, o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream,
+                                  fp16_variant(fp16_kernel));
+    } else {
+      cuda::packed_decode_attention(*plans[l], db, pools[l].as<uint8_t>(), q32.p, cuda::DType::f32, scale,
+                                    o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream);
+    }
+  }
+
+  // One decode step of B sequences (rows 0..B−1 of the buffers), the parts in `mask`.
+  void enqueue_step(int B, int64_t bound, int mask, int n_layers, int fp16_kernel) {
+    const detail::Dims& m = dims;
+    const bool other = mask & kOther;
+    if (other) {
+      cuda::step_lengths(d_pos.as<int32_t>(), d_lens.as<int32_t>(), B, stream);
+      cuda::embed_rows(embd.as<uint16_t>(), tok.as<int32_t>(), B, (int)m.d, x.as<float>(), stream);
+      cuda::add_rms_norm(x.as<float>(), nullptr, layers[0].attn_norm.as<float>(), B, (int)m.d, cfg.rms_eps,
+                         xn.as<uint16_t>(), stream);
+    }
+    for (int l = 0; l < n_layers; ++l) {
+      const Layer& L = layers[l];
+      if (mask & kGemm) gemm(xn.as<uint16_t>(), L.wqkv.as<uint16_t>(), qkv.as<float>(), B, m.d, m.qkvd);
+      if (other) {
+        cuda::QkvRopeOut o;
+        o.q32 = q32.as<float>();
+        o.k32 = k32.as<float>();
+        o.v32 = v32.as<float>();
+        cuda::qkv_bias_rope(qkv.as<float>(), L.bias.as<float>(), d_pos.as<int32_t>(), B, cfg.n_heads, cfg.n_kv_heads,
+                            cfg.head_dim, cfg.rope_layout == RopeLayout::NeoX, inv_freq.as<double>(), o, stream);
+      }
+      if (mask & kAppend) {
+        const cuda::DecodeBatch before = batch_view(d_pos.as<int32_t>(), B, bound);
+        if (fmt.is_fp16())
+          cuda::fp16_write_tokens(pools[l].as<uint16_t>(), cfg.n_kv_heads, cfg.head_dim, d_pt.as<int32_t>(), max_pages,
+                                  d_pos.as<int32_t>(), k32.as<float>(), v32.as<float>(), 1, B, stream);
+        else
+          cuda::packed_append(*plans[l], before, pools[l].as<uint8_t>(), k32.p, v32.p, cuda::DType::f32, stream);
+      }
+      if (mask & kAttn) attention(l, B, bound, fp16_kernel);
+      if (other) cuda::f32_to_bf16(o32.as<float>(), att16.as<uint16_t>(), B * m.qd, stream);
+      if (mask & kGemm) gemm(att16.as<uint16_t>(), L.wo.as<uint16_t>(), tmp.as<float>(), B, m.qd, m.d);
+      if (other)
+        cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), L.ffn_norm.as<float>(), B, (int)m.d, cfg.rms_eps,
+                           xn.as<uint16_t>(), stream);
+      if (mask & kGemm) gemm(xn.as<uint16_t>(), L.wgu.as<uint16_t>(), gu.as<float>(), B, m.d, 2 * m.dff);
+      if (other) cuda::swiglu(gu.as<float>(), B, (int)m.dff, h16.as<uint16_t>(), stream);
+      if (mask & kGemm) gemm(h16.as<uint16_t>(), L.wdown.as<uint16_t>(), tmp.as<float>(), B, m.dff, m.d);
+      if (other)
+        cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), next_norm(l), B, (int)m.d, cfg.rms_eps, xn.as<uint16_t>(),
+                           stream);
+    }
+    if (n_layers < cfg.n_layers) return;  // attention-only timing pieces
+    if (mask & kGemm) gemm(xn.as<uint16_t>(), lm_head, logits.as<float>(), B, m.d, m.V);
+    if (mask & kAdvance) {
+      cuda::argmax_rows(logits.as<float>(), B, (int)m.V, tok.as<int32_t>(), stream);
+      cuda::step_advance(d_pos.as<int32_t>(), tok.as<int32_t>(), d_hist.as<int32_t>(), d_count.as<int32_t>(),
+                         detail::kHistorySteps, B, stream);
+    }
+  }
+
+  cudaGraphExec_t graph(int B, int64_t bound, int mask, int n_layers, int fp16_kernel) {
+    const auto key = std::make_tuple(B, bound, mask, n_layers, fp16_kernel);
+    if (auto it = graphs.find(key); it != graphs.end()) return it->second;
+    // Once eagerly without the token-changing parts (kernel attributes are set
+    // outside the capture), then captured.
+    enqueue_step(B, bound, mask & ~kAdvance, n_layers, fp16_kernel);
+    sync();
+    cudaGraph_t g = nullptr;
+    RATEKV_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_step(B, bound, mask, n_layers, fp16_kernel);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    RATEKV_CUDA_OK(cudaStreamEndCapture(stream, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    RATEKV_CUDA_OK(e);
+    graphs[key] = exec;
+    return exec;
+  }
+
+  void run_step(int B, int64_t bound, int mask, int n_layers, int fp16_kernel) {
+    if (opt.cuda_graphs)
+      RATEKV_CUDA_OK(cudaGraphLaunch(graph(B, bound, mask, n_layers, fp16_kernel), stream));
+    else
+      enqueue_step(B, bound, mask, n_layers, fp16_kernel);
+  }
+
+  Seq& seq(int id) {
+    auto it = seqs.find(id);
+    check(it != seqs.end(), "GPU engine: unknown sequence id {}", id);
+    return it->second;
+  }
+  const Seq& seq(int id) const {
+    auto it = seqs.find(id);
+    check(it != seqs.end(), "GPU engine: unknown sequence id {}", id);
+    return it->second;
+  }
+
+  // Uploads the page tables and lengths of a decode batch; returns B.
+  int prepare_batch(std::span<const int> ids, int64_t extra) {
+    const int B = static_cast<int>(ids.size());
+    check(B >= 1 && B <= opt.max_batch, "GPU engine: decode batch of {} sequences; the engine was built for 1..{}", B,
+          opt.max_batch);
+    std::vector<int32_t> lens(B);
+    for (int b = 0; b < B; ++b) {
+      for (int c = 0; c < b; ++c) check(ids[c] != ids[b], "GPU engine: sequence {} appears twice in a batch", ids[b]);
+      const Seq& s = seq(ids[b]);
+      check(s.len >= 1, "GPU engine: sequence {} is empty (prefill or fill it before decoding)", ids[b]);
+      check(s.len + extra <= s.cap,
+            "GPU engine: sequence {} has {} tokens and room for {}; {} more do not fit its reservation", ids[b], s.len,
+            s.cap, extra);
+      lens[b] = static_cast<int32_t>(s.len);
+    }
+    if (uploaded_batch != std::vector<int>(ids.begin(), ids.end())) {
+      std::vector<int32_t> pt(static_cast<size_t>(B) * max_pages, 0);
+      for (int b = 0; b < B; ++b) {
+        const auto& pg = seq(ids[b]).pages;
+        std::copy(pg.begin(), pg.end(), pt.begin() + static_cast<size_t>(b) * max_pages);
+      }
+      RATEKV_CUDA_OK(cudaMemcpyAsync(d_pt.p, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice, stream));
+      uploaded_batch.assign(ids.begin(), ids.end());
+    }
+    RATEKV_CUDA_OK(cudaMemcpyAsync(d_pos.p, lens.data(), B * 4, cudaMemcpyHostToDevice, stream));
+    RATEKV_CUDA_OK(cudaMemsetAsync(d_count.p, 0, 4, stream));
+    sync();  // lens (host) outlives the copy
+    return B;
+  }
+
+  int64_t bound_for(std::span<const int> ids, int64_t extra) const {
+    int64_t mx = 1;
+    for (int id : ids) mx = std::max(mx, seq(id).len + extra);
+    // Coarse steps (a new bound is a new graph): 256 tokens, 4096 past 16K.
+    const int64_t q = mx > 16384 ? 4096 : 256;
+    const int64_t b = (mx + q - 1) / q * q;
+    return std::min<int64_t>(b, static_cast<int64_t>(max_pages) * packed::kPageTokens);
+  }
+
+  void upload_tokens(std::span<const int32_t> t) {
+    for (size_t i = 0; i < t.size(); ++i)
+      check(t[i] >= 0 && t[i] < cfg.n_vocab, "GPU engine: token id {} at index {} outside [0, {})", t[i], i,
+            cfg.n_vocab);
+    RATEKV_CUDA_OK(cudaMemcpyAsync(tok.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice, stream));
+  }
+
+  void upload_seq_pages(const Seq& s) {
+    RATEKV_CUDA_OK(cudaMemcpyAsync(p_pt.p, s.pages.data(), s.pages.size() * 4, cudaMemcpyHostToDevice, stream));
+  }
+
+  // Causal attention of the prompt's n queries (q16) over k16/v16 → o32.
+  void prefill_attention(int64_t n) {
+    const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, g = cfg.gqa_ratio(), hd = cfg.head_dim;
+    const int64_t qd = dims.qd, kvd = dims.kvd;
+    const int64_t rq = std::clamp<int64_t>(static_cast<int64_t>(opt.prefill_score_bytes / (6 * size_t(H) * n)), 1, n);
+    const float one = 1.f, zero = 0.f;
+    for (int64_t r0 = 0; r0 < n; r0 += rq) {
+      const int64_t nr = std::min(rq, n - r0), nk = r0 + nr;
+      const int64_t stride = nr * nk;
+      for (int hk = 0; hk < Hkv; ++hk) {
+        // Sᵀ (nk × nr, column-major) = K_hk · Q_hᵀ for the g query heads of hk.
+        RATEKV_CUBLAS_OK(cublasGemmStridedBatchedEx(
+            blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nk, (int)nr, hd, &one, k16.as<uint16_t>() + (size_t)hk * hd,
+            CUDA_R_16F, (int)kvd, 0, q16.as<uint16_t>() + (size_t)r0 * qd + (size_t)hk * g * hd, CUDA_R_16F, (int)qd,
+            hd, &zero, scores.as<float>() + (size_t)hk * g * stride, CUDA_R_32F, (int)nk, stride, g,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+      cuda::causal_softmax(scores.as<float>(), H, stride, (int)nr, (int)nk, (int)r0, cfg.attention_scale(),
+                           probs.as<uint16_t>(), stream);
+      for (int hk = 0; hk < Hkv; ++hk) {
+        // O_hᵀ (hd × nr) = V_hkᵀ · P_hᵀ.
+        RATEKV_CUBLAS_OK(cublasGemmStridedBatchedEx(
+            blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, (int)nr, (int)nk, &one, v16.as<uint16_t>() + (size_t)hk * hd,
+            CUDA_R_16F, (int)kvd, 0, probs.as<uint16_t>() + (size_t)hk * g * stride, CUDA_R_16F, (int)nk, stride,
+            &zero, o32.as<float>() + (size_t)r0 * qd + (size_t)hk * g * hd, CUDA_R_32F, (int)qd, hd, g,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+    }
+  }
+
+  double time_graph(cudaGraphExec_t g, int reps, bool flush) {
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      if (flush) RATEKV_CUDA_OK(cudaMemsetAsync(scores.p, r & 0xff, std::min<size_t>(scores.bytes, 512u << 20), stream));
+      RATEKV_CUDA_OK(cudaEventRecord(ev0, stream));
+      RATEKV_CUDA_OK(cudaGraphLaunch(g, stream));
+      RATEKV_CUDA_OK(cudaEventRecord(ev1, stream));
+      RATEKV_CUDA_OK(cudaEventSynchronize(ev1));
+      float ms = 0;
+      RATEKV_CUDA_OK(cudaEventElapsedTime(&ms, ev0, ev1));
+      t.push_back(ms);
+    }
+    return median(t);
+  }
+};
+
+// ---------------------------------------------------------------------------
+
+namespace {
+
+void check_supported(const ModelConfig& c) {
+  c.validate("GPU engine");
+  check(c.arch == "llama" || c.arch == "qwen2",
+        "GPU engine: architecture '{}' is not served on the GPU yet (llama and qwen2 are; Gemma 3's sliding-window "
+        "layers, QK-norm, GeGLU, post-norms and soft-cap arrive with engine issue 2 of 3)",
+        c.arch);
+  check(!c.qk_norm && !c.post_norms && c.layer_sliding.empty() && c.final_logit_softcap == 0 && c.embd_scale == 1.0f &&
+            c.ffn_act == FfnActivation::SiLU,
+        "GPU engine: the config of arch '{}' sets Gemma-3 features (QK-norm, post-norms, sliding layers, soft-cap, "
+        "embedding scale or GeGLU) the GPU forward pass does not have",
+        c.arch);
+  check(c.head_dim % 2 == 0 && c.head_dim <= 256, "GPU engine: head_dim {} (even, at most 256)", c.head_dim);
+}
+
+}  // namespace
+
+std::string cuda_device_name() {
+  int dev = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return "";
+  return prop.name;
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+namespace {
+
+std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, CacheFormat fmt, const EngineOptions& opt) {
+  check_supported(cfg);
+  int n_dev = 0;
+  check(cudaGetDeviceCount(&n_dev) == cudaSuccess && n_dev > 0, "GPU engine: no CUDA device visible");
+  auto I = std::make_unique<Engine::Impl>(cfg, std::move(fmt), opt);
+  I->untied = untied;
+  I->ctx_limit = opt.context_limit > 0 ? opt.context_limit : cfg.n_ctx_train;
+  check(I->ctx_limit <= (int64_t{1} << 31) - 64, "GPU engine: context limit {} exceeds 2^31 positions", I->ctx_limit);
+  check(opt.max_prefill_tokens <= I->ctx_limit, "GPU engine: max_prefill_tokens {} exceeds the context limit {}",
+        opt.max_prefill_tokens, I->ctx_limit);
+  size_t free_b = 0, total_b = 0;
+  RATEKV_CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
+  I->mem = plan_memory(cfg, untied, I->fmt, opt, free_b);
+  RATEKV_CUDA_OK(cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking));
+  RATEKV_CUBLAS_OK(cublasCreate(&I->blas));
+  RATEKV_CUBLAS_OK(cublasSetStream(I->blas, I->stream));
+  I->blas_ws = DevMem(detail::kCublasWorkspace);
+  RATEKV_CUBLAS_OK(cublasSetWorkspace(I->blas, I->blas_ws.p, I->blas_ws.bytes));
+  RATEKV_CUDA_OK(cudaEventCreate(&I->ev0));
+  RATEKV_CUDA_OK(cudaEventCreate(&I->ev1));
+  const detail::Dims& m = I->dims;
+  // Weights (filled by the caller).
+  I->embd = DevMem(2 * size_t(m.V * m.d));
+  if (untied) I->lm_head_mem = DevMem(2 * size_t(m.V * m.d));
+  I->lm_head = untied ? I->lm_head_mem.as<uint16_t>() : I->embd.as<uint16_t>();
+  I->out_norm = DevMem(4 * size_t(m.d));
+  I->layers.resize(cfg.n_layers);
+  for (auto& L : I->layers) {
+    L.wqkv = DevMem(2 * size_t(m.qkvd * m.d));
+    L.wo = DevMem(2 * size_t(m.d * m.qd));
+    L.wgu = DevMem(2 * size_t(2 * m.dff * m.d));
+    L.wdown = DevMem(2 * size_t(m.d * m.dff));
+    L.attn_norm = DevMem(4 * size_t(m.d));
+    L.ffn_norm = DevMem(4 * size_t(m.d));
+    if (arch_has_qkv_bias(cfg.arch)) L.bias = DevMem(4 * size_t(m.qkvd));
+  }
+  std::vector<double> inv(cfg.head_dim / 2);
+  for (int i = 0; i < cfg.head_dim / 2; ++i) inv[i] = rope_frequency(i, cfg.head_dim, cfg.rope_theta);
+  I->inv_freq = DevMem(8 * inv.size());
+  RATEKV_CUDA_OK(cudaMemcpy(I->inv_freq.p, inv.data(), 8 * inv.size(), cudaMemcpyHostToDevice));
+  // Activations.
+  I->rows = detail::activation_rows(opt);
+  I->lrows = detail::logit_rows(opt);
+  const size_t R = static_cast<size_t>(I->rows);
+  I->x = DevMem(4 * R * m.d);
+  I->xn = DevMem(2 * R * m.d);
+  I->qkv = DevMem(4 * R * m.qkvd);
+  I->q16 = DevMem(2 * R * m.qd);
+  I->k32 = DevMem(4 * R * m.kvd);
+  I->v32 = DevMem(4 * R * m.kvd);
+  I->k16 = DevMem(2 * R * m.kvd);
+  I->v16 = DevMem(2 * R * m.kvd);
+  I->q32 = DevMem(4 * R * m.qd);
+  I->o32 = DevMem(4 * R * m.qd);
+  I->att16 = DevMem(2 * R * m.qd);
+  I->tmp = DevMem(4 * R * m.d);
+  I->gu = DevMem(8 * R * m.dff);
+  I->h16 = DevMem(2 * R * m.dff);
+  I->tok = DevMem(4 * R);
+  I->pos = DevMem(4 * R);
+  I->logits = DevMem(4 * size_t(I->lrows) * m.V);
+  const int B = opt.max_batch;
+  I->max_pages = static_cast<int>((I->ctx_limit + packed::kPageTokens - 1) / packed::kPageTokens);
+  I->d_pos = DevMem(4 * size_t(B));
+  I->d_lens = DevMem(4 * size_t(B));
+  I->d_hist = DevMem(4 * size_t(B) * detail::kHistorySteps);
+  I->d_count = DevMem(4);
+  I->d_zero = DevMem(4);
+  I->d_start = DevMem(4);
+  RATEKV_CUDA_OK(cudaMemset(I->d_zero.p, 0, 4));
+  I->d_pt = DevMem(4 * size_t(B) * I->max_pages);
+  I->p_pt = DevMem(4 * size_t(I->max_pages));
+  RATEKV_CUDA_OK(cudaMemset(I->d_pt.p, 0, I->d_pt.bytes));
+  I->probe_sink = DevMem(4 * cuda::kReadProbeBlocks);
+  I->scores = DevMem(opt.prefill_score_bytes / 6 * 4 / 4 * 4);
+  I->probs = DevMem(opt.prefill_score_bytes / 6 * 2 / 2 * 2);
+  // Packed plans (device tables) and the decode workspace.
+  size_t ws = 0;
+  for (int b = 1; b <= B; ++b) {
+    // Both fp16 kernels (time_attention compares them).
+    int splits = std::max(
+        cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, (int)I->ctx_limit),
+        cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, (int)I->ctx_limit,
+                                  cuda::Fp16DecodeVariant::rows16));
+    if (!I->fmt.is_fp16()) I->plans.resize(cfg.n_layers);
+    for (int l = 0; l < cfg.n_layers && !I->fmt.is_fp16(); ++l) {
+      if (!I->plans[l])
+        I->plans[l] = std::make_unique<cuda::PackedPlan>(I->fmt.layout(l), cfg.n_heads, I->fmt.rotations(l),
+                                                         I->fmt.levels(l));
+      splits = std::max(splits, cuda::default_splits(*I->plans[l], b, (int)I->ctx_limit));
+    }
+    // Splits grow as lengths shrink (more pages per wave); bound them by the
+    // shortest length a step can have as well.
+    for (int len : {64, 256, 1024, 4096}) {
+      splits = std::max(splits, cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, len));
+      splits = std::max(splits, cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, len,
+                                                          cuda::Fp16DecodeVariant::rows16));
+      for (int l = 0; l < cfg.n_layers && !I->fmt.is_fp16(); ++l)
+        splits = std::max(splits, cuda::default_splits(*I->plans[l], b, len));
+    }
+    ws = std::max(ws, cuda::decode_workspace_bytes(b, cfg.n_heads, cfg.head_dim, splits + 8));
+  }
+  I->attn_ws = DevMem(ws);
+  // Page pools: the same number of pages in every layer.
+  I->pools.reserve(cfg.n_layers);
+  for (int l = 0; l < cfg.n_layers; ++l) I->pools.emplace_back(static_cast<size_t>(I->mem.pages) * I->fmt.page_bytes(l));
+  I->free_pages.resize(I->mem.pages);
+  for (int64_t i = 0; i < I->mem.pages; ++i)  // pop_back hands out ascending (or descending) ids
+    I->free_pages[i] = static_cast<int32_t>(opt.pages_descending ? i : I->mem.pages - 1 - i);
+  return I;
+}
+
+void upload_bf16(DevMem& dst, const std::vector<float>& src, const std::string& what, size_t expect) {
+  check(src.size() == expect, "GPU engine: weight {} has {} values, expected {}", what, src.size(), expect);
+  std::vector<uint16_t> h(src.size());
+  for (size_t i = 0; i < src.size(); ++i) h[i] = to_bf16(src[i]);
+  RATEKV_CUDA_OK(cudaMemcpy(dst.p, h.data(), 2 * h.size(), cudaMemcpyHostToDevice));
+}
+void upload_f32(DevMem& dst, const std::vector<float>& src, const std::string& what, size_t expect) {
+  check(src.size() == expect, "GPU engine: weight {} has {} values, expected {}", what, src.size(), expect);
+  RATEKV_CUDA_OK(cudaMemcpy(dst.p, src.data(), 4 * src.size(), cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(const ModelConfig& cfg, const ModelWeights& w,
+                                       const std::vector<std::vector<float>>& qkv_bias, CacheFormat fmt,
+                                       const EngineOptions& opt) {
+  check_supported(cfg);
+  const bool bias = arch_has_qkv_bias(cfg.arch);
+  check(bias ? qkv_bias.size() == size_t(cfg.n_layers) : qkv_bias.empty(),
+        "GPU engine: arch '{}' needs {} Q/K/V bias vectors, {} given", cfg.arch, bias ? cfg.n_layers : 0,
+        qkv_bias.size());
+  check(w.layers.size() == size_t(cfg.n_layers), "GPU engine: {} weight layers for {} config layers", w.layers.size(),
+        cfg.n_layers);
+  auto I = make_impl(cfg, !w.output.empty(), std::move(fmt), opt);
+  const detail::Dims& m = I->dims;
+  upload_bf16(I->embd, w.token_embd, "token_embd", m.V * m.d);
+  if (!w.output.empty()) upload_bf16(I->lm_head_mem, w.output, "output", m.V * m.d);
+  upload_f32(I->out_norm, w.output_norm, "output_norm", m.d);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    auto& D = I->layers[l];
+    const std::string p = fmt::format("layers[{}].", l);
+    upload_bf16(D.wqkv, L.wqkv, p + "wqkv", m.qkvd * m.d);
+    upload_bf16(D.wo, L.wo, p + "wo", m.d * m.qd);
+    upload_bf16(D.wgu, L.w_gate_up, p + "w_gate_up", 2 * m.dff * m.d);
+    upload_bf16(D.wdown, L.w_down, p + "w_down", m.d * m.dff);
+    upload_f32(D.attn_norm, L.attn_norm, p + "attn_norm", m.d);
+    upload_f32(D.ffn_norm, L.ffn_norm, p + "ffn_norm", m.d);
+    if (bias) upload_f32(D.bias, qkv_bias[l], p + "qkv_bias", m.qkvd);
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(I)));
+}
+
+std::unique_ptr<Engine> Engine::create_synthetic(const ModelConfig& cfg, bool untied_output, uint64_t seed,
+                                                 CacheFormat fmt, const EngineOptions& opt) {
+  auto I = make_impl(cfg, untied_output, std::move(fmt), opt);
+  const detail::Dims& m = I->dims;
+  cudaStream_t s = I->stream;
+  using T = SyntheticLayerTensor;
+  const int lin = static_cast<int>(SyntheticKind::linear), nrm = static_cast<int>(SyntheticKind::norm);
+  cuda::synthetic_fill_bf16(I->embd.as<uint16_t>(), m.V * m.d, seed, (uint32_t)SyntheticTensor::token_embd, lin, 0, 0, s);
+  if (untied_output)
+    cuda::synthetic_fill_bf16(I->lm_head_mem.as<uint16_t>(), m.V * m.d, seed, (uint32_t)SyntheticTensor::output, lin,
+                              synthetic_amp_exp(m.d), 0, s);
+  cuda::synthetic_fill_f32(I->out_norm.as<float>(), m.d, seed, (uint32_t)SyntheticTensor::output_norm, nrm, 0, 0, s);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    auto& D = I->layers[l];
+    cuda::synthetic_fill_f32(D.attn_norm.as<float>(), m.d, seed, synthetic_tensor_id(l, T::attn_norm), nrm, 0, 0, s);
+    cuda::synthetic_fill_f32(D.ffn_norm.as<float>(), m.d, seed, synthetic_tensor_id(l, T::ffn_norm), nrm, 0, 0, s);
+    cuda::synthetic_fill_bf16(D.wqkv.as<uint16_t>(), m.qkvd * m.d, seed, synthetic_tensor_id(l, T::wqkv), lin,
+                              synthetic_amp_exp(m.d), 0, s);
+    cuda::synthetic_fill_bf16(D.wo.as<uint16_t>(), m.d * m.qd, seed, synthetic_tensor_id(l, T::wo), lin,
+                              synthetic_amp_exp(m.qd), 0, s);
+    cuda::synthetic_fill_bf16(D.wgu.as<uint16_t>(), 2 * m.dff * m.d, seed, synthetic_tensor_id(l, T::w_gate_up), lin,
+                              synthetic_amp_exp(m.d), 0, s);
+    cuda::synthetic_fill_bf16(D.wdown.as<uint16_t>(), m.d * m.dff, seed, synthetic_tensor_id(l, T::w_down), lin,
+                              synthetic_amp_exp(m.dff), 0, s);
+    if (arch_has_qkv_bias(cfg.arch))
+      cuda::synthetic_fill_f32(D.bias.as<float>(), m.qkvd, seed, synthetic_tensor_id(l, T::qkv_bias), lin, -2, 0, s);
+  }
+  I->sync();
+  return std::unique_ptr<Engine>(new Engine(std::move(I)));
+}
+
+const ModelConfig& Engine::config() const { return impl_->cfg; }
+const CacheFormat& Engine::format() const { return impl_->fmt; }
+const MemoryPlan& Engine::memory() const { return impl_->mem; }
+const EngineOptions& Engine::options() const { return impl_->opt; }
+int64_t Engine::context_limit() const { return impl_->ctx_limit; }
+int64_t Engine::free_tokens() const { return static_cast<int64_t>(impl_->free_pages.size()) * packed::kPageTokens; }
+
+int Engine::add_sequence(int64_t max_tokens) {
+  Impl& I = *impl_;
+  check(max_tokens >= 1, "GPU engine: a sequence needs room for at least 1 token (got {})", max_tokens);
+  check(max_tokens <= I.ctx_limit,
+        "GPU engine: a request of {} tokens exceeds the context limit {} (the model's trained context is {}; raise "
+        "the limit explicitly to extrapolate RoPE)",
+        max_tokens, I.ctx_limit, I.cfg.n_ctx_train);
+  const int64_t need = (max_tokens + packed::kPageTokens - 1) / packed::kPageTokens;
+  check(need <= static_cast<int64_t>(I.free_pages.size()),
+        "GPU engine: a request of {} tokens needs {} pages ({} cache); {} pages ({} tokens) are free of {} ({} tokens, "
+        "{:.2f} GiB of pages)",
+        max_tokens, need, I.fmt.label(), I.free_pages.size(), I.free_pages.size() * packed::kPageTokens, I.mem.pages,
+        I.mem.capacity_tokens, I.mem.pool / 1073741824.0);
+  Impl::Seq s;
+  s.cap = max_tokens;
+  s.pages.resize(need);
+  for (int64_t i = 0; i < need; ++i) {
+    s.pages[i] = I.free_pages.back();
+    I.free_pages.pop_back();
+  }
+  const int id = I.next_id++;
+  I.seqs.emplace(id, std::move(s));
+  return id;
+}
+
+void Engine::remove_sequence(int id) {
+  Impl& I = *impl_;
+  Impl::Seq& s = I.seq(id);
+  for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) I.free_pages.push_back(*it);
+  I.seqs.erase(id);
+  I.uploaded_batch.clear();
+}
+
+int64_t Engine::seq_length(int id) const { return impl_->seq(id).len; }
+
+void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, std::span<float> logits) {
+  Impl& I = *impl_;
+  Impl::Seq& s = I.seq(id);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const detail::Dims& m = I.dims;
+  check(s.len == 0, "GPU engine: prefill needs a fresh sequence (sequence {} holds {} tokens; chunked prefill is engine "
+        "issue 2 of 3)", id, s.len);
+  check(n >= 1, "GPU engine: prefill of an empty prompt");
+  check(n <= s.cap, "GPU engine: a prompt of {} tokens exceeds sequence {}'s reservation of {}", n, id, s.cap);
+  check(n <= I.opt.max_prefill_tokens, "GPU engine: a prompt of {} tokens exceeds max_prefill_tokens {}", n,
+        I.opt.max_prefill_tokens);
+  check(logits.empty() || logits.size() == size_t(m.V) || logits.size() == size_t(n * m.V),
+        "GPU engine: logits span of {} floats; expected 0, n_vocab {} or n·n_vocab {}", logits.size(), m.V, n * m.V);
+  I.upload_tokens(tokens);
+  std::vector<int32_t> iota(n);
+  for (int64_t i = 0; i < n; ++i) iota[i] = static_cast<int32_t>(i);
+  RATEKV_CUDA_OK(cudaMemcpyAsync(I.pos.p, iota.data(), 4 * n, cudaMemcpyHostToDevice, I.stream));
+  I.upload_seq_pages(s);
+  cudaStream_t st = I.stream;
+  const bool packed_cache = !I.fmt.is_fp16();
+  const bool own_kv = mode == PrefillMode::serving || !packed_cache;  // attend to the fp16 K/V of the prompt
+  cuda::embed_rows(I.embd.as<uint16_t>(), I.tok.as<int32_t>(), (int)n, (int)m.d, I.x.as<float>(), st);
+  cuda::add_rms_norm(I.x.as<float>(), nullptr, I.layers[0].attn_norm.as<float>(), (int)n, (int)m.d, I.cfg.rms_eps,
+                     I.xn.as<uint16_t>(), st);
+  cuda::DecodeBatch db;
+  db.page_table = I.p_pt.as<int32_t>();
+  db.max_pages = I.max_pages;
+  db.seq_lens = I.d_zero.as<int32_t>();
+  db.batch = 1;
+  db.max_seq_len = (int)n;
+  for (int l = 0; l < I.cfg.n_layers; ++l) {
+    const Impl::Layer& L = I.layers[l];
+    I.gemm(I.xn.as<uint16_t>(), L.wqkv.as<uint16_t>(), I.qkv.as<float>(), n, m.d, m.qkvd);
+    cuda::QkvRopeOut o;
+    o.q16 = I.q16.as<uint16_t>();
+    o.k32 = I.k32.as<float>();
+    o.v32 = I.v32.as<float>();
+    if (own_kv) {
+      o.k16 = I.k16.as<uint16_t>();
+      o.v16 = I.v16.as<uint16_t>();
+    }
+    cuda::qkv_bias_rope(I.qkv.as<float>(), L.bias.as<float>(), I.pos.as<int32_t>(), (int)n, I.cfg.n_heads,
+                        I.cfg.n_kv_heads, I.cfg.head_dim, I.cfg.rope_layout == RopeLayout::NeoX,
+                        I.inv_freq.as<double>(), o, st);
+    if (packed_cache) {
+      cuda::packed_prefill(*I.plans[l], db, I.pools[l].as<uint8_t>(), I.k32.p, I.v32.p, (int)n, cuda::DType::f32, st);
+      if (mode == PrefillMode::evaluation)
+        cuda::packed_dequantize(*I.plans[l], I.pools[l].as<uint8_t>(), I.p_pt.as<int32_t>(), (int)n,
+                                I.k16.as<uint16_t>(), I.v16.as<uint16_t>(), st);
+    } else {
+      cuda::fp16_write_tokens(I.pools[l].as<uint16_t>(), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
+                              I.max_pages, I.d_zero.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1, st);
+    }
+    I.prefill_attention(n);
+    cuda::f32_to_bf16(I.o32.as<float>(), I.att16.as<uint16_t>(), n * m.qd, st);
+    I.gemm(I.att16.as<uint16_t>(), L.wo.as<uint16_t>(), I.tmp.as<float>(), n, m.qd, m.d);
+    cuda::add_rms_norm(I.x.as<float>(), I.tmp.as<float>(), L.ffn_norm.as<float>(), (int)n, (int)m.d, I.cfg.rms_eps,
+                       I.xn.as<uint16_t>(), st);
+    I.gemm(I.xn.as<uint16_t>(), L.wgu.as<uint16_t>(), I.gu.as<float>(), n, m.d, 2 * m.dff);
+    cuda::swiglu(I.gu.as<float>(), (int)n, (int)m.dff, I.h16.as<uint16_t>(), st);
+    I.gemm(I.h16.as<uint16_t>(), L.wdown.as<uint16_t>(), I.tmp.as<float>(), n, m.dff, m.d);
+    cuda::add_rms_norm(I.x.as<float>(), I.tmp.as<float>(), I.next_norm(l), (int)n, (int)m.d, I.cfg.rms_eps,
+                       I.xn.as<uint16_t>(), st);
+  }
+  if (!logits.empty()) {
+    const int64_t first = logits.size() == size_t(m.V) ? n - 1 : 0;
+    for (int64_t r = first; r < n; r += I.lrows) {
+      const int64_t nr = std::min(I.lrows, n - r);
+      I.gemm(I.xn.as<uint16_t>() + r * m.d, I.lm_head, I.logits.as<float>(), nr, m.d, m.V);
+      RATEKV_CUDA_OK(cudaMemcpyAsync(logits.data() + (r - first) * m.V, I.logits.p, 4 * nr * m.V,
+                                     cudaMemcpyDeviceToHost, st));
+      I.sync();
+    }
+  }
+  I.sync();
+  s.len = n;
+}
+
+void Engine::fill_synthetic(int id, int64_t n_tokens, uint64_t seed) {
+  Impl& I = *impl_;
+  Impl::Seq& s = I.seq(id);
+  check(n_tokens >= 1, "GPU engine: fill_synthetic of {} tokens", n_tokens);
+  check(s.len + n_tokens <= s.cap, "GPU engine: sequence {} has {} tokens and room for {}; {} more do not fit", id,
+        s.len, s.cap, n_tokens);
+  I.upload_seq_pages(s);
+  const detail::Dims& m = I.dims;
+  cuda::DecodeBatch db;
+  db.page_table = I.p_pt.as<int32_t>();
+  db.max_pages = I.max_pages;
+  db.seq_lens = I.d_start.as<int32_t>();
+  db.batch = 1;
+  // K and V chunks (fp32) in the prefill score buffer, which is idle here.
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(I.scores.bytes / (8 * size_t(m.kvd))));
+  float* kf = I.scores.as<float>();
+  float* vf = kf + chunk * m.kvd;
+  for (int64_t c0 = 0; c0 < n_tokens; c0 += chunk) {
+    const int64_t cnt = std::min(chunk, n_tokens - c0);
+    const int32_t start = static_cast<int32_t>(s.len + c0);
+    RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_start.p, &start, 4, cudaMemcpyHostToDevice, I.stream));
+    const int lin = static_cast<int>(SyntheticKind::linear);
+    cuda::synthetic_fill_f32(kf, cnt * m.kvd, seed, 0x70000000u, lin, 0, uint64_t(start) * m.kvd, I.stream);
+    cuda::synthetic_fill_f32(vf, cnt * m.kvd, seed, 0x70000001u, lin, 0, uint64_t(start) * m.kvd, I.stream);
+    db.max_seq_len = (int)(start + cnt);
+    for (int l = 0; l < I.cfg.n_layers; ++l) {
+      if (I.fmt.is_fp16())
+        cuda::fp16_write_tokens(I.pools[l].as<uint16_t>(), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
+                                I.max_pages, I.d_start.as<int32_t>(), kf, vf, (int)cnt, 1, I.stream);
+      else
+        cuda::packed_prefill(*I.plans[l], db, I.pools[l].as<uint8_t>(), kf, vf, (int)cnt, cuda::DType::f32, I.stream);
+    }
+    I.sync();  // `start` is read by the copy
+  }
+  s.len += n_tokens;
+}
+
+void Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens, int n_steps,
+                    std::span<int32_t> out_tokens, std::span<float> last_logits) {
+  Impl& I = *impl_;
+  check(n_steps >= 1, "GPU engine: decode of {} steps", n_steps);
+  check(tokens.size() == ids.size(), "GPU engine: {} tokens for {} sequences", tokens.size(), ids.size());
+  check(out_tokens.size() == size_t(n_steps) * ids.size(), "GPU engine: out_tokens holds {}, expected n_steps·B = {}",
+        out_tokens.size(), size_t(n_steps) * ids.size());
+  check(last_logits.empty() || last_logits.size() == ids.size() * size_t(I.cfg.n_vocab),
+        "GPU engine: last_logits holds {}, expected B·n_vocab = {}", last_logits.size(),
+        ids.size() * size_t(I.cfg.n_vocab));
+  const int B = I.prepare_batch(ids, n_steps);
+  I.upload_tokens(tokens);
+  const int64_t bound = I.bound_for(ids, n_steps);
+  for (int done = 0; done < n_steps;) {
+    const int chunk = std::min(detail::kHistorySteps, n_steps - done);
+    for (int k = 0; k < chunk; ++k) I.run_step(B, bound, kAll, I.cfg.n_layers, I.opt.fp16_kernel);
+    RATEKV_CUDA_OK(cudaMemcpyAsync(out_tokens.data() + size_t(done) * B, I.d_hist.p, 4 * size_t(chunk) * B,
+                                   cudaMemcpyDeviceToHost, I.stream));
+    RATEKV_CUDA_OK(cudaMemsetAsync(I.d_count.p, 0, 4, I.stream));
+    I.sync();
+    done += chunk;
+  }
+  if (!last_logits.empty())
+    RATEKV_CUDA_OK(cudaMemcpy(last_logits.data(), I.logits.p, 4 * last_logits.size(), cudaMemcpyDeviceToHost));
+  for (int id : ids) I.seq(id).len += n_steps;
+}
+
+double Engine::time_decode(std::span<const int> ids, std::span<const int32_t> tokens, int warmup, int n_steps) {
+  Impl& I = *impl_;
+  check(warmup >= 0 && n_steps >= 1 && n_steps <= detail::kHistorySteps,
+        "GPU engine: time_decode warmup {} / steps {} (1..{})", warmup, n_steps, detail::kHistorySteps);
+  check(tokens.size() == ids.size(), "GPU engine: {} tokens for {} sequences", tokens.size(), ids.size());
+  const int B = I.prepare_batch(ids, warmup + n_steps);
+  I.upload_tokens(tokens);
+  const int64_t bound = I.bound_for(ids, warmup + n_steps);
+  for (int k = 0; k < warmup; ++k) I.run_step(B, bound, kAll, I.cfg.n_layers, I.opt.fp16_kernel);
+  if (I.opt.cuda_graphs) I.graph(B, bound, kAll, I.cfg.n_layers, I.opt.fp16_kernel);  // captured before timing
+  RATEKV_CUDA_OK(cudaMemsetAsync(I.d_count.p, 0, 4, I.stream));
+  RATEKV_CUDA_OK(cudaEventRecord(I.ev0, I.stream));
+  for (int k = 0; k < n_steps; ++k) I.run_step(B, bound, kAll, I.cfg.n_layers, I.opt.fp16_kernel);
+  RATEKV_CUDA_OK(cudaEventRecord(I.ev1, I.stream));
+  RATEKV_CUDA_OK(cudaEventSynchronize(I.ev1));
+  float ms = 0;
+  RATEKV_CUDA_OK(cudaEventElapsedTime(&ms, I.ev0, I.ev1));
+  for (int id : ids) I.seq(id).len += warmup + n_steps;
+  return ms / n_steps;
+}
+
+DecodeProfile Engine::profile_decode(std::span<const int> ids, int reps) {
+  Impl& I = *impl_;
+  check(I.opt.cuda_graphs, "GPU engine: profile_decode needs cuda_graphs");
+  const int B = I.prepare_batch(ids, 1);
+  const int64_t bound = I.bound_for(ids, 1);
+  const int L = I.cfg.n_layers, fk = I.opt.fp16_kernel;
+  DecodeProfile p;
+  // No argmax / position advance in these graphs: every replay is the same
+  // step at the same lengths (the append rewrites the same slot).
+  p.step = I.time_graph(I.graph(B, bound, kAll & ~kAdvance, L, fk), reps, false);
+  p.gemm = I.time_graph(I.graph(B, bound, kGemm, L, fk), reps, false);
+  cuda::step_lengths(I.d_pos.as<int32_t>(), I.d_lens.as<int32_t>(), B, I.stream);
+  p.attention = I.time_graph(I.graph(B, bound, kAttn, L, fk), reps, false);
+  p.append = I.time_graph(I.graph(B, bound, kAppend, L, fk), reps, false);
+  p.other = std::max(0.0, p.step - p.gemm - p.attention - p.append);
+  return p;
+}
+
+double Engine::time_attention(std::span<const int> ids, int reps, int fp16_kernel) {
+  Impl& I = *impl_;
+  check(I.opt.cuda_graphs, "GPU engine: time_attention needs cuda_graphs");
+  const int B = I.prepare_batch(ids, 1);
+  const int64_t bound = I.bound_for(ids, 1);
+  // Attention over the tokens cached now (every slot written), layer 0 alone.
+  RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_lens.p, I.d_pos.p, 4 * size_t(B), cudaMemcpyDeviceToDevice, I.stream));
+  return I.time_graph(I.graph(B, bound, kAttn, 1, fp16_kernel < 0 ? I.opt.fp16_kernel : fp16_kernel), reps, true);
+}
+
+StepBytes Engine::step_bytes(std::span<const int> ids) const {
+  const Impl& I = *impl_;
+  StepBytes b;
+  const detail::Dims& m = I.dims;
+  const double embd = 2.0 * m.V * m.d;
+  b.weights = static_cast<double>(detail::weight_bytes(I.cfg, I.untied)) - (I.untied ? embd : 0.0) +
+              2.0 * m.d * static_cast<double>(ids.size());
+  for (int id : ids) {
+    const int64_t pages = (I.seq(id).len + 1 + packed::kPageTokens - 1) / packed::kPageTokens;
+    b.cache += static_cast<double>(pages) * static_cast<double>(I.fmt.page_bytes_all_layers());
+  }
+  return b;
+}
+
+double Engine::read_ceiling_gbps(size_t bytes, int reps) {
+  Impl& I = *impl_;
+  const DevMem* buf = &I.pools[0];
+  for (const DevMem& p : I.pools)
+    if (p.bytes > buf->bytes) buf = &p;
+  if (I.scores.bytes > buf->bytes) buf = &I.scores;
+  bytes = std::min(bytes, buf->bytes) / 16 * 16;
+  check(bytes > 0, "GPU engine: no buffer to probe");
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    RATEKV_CUDA_OK(cudaEventRecord(I.ev0, I.stream));
+    cuda::read_probe(buf->p, bytes, I.probe_sink.as<uint32_t>(), I.stream);
+    RATEKV_CUDA_OK(cudaEventRecord(I.ev1, I.stream));
+    RATEKV_CUDA_OK(cudaEventSynchronize(I.ev1));
+    float ms = 0;
+    RATEKV_CUDA_OK(cudaEventElapsedTime(&ms, I.ev0, I.ev1));
+    t.push_back(ms);
+  }
+  return static_cast<double>(bytes) / (median(t) * 1e-3) / 1e9;
+}
+
+size_t Engine::device_bytes_in_use() const {
+  size_t f = 0, t = 0;
+  RATEKV_CUDA_OK(cudaMemGetInfo(&f, &t));
+  return t - f;
+}
+
+void* Engine::stream() const { return impl_->stream; }
+uint8_t* Engine::layer_pool(int layer) const { return impl_->pools.at(layer).as<uint8_t>(); }
+size_t Engine::page_bytes(int layer) const { return impl_->fmt.page_bytes(layer); }
+std::vector<int32_t> Engine::seq_pages(int id) const { return impl_->seq(id).pages; }
+
+}  // namespace ratekv::engine

@@ -1,0 +1,435 @@
+// The GPU engine end to end (GPU only; skipped without a device):
+//  * GPU vs the CPU runtime on identical synthetic weights (Llama-3.1-8B
+//    width, 2 layers): logits and greedy tokens, fp16 cache (CPU fp32 cache)
+//    and K4V4 (CPU packed cache), evaluation mode;
+//  * qwen2 (biases, NeoX RoPE) against a double-precision reference of the
+//    forward pass written here (the CPU runtime has no qwen2 yet);
+//  * a sequence decoded inside a batch of unequal lengths = alone;
+//  * evaluation vs serving prefill; prefill(n) + decode = prefill(n + 1);
+//  * pools over 4 GiB per layer (pages handed out from the top);
+//  * requests that do not fit are refused before any work.
+//
+// Logit bounds (relative L2 over the vocabulary). The GPU rounds every GEMM
+// input to bf16 (relative error ≤ 2^-9, RMS 2^-9/√3 ≈ 1.1e-3 per element,
+// weights are bf16-exact) and attention operands to fp16 (2^-11): about 5
+// independent roundings per layer, so after 2 layers and the LM head's input
+// the logits move by ≈ 1.1e-3·√11 ≈ 4e-3; the bound is 5x that, 2e-2. Packed
+// caches quantize slightly different K/V on the two sides, so a few codes
+// sit on the other side of a Lloyd–Max midpoint; bound 6e-2 for K4V4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "gpu_util.h"
+#include "ratekv/cache/packed_kv_cache.h"
+#include "ratekv/common/error.h"
+#include "ratekv/engine/engine.h"
+#include "ratekv/eval/baseline_plans.h"
+#include "ratekv/model/synthetic.h"
+
+namespace {
+
+using namespace ratekv;
+using engine::CacheFormat;
+using engine::Engine;
+using engine::EngineOptions;
+using engine::PrefillMode;
+using engine_test::have_gpu;
+using engine_test::rel_l2;
+
+constexpr uint64_t kSeed = 20261201;
+
+std::vector<int32_t> random_tokens(int n, int V, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(g() % V);
+  return t;
+}
+
+int argmax(const float* x, int n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+double top2_margin(const float* x, int n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    if (x[i] > a) b = a, a = x[i];
+    else if (x[i] > b) b = x[i];
+  }
+  return a - b;
+}
+
+CacheFormat format_for(const std::string& type, const ModelConfig& c) {
+  if (type == "f16") return CacheFormat::fp16(c);
+  const std::string t = "tq" + type.substr(1, 1);
+  return CacheFormat::packed(std::make_shared<const cache::PlanCodecs>(eval::cache_type_plan(t, t, c, 7), c));
+}
+
+// One CPU model shared by the tests (2 layers of Llama-3.1-8B: ~6 GB of fp32).
+struct CpuLlama {
+  ModelConfig cfg = synthetic_config("llama-3.1-8b", 2);
+  Model model = Model::from_weights(cfg, synthetic_weights(cfg, kSeed, true));
+};
+CpuLlama& cpu_llama() {
+  static CpuLlama m;
+  return m;
+}
+
+// GPU prefill (all logits) + n_dec greedy steps vs the CPU runtime fed the
+// same tokens. `type`: f16 (CPU: fp32 dense cache) or K4 (K4V4; CPU: packed).
+void compare_with_cpu(const std::string& type, double bound) {
+  CpuLlama& C = cpu_llama();
+  const ModelConfig& c = C.cfg;
+  const int V = c.n_vocab, n = 37, n_dec = 8;
+  EngineOptions o;
+  o.max_prefill_tokens = 64;
+  o.pool_bytes = size_t{1} << 30;
+  auto eng = Engine::create_synthetic(c, true, kSeed, format_for(type, c), o);
+  const std::vector<int32_t> prompt = random_tokens(n, V, 11);
+  std::vector<float> g_pre(size_t(n) * V);
+  const int s = eng->add_sequence(n + n_dec);
+  eng->prefill(s, prompt, PrefillMode::evaluation, g_pre);
+  std::unique_ptr<KVCache> kv;
+  if (type == "f16")
+    kv = std::make_unique<DenseKVCache>(c.kv_shape(n + n_dec));
+  else
+    kv = std::make_unique<cache::PackedKVCache>(c.kv_shape(n + n_dec), format_for(type, c).codecs());
+  std::vector<float> c_pre(size_t(n) * V);
+  C.model.forward(prompt, 0, *kv, c_pre.data(), true);
+  double worst = 0;
+  for (int i = 0; i < n; ++i) worst = std::max(worst, rel_l2(g_pre, c_pre, size_t(i) * V, V));
+  std::printf("  %s prefill (evaluation): worst row rel L2 %.3e over %d rows\n", type.c_str(), worst, n);
+  EXPECT_LT(worst, bound);
+  // Greedy decode: the GPU picks, the CPU follows the GPU's tokens.
+  int32_t tok = argmax(g_pre.data() + size_t(n - 1) * V, V);
+  int agree = 0, decided = 0;
+  std::vector<float> c_log(V), g_log(V);
+  std::copy(c_pre.end() - V, c_pre.end(), c_log.begin());
+  for (int k = 0; k < n_dec; ++k) {
+    if (top2_margin(c_log.data(), V) > 0.05) {
+      ++decided;
+      agree += argmax(c_log.data(), V) == tok;
+    }
+    int32_t next = 0;
+    eng->decode(std::span<const int>(&s, 1), std::span<const int32_t>(&tok, 1), 1, std::span<int32_t>(&next, 1), g_log);
+    C.model.forward(std::span<const int32_t>(&tok, 1), n + k, *kv, c_log.data(), false);
+    const double e = rel_l2(g_log, c_log, 0, V);
+    std::printf("  %s decode step %d: rel L2 %.3e\n", type.c_str(), k, e);
+    EXPECT_LT(e, bound) << "decode step " << k;
+    EXPECT_EQ(next, argmax(g_log.data(), V));
+    tok = next;
+  }
+  std::printf("  %s greedy: %d of %d decided steps agree (top-2 margin > 0.05)\n", type.c_str(), agree, decided);
+  EXPECT_EQ(agree, decided);
+}
+
+TEST(Engine, MatchesCpuRuntimeFp16Cache) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  compare_with_cpu("f16", 2e-2);
+}
+
+TEST(Engine, MatchesCpuPackedCacheK4V4) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  compare_with_cpu("K4", 6e-2);
+}
+
+// ---- qwen2: a reference forward pass in double (biases, NeoX RoPE) --------
+
+std::vector<double> reference_logits(const ModelConfig& c, const ModelWeights& w,
+                                     const std::vector<std::vector<float>>& bias, const std::vector<int32_t>& toks) {
+  const int d = c.d_model, hd = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads, g = c.gqa_ratio(), dff = c.d_ff;
+  const int qd = H * hd, kvd = Hkv * hd, n = static_cast<int>(toks.size());
+  auto mv = [](const std::vector<float>& W, const std::vector<double>& x, int out, int in) {
+    std::vector<double> y(out, 0.0);
+    for (int o = 0; o < out; ++o) {
+      double a = 0;
+      for (int i = 0; i < in; ++i) a += double(W[size_t(o) * in + i]) * x[i];
+      y[o] = a;
+    }
+    return y;
+  };
+  auto norm = [&](const std::vector<double>& x, const std::vector<float>& wt) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double r = 1.0 / std::sqrt(ss / x.size() + c.rms_eps);
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * wt[i];
+    return y;
+  };
+  auto rope = [&](double* v, int pos) {  // NeoX pairs (i, i + hd/2)
+    for (int i = 0; i < hd / 2; ++i) {
+      const double a = pos * std::pow(c.rope_theta, -2.0 * i / hd), cs = std::cos(a), sn = std::sin(a);
+      const double x0 = v[i], x1 = v[i + hd / 2];
+      v[i] = x0 * cs - x1 * sn;
+      v[i + hd / 2] = x0 * sn + x1 * cs;
+    }
+  };
+  std::vector<std::vector<double>> x(n, std::vector<double>(d));
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < d; ++i) x[t][i] = w.token_embd[size_t(toks[t]) * d + i];
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    std::vector<std::vector<double>> q(n), k(n), v(n);
+    for (int t = 0; t < n; ++t) {
+      auto r = mv(L.wqkv, norm(x[t], L.attn_norm), qd + 2 * kvd, d);
+      for (int i = 0; i < qd + 2 * kvd; ++i) r[i] += bias[l][i];
+      q[t].assign(r.begin(), r.begin() + qd);
+      k[t].assign(r.begin() + qd, r.begin() + qd + kvd);
+      v[t].assign(r.begin() + qd + kvd, r.end());
+      for (int h = 0; h < H; ++h) rope(q[t].data() + h * hd, t);
+      for (int h = 0; h < Hkv; ++h) rope(k[t].data() + h * hd, t);
+    }
+    for (int t = 0; t < n; ++t) {
+      std::vector<double> att(qd, 0.0);
+      for (int h = 0; h < H; ++h) {
+        const int hk = h / g;
+        std::vector<double> s(t + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= t; ++j) {
+          double a = 0;
+          for (int i = 0; i < hd; ++i) a += q[t][h * hd + i] * k[j][hk * hd + i];
+          s[j] = a / std::sqrt(double(hd));
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (double& e : s) sum += (e = std::exp(e - mx));
+        for (int j = 0; j <= t; ++j)
+          for (int i = 0; i < hd; ++i) att[h * hd + i] += s[j] / sum * v[j][hk * hd + i];
+      }
+      const auto o = mv(L.wo, att, d, qd);
+      for (int i = 0; i < d; ++i) x[t][i] += o[i];
+      const auto gu = mv(L.w_gate_up, norm(x[t], L.ffn_norm), 2 * dff, d);
+      std::vector<double> hh(dff);
+      for (int i = 0; i < dff; ++i) hh[i] = gu[i] / (1 + std::exp(-gu[i])) * gu[dff + i];
+      const auto dn = mv(L.w_down, hh, d, dff);
+      for (int i = 0; i < d; ++i) x[t][i] += dn[i];
+    }
+  }
+  return mv(w.output.empty() ? w.token_embd : w.output, norm(x[n - 1], w.output_norm), c.n_vocab, d);
+}
+
+TEST(Engine, Qwen2BiasesAndNeoxRopeMatchAReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  ModelConfig c = synthetic_config("qwen2.5-3b", 2);  // tied embeddings, GQA 8, biases
+  c.n_vocab = 4096;  // a narrow vocabulary keeps the double reference quick
+  const ModelWeights w = synthetic_weights(c, kSeed, false);
+  std::vector<std::vector<float>> bias;
+  for (int l = 0; l < c.n_layers; ++l) bias.push_back(synthetic_qkv_bias(c, kSeed, l));
+  const std::vector<int32_t> toks = random_tokens(6, c.n_vocab, 3);
+  const std::vector<double> ref = reference_logits(c, w, bias, toks);
+  EngineOptions o;
+  o.max_prefill_tokens = 16;
+  o.pool_bytes = size_t{256} << 20;
+  for (int from_host = 0; from_host < 2; ++from_host) {
+    auto eng = from_host ? Engine::create(c, w, bias, CacheFormat::fp16(c), o)
+                         : Engine::create_synthetic(c, false, kSeed, CacheFormat::fp16(c), o);
+    std::vector<float> lg(c.n_vocab);
+    const int s = eng->add_sequence(6);
+    eng->prefill(s, toks, PrefillMode::serving, lg);
+    const double e = rel_l2(lg, ref, 0, c.n_vocab);
+    std::printf("  qwen2 (%s weights) vs double reference: rel L2 %.3e\n", from_host ? "host" : "GPU-generated", e);
+    EXPECT_LT(e, 2e-2);
+    // Without the biases the logits are far off: they are applied.
+    if (from_host) {
+      std::vector<std::vector<float>> zero(bias.size(), std::vector<float>(bias[0].size(), 0.f));
+      auto e0 = Engine::create(c, w, zero, CacheFormat::fp16(c), o);
+      const int s0 = e0->add_sequence(6);
+      e0->prefill(s0, toks, PrefillMode::serving, lg);
+      EXPECT_GT(rel_l2(lg, ref, 0, c.n_vocab), std::max(3 * e, 1e-2));
+    }
+  }
+}
+
+// ---- batches ---------------------------------------------------------------
+
+// Three sequences of unequal lengths (prompts of 5, 37 and 70 tokens, the last
+// extended by 300 synthetic tokens) decoded together and each alone: the same
+// tokens, logits within 5e-3 (the batch changes split counts and GEMM shapes,
+// i.e. summation orders).
+TEST(Engine, SequenceInBatchEqualsAlone) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const ModelConfig c = synthetic_config("llama-3.1-8b", 2);
+  for (const std::string type : {"f16", "K3"}) {
+    EngineOptions o;
+    o.max_batch = 3;
+    o.max_prefill_tokens = 128;
+    o.pool_bytes = size_t{2} << 30;
+    auto eng = Engine::create_synthetic(c, true, kSeed, format_for(type, c), o);
+    const int V = c.n_vocab, steps = 4;
+    const std::vector<int> lens = {5, 37, 70};
+    auto make = [&](int i) {
+      const int s = eng->add_sequence(lens[i] + 300 + steps);
+      eng->prefill(s, random_tokens(lens[i], V, 100 + i), PrefillMode::evaluation, {});
+      if (i == 2) eng->fill_synthetic(s, 300, 5);
+      return s;
+    };
+    const std::vector<int> batch = {make(0), make(1), make(2)};
+    const std::vector<int32_t> start = {11, 22, 33};
+    std::vector<int32_t> out_b(steps * 3);
+    std::vector<float> log_b(3 * size_t(V));
+    eng->decode(batch, start, steps, out_b, log_b);
+    for (int i = 0; i < 3; ++i) {
+      const int s = make(i);
+      std::vector<int32_t> out(steps);
+      std::vector<float> lg(V);
+      eng->decode(std::span<const int>(&s, 1), std::span<const int32_t>(&start[i], 1), steps, out, lg);
+      for (int k = 0; k < steps; ++k) EXPECT_EQ(out[k], out_b[k * 3 + i]) << type << " seq " << i << " step " << k;
+      const std::vector<float> in_batch(log_b.begin() + size_t(i) * V, log_b.begin() + size_t(i + 1) * V);
+      const double e = rel_l2(in_batch, lg, 0, V);
+      std::printf("  %s batch vs alone, sequence of %d tokens: rel L2 %.3e\n", type.c_str(),
+                  int(eng->seq_length(s)), e);
+      EXPECT_LT(e, 5e-3);
+    }
+  }
+}
+
+// Evaluation-mode prefill attends to the cache's reconstructions, serving
+// mode to the prompt's own fp16 K/V: different logits with a packed cache,
+// the same with the fp16 cache. Decoding one token after prefill(n) gives
+// prefill(n + 1)'s last logits (fp16 cache: 1e-2, two different attention
+// kernels; K3V3: the decode kernel's int8 key levels, 5e-2).
+TEST(Engine, PrefillModesAndDecodeAgreeWithPrefill) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const ModelConfig c = synthetic_config("llama-3.1-8b", 2);
+  const int V = c.n_vocab, n = 50;
+  const std::vector<int32_t> toks = random_tokens(n + 1, V, 77);
+  for (const std::string type : {"f16", "K3"}) {
+    EngineOptions o;
+    o.max_prefill_tokens = 64;
+    o.pool_bytes = size_t{1} << 30;
+    auto eng = Engine::create_synthetic(c, true, kSeed, format_for(type, c), o);
+    std::vector<float> ev(V), sv(V), full(V), dec(V);
+    const std::span<const int32_t> prompt(toks.data(), n);
+    int s = eng->add_sequence(n + 1);
+    eng->prefill(s, prompt, PrefillMode::evaluation, ev);
+    int32_t next = 0;
+    eng->decode(std::span<const int>(&s, 1), std::span<const int32_t>(&toks[n], 1), 1, std::span<int32_t>(&next, 1), dec);
+    s = eng->add_sequence(n);
+    eng->prefill(s, prompt, PrefillMode::serving, sv);
+    s = eng->add_sequence(n + 1);
+    eng->prefill(s, toks, PrefillMode::evaluation, full);
+    const double modes = rel_l2(ev, sv, 0, V), step = rel_l2(dec, full, 0, V);
+    std::printf("  %s: evaluation vs serving prefill rel L2 %.3e; prefill(n)+decode vs prefill(n+1) %.3e\n",
+                type.c_str(), modes, step);
+    if (type == "f16") {
+      EXPECT_EQ(modes, 0.0);
+      EXPECT_LT(step, 1e-2);
+    } else {
+      EXPECT_GT(modes, 1e-3);
+      EXPECT_LT(step, 5e-2);
+    }
+  }
+}
+
+// A pool of more than 4 GiB per layer with the pages handed out from the top:
+// the same logits as from the bottom (64-bit page offsets in every kernel that
+// touches pages: writers, dequantizer, decode attention).
+TEST(Engine, PoolsOver4GiBPerLayer) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const ModelConfig c = synthetic_config("llama-3.1-8b", 1);
+  const int V = c.n_vocab;
+  const std::vector<int32_t> toks = random_tokens(70, V, 5);
+  for (const std::string type : {"f16", "K3"}) {
+    std::vector<float> lg[2];
+    std::vector<int32_t> out[2];
+    for (int desc = 0; desc < 2; ++desc) {
+      EngineOptions o;
+      o.max_prefill_tokens = 128;
+      o.pool_bytes = size_t{4608} << 20;  // 4.5 GiB, one layer
+      o.pages_descending = desc;
+      o.context_limit = 1 << 20;
+      auto eng = Engine::create_synthetic(c, true, kSeed, format_for(type, c), o);
+      ASSERT_GT(eng->memory().pool, size_t{4} << 30);
+      const int s = eng->add_sequence(200);
+      const auto pages = eng->seq_pages(s);
+      if (desc) {
+        EXPECT_GT(static_cast<double>(pages[0]) * eng->page_bytes(0), 4.0 * (1 << 30)) << type;
+      }
+      eng->prefill(s, toks, PrefillMode::evaluation, {});
+      eng->fill_synthetic(s, 60, 9);
+      lg[desc].resize(V);
+      out[desc].resize(3);
+      const int32_t t0 = 5;
+      eng->decode(std::span<const int>(&s, 1), std::span<const int32_t>(&t0, 1), 3, out[desc], lg[desc]);
+    }
+    EXPECT_EQ(out[0], out[1]) << type;
+    EXPECT_EQ(rel_l2(lg[1], lg[0], 0, V), 0.0) << type;
+  }
+}
+
+// A tiny model through every path (both caches, both prefill modes, batched
+// decode with graphs and without, both fp16 kernels): what compute-sanitizer
+// memcheck and racecheck run (tools/device/run_engine.sh). Checks that graphs
+// and eager launches give the same tokens.
+TEST(EngineSanitize, TinyModelEveryPath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const ModelConfig c = synthetic_config("tiny-llama");
+  for (const std::string type : {"f16", "K3"})
+    for (int fk : {1, 2}) {
+      if (type == "K3" && fk == 1) continue;
+      std::vector<int32_t> out[2];
+      for (int graphs = 0; graphs < 2; ++graphs) {
+        EngineOptions o;
+        o.max_batch = 2;
+        o.max_prefill_tokens = 100;
+        o.pool_bytes = size_t{8} << 20;
+        o.prefill_score_bytes = size_t{1} << 20;
+        o.cuda_graphs = graphs;
+        o.fp16_kernel = fk;
+        auto eng = Engine::create_synthetic(c, true, kSeed, format_for(type, c), o);
+        const int a = eng->add_sequence(120), b = eng->add_sequence(300);
+        std::vector<float> lg(size_t(97) * c.n_vocab);
+        eng->prefill(a, random_tokens(97, c.n_vocab, 1), PrefillMode::evaluation, lg);
+        eng->prefill(b, random_tokens(3, c.n_vocab, 2), PrefillMode::serving, {});
+        eng->fill_synthetic(b, 200, 4);
+        const std::vector<int> ids = {a, b};
+        const std::vector<int32_t> t0 = {1, 2};
+        out[graphs].resize(2 * 5);
+        eng->decode(ids, t0, 5, out[graphs]);
+        for (float x : lg) ASSERT_TRUE(std::isfinite(x));
+      }
+      EXPECT_EQ(out[0], out[1]) << type << " fp16 kernel " << fk;
+    }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Engine, RequestsThatDoNotFitAreRefusedBeforeWork) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const ModelConfig c = synthetic_config("llama-3.1-8b", 1);
+  EngineOptions o;
+  o.max_prefill_tokens = 32;
+  o.pool_bytes = size_t{64} * 262144;  // 64 fp16 pages = 4096 tokens
+  auto eng = Engine::create_synthetic(c, true, kSeed, CacheFormat::fp16(c), o);
+  EXPECT_EQ(eng->memory().capacity_tokens, 4096);
+  std::string e = error_of([&] { eng->add_sequence(4097); });
+  EXPECT_NE(e.find("needs 65 pages"), std::string::npos) << e;
+  EXPECT_NE(e.find("4096 tokens"), std::string::npos) << e;
+  e = error_of([&] { eng->add_sequence(131073); });
+  EXPECT_NE(e.find("exceeds the context limit 131072"), std::string::npos) << e;
+  const int s = eng->add_sequence(40);
+  e = error_of([&] { eng->prefill(s, random_tokens(33, c.n_vocab, 1), PrefillMode::serving, {}); });
+  EXPECT_NE(e.find("max_prefill_tokens 32"), std::string::npos) << e;
+  eng->prefill(s, random_tokens(30, c.n_vocab, 1), PrefillMode::serving, {});
+  std::vector<int32_t> out(11);
+  const int32_t t = 1;
+  e = error_of([&] { eng->decode(std::span<const int>(&s, 1), std::span<const int32_t>(&t, 1), 11, out); });
+  EXPECT_NE(e.find("11 more do not fit"), std::string::npos) << e;
+  EXPECT_EQ(eng->seq_length(s), 30);  // nothing ran
+  eng->remove_sequence(s);
+  EXPECT_EQ(eng->free_tokens(), 4096);
+  // The context limit is the model's unless raised explicitly.
+  EngineOptions big = o;
+  big.context_limit = 1 << 20;
+  big.pool_bytes = size_t{4} << 30;
+  auto e2 = Engine::create_synthetic(c, true, kSeed, CacheFormat::fp16(c), big);
+  EXPECT_NO_THROW(e2->add_sequence(200000));
+}
+
+}  // namespace

@@ -1,0 +1,157 @@
+// Host-side parts of the GPU engine (run in CI, no GPU needed): the cache
+// formats' page sizes against the published per-token sizes, what the GPU
+// refuses and why, the memory plan's arithmetic, and the architecture check.
+#include <gtest/gtest.h>
+
+#include "ratekv/cache/plan_codecs.h"
+#include "ratekv/common/error.h"
+#include "ratekv/engine/cache_format.h"
+#include "ratekv/engine/engine.h"
+#include "ratekv/eval/baseline_plans.h"
+#include "ratekv/model/synthetic.h"
+
+namespace {
+
+using namespace ratekv;
+using engine::CacheFormat;
+
+std::shared_ptr<const cache::PlanCodecs> codecs(const Plan& p, const ModelConfig& c) {
+  return std::make_shared<const cache::PlanCodecs>(p, c);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Llama-3.1-8B: an fp16 K/V cache holds 2·32·8·128·2 = 131072 bytes per token
+// (the 128 KiB per token everyone quotes); K3V3 packs a 128-channel head's
+// token into 3·128/8 = 48 bytes of codes + a 2-byte norm per side: 100 bytes
+// per head, 25600 per token (5.12x less).
+TEST(EngineCacheFormat, PageSizesOfFp16AndK3V3) {
+  const ModelConfig c = synthetic_config("llama-3.1-8b");
+  const CacheFormat f16 = CacheFormat::fp16(c);
+  EXPECT_EQ(f16.label(), "fp16");
+  EXPECT_EQ(f16.page_bytes(0), size_t{262144});
+  EXPECT_DOUBLE_EQ(f16.bytes_per_token(), 131072.0);
+  EXPECT_EQ(static_cast<double>(c.kv_bytes_per_token_fp16()), f16.bytes_per_token());
+  const CacheFormat k3 = CacheFormat::packed(codecs(eval::cache_type_plan("tq3", "tq3", c), c));
+  EXPECT_EQ(k3.label(), "K3V3");
+  EXPECT_DOUBLE_EQ(k3.bytes_per_token(), 25600.0);
+  EXPECT_EQ(k3.layout(5).page_bytes(), size_t{51200});
+  // Π and the levels of every group, in PackedPlan's order: 8 heads × 2 sides.
+  EXPECT_EQ(k3.rotations(0).size(), size_t{8 * 2 * 128 * 128});
+  EXPECT_EQ(k3.levels(0).size(), size_t{8 * 2 * 8});
+  EXPECT_THROW(f16.layout(0), Error);
+  const CacheFormat k2v4 = CacheFormat::packed(codecs(eval::cache_type_plan("tq2", "tq4", c), c));
+  EXPECT_EQ(k2v4.label(), "K2V4");
+  EXPECT_DOUBLE_EQ(k2v4.bytes_per_token(), 32.0 * 8 * (32 + 2 + 64 + 2));
+}
+
+// A Block-GTQ-style plan (keys in two groups of different widths over RoPE
+// blocks, values uniform) is served and labelled by its method; what the GPU
+// does not serve is refused naming the plan field.
+TEST(EngineCacheFormat, ServesGroupedPlansAndRefusesTheRest) {
+  ModelConfig c = synthetic_config("llama-3.1-8b", 2);
+  Plan p = eval::cache_type_plan("tq3", "tq3", c);
+  p.method = "block-gtq";
+  for (auto& layer : p.layers)
+    for (auto& hp : layer) {
+      Codec k;
+      k.kind = CodecKind::TqMseGrouped;
+      k.norm = NormStorage::FP16;
+      CodecGroup g4, g2;
+      g4.bits = 4;
+      g2.bits = 2;
+      for (int b = 0; b < 64; ++b) (b < 16 ? g4 : g2).blocks.push_back(b);
+      g4.seed = 11;
+      g2.seed = 12;
+      k.groups = {g4, g2};
+      hp.key = k;
+    }
+  const CacheFormat gtq = CacheFormat::packed(codecs(p, c), "gtq-K3V3");
+  EXPECT_EQ(gtq.label(), "gtq-K3V3");
+  // keys: 32 channels at 4 bits + 96 at 2 = 320 bits = 40 bytes + 2 norms; values 48 + 2
+  EXPECT_DOUBLE_EQ(gtq.layout(1).bytes_per_token_per_head(), 40 + 4 + 48 + 2);
+  EXPECT_EQ(CacheFormat::packed(codecs(p, c)).label(), "plan:block-gtq");
+
+  auto refuse = [&](const Plan& bad, const std::string& want) {
+    const std::string why = CacheFormat::unsupported_reason(*codecs(bad, c));
+    EXPECT_NE(why.find(want), std::string::npos) << why;
+    const std::string thrown = error_of([&] { CacheFormat::packed(codecs(bad, c)); });
+    EXPECT_EQ(thrown, why);
+  };
+  refuse(eval::cache_type_plan("q8_0", "q8_0", c), "layers[0].heads[0].key: codec kind 'q8_0'");
+  refuse(eval::cache_type_plan("f16", "tq3", c), "codec kind 'fp16'");
+  Plan zero = p;  // a key group at 0 bits
+  zero.layers[1][3].key.groups[1].bits = 0;
+  refuse(zero, "layers[1].heads[3].key: a 0-bit group");
+  Plan wide = eval::cache_type_plan("tq3", "tq3", c);
+  wide.layers[0][2].value = Codec::tq_mse(6, c.head_dim, 5);
+  refuse(wide, "layers[0].heads[2].value: a 6-bit group");
+  Plan win = eval::cache_type_plan("tq3", "tq3", c);
+  win.fp16_window = 32;
+  refuse(win, "fp16_window 32");
+  EXPECT_EQ(CacheFormat::unsupported_reason(*codecs(eval::cache_type_plan("tq4", "tq2", c), c)), "");
+}
+
+// plan_memory: weights are every parameter at 2 bytes except the fp32 norms
+// (Llama-3.1-8B: 8,030,261,248 parameters, 266,240 of them norm weights);
+// the pool is the rest in whole pages of every layer.
+TEST(EngineMemoryPlan, ArithmeticAndRefusal) {
+  const ModelConfig c = synthetic_config("llama-3.1-8b");
+  const CacheFormat k3 = CacheFormat::packed(codecs(eval::cache_type_plan("tq3", "tq3", c), c));
+  engine::EngineOptions o;
+  o.max_batch = 4;
+  o.max_prefill_tokens = 2048;
+  const size_t free_b = size_t{139} << 30;
+  const engine::MemoryPlan p = engine::plan_memory(c, true, k3, o, free_b);
+  const size_t norms = 2 * 4096 * 32 + 4096;
+  EXPECT_EQ(p.weights, 2 * (size_t{8030261248} - norms) + 4 * norms);
+  EXPECT_EQ(p.reserve, o.reserve_bytes);
+  const size_t fixed = p.weights + p.activations + p.workspace + p.reserve;
+  EXPECT_EQ(p.pages, static_cast<int64_t>((free_b - fixed) / k3.page_bytes_all_layers()));
+  EXPECT_EQ(p.pool, static_cast<size_t>(p.pages) * k3.page_bytes_all_layers());
+  EXPECT_EQ(p.capacity_tokens, p.pages * 64);
+  // 1M-token contexts for 4 sequences fit in K3V3 (≈ 107 GB); fp16 holds
+  // fewer than 8 sequences of 128K.
+  EXPECT_GE(p.capacity_tokens, 4 * (int64_t{1} << 20));
+  const engine::MemoryPlan f = engine::plan_memory(c, true, CacheFormat::fp16(c), o, free_b);
+  EXPECT_LT(f.capacity_tokens, 8 * 131072);
+  EXPECT_GE(f.capacity_tokens, 5 * 131072);
+  // One page less of free memory, one page less of pool (at most).
+  const engine::MemoryPlan q = engine::plan_memory(c, true, k3, o, free_b - k3.page_bytes_all_layers());
+  EXPECT_EQ(q.pages, p.pages - 1);
+  // An explicit pool size caps the pool.
+  engine::EngineOptions capped = o;
+  capped.pool_bytes = size_t{10} << 30;
+  EXPECT_EQ(engine::plan_memory(c, true, k3, capped, free_b).pages,
+            static_cast<int64_t>((size_t{10} << 30) / k3.page_bytes_all_layers()));
+  // Too little memory for the weights: an error naming both sizes.
+  const std::string why = error_of([&] { engine::plan_memory(c, true, k3, o, size_t{12} << 30); });
+  EXPECT_NE(why.find("the device has 12.00 GiB free"), std::string::npos) << why;
+  EXPECT_NE(why.find("weights 14.96"), std::string::npos) << why;
+  engine::EngineOptions bad = o;
+  bad.max_batch = 0;
+  EXPECT_THROW(engine::plan_memory(c, true, k3, bad, free_b), Error);
+}
+
+// The engine refuses what it does not run before touching the GPU.
+TEST(EngineCreate, RefusesGemma3AndMismatchedWeights) {
+  ModelConfig g = synthetic_config("llama-3.1-8b", 1);
+  g.arch = "gemma3";
+  g.rope_layout = RopeLayout::NeoX;
+  const std::string why =
+      error_of([&] { engine::Engine::create_synthetic(g, true, 1, CacheFormat::fp16(g), engine::EngineOptions{}); });
+  EXPECT_NE(why.find("architecture 'gemma3' is not served on the GPU"), std::string::npos) << why;
+  ModelConfig q = synthetic_config("qwen2.5-3b", 1);
+  const std::string why2 = error_of(
+      [&] { engine::Engine::create(q, ModelWeights{}, {}, CacheFormat::fp16(q), engine::EngineOptions{}); });
+  EXPECT_NE(why2.find("needs 1 Q/K/V bias vectors, 0 given"), std::string::npos) << why2;
+}
+
+}  // namespace

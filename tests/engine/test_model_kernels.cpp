@@ -1,0 +1,296 @@
+// The engine's own kernels (ratekv/cuda/model_kernels.h) against their CPU
+// references: the CPU runtime's rms_norm and apply_rope (both layouts), the
+// SwiGLU and softmax formulas in double, the CPU synthetic generator, the
+// format's scalar reader + TQ-MSE decoder for the dequantizer, a host XOR for
+// the read probe. GPU only (skipped without a device).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "gpu_util.h"
+#include "ratekv/cache/plan_codecs.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/cuda/decode_attention.h"
+#include "ratekv/cuda/model_kernels.h"
+#include "ratekv/engine/cache_format.h"
+#include "ratekv/eval/baseline_plans.h"
+#include "ratekv/model/synthetic.h"
+#include "ratekv/quant/grouped_tq_mse.h"
+#include "ratekv/quant/tq_mse.h"
+
+namespace {
+
+using namespace ratekv;
+using engine_test::bf16_to_f32;
+using engine_test::Dev;
+using engine_test::have_gpu;
+
+std::vector<float> randn(size_t n, std::mt19937& g, float sd = 1.f) {
+  std::normal_distribution<float> N(0.f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = N(g);
+  return v;
+}
+
+TEST(EngineKernels, SyntheticFillEqualsTheCpuGenerator) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const int64_t n = 100003;
+  Dev<uint16_t> b(n);
+  Dev<float> f(n);
+  cuda::synthetic_fill_bf16(b.p, n, 42, 77, 0, -5, 1000, nullptr);
+  cuda::synthetic_fill_f32(f.p, n, 42, 78, 1, 0, 0, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto hb = b.get();
+  const auto hf = f.get();
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(bf16_to_f32(hb[i]), synthetic_value(42, 77, 1000 + i, SyntheticKind::linear, -5)) << i;
+    ASSERT_EQ(hf[i], synthetic_value(42, 78, i, SyntheticKind::norm, 0)) << i;
+  }
+}
+
+// x += delta, out = bf16(rms_norm(x)) against ratekv::rms_norm, ≤ 1 bf16 ulp.
+TEST(EngineKernels, AddRmsNormMatchesCpuRuntime) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  std::mt19937 g(3);
+  for (int d : {576, 4096}) {
+    const int n = 3;
+    auto x = randn(size_t(n) * d, g, 2.f), delta = randn(size_t(n) * d, g), w = randn(d, g, 0.2f);
+    for (auto& v : w) v += 1.f;
+    Dev<float> dx(x), dd(delta), dw(w);
+    Dev<uint16_t> out(size_t(n) * d);
+    cuda::add_rms_norm(dx.p, dd.p, dw.p, n, d, 1e-5f, out.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+    std::vector<float> ref(x.size());
+    rms_norm(x.data(), w.data(), ref.data(), n, d, 1e-5f);
+    const auto gx = dx.get();
+    const auto go = out.get();
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(gx[i], x[i]) << i;  // the residual is an fp32 add
+      const float o = bf16_to_f32(go[i]);
+      ASSERT_LE(std::fabs(o - ref[i]), std::ldexp(std::fabs(ref[i]), -7) + 1e-30f) << "d " << d << " i " << i;
+    }
+  }
+}
+
+// Q/K/V split + bias + RoPE against apply_rope at each token's position, both
+// channel layouts, GQA 3, head_dim 64 and 128; fp16 copies are the fp32
+// outputs rounded.
+TEST(EngineKernels, QkvBiasRopeMatchesApplyRope) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  std::mt19937 g(5);
+  for (RopeLayout layout : {RopeLayout::Interleaved, RopeLayout::NeoX})
+    for (int hd : {64, 128}) {
+      const int H = 6, Hkv = 2, n = 4, qd = H * hd, kvd = Hkv * hd, row = qd + 2 * kvd;
+      const double theta = hd == 64 ? 1e4 : 5e5;
+      const std::vector<int32_t> pos = {0, 1, 4097, 131071};
+      auto qkv = randn(size_t(n) * row, g), bias = randn(row, g, 0.3f);
+      std::vector<double> inv(hd / 2);
+      for (int i = 0; i < hd / 2; ++i) inv[i] = rope_frequency(i, hd, theta);
+      Dev<float> dqkv(qkv), db(bias), q32(size_t(n) * qd), k32(size_t(n) * kvd), v32(size_t(n) * kvd);
+      Dev<uint16_t> q16(size_t(n) * qd), k16(size_t(n) * kvd), v16(size_t(n) * kvd);
+      Dev<int32_t> dpos(pos);
+      Dev<double> dinv(inv);
+      cuda::QkvRopeOut o{q32.p, q16.p, k32.p, v32.p, k16.p, v16.p};
+      cuda::qkv_bias_rope(dqkv.p, db.p, dpos.p, n, H, Hkv, hd, layout == RopeLayout::NeoX, dinv.p, o, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto gq = q32.get(), gk = k32.get(), gv = v32.get();
+      const auto gq16 = q16.get(), gv16 = v16.get();
+      for (int i = 0; i < n; ++i) {
+        std::vector<float> r(qkv.begin() + size_t(i) * row, qkv.begin() + size_t(i + 1) * row);
+        for (int c = 0; c < row; ++c) r[c] += bias[c];
+        apply_rope(r.data(), H + Hkv, hd, pos[i], layout, theta);  // Q heads then K heads
+        for (int c = 0; c < qd; ++c) {
+          ASSERT_NEAR(gq[size_t(i) * qd + c], r[c], 2e-5f * (1.f + std::fabs(r[c]))) << i << " " << c;
+          ASSERT_EQ(fp16_to_fp32(gq16[size_t(i) * qd + c]), fp16_to_fp32(fp32_to_fp16(gq[size_t(i) * qd + c])));
+        }
+        for (int c = 0; c < kvd; ++c) {
+          ASSERT_NEAR(gk[size_t(i) * kvd + c], r[qd + c], 2e-5f * (1.f + std::fabs(r[qd + c])));
+          ASSERT_EQ(gv[size_t(i) * kvd + c], r[qd + kvd + c]);
+          ASSERT_EQ(gv16[size_t(i) * kvd + c], fp32_to_fp16(r[qd + kvd + c]));
+        }
+      }
+    }
+}
+
+TEST(EngineKernels, SwigluArgmaxSoftmax) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  std::mt19937 g(9);
+  // SwiGLU
+  const int n = 3, dff = 1000;
+  auto gu = randn(size_t(n) * 2 * dff, g, 3.f);
+  Dev<float> dgu(gu);
+  Dev<uint16_t> h(size_t(n) * dff);
+  cuda::swiglu(dgu.p, n, dff, h.p, nullptr);
+  // argmax: ties keep the first index; a NaN never wins
+  const int V = 50000;
+  std::vector<float> lg(3 * size_t(V));
+  for (auto& v : lg) v = std::uniform_real_distribution<float>(-5, 5)(g);
+  lg[0 * V + 31337] = 9.f;
+  lg[0 * V + 40000] = 9.f;
+  lg[1 * V + 7] = NAN;
+  lg[1 * V + 49999] = 8.f;
+  lg[2 * V + 0] = 10.f;
+  Dev<float> dlg(lg);
+  Dev<int32_t> am(3);
+  cuda::argmax_rows(dlg.p, 3, V, am.p, nullptr);
+  // causal softmax: 2 matrices of 5 rows × 12 columns, chunk starting at row 7
+  const int rows = 5, cols = 12, r0 = 7;
+  auto S = randn(2 * size_t(rows) * cols, g, 4.f);
+  Dev<float> dS(S);
+  Dev<uint16_t> dP(S.size());
+  cuda::causal_softmax(dS.p, 2, rows * cols, rows, cols, r0, 0.7f, dP.p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto hh = h.get();
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < dff; ++j) {
+      const double a = gu[size_t(i) * 2 * dff + j], u = gu[size_t(i) * 2 * dff + dff + j];
+      const double ref = a / (1 + std::exp(-a)) * u;
+      ASSERT_NEAR(bf16_to_f32(hh[size_t(i) * dff + j]), ref, std::fabs(ref) * 8e-3 + 1e-6);
+    }
+  const auto ha = am.get();
+  EXPECT_EQ(ha[0], 31337);
+  EXPECT_EQ(ha[1], 49999);
+  EXPECT_EQ(ha[2], 0);
+  const auto hp = dP.get();
+  for (int b = 0; b < 2; ++b)
+    for (int i = 0; i < rows; ++i) {
+      const int lim = r0 + i + 1;
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j < lim; ++j) mx = std::max(mx, 0.7 * S[(size_t(b) * rows + i) * cols + j]);
+      for (int j = 0; j < lim; ++j) sum += std::exp(0.7 * S[(size_t(b) * rows + i) * cols + j] - mx);
+      for (int j = 0; j < cols; ++j) {
+        const double ref = j < lim ? std::exp(0.7 * S[(size_t(b) * rows + i) * cols + j] - mx) / sum : 0.0;
+        ASSERT_NEAR(fp16_to_fp32(hp[(size_t(b) * rows + i) * cols + j]), ref, 1e-3 * ref + 1e-7) << b << i << j;
+      }
+    }
+}
+
+// Tokens written by fp16_write_tokens land where fp16_decode_attention reads
+// them: page table lookup, slot, K then V per KV head — including pages past
+// 4 GiB of the pool.
+TEST(EngineKernels, Fp16WriterLayoutAnd64BitOffsets) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const int Hkv = 2, hd = 128, n = 70;
+  const size_t page_elems = size_t(Hkv) * 2 * 64 * hd;  // 64 KiB pages
+  const int n_pages = int((size_t{5} << 30) / (page_elems * 2)) + 3;  // > 5 GiB
+  Dev<uint16_t> pool(size_t(n_pages) * page_elems);
+  ASSERT_NE(pool.p, nullptr);
+  std::mt19937 g(1);
+  auto k = randn(size_t(n) * Hkv * hd, g), v = randn(size_t(n) * Hkv * hd, g);
+  const std::vector<int32_t> pt = {n_pages - 1, 7, n_pages - 2};  // first page past 5 GiB
+  const std::vector<int32_t> start = {40};  // positions 40..109: pages 0 and 1
+  Dev<int32_t> dpt(pt), dst(start);
+  Dev<float> dk(k), dv(v);
+  cuda::fp16_write_tokens(pool.p, Hkv, hd, dpt.p, 3, dst.p, dk.p, dv.p, n, 1, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int i : {0, 23, 24, 69}) {
+    const int p = 40 + i;
+    const size_t page = size_t(pt[p / 64]);
+    for (int h = 0; h < Hkv; ++h)
+      for (int side = 0; side < 2; ++side) {
+        std::vector<uint16_t> got(hd);
+        const size_t off = page * page_elems + (size_t(h) * 2 + side) * 64 * hd + size_t(p % 64) * hd;
+        ASSERT_EQ(cudaMemcpy(got.data(), pool.p + off, 2 * hd, cudaMemcpyDeviceToHost), cudaSuccess);
+        const float* src = (side ? v.data() : k.data()) + (size_t(i) * Hkv + h) * hd;
+        for (int c = 0; c < hd; ++c) ASSERT_EQ(got[c], fp32_to_fp16(src[c])) << i << " " << h << " " << side;
+      }
+  }
+}
+
+// packed_prefill (the GPU quantizer) then packed_dequantize against the CPU:
+// the codes and norms read back with the format's scalar reader and decoded
+// with the plan's TQ-MSE codecs (x̂ = n Πᵀ c[idx]), for a uniform plan and a
+// two-group key plan, GQA 2, head_dim 64 and 128, 100 tokens (2 pages).
+TEST(EngineKernels, DequantizeMatchesCpuDecoderOfTheCodes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (int hd : {64, 128}) {
+    ModelConfig c = synthetic_config("llama-3.1-8b", 1);
+    c.head_dim = hd;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.d_model = 256;
+    for (int grouped = 0; grouped < 2; ++grouped) {
+      Plan plan = eval::cache_type_plan("tq3", "tq2", c, 3);
+      if (grouped)
+        for (auto& hp : plan.layers[0]) {
+          Codec k;
+          k.kind = CodecKind::TqMseGrouped;
+          k.norm = NormStorage::FP16;
+          CodecGroup a, b;
+          a.bits = 4, b.bits = 1, a.seed = 5, b.seed = 6;
+          for (int i = 0; i < hd / 2; ++i) (i % 3 == 0 ? a : b).blocks.push_back(i);
+          k.groups = {a, b};
+          hp.key = k;
+        }
+      auto codecs = std::make_shared<const cache::PlanCodecs>(plan, c);
+      const engine::CacheFormat fmt = engine::CacheFormat::packed(codecs);
+      const packed::LayerLayout& L = fmt.layout(0);
+      cuda::PackedPlan pp(L, c.n_heads, fmt.rotations(0), fmt.levels(0));
+      const int n = 100, kvd = c.n_kv_heads * hd;
+      std::mt19937 g(hd + grouped);
+      auto k = randn(size_t(n) * kvd, g), v = randn(size_t(n) * kvd, g);
+      const std::vector<int32_t> pt = {3, 1};
+      Dev<uint8_t> pool(4 * L.page_bytes());
+      Dev<int32_t> dpt(pt), zero(std::vector<int32_t>{0});
+      Dev<float> dk(k), dv(v);
+      Dev<uint16_t> k16(size_t(n) * kvd), v16(size_t(n) * kvd);
+      cuda::DecodeBatch db{dpt.p, 2, zero.p, 1, n};
+      cuda::packed_prefill(pp, db, pool.p, dk.p, dv.p, n, cuda::DType::f32, nullptr);
+      cuda::packed_dequantize(pp, pool.p, dpt.p, n, k16.p, v16.p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto bytes = pool.get();
+      const auto gk = k16.get(), gv = v16.get();
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+          for (int s = 0; s < 2; ++s) {
+            const auto page = std::span<const uint8_t>(bytes).subspan(size_t(pt[t / 64]) * L.page_bytes(), L.page_bytes());
+            const quant::Quantizer* q = codecs->quantizer(0, h, static_cast<cache::KVSide>(s));
+            std::vector<float> ref(hd, 0.f);
+            std::vector<std::pair<const quant::TQMSE*, std::vector<int>>> groups;
+            if (auto* tq = dynamic_cast<const quant::TQMSE*>(q)) {
+              std::vector<int> all(hd);
+              for (int i = 0; i < hd; ++i) all[i] = i;
+              groups.emplace_back(tq, all);
+            } else {
+              auto* gq = dynamic_cast<const quant::GroupedTQMSE*>(q);
+              ASSERT_NE(gq, nullptr);
+              for (size_t gi = 0; gi < gq->codecs().size(); ++gi)
+                groups.emplace_back(&gq->codecs()[gi], gq->config().groups[gi].channels);
+            }
+            for (size_t gi = 0; gi < groups.size(); ++gi) {
+              const auto& [tq, ch] = groups[gi];
+              std::vector<uint8_t> idx(ch.size());
+              packed::read_codes(L, page, h, static_cast<packed::Side>(s), (int)gi, t % 64, idx);
+              const float nrm = fp16_to_fp32(packed::read_norm(L, page, h, static_cast<packed::Side>(s), (int)gi, t % 64));
+              std::vector<float> x(ch.size());
+              tq->decode(idx.data(), nrm, x.data());
+              for (size_t i = 0; i < ch.size(); ++i) ref[ch[i]] = x[i];
+            }
+            const auto& got = s == 0 ? gk : gv;
+            for (int i = 0; i < hd; ++i)
+              ASSERT_NEAR(fp16_to_fp32(got[(size_t(t) * c.n_kv_heads + h) * hd + i]), ref[i],
+                          1e-3f * std::fabs(ref[i]) + 2e-4f)
+                  << "hd " << hd << " grouped " << grouped << " t " << t << " h " << h << " side " << s << " i " << i;
+          }
+    }
+  }
+}
+
+TEST(EngineKernels, ReadProbeReadsEveryWord) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const size_t words = (size_t{48} << 20) / 4 + 12;  // not a multiple of the grid
+  std::vector<uint32_t> h(words);
+  std::mt19937 g(2);
+  for (auto& w : h) w = g();
+  Dev<uint32_t> buf(h), sink(cuda::kReadProbeBlocks);
+  cuda::read_probe(buf.p, words * 4, sink.p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  uint32_t want = 0, got = 0;
+  for (uint32_t w : h) want ^= w;
+  for (uint32_t s : sink.get()) got ^= s;
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace

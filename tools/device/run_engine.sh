@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The GPU engine on the GPU machine (issue 17), one stage list per device call.
+# Everything lands in $OUT (at most 8 files come back: keep to the names below).
+#
+# Usage (from the tree's root on the GPU machine):
+#   STAGES="build tests sanitize" DEPS=<.devdeps> tools/device/run_engine.sh
+#   STAGES="bench_llama bench_qwen sdpa" tools/device/run_engine.sh
+#   STAGES="smollm2 hf" tools/device/run_engine.sh   (after /tmp/smolparts holds smollm2.part* + eval.txt)
+# Stages:
+#   build     tools/device/build.sh (ratekv_cli, test_cuda, test_engine)
+#   tests     test_cuda (fp16 kernels, append/prefill, small packed) + test_engine
+#   sanitize  compute-sanitizer memcheck + racecheck on the engine's kernels
+#             (EngineSanitize: a tiny model through every path; EngineKernels)
+#   bench_llama / bench_qwen   ratekv bench on the synthetic models (JSON)
+#   sdpa      tools/device/e2e_peers.py sdpa at the fp16 rows' shapes
+#   smollm2   SmolLM2 from SMOL_PARTS: the EngineSmolLM2 tests, its tokens/s,
+#             generate and perplexity with --device cuda
+#   hf        tools/device/e2e_peers.py hf (transformers eager / static+compile)
+# Files: all.log, test_engine.json, bench_llama.json, bench_qwen.json,
+# sdpa.json, smollm2.json, hf.json.
+set -uo pipefail
+OUT=${OUT:-/tmp/ratekv_engine_out}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+B=${BUILD:-/tmp/ratekv-build}
+LOG=$OUT/all.log
+RK=$B/bin/ratekv
+say() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+[ -f "$B/env.sh" ] && source "$B/env.sh"
+export PYTHONUNBUFFERED=1
+
+if has build; then
+  say "build"
+  TARGETS="ratekv_cli test_cuda test_engine" "$ROOT/tools/device/build.sh" 2>&1 | tail -8 | tee -a "$LOG" || exit 1
+  source "$B/env.sh"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$LOG"
+fi
+if has tests; then
+  say "test_cuda (fp16 kernels both variants, append, prefill, small packed)"
+  "$B/tests/test_cuda" --gtest_filter='CudaFp16Decode.*:CudaPackedAppend.*:CudaPackedPrefill.*:CudaPackedDecode.Small' 2>&1 \
+    | grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|error|rel err" | tail -20 | tee -a "$LOG"
+  say "test_engine"
+  "$B/tests/test_engine" --gtest_filter='-EngineSmolLM2.*' --gtest_output=json:"$OUT/test_engine.json" > "$OUT/test_engine.log" 2>&1
+  grep -E "^  |^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|actual|error" "$OUT/test_engine.log" | head -120 | tee -a "$LOG"
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    say "compute-sanitizer $tool (kernels named ratekv::*)"
+    compute-sanitizer --tool $tool --kernel-name kns=ratekv --error-exitcode 3 "$B/tests/test_engine" \
+      --gtest_filter='EngineSanitize.*:EngineKernels.SwigluArgmaxSoftmax:EngineKernels.DequantizeMatchesCpuDecoderOfTheCodes:EngineKernels.QkvBiasRopeMatchesApplyRope' 2>&1 \
+      | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|Invalid|Race" | head -12 | tee -a "$LOG"
+    echo "exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+  done
+fi
+if has bench_llama; then
+  say "bench: Llama-3.1-8B synthetic"
+  python3 "$ROOT/tools/device/gtq_shape_plan.py" --model llama-3.1-8b --src "$ROOT/bench/results/niah_plans/block-gtq-k3v3.plan.json" \
+    --out /tmp/gtq_llama.plan.json | tee -a "$LOG"
+  L="$RK bench --synthetic llama-3.1-8b -c 1100000 -p 0 -r 3 -o json --profile ${BENCH_EXTRA:-}"
+  $L -ctk f16,tq4,tq3,tq2 -ctv f16,tq4,tq3,tq2 -d 131072 -b ${LLAMA_B:-1,4,6,7} -n ${NGEN:-32} --out /tmp/b1.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  $L --plan /tmp/gtq_llama.plan.json -d 131072 -b 1,4 -n ${NGEN:-32} --out /tmp/b2.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  $L -ctk f16,tq3 -ctv f16,tq3 -d 32768 -b 1,4,16 -n ${NGEN:-32} --out /tmp/b3.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  $L -ctk tq3,f16 -ctv tq3,f16 -d 131072 -b 32 -n 32 --out /tmp/b4.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  $L -ctk tq3,f16 -ctv tq3,f16 -d 1048576 -b 4 -n 32 -r 2 --out /tmp/b5.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  $RK bench --synthetic llama-3.1-8b -c 1100000 -ctk f16,tq3 -ctv f16,tq3 -p 4096 -n ${NGEN:-32} -d 4096 -b 1 -r 3 -o json \
+    --out /tmp/b6.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  python3 -c "import json,sys; rows=[r for f in sys.argv[2:] for r in json.load(open(f))['rows']]; m=json.load(open(sys.argv[2])); m['rows']=rows; json.dump(m,open(sys.argv[1],'w'),indent=1)" \
+    "$OUT/bench_llama.json" /tmp/b1.json /tmp/b2.json /tmp/b3.json /tmp/b4.json /tmp/b5.json /tmp/b6.json
+fi
+if has bench_qwen; then
+  say "bench: Qwen2.5-7B synthetic (GQA 7)"
+  python3 "$ROOT/tools/device/gtq_shape_plan.py" --model qwen2.5-7b --src "$ROOT/bench/results/niah_plans/block-gtq-k3v3.plan.json" \
+    --out /tmp/gtq_qwen.plan.json | tee -a "$LOG"
+  Q="$RK bench --synthetic qwen2.5-7b -c 140000 -p 0 -r 3 -o json --profile ${BENCH_EXTRA:-}"
+  $Q -ctk f16,tq4,tq3,tq2 -ctv f16,tq4,tq3,tq2 -d 32768 -b 1,8,32 -n ${NGEN:-32} --out /tmp/q1.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  $Q --plan /tmp/gtq_qwen.plan.json -d 32768 -b 1,8 -n ${NGEN:-32} --out /tmp/q2.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  python3 -c "import json,sys; rows=[r for f in sys.argv[2:] for r in json.load(open(f))['rows']]; m=json.load(open(sys.argv[2])); m['rows']=rows; json.dump(m,open(sys.argv[1],'w'),indent=1)" \
+    "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
+fi
+if has sdpa; then
+  say "torch SDPA flash at the fp16 rows' shapes"
+  python3 "$ROOT/tools/device/e2e_peers.py" sdpa --hq 32 --hkv 8 --shapes ${SDPA_LLAMA:-1:131072,4:131072,6:131072,7:131072,1:32768,4:32768,16:32768,1:4096} \
+    --out /tmp/s1.json 2>&1 | tee -a "$LOG"
+  python3 "$ROOT/tools/device/e2e_peers.py" sdpa --hq 28 --hkv 4 --shapes ${SDPA_QWEN:-1:32768,8:32768,32:32768} \
+    --out /tmp/s2.json 2>&1 | tee -a "$LOG"
+  python3 -c "import json,sys; a=json.load(open(sys.argv[2])); a['rows']+=json.load(open(sys.argv[3]))['rows']; json.dump(a,open(sys.argv[1],'w'),indent=1)" \
+    "$OUT/sdpa.json" /tmp/s1.json /tmp/s2.json
+fi
+if has smollm2; then
+  say "SmolLM2 (real weights)"
+  # The GGUF arrives in parts over consecutive calls (each copied to
+  # /tmp/smolparts, which persists while the machine stays warm), with eval.txt.
+  A=/tmp/assets
+  mkdir -p $A/models $A/text
+  cat /tmp/smolparts/smollm2.part* > $A/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  cp /tmp/smolparts/eval.txt $A/text/eval.txt
+  (cd $A/models && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf; ls -la /tmp/smolparts) | tee -a "$LOG"
+  export RATEKV_ASSETS=$A
+  M=$A/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  "$B/tests/test_engine" --gtest_filter='EngineSmolLM2.*' 2>&1 | grep -E "^  |PASSED|FAILED|Failure|Expected|Which|actual" | tee -a "$LOG"
+  $RK bench -m $M -ctk f16,tq3,tq4 -ctv f16,tq3,tq4 -p 512 -n 128 -d 0,4096 -b 1,8 -r 3 -o json --device cuda \
+    --out "$OUT/smollm2.json" --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  $RK generate -m $M -p "The capital of France is" -n 32 --device cuda -ctk tq3 -ctv tq3 2>&1 | tail -5 | tee -a "$LOG"
+  $RK perplexity -m $M -f $A/text/eval.txt -c 512 --chunks 4 --device cuda -ctk tq3 -ctv tq3 2>&1 | tail -3 | tee -a "$LOG"
+  $RK perplexity -m $M -f $A/text/eval.txt -c 512 --chunks 4 -ctk tq3 -ctv tq3 2>&1 | tail -3 | tee -a "$LOG"
+fi
+if has hf; then
+  say "HF transformers peers (Llama-3.1-8B shapes, random bf16 weights, depth 128K)"
+  timeout ${HF_TIMEOUT:-300} python3 "$ROOT/tools/device/e2e_peers.py" hf --model llama-3.1-8b --batch ${HF_B:-1,4} --depth 131072 \
+    --setups ${HF_SETUPS:-eager-dynamic,static-compiled} --out "$OUT/hf.json" 2>&1 | grep -vE "Warning|warn" | tail -12 | tee -a "$LOG"
+fi
+say "done"
