@@ -437,6 +437,17 @@ void run(const BenchArgs& a, const std::string& command_line) {
   meta["command"] = command_line;
   if (args.device == "cpu") {
     check(args.fill != "synthetic", "--fill synthetic: the CPU runtime has no synthetic fill (use prefill)");
+    if (!a.synthetic.empty()) {
+      // fp32 weights on the host: refuse a published size by accident (the
+      // default device is cpu; a full Llama-3.1-8B is 32 GB and hours of bench).
+      const double gb = 4.0 * (static_cast<double>(cfg.n_vocab) * cfg.d_model * (untied ? 2 : 1) +
+                               static_cast<double>(cfg.n_layers) * cfg.d_model *
+                                   (2.0 * (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim + 3.0 * cfg.d_ff)) / 1e9;
+      check(gb <= 8.0,
+            "--synthetic {} on --device cpu needs {:.1f} GB of fp32 weights; pass --layers N (a few layers at full "
+            "width) or --device cuda",
+            a.synthetic, gb);
+    }
     if (file) {
       model = std::make_unique<Model>(Model::load(*file));
     } else {

@@ -60,6 +60,9 @@ TEST(CliBench, OptionErrorsComeFirst) {
   r = run_cli("bench --synthetic qwen2.5-3b --layers 1 --device cpu");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("no Q/K/V biases"), std::string::npos) << r.output;
+  r = run_cli("bench --synthetic llama-3.1-8b");  // the default device is cpu: a full 8B is refused
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--layers N"), std::string::npos) << r.output;
   r = run_cli("bench --synthetic tiny-llama --fill synthetic --device cpu");
   EXPECT_NE(r.output.find("--fill synthetic"), std::string::npos) << r.output;
 }

@@ -16,8 +16,8 @@
 #   smollm2   SmolLM2 from SMOL_PARTS: the EngineSmolLM2 tests, its tokens/s,
 #             generate and perplexity with --device cuda
 #   hf        tools/device/e2e_peers.py hf (transformers eager / static+compile)
-# Files: all.log, test_engine.json, bench_llama.json, bench_qwen.json,
-# sdpa.json, smollm2.json, hf.json.
+# Files: all.log, test_engine.json, sanitize.log, bench_llama.json,
+# bench_qwen.json, sdpa.json, smollm2.json, hf.json.
 set -uo pipefail
 OUT=${OUT:-/tmp/ratekv_engine_out}
 mkdir -p "$OUT"
@@ -45,26 +45,32 @@ if has tests; then
   grep -E "^  |^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|actual|error" "$OUT/test_engine.log" | head -120 | tee -a "$LOG"
 fi
 if has sanitize; then
+  # One test per sanitizer process (a reported hazard can leave the context
+  # unusable for the tests after it); the full reports go to sanitize.log.
   for tool in memcheck racecheck; do
-    say "compute-sanitizer $tool (kernels named ratekv::*)"
-    compute-sanitizer --tool $tool --kernel-name kns=ratekv --error-exitcode 3 "$B/tests/test_engine" \
-      --gtest_filter='EngineSanitize.*:EngineKernels.SwigluArgmaxSoftmax:EngineKernels.DequantizeMatchesCpuDecoderOfTheCodes:EngineKernels.QkvBiasRopeMatchesApplyRope' 2>&1 \
-      | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|Invalid|Race" | head -12 | tee -a "$LOG"
-    echo "exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+    for t in EngineSanitize.TinyModelEveryPath EngineKernels.SwigluArgmaxSoftmax \
+             EngineKernels.DequantizeMatchesCpuDecoderOfTheCodes EngineKernels.QkvBiasRopeMatchesApplyRope \
+             EngineKernels.AddRmsNormMatchesCpuRuntime; do
+      say "compute-sanitizer $tool $t (kernels named ratekv::*)"
+      compute-sanitizer --tool $tool --kernel-name kns=ratekv --error-exitcode 3 "$B/tests/test_engine" \
+        --gtest_filter="$t" >> "$OUT/sanitize.log" 2>&1
+      echo "exit $? $(tail -3 "$OUT/sanitize.log" | grep -E 'SUMMARY' | head -1)" | tee -a "$LOG"
+    done
   done
+  grep -E -B2 -A12 "Race reported|Invalid|Error:" "$OUT/sanitize.log" | head -60 | tee -a "$LOG"
 fi
 if has bench_llama; then
   say "bench: Llama-3.1-8B synthetic"
   python3 "$ROOT/tools/device/gtq_shape_plan.py" --model llama-3.1-8b --src "$ROOT/bench/results/niah_plans/block-gtq-k3v3.plan.json" \
     --out /tmp/gtq_llama.plan.json | tee -a "$LOG"
-  L="$RK bench --synthetic llama-3.1-8b -c 1100000 -p 0 -r 3 -o json --profile ${BENCH_EXTRA:-}"
-  $L -ctk f16,tq4,tq3,tq2 -ctv f16,tq4,tq3,tq2 -d 131072 -b ${LLAMA_B:-1,4,6,7} -n ${NGEN:-32} --out /tmp/b1.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
-  $L --plan /tmp/gtq_llama.plan.json -d 131072 -b 1,4 -n ${NGEN:-32} --out /tmp/b2.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
-  $L -ctk f16,tq3 -ctv f16,tq3 -d 32768 -b 1,4,16 -n ${NGEN:-32} --out /tmp/b3.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
-  $L -ctk tq3,f16 -ctv tq3,f16 -d 131072 -b 32 -n 32 --out /tmp/b4.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
-  $L -ctk tq3,f16 -ctv tq3,f16 -d 1048576 -b 4 -n 32 -r 2 --out /tmp/b5.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
-  $RK bench --synthetic llama-3.1-8b -c 1100000 -ctk f16,tq3 -ctv f16,tq3 -p 4096 -n ${NGEN:-32} -d 4096 -b 1 -r 3 -o json \
-    --out /tmp/b6.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  L="$RK bench --device cuda --synthetic llama-3.1-8b -c 1100000 -p 0 -r 3 -o json --profile ${BENCH_EXTRA:-}"
+  $L -ctk f16,tq4,tq3,tq2 -ctv f16,tq4,tq3,tq2 -d 131072 -b ${LLAMA_B:-1,4,6,7} -n ${NGEN:-32} --out /tmp/b1.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
+  $L --plan /tmp/gtq_llama.plan.json -d 131072 -b 1,4 -n ${NGEN:-32} --out /tmp/b2.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
+  $L -ctk f16,tq3 -ctv f16,tq3 -d 32768 -b 1,4,16 -n ${NGEN:-32} --out /tmp/b3.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
+  $L -ctk tq3,f16 -ctv tq3,f16 -d 131072 -b 32 -n 32 --out /tmp/b4.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
+  $L -ctk tq3,f16 -ctv tq3,f16 -d 1048576 -b 4 -n 32 -r 2 --out /tmp/b5.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
+  $RK bench --device cuda --synthetic llama-3.1-8b -c 1100000 -ctk f16,tq3 -ctv f16,tq3 -p 4096 -n ${NGEN:-32} -d 4096 -b 1 -r 3 -o json \
+    --out /tmp/b6.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
   python3 -c "import json,sys; rows=[r for f in sys.argv[2:] for r in json.load(open(f))['rows']]; m=json.load(open(sys.argv[2])); m['rows']=rows; json.dump(m,open(sys.argv[1],'w'),indent=1)" \
     "$OUT/bench_llama.json" /tmp/b1.json /tmp/b2.json /tmp/b3.json /tmp/b4.json /tmp/b5.json /tmp/b6.json
 fi
@@ -72,9 +78,9 @@ if has bench_qwen; then
   say "bench: Qwen2.5-7B synthetic (GQA 7)"
   python3 "$ROOT/tools/device/gtq_shape_plan.py" --model qwen2.5-7b --src "$ROOT/bench/results/niah_plans/block-gtq-k3v3.plan.json" \
     --out /tmp/gtq_qwen.plan.json | tee -a "$LOG"
-  Q="$RK bench --synthetic qwen2.5-7b -c 140000 -p 0 -r 3 -o json --profile ${BENCH_EXTRA:-}"
-  $Q -ctk f16,tq4,tq3,tq2 -ctv f16,tq4,tq3,tq2 -d 32768 -b 1,8,32 -n ${NGEN:-32} --out /tmp/q1.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
-  $Q --plan /tmp/gtq_qwen.plan.json -d 32768 -b 1,8 -n ${NGEN:-32} --out /tmp/q2.json --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+  Q="$RK bench --device cuda --synthetic qwen2.5-7b -c 140000 -p 0 -r 3 -o json --profile ${BENCH_EXTRA:-}"
+  $Q -ctk f16,tq4,tq3,tq2 -ctv f16,tq4,tq3,tq2 -d 32768 -b 1,8,32 -n ${NGEN:-32} --out /tmp/q1.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
+  $Q --plan /tmp/gtq_qwen.plan.json -d 32768 -b 1,8 -n ${NGEN:-32} --out /tmp/q2.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
   python3 -c "import json,sys; rows=[r for f in sys.argv[2:] for r in json.load(open(f))['rows']]; m=json.load(open(sys.argv[2])); m['rows']=rows; json.dump(m,open(sys.argv[1],'w'),indent=1)" \
     "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
 fi
@@ -100,7 +106,7 @@ if has smollm2; then
   M=$A/models/SmolLM2-135M-Instruct.Q4_1.gguf
   "$B/tests/test_engine" --gtest_filter='EngineSmolLM2.*' 2>&1 | grep -E "^  |PASSED|FAILED|Failure|Expected|Which|actual" | tee -a "$LOG"
   $RK bench -m $M -ctk f16,tq3,tq4 -ctv f16,tq3,tq4 -p 512 -n 128 -d 0,4096 -b 1,8 -r 3 -o json --device cuda \
-    --out "$OUT/smollm2.json" --force 2>&1 | grep -E "bench:|error" | tee -a "$LOG"
+    --out "$OUT/smollm2.json" --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
   $RK generate -m $M -p "The capital of France is" -n 32 --device cuda -ctk tq3 -ctv tq3 2>&1 | tail -5 | tee -a "$LOG"
   $RK perplexity -m $M -f $A/text/eval.txt -c 512 --chunks 4 --device cuda -ctk tq3 -ctv tq3 2>&1 | tail -3 | tee -a "$LOG"
   $RK perplexity -m $M -f $A/text/eval.txt -c 512 --chunks 4 -ctk tq3 -ctv tq3 2>&1 | tail -3 | tee -a "$LOG"
