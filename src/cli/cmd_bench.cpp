@@ -247,7 +247,7 @@ void run_cuda(const BenchArgs& a, const ModelConfig& cfg, const Model* model, bo
     o.context_limit = a.ctx;
     o.fp16_kernel = a.fp16_kernel;
     std::unique_ptr<engine::Engine> eng =
-        model ? engine::Engine::create(cfg, model->weights(), {}, fmt, o)
+        model ? engine::Engine::create(cfg, model->weights(), fmt, o)
               : engine::Engine::create_synthetic(cfg, untied, a.seed, fmt, o);
     spdlog::info("bench: {} {}", s.label, eng->memory().summary());
     const double ceiling = eng->read_ceiling_gbps(size_t{4} << 30, 10);
@@ -451,8 +451,6 @@ void run(const BenchArgs& a, const std::string& command_line) {
     if (file) {
       model = std::make_unique<Model>(Model::load(*file));
     } else {
-      check(arch_has_qkv_bias(cfg.arch) == false,
-            "--synthetic {}: the CPU runtime has no Q/K/V biases yet (qwen2 runs with --device cuda)", a.synthetic);
       model = std::make_unique<Model>(Model::from_weights(cfg, synthetic_weights(cfg, args.seed, untied)));
     }
     if (args.ctx > 0) model->set_position_limit(args.ctx);

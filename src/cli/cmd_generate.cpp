@@ -82,7 +82,7 @@ void run_cuda(const GenerateArgs& a, LoadedModel& lm, const std::vector<int32_t>
   o.max_prefill_tokens = static_cast<int64_t>(prompt.size());
   o.pool_bytes = fmt.page_bytes_all_layers() * static_cast<size_t>((n_ctx + 63) / 64 + 1);
   o.prefill_score_bytes = size_t{256} << 20;
-  auto eng = engine::Engine::create(cfg, lm.model->weights(), {}, fmt, o);
+  auto eng = engine::Engine::create(cfg, lm.model->weights(), fmt, o);
   const engine::PrefillMode mode =
       a.mode == "evaluation" ? engine::PrefillMode::evaluation : engine::PrefillMode::serving;
   spdlog::info("GPU engine ({}): {} cache, prefill in {} mode; {}", engine::cuda_device_name(), fmt.label(),

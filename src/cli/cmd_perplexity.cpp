@@ -86,7 +86,7 @@ void run(const PerplexityArgs& a) {
     engine::EngineOptions o;
     o.max_prefill_tokens = n_ctx;
     o.pool_bytes = gpu_fmt->page_bytes_all_layers() * static_cast<size_t>((n_ctx + 63) / 64 + 1);
-    auto eng = engine::Engine::create(model.config(), model.weights(), {}, *gpu_fmt, o);
+    auto eng = engine::Engine::create(model.config(), model.weights(), *gpu_fmt, o);
     const engine::PrefillMode mode =
         a.mode == "serving" ? engine::PrefillMode::serving : engine::PrefillMode::evaluation;
     spdlog::info("GPU engine ({}): {} cache, {} mode; {}", engine::cuda_device_name(), gpu_fmt->label(),

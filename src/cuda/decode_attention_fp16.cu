@@ -204,7 +204,7 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
                               nullptr, nullptr, nullptr, w.q, stream);
   if (use_n8(gqa, variant)) {
     detail::launch_fp16_n8(n_kv_heads, head_dim, batch, pool, w, tps, n_heads, gqa, stream);
-    detail::launch_merge(w, batch.batch, n_heads, gqa, head_dim, nullptr, nullptr, nullptr, out, stream);
+    detail::launch_splitk_lse_merge(w, batch.batch, n_heads, gqa, head_dim, nullptr, nullptr, nullptr, out, stream);
     return;
   }
   switch (head_dim) {

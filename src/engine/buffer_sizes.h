@@ -52,7 +52,7 @@ inline size_t weight_bytes(const ModelConfig& c, bool untied) {
   const size_t mats = static_cast<size_t>(m.qkvd * m.d + m.d * m.qd + 2 * m.dff * m.d + m.d * m.dff);
   size_t b = 2 * static_cast<size_t>(m.V * m.d) * (untied ? 2 : 1) + 2 * mats * m.L;
   b += 4 * static_cast<size_t>(2 * m.d * m.L + m.d);                        // norms
-  if (arch_has_qkv_bias(c.arch)) b += 4 * static_cast<size_t>(m.qkvd * m.L);  // biases
+  if (c.qkv_bias) b += 4 * static_cast<size_t>(m.qkvd * m.L);  // biases
   return b;
 }
 

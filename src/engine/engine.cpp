@@ -428,7 +428,7 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
     L.wdown = DevMem(2 * size_t(m.d * m.dff));
     L.attn_norm = DevMem(4 * size_t(m.d));
     L.ffn_norm = DevMem(4 * size_t(m.d));
-    if (arch_has_qkv_bias(cfg.arch)) L.bias = DevMem(4 * size_t(m.qkvd));
+    if (cfg.qkv_bias) L.bias = DevMem(4 * size_t(m.qkvd));
   }
   std::vector<double> inv(cfg.head_dim / 2);
   for (int i = 0; i < cfg.head_dim / 2; ++i) inv[i] = rope_frequency(i, cfg.head_dim, cfg.rope_theta);
@@ -520,13 +520,8 @@ void upload_f32(DevMem& dst, const std::vector<float>& src, const std::string& w
 }  // namespace
 
 std::unique_ptr<Engine> Engine::create(const ModelConfig& cfg, const ModelWeights& w,
-                                       const std::vector<std::vector<float>>& qkv_bias, CacheFormat fmt,
-                                       const EngineOptions& opt) {
+                                       CacheFormat fmt, const EngineOptions& opt) {
   check_supported(cfg);
-  const bool bias = arch_has_qkv_bias(cfg.arch);
-  check(bias ? qkv_bias.size() == size_t(cfg.n_layers) : qkv_bias.empty(),
-        "GPU engine: arch '{}' needs {} Q/K/V bias vectors, {} given", cfg.arch, bias ? cfg.n_layers : 0,
-        qkv_bias.size());
   check(w.layers.size() == size_t(cfg.n_layers), "GPU engine: {} weight layers for {} config layers", w.layers.size(),
         cfg.n_layers);
   auto I = make_impl(cfg, !w.output.empty(), std::move(fmt), opt);
@@ -544,7 +539,7 @@ std::unique_ptr<Engine> Engine::create(const ModelConfig& cfg, const ModelWeight
     upload_bf16(D.wdown, L.w_down, p + "w_down", m.d * m.dff);
     upload_f32(D.attn_norm, L.attn_norm, p + "attn_norm", m.d);
     upload_f32(D.ffn_norm, L.ffn_norm, p + "ffn_norm", m.d);
-    if (bias) upload_f32(D.bias, qkv_bias[l], p + "qkv_bias", m.qkvd);
+    if (cfg.qkv_bias) upload_f32(D.bias, L.bqkv, p + "bqkv", m.qkvd);
   }
   return std::unique_ptr<Engine>(new Engine(std::move(I)));
 }
@@ -573,7 +568,7 @@ std::unique_ptr<Engine> Engine::create_synthetic(const ModelConfig& cfg, bool un
                               synthetic_amp_exp(m.d), 0, s);
     cuda::synthetic_fill_bf16(D.wdown.as<uint16_t>(), m.d * m.dff, seed, synthetic_tensor_id(l, T::w_down), lin,
                               synthetic_amp_exp(m.dff), 0, s);
-    if (arch_has_qkv_bias(cfg.arch))
+    if (cfg.qkv_bias)
       cuda::synthetic_fill_f32(D.bias.as<float>(), m.qkvd, seed, synthetic_tensor_id(l, T::qkv_bias), lin, -2, 0, s);
   }
   I->sync();

@@ -14,8 +14,6 @@ int synthetic_amp_exp(int64_t fan_in) {
 
 std::vector<std::string> synthetic_model_names() { return {"llama-3.1-8b", "qwen2.5-7b", "qwen2.5-3b", "tiny-llama"}; }
 
-bool arch_has_qkv_bias(const std::string& arch) { return arch == "qwen2"; }
-
 bool synthetic_untied_output(const std::string& name) { return name != "qwen2.5-3b"; }
 
 ModelConfig synthetic_config(const std::string& name, int n_layers) {
@@ -75,6 +73,7 @@ ModelConfig synthetic_config(const std::string& name, int n_layers) {
     fail("synthetic_config: unknown model '{}' (expected one of {})", name, known);
   }
   c.rope_layout = rope_layout_for_arch(c.arch);
+  c.qkv_bias = c.arch == "qwen2";
   if (n_layers > 0) {
     check(n_layers <= c.n_layers, "synthetic_config: {} has {} layers, {} requested", name, c.n_layers, n_layers);
     c.n_layers = n_layers;
@@ -114,6 +113,7 @@ ModelWeights synthetic_weights(const ModelConfig& cfg, uint64_t seed, bool untie
     L.ffn_norm = fill(seed, synthetic_tensor_id(l, T::ffn_norm), d, K::norm, 0);
     L.w_gate_up = fill(seed, synthetic_tensor_id(l, T::w_gate_up), 2 * dff * d, K::linear, synthetic_amp_exp(d));
     L.w_down = fill(seed, synthetic_tensor_id(l, T::w_down), d * dff, K::linear, synthetic_amp_exp(dff));
+    if (cfg.qkv_bias) L.bqkv = synthetic_qkv_bias(cfg, seed, l);
   }
   return w;
 }

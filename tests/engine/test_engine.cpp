@@ -3,7 +3,7 @@
 //    width, 2 layers): logits and greedy tokens, fp16 cache (CPU fp32 cache)
 //    and K4V4 (CPU packed cache), evaluation mode;
 //  * qwen2 (biases, NeoX RoPE) against a double-precision reference of the
-//    forward pass written here (the CPU runtime has no qwen2 yet);
+//    forward pass written here and against the CPU runtime;
 //  * a sequence decoded inside a batch of unequal lengths = alone;
 //  * evaluation vs serving prefill; prefill(n) + decode = prefill(n + 1);
 //  * pools over 4 GiB per layer (pages handed out from the top);
@@ -140,8 +140,7 @@ TEST(Engine, MatchesCpuPackedCacheK4V4) {
 
 // ---- qwen2: a reference forward pass in double (biases, NeoX RoPE) --------
 
-std::vector<double> reference_logits(const ModelConfig& c, const ModelWeights& w,
-                                     const std::vector<std::vector<float>>& bias, const std::vector<int32_t>& toks) {
+std::vector<double> reference_logits(const ModelConfig& c, const ModelWeights& w, const std::vector<int32_t>& toks) {
   const int d = c.d_model, hd = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads, g = c.gqa_ratio(), dff = c.d_ff;
   const int qd = H * hd, kvd = Hkv * hd, n = static_cast<int>(toks.size());
   auto mv = [](const std::vector<float>& W, const std::vector<double>& x, int out, int in) {
@@ -177,7 +176,7 @@ std::vector<double> reference_logits(const ModelConfig& c, const ModelWeights& w
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int t = 0; t < n; ++t) {
       auto r = mv(L.wqkv, norm(x[t], L.attn_norm), qd + 2 * kvd, d);
-      for (int i = 0; i < qd + 2 * kvd; ++i) r[i] += bias[l][i];
+      for (int i = 0; i < qd + 2 * kvd; ++i) r[i] += L.bqkv[i];
       q[t].assign(r.begin(), r.begin() + qd);
       k[t].assign(r.begin() + qd, r.begin() + qd + kvd);
       v[t].assign(r.begin() + qd + kvd, r.end());
@@ -213,31 +212,40 @@ std::vector<double> reference_logits(const ModelConfig& c, const ModelWeights& w
   return mv(w.output.empty() ? w.token_embd : w.output, norm(x[n - 1], w.output_norm), c.n_vocab, d);
 }
 
+// qwen2 on the GPU against the double reference above and against the CPU
+// runtime (which runs qwen2 since the model's qkv_bias / bqkv).
 TEST(Engine, Qwen2BiasesAndNeoxRopeMatchAReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   ModelConfig c = synthetic_config("qwen2.5-3b", 2);  // tied embeddings, GQA 8, biases
   c.n_vocab = 4096;  // a narrow vocabulary keeps the double reference quick
   const ModelWeights w = synthetic_weights(c, kSeed, false);
-  std::vector<std::vector<float>> bias;
-  for (int l = 0; l < c.n_layers; ++l) bias.push_back(synthetic_qkv_bias(c, kSeed, l));
+  ASSERT_EQ(w.layers[0].bqkv.size(), size_t(c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
   const std::vector<int32_t> toks = random_tokens(6, c.n_vocab, 3);
-  const std::vector<double> ref = reference_logits(c, w, bias, toks);
+  const std::vector<double> ref = reference_logits(c, w, toks);
+  Model cpu = Model::from_weights(c, w);
+  DenseKVCache kv = cpu.make_dense_cache(6);
+  std::vector<float> cpu_lg(c.n_vocab);
+  cpu.forward(toks, 0, kv, cpu_lg.data(), false);
+  EXPECT_LT(rel_l2(cpu_lg, ref, 0, c.n_vocab), 1e-4);  // the CPU runtime is fp32 throughout
   EngineOptions o;
   o.max_prefill_tokens = 16;
   o.pool_bytes = size_t{256} << 20;
   for (int from_host = 0; from_host < 2; ++from_host) {
-    auto eng = from_host ? Engine::create(c, w, bias, CacheFormat::fp16(c), o)
+    auto eng = from_host ? Engine::create(c, w, CacheFormat::fp16(c), o)
                          : Engine::create_synthetic(c, false, kSeed, CacheFormat::fp16(c), o);
     std::vector<float> lg(c.n_vocab);
     const int s = eng->add_sequence(6);
     eng->prefill(s, toks, PrefillMode::serving, lg);
-    const double e = rel_l2(lg, ref, 0, c.n_vocab);
-    std::printf("  qwen2 (%s weights) vs double reference: rel L2 %.3e\n", from_host ? "host" : "GPU-generated", e);
+    const double e = rel_l2(lg, ref, 0, c.n_vocab), ec = rel_l2(lg, cpu_lg, 0, c.n_vocab);
+    std::printf("  qwen2 (%s weights): vs double reference rel L2 %.3e, vs CPU runtime %.3e\n",
+                from_host ? "host" : "GPU-generated", e, ec);
     EXPECT_LT(e, 2e-2);
+    EXPECT_LT(ec, 2e-2);
     // Without the biases the logits are far off: they are applied.
     if (from_host) {
-      std::vector<std::vector<float>> zero(bias.size(), std::vector<float>(bias[0].size(), 0.f));
-      auto e0 = Engine::create(c, w, zero, CacheFormat::fp16(c), o);
+      ModelWeights w0 = w;
+      for (auto& L : w0.layers) std::fill(L.bqkv.begin(), L.bqkv.end(), 0.f);
+      auto e0 = Engine::create(c, w0, CacheFormat::fp16(c), o);
       const int s0 = e0->add_sequence(6);
       e0->prefill(s0, toks, PrefillMode::serving, lg);
       EXPECT_GT(rel_l2(lg, ref, 0, c.n_vocab), std::max(3 * e, 1e-2));

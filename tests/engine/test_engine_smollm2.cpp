@@ -58,7 +58,7 @@ std::unique_ptr<Engine> gpu(const Smol& s, const CacheFormat& f, int64_t prefill
   EngineOptions o;
   o.max_prefill_tokens = prefill;
   o.pool_bytes = size_t{2} << 30;
-  return Engine::create(s.model.config(), s.model.weights(), {}, f, o);
+  return Engine::create(s.model.config(), s.model.weights(), f, o);
 }
 
 int argmax(const float* x, int n) { return static_cast<int>(std::max_element(x, x + n) - x); }

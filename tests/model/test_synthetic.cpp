@@ -36,7 +36,7 @@ TEST(Synthetic, ConfigsHaveThePublishedParameterCounts) {
     const ModelConfig c = synthetic_config(name);
     const int64_t d = c.d_model, qd = int64_t{c.n_heads} * c.head_dim, kvd = int64_t{c.n_kv_heads} * c.head_dim;
     const int64_t layer = (qd + 2 * kvd) * d + d * qd + 3 * d * c.d_ff + 2 * d +
-                          (arch_has_qkv_bias(c.arch) ? qd + 2 * kvd : 0);
+                          (c.qkv_bias ? qd + 2 * kvd : 0);
     return int64_t{c.n_vocab} * d * (synthetic_untied_output(name) ? 2 : 1) + d + c.n_layers * layer;
   };
   EXPECT_EQ(params("llama-3.1-8b"), 8030261248);

@@ -114,15 +114,14 @@ std::string cuda_device_name();
 class Engine {
  public:
   /// A model with weights on the host (fp32, e.g. dequantized from GGUF),
-  /// uploaded as bf16. qkv_bias: per layer ((H + 2·Hkv)·hd) fp32, required
-  /// (n_layers entries) iff arch_has_qkv_bias(cfg.arch), else empty. Throws
-  /// Error for an unsupported architecture or feature (naming it), a weight
-  /// of the wrong size, no CUDA device, or a memory plan that does not fit.
-  static std::unique_ptr<Engine> create(const ModelConfig& cfg, const ModelWeights& w,
-                                        const std::vector<std::vector<float>>& qkv_bias, CacheFormat fmt,
+  /// uploaded as bf16 (norms and the Q/K/V biases LayerWeights::bqkv of a
+  /// cfg.qkv_bias model as fp32). Throws Error for an unsupported
+  /// architecture or feature (naming it), a weight of the wrong size (naming
+  /// it), no CUDA device, or a memory plan that does not fit.
+  static std::unique_ptr<Engine> create(const ModelConfig& cfg, const ModelWeights& w, CacheFormat fmt,
                                         const EngineOptions& opt);
   /// A synthetic model (model/synthetic.h): weights generated on the GPU from
-  /// `seed`, identical to synthetic_weights / synthetic_qkv_bias on the CPU.
+  /// `seed`, identical to synthetic_weights on the CPU.
   static std::unique_ptr<Engine> create_synthetic(const ModelConfig& cfg, bool untied_output, uint64_t seed,
                                                   CacheFormat fmt, const EngineOptions& opt);
   ~Engine();

@@ -108,12 +108,8 @@ ModelConfig synthetic_config(const std::string& name, int n_layers = 0);
 /// Whether a synthetic configuration has an untied LM head (ModelWeights::output).
 bool synthetic_untied_output(const std::string& name);
 
-/// Whether an architecture's attention projections carry Q/K/V biases
-/// (qwen2; docs/design.md §1.1's arch table for the RoPE side).
-bool arch_has_qkv_bias(const std::string& arch);
-
-/// The fp32 weights of `cfg` from `seed` (every tensor of the file comment
-/// except the biases, which ModelWeights does not hold: synthetic_qkv_bias).
+/// The fp32 weights of `cfg` from `seed` (every tensor of the file comment;
+/// LayerWeights::bqkv = synthetic_qkv_bias when cfg.qkv_bias).
 /// `untied_output`: fill ModelWeights::output (else the LM head is tied to
 /// token_embd). Throws Error on a config that fails ModelConfig::validate.
 ModelWeights synthetic_weights(const ModelConfig& cfg, uint64_t seed, bool untied_output);
