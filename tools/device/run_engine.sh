@@ -3,8 +3,8 @@
 # Everything lands in $OUT (at most 8 files come back: keep to the names below).
 #
 # Usage (from the tree's root on the GPU machine):
-#   STAGES="build tests sanitize" DEPS=<.devdeps> tools/device/run_engine.sh
-#   STAGES="bench_llama bench_qwen sdpa" tools/device/run_engine.sh
+#   STAGES="build tests sanitize bench_llama bench_qwen sdpa pybuild" DEPS=<.devdeps> tools/device/run_engine.sh
+#   STAGES="hf" tools/device/run_engine.sh
 #   STAGES="smollm2 hf" tools/device/run_engine.sh   (after /tmp/smolparts holds smollm2.part* + eval.txt)
 # Stages:
 #   build     tools/device/build.sh (ratekv_cli, test_cuda, test_engine)
@@ -15,6 +15,7 @@
 #   sdpa      tools/device/e2e_peers.py sdpa at the fp16 rows' shapes
 #   smollm2   SmolLM2 from SMOL_PARTS: the EngineSmolLM2 tests, its tokens/s,
 #             generate and perplexity with --device cuda
+#   pybuild   the Python extension (ratekv_python) in the same build directory
 #   hf        tools/device/e2e_peers.py hf (transformers eager / static+compile)
 # Files: all.log, test_engine.json, sanitize.log, bench_llama.json,
 # bench_qwen.json, sdpa.json, smollm2.json, hf.json.
@@ -27,6 +28,17 @@ LOG=$OUT/all.log
 RK=$B/bin/ratekv
 say() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# merge DEST SRC...: the rows of every existing SRC (ratekv bench -o json) into
+# DEST, rewritten after each bench command so that a call stopped at its time
+# limit still returns what was measured.
+merge() { python3 - "$@" <<'PY'
+import json, os, sys
+srcs = [f for f in sys.argv[2:] if os.path.exists(f)]
+if srcs:
+    m = json.load(open(srcs[0])); m["rows"] = [r for f in srcs for r in json.load(open(f))["rows"]]
+    json.dump(m, open(sys.argv[1], "w"), indent=1)
+PY
+}
 [ -f "$B/env.sh" ] && source "$B/env.sh"
 export PYTHONUNBUFFERED=1
 
@@ -41,16 +53,17 @@ if has tests; then
   "$B/tests/test_cuda" --gtest_filter='CudaFp16Decode.*:CudaPackedAppend.*:CudaPackedPrefill.*:CudaPackedDecode.Small' 2>&1 \
     | grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|error|rel err" | tail -20 | tee -a "$LOG"
   say "test_engine"
-  "$B/tests/test_engine" --gtest_filter='-EngineSmolLM2.*' --gtest_output=json:"$OUT/test_engine.json" > "$OUT/test_engine.log" 2>&1
-  grep -E "^  |^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|actual|error" "$OUT/test_engine.log" | head -120 | tee -a "$LOG"
+  "$B/tests/test_engine" --gtest_filter='-EngineSmolLM2.*' --gtest_output=json:"$OUT/test_engine.json" > /tmp/test_engine.log 2>&1
+  grep -E "^  |^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|actual|error" /tmp/test_engine.log | head -120 | tee -a "$LOG"
 fi
 if has sanitize; then
   # One test per sanitizer process (a reported hazard can leave the context
   # unusable for the tests after it); the full reports go to sanitize.log.
-  for tool in memcheck racecheck; do
-    for t in EngineSanitize.TinyModelEveryPath EngineKernels.SwigluArgmaxSoftmax \
-             EngineKernels.DequantizeMatchesCpuDecoderOfTheCodes EngineKernels.QkvBiasRopeMatchesApplyRope \
-             EngineKernels.AddRmsNormMatchesCpuRuntime; do
+  # SANITIZE_TESTS: EngineSanitize.TinyModelEveryPath drives a tiny model
+  # through every engine kernel (prefill both modes, fp16 and packed decode,
+  # graphs); the EngineKernels.* tests add the single-kernel checks.
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    for t in ${SANITIZE_TESTS:-EngineSanitize.TinyModelEveryPath}; do
       say "compute-sanitizer $tool $t (kernels named ratekv::*)"
       compute-sanitizer --tool $tool --kernel-name kns=ratekv --error-exitcode 3 "$B/tests/test_engine" \
         --gtest_filter="$t" >> "$OUT/sanitize.log" 2>&1
@@ -59,39 +72,55 @@ if has sanitize; then
   done
   grep -E -B2 -A12 "Race reported|Invalid|Error:" "$OUT/sanitize.log" | head -60 | tee -a "$LOG"
 fi
+# The benchmark grid (issue 17, docs/e2e_results.md). Llama-3.1-8B synthetic:
+# every cache at depth 128K at B = 1 and 7 (the largest B its fp16 cache fits:
+# 17.2 GB per sequence in a ~131 GB pool), Block-GTQ at the same points, K3V3
+# at B = 32 (fp16 refused), a 1M-token context at B = 4 (fp16 refused), and
+# rows from a real 4K prefill. Qwen2.5-7B (GQA 7) at depth 32K, B = 1 and 32.
+bench() { local out=$1; shift; "$@" --out "$out" --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"; }
 if has bench_llama; then
   say "bench: Llama-3.1-8B synthetic"
   python3 "$ROOT/tools/device/gtq_shape_plan.py" --model llama-3.1-8b --src "$ROOT/bench/results/niah_plans/block-gtq-k3v3.plan.json" \
     --out /tmp/gtq_llama.plan.json | tee -a "$LOG"
   L="$RK bench --device cuda --synthetic llama-3.1-8b -c 1100000 -p 0 -r 3 -o json --profile ${BENCH_EXTRA:-}"
-  $L -ctk f16,tq4,tq3,tq2 -ctv f16,tq4,tq3,tq2 -d 131072 -b ${LLAMA_B:-1,4,6,7} -n ${NGEN:-32} --out /tmp/b1.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
-  $L --plan /tmp/gtq_llama.plan.json -d 131072 -b 1,4 -n ${NGEN:-32} --out /tmp/b2.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
-  $L -ctk f16,tq3 -ctv f16,tq3 -d 32768 -b 1,4,16 -n ${NGEN:-32} --out /tmp/b3.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
-  $L -ctk tq3,f16 -ctv tq3,f16 -d 131072 -b 32 -n 32 --out /tmp/b4.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
-  $L -ctk tq3,f16 -ctv tq3,f16 -d 1048576 -b 4 -n 32 -r 2 --out /tmp/b5.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
-  $RK bench --device cuda --synthetic llama-3.1-8b -c 1100000 -ctk f16,tq3 -ctv f16,tq3 -p 4096 -n ${NGEN:-32} -d 4096 -b 1 -r 3 -o json \
-    --out /tmp/b6.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
-  python3 -c "import json,sys; rows=[r for f in sys.argv[2:] for r in json.load(open(f))['rows']]; m=json.load(open(sys.argv[2])); m['rows']=rows; json.dump(m,open(sys.argv[1],'w'),indent=1)" \
-    "$OUT/bench_llama.json" /tmp/b1.json /tmp/b2.json /tmp/b3.json /tmp/b4.json /tmp/b5.json /tmp/b6.json
+  LL=(/tmp/b1.json /tmp/b2.json /tmp/b4.json /tmp/b5.json /tmp/b6.json)
+  bench /tmp/b1.json $L -ctk f16,tq3,tq2,tq4 -ctv f16,tq3,tq2,tq4 -d 131072 -b ${LLAMA_B:-1,7} -n ${NGEN:-32}
+  merge "$OUT/bench_llama.json" "${LL[@]}"
+  bench /tmp/b2.json $L --plan /tmp/gtq_llama.plan.json -d 131072 -b ${LLAMA_B:-1,7} -n ${NGEN:-32}
+  merge "$OUT/bench_llama.json" "${LL[@]}"
+  bench /tmp/b4.json $L -ctk tq3,f16 -ctv tq3,f16 -d 131072 -b 32 -n 32 -r 2
+  merge "$OUT/bench_llama.json" "${LL[@]}"
+  bench /tmp/b5.json $L -ctk tq3,f16 -ctv tq3,f16 -d 1048576 -b 4 -n 32 -r 2
+  merge "$OUT/bench_llama.json" "${LL[@]}"
+  bench /tmp/b6.json $RK bench --device cuda --synthetic llama-3.1-8b -c 1100000 -ctk f16,tq3 -ctv f16,tq3 -p 4096 \
+    -n ${NGEN:-32} -d 4096 -b 1 -r 3 -o json
+  merge "$OUT/bench_llama.json" "${LL[@]}"
 fi
 if has bench_qwen; then
   say "bench: Qwen2.5-7B synthetic (GQA 7)"
   python3 "$ROOT/tools/device/gtq_shape_plan.py" --model qwen2.5-7b --src "$ROOT/bench/results/niah_plans/block-gtq-k3v3.plan.json" \
     --out /tmp/gtq_qwen.plan.json | tee -a "$LOG"
-  Q="$RK bench --device cuda --synthetic qwen2.5-7b -c 140000 -p 0 -r 3 -o json --profile ${BENCH_EXTRA:-}"
-  $Q -ctk f16,tq4,tq3,tq2 -ctv f16,tq4,tq3,tq2 -d 32768 -b 1,8,32 -n ${NGEN:-32} --out /tmp/q1.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
-  $Q --plan /tmp/gtq_qwen.plan.json -d 32768 -b 1,8 -n ${NGEN:-32} --out /tmp/q2.json --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
-  python3 -c "import json,sys; rows=[r for f in sys.argv[2:] for r in json.load(open(f))['rows']]; m=json.load(open(sys.argv[2])); m['rows']=rows; json.dump(m,open(sys.argv[1],'w'),indent=1)" \
-    "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
+  Q="$RK bench --device cuda --synthetic qwen2.5-7b -c 140000 -p 0 -r 2 -o json --profile ${BENCH_EXTRA:-}"
+  bench /tmp/q1.json $Q -ctk f16,tq3,tq2,tq4 -ctv f16,tq3,tq2,tq4 -d 32768 -b ${QWEN_B:-1,32} -n ${NGEN:-32}
+  merge "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
+  bench /tmp/q2.json $Q --plan /tmp/gtq_qwen.plan.json -d 32768 -b ${QWEN_B:-1,32} -n ${NGEN:-32}
+  merge "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
 fi
 if has sdpa; then
   say "torch SDPA flash at the fp16 rows' shapes"
-  python3 "$ROOT/tools/device/e2e_peers.py" sdpa --hq 32 --hkv 8 --shapes ${SDPA_LLAMA:-1:131072,4:131072,6:131072,7:131072,1:32768,4:32768,16:32768,1:4096} \
+  python3 "$ROOT/tools/device/e2e_peers.py" sdpa --hq 32 --hkv 8 --shapes ${SDPA_LLAMA:-1:131072,7:131072,1:4096} \
     --out /tmp/s1.json 2>&1 | tee -a "$LOG"
-  python3 "$ROOT/tools/device/e2e_peers.py" sdpa --hq 28 --hkv 4 --shapes ${SDPA_QWEN:-1:32768,8:32768,32:32768} \
+  python3 "$ROOT/tools/device/e2e_peers.py" sdpa --hq 28 --hkv 4 --shapes ${SDPA_QWEN:-1:32768,32:32768} \
     --out /tmp/s2.json 2>&1 | tee -a "$LOG"
   python3 -c "import json,sys; a=json.load(open(sys.argv[2])); a['rows']+=json.load(open(sys.argv[3]))['rows']; json.dump(a,open(sys.argv[1],'w'),indent=1)" \
     "$OUT/sdpa.json" /tmp/s1.json /tmp/s2.json
+fi
+if has pybuild; then
+  # The Python extension in the same build directory (after the engine's
+  # stages, so a missing Python development setup cannot cost them).
+  say "build: Python extension"
+  CMAKE_ARGS="-DRATEKV_PYTHON=ON -DPython_EXECUTABLE=$(command -v python3)" TARGETS="ratekv_python" \
+    "$ROOT/tools/device/build.sh" 2>&1 | tail -6 | tee -a "$LOG"
 fi
 if has smollm2; then
   say "SmolLM2 (real weights)"
