@@ -72,6 +72,14 @@ if has sanitize; then
   done
   grep -E -B2 -A12 "Race reported|Invalid|Error:" "$OUT/sanitize.log" | head -60 | tee -a "$LOG"
 fi
+if has pybuild; then
+  # The Python extension in the same build directory (configured after
+  # the engine's targets are built, so a missing Python development setup
+  # cannot cost them; before the benchmarks, which take the rest of a call).
+  say "build: Python extension"
+  CMAKE_ARGS="-DRATEKV_PYTHON=ON -DPython_EXECUTABLE=$(command -v python3)" TARGETS="ratekv_python" \
+    "$ROOT/tools/device/build.sh" 2>&1 | tail -6 | tee -a "$LOG"
+fi
 # The benchmark grid (issue 17, docs/e2e_results.md). Llama-3.1-8B synthetic:
 # every cache at depth 128K at B = 1 and 7 (the largest B its fp16 cache fits:
 # 17.2 GB per sequence in a ~131 GB pool), Block-GTQ at the same points, K3V3
@@ -96,16 +104,6 @@ if has bench_llama; then
     -n ${NGEN:-32} -d 4096 -b 1 -r 3 -o json
   merge "$OUT/bench_llama.json" "${LL[@]}"
 fi
-if has bench_qwen; then
-  say "bench: Qwen2.5-7B synthetic (GQA 7)"
-  python3 "$ROOT/tools/device/gtq_shape_plan.py" --model qwen2.5-7b --src "$ROOT/bench/results/niah_plans/block-gtq-k3v3.plan.json" \
-    --out /tmp/gtq_qwen.plan.json | tee -a "$LOG"
-  Q="$RK bench --device cuda --synthetic qwen2.5-7b -c 140000 -p 0 -r 2 -o json --profile ${BENCH_EXTRA:-}"
-  bench /tmp/q1.json $Q -ctk f16,tq3,tq2,tq4 -ctv f16,tq3,tq2,tq4 -d 32768 -b ${QWEN_B:-1,32} -n ${NGEN:-32}
-  merge "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
-  bench /tmp/q2.json $Q --plan /tmp/gtq_qwen.plan.json -d 32768 -b ${QWEN_B:-1,32} -n ${NGEN:-32}
-  merge "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
-fi
 if has sdpa; then
   say "torch SDPA flash at the fp16 rows' shapes"
   python3 "$ROOT/tools/device/e2e_peers.py" sdpa --hq 32 --hkv 8 --shapes ${SDPA_LLAMA:-1:131072,7:131072,1:4096} \
@@ -115,12 +113,15 @@ if has sdpa; then
   python3 -c "import json,sys; a=json.load(open(sys.argv[2])); a['rows']+=json.load(open(sys.argv[3]))['rows']; json.dump(a,open(sys.argv[1],'w'),indent=1)" \
     "$OUT/sdpa.json" /tmp/s1.json /tmp/s2.json
 fi
-if has pybuild; then
-  # The Python extension in the same build directory (after the engine's
-  # stages, so a missing Python development setup cannot cost them).
-  say "build: Python extension"
-  CMAKE_ARGS="-DRATEKV_PYTHON=ON -DPython_EXECUTABLE=$(command -v python3)" TARGETS="ratekv_python" \
-    "$ROOT/tools/device/build.sh" 2>&1 | tail -6 | tee -a "$LOG"
+if has bench_qwen; then
+  say "bench: Qwen2.5-7B synthetic (GQA 7)"
+  python3 "$ROOT/tools/device/gtq_shape_plan.py" --model qwen2.5-7b --src "$ROOT/bench/results/niah_plans/block-gtq-k3v3.plan.json" \
+    --out /tmp/gtq_qwen.plan.json | tee -a "$LOG"
+  Q="$RK bench --device cuda --synthetic qwen2.5-7b -c 140000 -p 0 -r 2 -o json --profile ${BENCH_EXTRA:-}"
+  bench /tmp/q1.json $Q -ctk f16,tq3,tq2,tq4 -ctv f16,tq3,tq2,tq4 -d 32768 -b ${QWEN_B:-1,32} -n ${NGEN:-32}
+  merge "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
+  bench /tmp/q2.json $Q --plan /tmp/gtq_qwen.plan.json -d 32768 -b ${QWEN_B:-1,32} -n ${NGEN:-32}
+  merge "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
 fi
 if has smollm2; then
   say "SmolLM2 (real weights)"
