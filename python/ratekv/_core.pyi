@@ -534,4 +534,26 @@ class PackedBatch:
     def page_bytes(self) -> int:
         """bytes of the allocated code pages"""
 
+class CudaPackedLayers:
+    """
+    The CUDA kernels' tables of every layer of a plan (engine/cache_format.h): tq-mse / Block-GTQ / RateQuant plans with 1..4-bit groups, no window/sink. Present only in an extension built with CUDA and the GPU engine (has_cuda).
+    """
+
+    def __init__(self, codecs: PlanCodecs) -> None:
+        """Raises RatekvError naming the plan field the GPU path cannot serve."""
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def label(self) -> str: ...
+
+    def page_bytes(self, layer: int) -> int: ...
+
+    def workspace_bytes(self, batch: int, max_seq_len: int) -> int: ...
+
+    def append(self, layer: int, pool: int, page_table: int, max_pages: int, seq_lens: int, batch: int, max_seq_len: int, k: int, v: int, n: int, f16: bool, stream: int) -> None: ...
+
+    def decode(self, layer: int, pool: int, page_table: int, max_pages: int, seq_lens: int, batch: int, max_seq_len: int, q: int, f16: bool, scale: float, out: int, workspace: int, workspace_bytes: int, stream: int) -> None: ...
+
 has_cuda: bool = False
