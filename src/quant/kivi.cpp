@@ -30,7 +30,7 @@ static nlohmann::json kivi_to_json(const KIVIConfig& c, const char* kind) {
 
 // ---- keys -------------------------------------------------------------------
 
-KIVIKey::KIVIKey(const KIVIConfig& cfg) : cfg_(cfg) { check_cfg(cfg, "kivi_key"); }
+KIVIKey::KIVIKey(const KIVIConfig& cfg) : ConfiguredQuantizer(cfg) { check_cfg(cfg, "kivi_key"); }
 KIVIConfig KIVIKey::config_from_json(const nlohmann::json& j) { return kivi_from_json(j, "kivi_key"); }
 nlohmann::json KIVIKey::to_json() const { return kivi_to_json(cfg_, "kivi_key"); }
 
@@ -62,7 +62,7 @@ void KIVIKey::fake_quant(const float* x, int64_t T, float* xhat) const {
 
 // ---- values -----------------------------------------------------------------
 
-KIVIValue::KIVIValue(const KIVIConfig& cfg) : cfg_(cfg) {
+KIVIValue::KIVIValue(const KIVIConfig& cfg) : ConfiguredQuantizer(cfg) {
   check_cfg(cfg, "kivi_value");
   cfg_.group_size = std::min(cfg_.group_size, cfg_.dim);
 }

@@ -20,7 +20,7 @@ static QuaRotConfig normalized(QuaRotConfig c) {
   return c;
 }
 
-QuaRot::QuaRot(const QuaRotConfig& cfg) : cfg_(normalized(cfg)), rot_(cfg_.rotation, cfg_.dim, cfg_.seed) {}
+QuaRot::QuaRot(const QuaRotConfig& cfg) : ConfiguredQuantizer(normalized(cfg)), rot_(cfg_.rotation, cfg_.dim, cfg_.seed) {}
 
 QuaRotConfig QuaRot::config_from_json(const nlohmann::json& j) {
   QuaRotConfig c;

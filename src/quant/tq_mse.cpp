@@ -10,7 +10,7 @@
 namespace ratekv::quant {
 
 TQMSE::TQMSE(const TQMSEConfig& cfg)
-    : cfg_(cfg), rot_((check(cfg.dim >= 2, "tq_mse: dim {} is too small (expected ≥ 2)", cfg.dim),
+    : ConfiguredQuantizer(cfg), rot_((check(cfg.dim >= 2, "tq_mse: dim {} is too small (expected ≥ 2)", cfg.dim),
                        check(cfg.bits >= 0 && cfg.bits <= 8, "tq_mse: bits {} is out of range (expected 0..8)",
                              cfg.bits),
                        cfg.rotation),

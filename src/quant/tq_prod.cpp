@@ -22,7 +22,7 @@ static TQMSEConfig mse_config(const TQProdConfig& c) {
   return m;
 }
 
-TQProd::TQProd(const TQProdConfig& cfg) : cfg_(cfg), mse_(mse_config(cfg)) {
+TQProd::TQProd(const TQProdConfig& cfg) : ConfiguredQuantizer(cfg), mse_(mse_config(cfg)) {
   SplitMix64 rng(mix_seed(cfg.seed, 0x514a4c));
   s_.resize(cfg.dim, cfg.dim);
   for (int i = 0; i < cfg.dim; ++i)

@@ -25,47 +25,31 @@ struct KIVIConfig {
 };
 
 /// KIVI keys: per-channel over token groups, fp16 window for the partial group.
-class KIVIKey final : public Quantizer {
+class KIVIKey final : public ConfiguredQuantizer<KIVIConfig, QuantKind::kivi_key, QuantScope::per_channel_tokens> {
  public:
   /// Throws Error on dim < 1, bits ∉ [1,8] or group_size < 1.
   explicit KIVIKey(const KIVIConfig& cfg);
   static KIVIConfig config_from_json(const nlohmann::json& j);
-  const KIVIConfig& config() const { return cfg_; }
 
-  QuantKind kind() const override { return QuantKind::kivi_key; }
-  QuantScope scope() const override { return QuantScope::per_channel_tokens; }
-  int dim() const override { return cfg_.dim; }
   int tokens_per_group() const override { return cfg_.group_size; }
-  double code_bits_per_element() const override { return cfg_.bits; }
   double bits_per_element(int64_t T) const override;
   using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
   /// x, xhat: (T, d) = the head's rows in token order starting at a group boundary.
   void fake_quant(const float* x, int64_t T, float* xhat) const override;
-
- private:
-  KIVIConfig cfg_;
 };
 
 /// KIVI values: per-token over channel groups.
-class KIVIValue final : public Quantizer {
+class KIVIValue final : public ConfiguredQuantizer<KIVIConfig, QuantKind::kivi_value> {
  public:
   /// Throws Error on dim < 1, bits ∉ [1,8] or group_size < 1 (clamped to dim).
   explicit KIVIValue(const KIVIConfig& cfg);
   static KIVIConfig config_from_json(const nlohmann::json& j);
-  const KIVIConfig& config() const { return cfg_; }
 
-  QuantKind kind() const override { return QuantKind::kivi_value; }
-  QuantScope scope() const override { return QuantScope::per_vector; }
-  int dim() const override { return cfg_.dim; }
-  double code_bits_per_element() const override { return cfg_.bits; }
   double bits_per_element(int64_t T) const override;
   using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
   void fake_quant(const float* x, int64_t T, float* xhat) const override;
-
- private:
-  KIVIConfig cfg_;
 };
 
 }  // namespace ratekv::quant

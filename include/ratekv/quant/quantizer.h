@@ -95,6 +95,25 @@ class Quantizer {
   virtual void fake_quant(const float* x, int64_t T, float* xhat) const = 0;
 };
 
+/// What every quantizer configured by one struct with one code width shares:
+/// the struct (fields `dim` and `bits`, the code bits per element), its kind
+/// and scope. A quantizer derives from ConfiguredQuantizer<XConfig,
+/// QuantKind::x> and implements the rest: bits_per_element(T), to_json() and
+/// fake_quant() (and a static config_from_json for make_quantizer).
+template <typename Config, QuantKind Kind, QuantScope Scope = QuantScope::per_vector>
+class ConfiguredQuantizer : public Quantizer {
+ public:
+  const Config& config() const { return cfg_; }
+  QuantKind kind() const final { return Kind; }
+  QuantScope scope() const final { return Scope; }
+  int dim() const final { return cfg_.dim; }
+  double code_bits_per_element() const final { return cfg_.bits; }
+
+ protected:
+  explicit ConfiguredQuantizer(const Config& cfg) : cfg_(cfg) {}
+  Config cfg_;
+};
+
 /// Builds a quantizer from its JSON description (the output of to_json()).
 /// Throws Error naming the missing/invalid field. kind "tasq" is rejected here
 /// (TaSQ needs fitted codebooks and lives outside this module).

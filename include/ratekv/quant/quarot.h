@@ -22,26 +22,20 @@ struct QuaRotConfig {
   RotationKind rotation = RotationKind::hadamard;
 };
 
-class QuaRot final : public Quantizer {
+class QuaRot final : public ConfiguredQuantizer<QuaRotConfig, QuantKind::quarot> {
  public:
   /// Throws Error on dim < 1, bits out of range for the mode, or a Hadamard
   /// rotation of a non-power-of-two dim.
   explicit QuaRot(const QuaRotConfig& cfg);
   /// Missing "rotation" means hadamard for power-of-two dims, haar otherwise.
   static QuaRotConfig config_from_json(const nlohmann::json& j);
-  const QuaRotConfig& config() const { return cfg_; }
 
-  QuantKind kind() const override { return QuantKind::quarot; }
-  QuantScope scope() const override { return QuantScope::per_vector; }
-  int dim() const override { return cfg_.dim; }
-  double code_bits_per_element() const override { return cfg_.bits; }
   double bits_per_element(int64_t T) const override;
   using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
   void fake_quant(const float* x, int64_t T, float* xhat) const override;
 
  private:
-  QuaRotConfig cfg_;
   Rotation rot_;
 };
 

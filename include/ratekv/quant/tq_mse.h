@@ -34,14 +34,13 @@ struct TQMSEConfig {
   bool norm_correction = false;
 };
 
-class TQMSE final : public Quantizer {
+class TQMSE final : public ConfiguredQuantizer<TQMSEConfig, QuantKind::tq_mse> {
  public:
   /// Throws Error on dim < 2, bits ∉ [0,8], or a Hadamard rotation of non-power-of-two dim.
   explicit TQMSE(const TQMSEConfig& cfg);
   /// Parses the JSON description (see file comment). Throws Error on bad fields.
   static TQMSEConfig config_from_json(const nlohmann::json& j);
 
-  const TQMSEConfig& config() const { return cfg_; }
   int bits() const { return cfg_.bits; }
   const Rotation& rotation() const { return rot_; }
   /// Lloyd–Max codebook in use; throws Error if bits == 0.
@@ -75,10 +74,6 @@ class TQMSE final : public Quantizer {
   void accumulate_rotated(float w, const uint8_t* idx, float norm, float* acc_rot) const;
 
   // ---- Quantizer ------------------------------------------------------------
-  QuantKind kind() const override { return QuantKind::tq_mse; }
-  QuantScope scope() const override { return QuantScope::per_vector; }
-  int dim() const override { return cfg_.dim; }
-  double code_bits_per_element() const override { return cfg_.bits; }
   double bits_per_element(int64_t T) const override;
   using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
@@ -86,7 +81,6 @@ class TQMSE final : public Quantizer {
 
  private:
   float finish_norm(float n, const uint8_t* idx) const;
-  TQMSEConfig cfg_;
   Rotation rot_;
   const Codebook* cb_ = nullptr;
 };

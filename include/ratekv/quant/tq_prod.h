@@ -25,24 +25,18 @@ struct TQProdConfig {
   RotationKind rotation = RotationKind::haar;
 };
 
-class TQProd final : public Quantizer {
+class TQProd final : public ConfiguredQuantizer<TQProdConfig, QuantKind::tq_prod> {
  public:
   /// Throws Error on dim < 2 or bits ∉ [1, 9].
   explicit TQProd(const TQProdConfig& cfg);
   static TQProdConfig config_from_json(const nlohmann::json& j);
-  const TQProdConfig& config() const { return cfg_; }
 
-  QuantKind kind() const override { return QuantKind::tq_prod; }
-  QuantScope scope() const override { return QuantScope::per_vector; }
-  int dim() const override { return cfg_.dim; }
-  double code_bits_per_element() const override { return cfg_.bits; }
   double bits_per_element(int64_t T) const override;
   using Quantizer::bits_per_element;  // the steady-state overload
   nlohmann::json to_json() const override;
   void fake_quant(const float* x, int64_t T, float* xhat) const override;
 
  private:
-  TQProdConfig cfg_;
   TQMSE mse_;  // bits − 1 (0 = no MSE stage)
   Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> s_;  // (m, m) QJL matrix
 };
