@@ -9,27 +9,18 @@
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
+#include "../support/tiny_model.h"
 
 using namespace ratekv;
 using namespace ratekv::cache;
 
 namespace {
 
+// 2 layers, 4 query / 2 KV heads (no weights): only the cache shape and RoPE matter here.
 ModelConfig config(int head_dim, RopeLayout layout = RopeLayout::Interleaved) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = head_dim;
-  c.d_model = 16;
-  c.d_ff = 16;
-  c.n_vocab = 10;
-  c.n_ctx_train = 512;
-  c.rope_theta = 10000.0;
-  c.rms_eps = 1e-5f;
-  c.rope_layout = layout;
-  return c;
+  return ratekv_test::tiny_config(
+      {.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = head_dim, .n_ctx = 512, .rope_theta = 10000.0},
+      layout);
 }
 
 Codec grouped(int d) {

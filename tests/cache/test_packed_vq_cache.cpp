@@ -17,27 +17,21 @@
 #include "ratekv/common/fp16.h"
 #include "ratekv/model/model.h"
 #include "../support/vq_codec.h"
+#include "../support/tiny_model.h"
 
 using namespace ratekv;
 using namespace ratekv::cache;
 
 namespace {
 
+// A llama-shaped config (no weights): only the cache shape and RoPE matter here.
 ModelConfig config(int head_dim, int n_kv_heads, int ratio, int n_layers = 2) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.n_layers = n_layers;
-  c.n_heads = n_kv_heads * ratio;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = head_dim;
-  c.d_model = 16;
-  c.d_ff = 16;
-  c.n_vocab = 10;
-  c.n_ctx_train = 8192;
-  c.rope_theta = 10000.0;
-  c.rms_eps = 1e-5f;
-  c.rope_layout = RopeLayout::Interleaved;
-  return c;
+  return ratekv_test::tiny_config({.n_layers = n_layers,
+                                   .n_heads = n_kv_heads * ratio,
+                                   .n_kv_heads = n_kv_heads,
+                                   .head_dim = head_dim,
+                                   .n_ctx = 8192,
+                                   .rope_theta = 10000.0});
 }
 
 enum class Values { vq, fp16, tq_mse };

@@ -7,18 +7,19 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <unistd.h>
 
 #include "../support/assets.h"
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 TEST(CalibrateOutputFlags, CurvesJsonNeedsCurvesAndItsOwnFile) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
-  const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_calib_out_" + std::to_string(::getpid()));
+  const TempDir dir("cli_calib_out");
   fs::create_directories(dir / "sub");
   std::ofstream(dir / "m.gguf") << "x";
   std::ofstream(dir / "t.txt") << "hello world";
@@ -39,15 +40,13 @@ TEST(CalibrateOutputFlags, CurvesJsonNeedsCurvesAndItsOwnFile) {
     EXPECT_EQ(r.output.find("GGUF"), std::string::npos) << args << ": " << r.output;  // model never read
   }
   EXPECT_FALSE(fs::exists(out));
-  fs::remove_all(dir);
 }
 
 TEST(CalibrateOutputFlags, TextTooShortForSensitivityNamesTheFlags) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
   const fs::path model = ratekv_test::smollm2_path();
   if (!fs::exists(model)) GTEST_SKIP() << "model asset absent: " << model;
-  const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_calib_short_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const TempDir dir("cli_calib_short");
   std::ofstream(dir / "t.txt") << "short text only a few words.";
   const Result r = run_cli("calibrate -m '" + model.string() + "' -f '" + (dir / "t.txt").string() +
                            "' --tokens 4 --ctx 4 -o '" + (dir / "s.safetensors").string() +
@@ -55,5 +54,4 @@ TEST(CalibrateOutputFlags, TextTooShortForSensitivityNamesTheFlags) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("--sens-seqs 3 × --sens-len 16"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("48 requested"), std::string::npos) << r.output;
-  fs::remove_all(dir);
 }

@@ -4,19 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <unistd.h>
 
 #include "../support/assets.h"
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 TEST(CalibrateSensitivityFlags, BadCountsNameTheFlagBeforeLoading) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
-  const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_sens_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const TempDir dir("cli_sens");
   std::ofstream(dir / "m.gguf") << "x";
   std::ofstream(dir / "t.txt") << "hello world";
   const std::string base = "calibrate -m '" + (dir / "m.gguf").string() + "' -f '" + (dir / "t.txt").string() +
@@ -35,7 +35,6 @@ TEST(CalibrateSensitivityFlags, BadCountsNameTheFlagBeforeLoading) {
   const Result r = run_cli(base.substr(0, base.size() - std::string("--sensitivity ").size()) + "--sens-len 1");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find("--sens-len"), std::string::npos) << r.output;
-  fs::remove_all(dir);
 }
 
 // The backward pass is llama-only: --sensitivity on a Gemma 3 model fails
@@ -45,8 +44,7 @@ TEST(CalibrateSensitivityFlags, GemmaFailsBeforeTheStatisticsPass) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
   const fs::path model = ratekv_test::gemma3_path();
   if (!fs::exists(model)) GTEST_SKIP() << "model asset absent: " << model;
-  const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_sens_gemma_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const TempDir dir("cli_sens_gemma");
   {
     std::ofstream t(dir / "t.txt");
     for (int i = 0; i < 40; ++i) t << "The quick brown fox jumps over the lazy dog number " << i << ". ";
@@ -61,5 +59,4 @@ TEST(CalibrateSensitivityFlags, GemmaFailsBeforeTheStatisticsPass) {
   EXPECT_EQ(r.output.find("calibrating on"), std::string::npos) << "statistics pass ran first:\n" << r.output;
   EXPECT_EQ(r.output.find("fp32 weights"), std::string::npos) << "weights were loaded first:\n" << r.output;
   EXPECT_FALSE(fs::exists(dir / "s.safetensors"));
-  fs::remove_all(dir);
 }

@@ -13,15 +13,16 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "../support/assets.h"
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 namespace {
 
@@ -33,14 +34,8 @@ class CaptureBadOptions : public ::testing::Test {
     if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
     model_ = ratekv_test::smollm2_path();
     if (!fs::exists(model_)) GTEST_SKIP() << "SmolLM2 asset missing: " << model_;
-    dir_ = fs::temp_directory_path() / ("ratekv_capture_bad_options_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
     text_ = dir_ / "t.txt";
     std::ofstream(text_) << "A short text: a dozen or so tokens of plain English.\n";
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
   static std::string q(const fs::path& p) { return ratekv_test::shell_quote(p.string()); }
   std::string base(const fs::path& text) const { return "capture -m " + q(model_) + " -f " + q(text) + " "; }
@@ -52,7 +47,8 @@ class CaptureBadOptions : public ::testing::Test {
     EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
     EXPECT_EQ(r.output.find("internal"), std::string::npos) << r.output;
   }
-  fs::path model_, dir_, text_;
+  fs::path model_, text_;
+  TempDir dir_{"capture_bad_options"};
 };
 
 TEST_F(CaptureBadOptions, OutputThatIsAFileOrUnderAFile) {

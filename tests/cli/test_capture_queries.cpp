@@ -15,10 +15,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "../support/assets.h"
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 #include "ratekv/io/npy.h"
 
@@ -26,6 +26,7 @@ namespace fs = std::filesystem;
 using ratekv_test::cli_path;
 using ratekv_test::run_cli;
 using ratekv_test::shell_quote;
+using ratekv_test::TempDir;
 
 namespace {
 
@@ -63,12 +64,6 @@ class CaptureQueries : public ::testing::Test {
     text_ = fs::path(ratekv_test::assets_dir()) / "text" / "eval.txt";
     if (!fs::exists(model_)) GTEST_SKIP() << "SmolLM2 asset missing: " << model_;
     if (!fs::exists(text_)) GTEST_SKIP() << "eval text asset missing: " << text_;
-    dir_ = fs::temp_directory_path() / ("ratekv_capture_queries_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
   /// `ratekv capture` of the first `tokens` tokens of eval.txt, layers 0 and 2, into dir_/out.
   ratekv_test::Result capture(const std::string& out, int tokens, const std::string& extra) const {
@@ -76,7 +71,8 @@ class CaptureQueries : public ::testing::Test {
                    " --tokens " + std::to_string(tokens) + " --ctx 9 --layers 0,2 -o " +
                    shell_quote((dir_ / out).string()) + " " + extra);
   }
-  fs::path model_, text_, dir_;
+  fs::path model_, text_;
+  TempDir dir_{"capture_queries"};
 };
 
 TEST_F(CaptureQueries, ShapesKvUnchangedAndPrefixInvariant) {

@@ -4,14 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <unistd.h>
 
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
 using ratekv_test::shell_quote;
+using ratekv_test::TempDir;
 
 namespace {
 
@@ -19,19 +20,14 @@ class CliFlags : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
-    dir_ = fs::temp_directory_path() / ("ratekv_cli_flags_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
     model_ = dir_ / "not_a_model.gguf";  // exists (CLI11 ExistingFile passes) but is never read
     std::ofstream(model_) << "x";
     text_ = dir_ / "t.txt";
     std::ofstream(text_) << "hello world";
   }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
-  }
   std::string q(const fs::path& p) { return shell_quote(p.string()); }
-  fs::path dir_, model_, text_;
+  fs::path model_, text_;
+  TempDir dir_{"cli_flags"};
 };
 
 TEST_F(CliFlags, PerplexityChunksMustBePositive) {

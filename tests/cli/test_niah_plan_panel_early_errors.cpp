@@ -11,14 +11,15 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <unistd.h>
 
 #include "../support/assets.h"
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 namespace {
 
@@ -30,12 +31,6 @@ class EarlyErrors : public ::testing::Test {
     if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
     smollm2_ = ratekv_test::smollm2_path();
     if (!fs::exists(smollm2_)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2_;
-    dir_ = fs::temp_directory_path() / ("ratekv_early_errors_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
   static std::string q(const fs::path& p) { return ratekv_test::shell_quote(p.string()); }
   static void expect_early_error(const std::string& args, std::initializer_list<std::string> needles) {
@@ -46,7 +41,8 @@ class EarlyErrors : public ::testing::Test {
     EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
     EXPECT_EQ(r.output.find("internal"), std::string::npos) << r.output;
   }
-  fs::path smollm2_, dir_;
+  fs::path smollm2_;
+  TempDir dir_{"early_errors"};
 };
 
 TEST_F(EarlyErrors, NiahPlanThePackedCacheCannotServe) {

@@ -6,14 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <unistd.h>
 
 #include "../support/assets.h"
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 namespace {
 
@@ -27,14 +28,8 @@ class OptionsBeforeWeights : public ::testing::Test {
     smollm2_ = ratekv_test::smollm2_path();
     gemma3_ = ratekv_test::gemma3_path();
     if (!fs::exists(smollm2_)) GTEST_SKIP() << "model asset absent: " << smollm2_;
-    dir_ = fs::temp_directory_path() / ("ratekv_cli_before_weights_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
     text_ = dir_ / "t.txt";
     std::ofstream(text_) << "A short text of a few dozen tokens, far fewer than two chunks of 512.";
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
   static std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
   // Runs `args`; expects exit 1 with "error: " followed (somewhere) by each of
@@ -46,7 +41,8 @@ class OptionsBeforeWeights : public ::testing::Test {
     for (const char* n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << "\n" << r.output;
     EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
   }
-  fs::path smollm2_, gemma3_, dir_, text_;
+  fs::path smollm2_, gemma3_, text_;
+  TempDir dir_{"cli_before_weights"};
 };
 
 TEST_F(OptionsBeforeWeights, Generate) {

@@ -6,18 +6,19 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <unistd.h>
 
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::shell_quote;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 TEST(PanelFlags, DuplicateModelsAndBudgetsAreErrorsBeforeLoading) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
-  const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_panel_dup_" + std::to_string(::getpid()));
+  const TempDir dir("cli_panel_dup");
   fs::create_directories(dir / "a");
   fs::create_directories(dir / "b");
   std::ofstream(dir / "a" / "m.gguf") << "x";
@@ -38,5 +39,4 @@ TEST(PanelFlags, DuplicateModelsAndBudgetsAreErrorsBeforeLoading) {
     EXPECT_EQ(r.output.find("GGUF"), std::string::npos) << args << ": " << r.output;  // model never read
   }
   EXPECT_FALSE(fs::exists(dir / "out" / "m"));
-  fs::remove_all(dir);
 }

@@ -4,18 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <unistd.h>
 
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 TEST(PanelFlags, BadValuesNameTheFlagBeforeLoading) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
-  const fs::path dir = fs::temp_directory_path() / ("ratekv_cli_panel_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const TempDir dir("cli_panel");
   std::ofstream(dir / "m.gguf") << "x";
   std::ofstream(dir / "t.txt") << "hello world";
   const std::string base = "panel -o '" + (dir / "out").string() + "' -m '" + (dir / "m.gguf").string() +
@@ -35,5 +35,4 @@ TEST(PanelFlags, BadValuesNameTheFlagBeforeLoading) {
                                  "' --calib '" + (dir / "none.txt").string() + "'");
   EXPECT_EQ(missing.status, 1) << missing.output;
   EXPECT_NE(missing.output.find("error: --calib"), std::string::npos) << missing.output;
-  fs::remove_all(dir);
 }

@@ -6,6 +6,7 @@
 // skips when that binary has not been built.
 #include <gtest/gtest.h>
 
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 #include <cstdint>
@@ -19,6 +20,7 @@ namespace fs = std::filesystem;
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 namespace {
 
@@ -26,14 +28,8 @@ class RdBadInput : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
-    dir_ = fs::temp_directory_path() / ("ratekv_rd_bad_input_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
   }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
-  }
-  fs::path dir_;
+  TempDir dir_{"rd_bad_input"};
 };
 
 TEST_F(RdBadInput, DirectoryAsData) {

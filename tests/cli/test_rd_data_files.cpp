@@ -8,14 +8,15 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
+using ratekv_test::TempDir;
 
 namespace {
 
@@ -23,12 +24,6 @@ class RdDataFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
-    dir_ = fs::temp_directory_path() / ("ratekv_rd_data_files_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
   // A (rows, 2) '<f4' .npy with finite, non-zero values.
   fs::path write_npy(const std::string& name, int64_t rows) const {
@@ -46,7 +41,7 @@ class RdDataFiles : public ::testing::Test {
     o.write(reinterpret_cast<const char*>(x.data()), (std::streamsize)(x.size() * 4));
     return f;
   }
-  fs::path dir_;
+  TempDir dir_{"rd_data_files"};
 };
 
 TEST_F(RdDataFiles, NpyNameWithoutMagicIsAnError) {

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "../support/assets.h"
+#include "../support/temp_dir.h"
 #include "cli_runner.h"
 
 namespace fs = std::filesystem;
@@ -17,6 +17,7 @@ using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
 using ratekv_test::shell_quote;
+using ratekv_test::TempDir;
 
 namespace {
 
@@ -26,12 +27,6 @@ class TextEncoding : public ::testing::Test {
     if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
     model_ = ratekv_test::smollm2_path();
     if (!fs::exists(model_)) GTEST_SKIP() << "SmolLM2 asset missing: " << model_;
-    dir_ = fs::temp_directory_path() / ("ratekv_text_encoding_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
   fs::path write(const std::string& name, const std::string& bytes) {
     const fs::path p = dir_ / name;
@@ -39,7 +34,7 @@ class TextEncoding : public ::testing::Test {
     return p;
   }
   std::string model_;
-  fs::path dir_;
+  TempDir dir_{"text_encoding"};
 };
 
 const std::string kSentence = " au lait, the quick brown fox jumps over the lazy dog again and again.\n";

@@ -5,7 +5,6 @@
 // cuda::uses_int8_keys), ref::fp16_decode_attention, ref::packed_append /
 // ref::packed_prefill — on random pages and on real SmolLM2 K/V/Q
 // (RATEKV_CUDA_CAPTURE). Needs a GPU: skips when none is visible.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <random>
 #include <utility>
 
+#include "../support/cuda_test.h"
 #include "../support/packed_plans.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
@@ -34,31 +34,6 @@ using namespace ratekv_test;
 using ratekv::cuda::DType;
 
 namespace {
-
-#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  DevBuf(const std::vector<T>& v) : DevBuf(v.size()) {
-    if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DevBuf() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return v;
-  }
-};
 
 /// Real activations of one layer (ratekv capture --queries): post-RoPE keys,
 /// values and queries, head-major: k, v (hkv, n, d), q (hkv·gqa, n, d).

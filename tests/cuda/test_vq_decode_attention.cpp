@@ -7,7 +7,6 @@
 // reproduce the reference over the same pool (rel err < 1e-3; the kernel
 // computes in fp32, the reference in double). Needs a GPU: skips when none is
 // visible.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <numeric>
 #include <random>
 
+#include "../support/cuda_test.h"
 #include "../support/packed_cache_plans.h"
 #include "../support/packed_plans.h"
 #include "../support/vq_plans.h"
@@ -32,31 +32,6 @@ using namespace ratekv_test;
 using ratekv::cuda::DType;
 
 namespace {
-
-#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  DevBuf(const std::vector<T>& v) : DevBuf(v.size()) {
-    if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DevBuf() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return v;
-  }
-};
 
 // (T, H, d) data with per-channel scales and an offset (never zeros).
 std::vector<float> kv_data(int64_t T, int H, int d, std::mt19937& rng) {

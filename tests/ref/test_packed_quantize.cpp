@@ -15,6 +15,7 @@
 
 #include "../support/packed_cache_plans.h"
 #include "../support/packed_plans.h"
+#include "../support/tiny_model.h"
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
@@ -56,21 +57,14 @@ TEST(RefTqMseEncode, ClosedFormCodesNormsAndMargins) {
 
 namespace {
 
+// A llama-shaped config (no weights), GQA 2: only the cache shape matters here.
 ModelConfig config(int head_dim, int n_kv_heads) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.n_layers = 1;
-  c.n_heads = n_kv_heads * 2;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = head_dim;
-  c.d_model = 16;
-  c.d_ff = 16;
-  c.n_vocab = 10;
-  c.n_ctx_train = 8192;
-  c.rope_theta = 10000.0;
-  c.rms_eps = 1e-5f;
-  c.rope_layout = RopeLayout::Interleaved;
-  return c;
+  return ratekv_test::tiny_config({.n_layers = 1,
+                                   .n_heads = n_kv_heads * 2,
+                                   .n_kv_heads = n_kv_heads,
+                                   .head_dim = head_dim,
+                                   .n_ctx = 8192,
+                                   .rope_theta = 10000.0});
 }
 
 // grouped: keys of three widths (blocks 3i → 4 bits, 3i+1 → 2, 3i+2 → 3; the

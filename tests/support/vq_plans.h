@@ -12,6 +12,7 @@
 
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/model/model.h"
+#include "tiny_model.h"
 #include "vq_codec.h"
 
 namespace ratekv_test {
@@ -21,21 +22,13 @@ enum class VqValues { vq, fp16, tq_mse };
 
 /// One layer, n_kv_heads · gqa query heads (llama / interleaved or qwen2 / NeoX).
 inline ratekv::ModelConfig vq_config(int head_dim, int n_kv_heads, int gqa, ratekv::RopeLayout rope) {
-  using namespace ratekv;
-  ModelConfig c;
-  c.arch = rope == RopeLayout::NeoX ? "qwen2" : "llama";
-  c.n_layers = 1;
-  c.n_heads = n_kv_heads * gqa;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = head_dim;
-  c.d_model = 16;
-  c.d_ff = 16;
-  c.n_vocab = 10;
-  c.n_ctx_train = 1 << 20;
-  c.rope_theta = rope == RopeLayout::NeoX ? 1e6 : 5e5;
-  c.rms_eps = 1e-5f;
-  c.rope_layout = rope;
-  return c;
+  return tiny_config({.n_layers = 1,
+                      .n_heads = n_kv_heads * gqa,
+                      .n_kv_heads = n_kv_heads,
+                      .head_dim = head_dim,
+                      .n_ctx = 1 << 20,
+                      .rope_theta = rope == ratekv::RopeLayout::NeoX ? 1e6 : 5e5},
+                     rope);
 }
 
 /// TaSQ-style keys (group g, 2^kbits centroids, shared fp16 scale, channel
