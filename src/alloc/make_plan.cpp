@@ -7,6 +7,7 @@
 
 #include "ratekv/alloc/block_gtq.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 #include "ratekv/common/log.h"
 
 namespace ratekv::alloc {
@@ -84,47 +85,54 @@ Codec grouped_codec(const BlockAllocation& a, const PlanRequest& rq, int l, int 
 
 // The whole-head width for a uniform budget on one side.
 int uniform_width(double budget, const std::string& unit, const std::string& quantizer, int d, int group_size,
-                  int b_min, int b_max, const char* flag) {
+                  int b_min, int b_max, const char* param) {
   // Fixed-width codecs (llama.cpp cache types, fp16): the budget must admit them.
   const int fixed = quantizer == "q8_0" ? 8 : quantizer == "q4_0" ? 4 : quantizer == "fp16" ? 16 : 0;
   if (fixed > 0) {
     const double need = unit == "code" ? fixed : fixed + meta_per_element(quantizer, d, group_size);
-    check(unit == "code" ? std::abs(budget - need) < 1e-9 : budget >= need - 1e-9,
-          "{} {} ({} bits per element): {} stores {} {} bits per element", flag, budget, unit, quantizer,
-          unit == "code" ? "exactly" : "at least", need);
+    check_param(unit == "code" ? std::abs(budget - need) < 1e-9 : budget >= need - 1e-9, param,
+                "{} ({} bits per element): {} stores {} {} bits per element", budget, unit, quantizer,
+                unit == "code" ? "exactly" : "at least", need);
     return fixed;
   }
   int b;
   if (unit == "code") {
-    check(std::abs(budget - std::round(budget)) < 1e-9,
-          "{} {}: with --budget-unit code a uniform codec needs a whole number of bits", flag, budget);
+    check_param(std::abs(budget - std::round(budget)) < 1e-9, param,
+                "{}: with budget unit \"code\" a uniform codec needs a whole number of bits", budget);
     b = (int)std::round(budget);
   } else {
     b = (int)std::floor(budget - meta_per_element(quantizer, d, group_size) + 1e-9);
   }
-  check(b >= b_min && b <= b_max,
-        "{} {} ({} bits per element): gives {} code bits per element, outside {}..{} for {} at head_dim {} "
-        "(metadata {:.4g} bits per element)",
-        flag, budget, unit, b, b_min, b_max, quantizer, d, meta_per_element(quantizer, d, group_size));
+  check_param(b >= b_min && b <= b_max, param,
+              "{} ({} bits per element): gives {} code bits per element, outside {}..{} for {} at head_dim {} "
+              "(metadata {:.4g} bits per element)",
+              budget, unit, b, b_min, b_max, quantizer, d, meta_per_element(quantizer, d, group_size));
   return b;
 }
 
-void check_uniform_quantizer(const std::string& q, const char* flag) {
-  check(q == "tq-mse" || q == "kivi" || q == "quarot" || q == "q8_0" || q == "q4_0" || q == "fp16",
-        "{} \"{}\": expected tq-mse, kivi, quarot, q8_0, q4_0 or fp16", flag, q);
+// Bounds of the whole-head widths (uniform, ratequant): 1 <= b_min <= b_max <= 8.
+void check_width_bounds(int lo, int hi, const char* method) {
+  check_param(lo >= 1 && lo <= 8, "PlanRequest.b_min", "{}: {} needs a lowest width in 1..8", lo, method);
+  check_param(hi >= lo && hi <= 8, "PlanRequest.b_max", "{}: {} needs a highest width in {}..8",
+              hi, method, lo);
+}
+
+void check_uniform_quantizer(const std::string& q, const char* param) {
+  check_param(q == "tq-mse" || q == "kivi" || q == "quarot" || q == "q8_0" || q == "q4_0" || q == "fp16", param,
+              "\"{}\": expected tq-mse, kivi, quarot, q8_0, q4_0 or fp16", q);
 }
 
 void check_quantizer(const std::string& q) {
-  check(q == "tq-mse" || q == "kivi" || q == "quarot",
-        "--quantizer \"{}\": expected tq-mse, kivi or quarot", q);
+  check_param(q == "tq-mse" || q == "kivi" || q == "quarot", "PlanRequest.quantizer",
+              "\"{}\": expected tq-mse, kivi or quarot", q);
 }
 
 RateQuantProblem ratequant_problem(const Ctx& c, const std::string& curves_name, int b_min, int b_max,
                                    int64_t total) {
   const auto& st = c.st;
   auto sit = st.sensitivity.find(c.rq.sensitivity);
-  check(sit != st.sensitivity.end(), "--sensitivity \"{}\": not in the statistics file (it has: {})",
-        c.rq.sensitivity, keys_of(st.sensitivity));
+  check_param(sit != st.sensitivity.end(), "PlanRequest.sensitivity",
+              "\"{}\": not in the statistics file (it has: {})", c.rq.sensitivity, keys_of(st.sensitivity));
   auto cit = st.curves.find(curves_name);
   check(cit != st.curves.end(), "distortion curves \"{}\": not in the statistics file (it has: {})", curves_name,
         keys_of(st.curves));
@@ -182,24 +190,24 @@ json PlanDiagnostics::to_json() const {
 
 Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* diag) {
   st.validate("stats");
-  check(rq.budget_unit == "effective" || rq.budget_unit == "code",
-        "--budget-unit \"{}\": expected effective or code", rq.budget_unit);
-  // Budgets are bits per element: reject NaN / inf / negative / absurd values here, naming the flag, before any
-  // allocator converts them to integer widths.
-  auto check_budget = [](double b, const char* flag) {
-    check(std::isfinite(b) && b >= 0 && b <= 64, "{} {}: expected a finite number of bits per element in 0..64", flag,
-          b);
+  check_param(rq.budget_unit == "effective" || rq.budget_unit == "code", "PlanRequest.budget_unit",
+              "\"{}\": expected effective or code", rq.budget_unit);
+  // Budgets are bits per element: reject NaN / inf / negative / absurd values here, naming the parameter, before
+  // any allocator converts them to integer widths.
+  auto check_budget = [](double b, const char* param) {
+    check_param(std::isfinite(b) && b >= 0 && b <= 64, param, "{}: expected a finite number of bits per element in 0..64",
+                b);
   };
-  check_budget(rq.k_bits, "--kbits");
-  check_budget(rq.v_bits, "--vbits");
-  if (rq.avg_bits) check_budget(*rq.avg_bits, "--bits");
-  check(rq.fp16_window >= 0 && rq.sink_tokens >= 0, "--fp16-window / --sink-tokens: expected >= 0 (got {}, {})",
-        rq.fp16_window, rq.sink_tokens);
+  check_budget(rq.k_bits, "PlanRequest.k_bits");
+  check_budget(rq.v_bits, "PlanRequest.v_bits");
+  if (rq.avg_bits) check_budget(*rq.avg_bits, "PlanRequest.avg_bits");
+  check_param(rq.fp16_window >= 0, "PlanRequest.fp16_window", "{}: expected >= 0", rq.fp16_window);
+  check_param(rq.sink_tokens >= 0, "PlanRequest.sink_tokens", "{}: expected >= 0", rq.sink_tokens);
   const std::string vquant = rq.v_quantizer.empty() ? rq.quantizer : rq.v_quantizer;
   for (const std::string& q : {rq.quantizer, vquant})
     if (q == "kivi" || q == "quarot")
-      check(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0,
-            "--group-size {}: expected a divisor of head_dim {} for {}", rq.group_size, st.model.head_dim, q);
+      check_param(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0, "PlanRequest.group_size",
+                  "{}: expected a divisor of head_dim {} for {}", rq.group_size, st.model.head_dim, q);
   PlanDiagnostics local;
   PlanDiagnostics& dg = diag ? *diag : local;
   dg = PlanDiagnostics{};
@@ -220,16 +228,17 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
   auto seed_of = [&](int l, int h, int side) { return group_seed(rq.seed, l, h, side, 0); };
 
   if (rq.method == "uniform") {
-    check_uniform_quantizer(rq.quantizer, "--quantizer");
-    check_uniform_quantizer(vquant, "--vquantizer");
+    check_uniform_quantizer(rq.quantizer, "PlanRequest.quantizer");
+    check_uniform_quantizer(vquant, "PlanRequest.v_quantizer");
     const int lo = rq.b_min < 0 ? 1 : rq.b_min, hi = rq.b_max < 0 ? 8 : rq.b_max;
-    check(lo >= 1 && lo <= hi && hi <= 8, "--bmin {} / --bmax {}: uniform needs 1 <= bmin <= bmax <= 8", lo, hi);
+    check_width_bounds(lo, hi, "uniform");
     int kb, vb;
     if (rq.avg_bits) {
       // RateQuant's uniform baseline at a fractional average.
       check_quantizer(rq.quantizer);
-      check(vquant == rq.quantizer, "--bits: the uniform K/V split needs one quantizer for both sides (got {} and {})",
-            rq.quantizer, vquant);
+      check_param(vquant == rq.quantizer, "PlanRequest.v_quantizer",
+                  "{}: the uniform K/V split at an average budget needs the key quantizer ({}) for the values too",
+                  vquant, rq.quantizer);
       const double avg = *rq.avg_bits -
                          (rq.budget_unit == "effective" ? meta_per_element(rq.quantizer, d, rq.group_size) : 0.0);
       const std::string cn = rq.curves_from.empty() ? rq.quantizer : rq.curves_from;
@@ -237,12 +246,12 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       dg.uniform_split = best_uniform_split(avg, [&](int k, int v) { return split_cost(prob, k, v); });
       kb = dg.uniform_split->k_bits;
       vb = dg.uniform_split->v_bits;
-      check(kb >= lo && kb <= hi && vb >= lo && vb <= hi, "--bits {}: uniform split K{}V{} is outside {}..{}",
-            *rq.avg_bits, kb, vb, lo, hi);
+      check_param(kb >= lo && kb <= hi && vb >= lo && vb <= hi, "PlanRequest.avg_bits",
+                  "{}: uniform split K{}V{} is outside {}..{}", *rq.avg_bits, kb, vb, lo, hi);
       p.budget_k = p.budget_v = *rq.avg_bits;
     } else {
-      kb = uniform_width(rq.k_bits, rq.budget_unit, rq.quantizer, d, rq.group_size, lo, hi, "--kbits");
-      vb = uniform_width(rq.v_bits, rq.budget_unit, vquant, d, rq.group_size, lo, hi, "--vbits");
+      kb = uniform_width(rq.k_bits, rq.budget_unit, rq.quantizer, d, rq.group_size, lo, hi, "PlanRequest.k_bits");
+      vb = uniform_width(rq.v_bits, rq.budget_unit, vquant, d, rq.group_size, lo, hi, "PlanRequest.v_bits");
     }
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
@@ -255,7 +264,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     opt.b_max = rq.b_max < 0 ? 4 : rq.b_max;
     const double kb_eff = rq.budget_unit == "code" ? rq.k_bits + 16.0 / d : rq.k_bits;
     const int64_t kbudget = budget_bits_for(kb_eff, d);
-    const int vb = uniform_width(rq.v_bits, rq.budget_unit, "tq-mse", d, 0, 1, 8, "--vbits");
+    const int vb = uniform_width(rq.v_bits, rq.budget_unit, "tq-mse", d, 0, 1, 8, "PlanRequest.v_bits");
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
         const std::vector<double> s = st.block_energies(l, h);
@@ -263,7 +272,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
         try {
           a = allocate_block_gtq(s, kbudget, opt);
         } catch (const Error& e) {
-          fail("--kbits {} ({}): {}", rq.k_bits, rq.budget_unit, e.what());
+          fail_param("PlanRequest.k_bits", "{} ({}): {}", rq.k_bits, rq.budget_unit, e.what());
         }
         // Uniform at the same effective budget, for the J comparison (widths in opt's range).
         BlockGtqOptions uopt = opt;
@@ -279,22 +288,23 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       }
   } else if (rq.method == "ratequant" || rq.method == "ratequant+block-gtq") {
     const bool composed = rq.method == "ratequant+block-gtq";
-    check(rq.v_quantizer.empty() || rq.v_quantizer == rq.quantizer,
-          "--vquantizer {}: ratequant uses one quantizer for both sides (--quantizer)", rq.v_quantizer);
+    check_param(rq.v_quantizer.empty() || rq.v_quantizer == rq.quantizer, "PlanRequest.v_quantizer",
+                "{}: ratequant uses one quantizer for both sides (the key quantizer, {})", rq.v_quantizer,
+                rq.quantizer);
     const std::string quantizer = composed ? "block-gtq" : rq.quantizer;
     if (!composed) check_quantizer(quantizer);
     const std::string cn = rq.curves_from.empty() ? quantizer : rq.curves_from;
     const int lo = rq.b_min < 0 ? 1 : rq.b_min, hi = rq.b_max < 0 ? 8 : rq.b_max;
-    check(lo >= 1 && lo <= hi && hi <= 8, "--bmin {} / --bmax {}: ratequant needs 1 <= bmin <= bmax <= 8", lo, hi);
+    check_width_bounds(lo, hi, "ratequant");
     const double avg = rq.avg_bits ? *rq.avg_bits : 0.5 * (rq.k_bits + rq.v_bits);
     const int64_t M = 2 * (int64_t)L * H;
     int64_t total;
     if (rq.budget_unit == "code") {
       const double t = avg * (double)M;
-      check(std::abs(t - std::round(t)) < 1e-6,
-            "--bits {}: {} components × {} = {} is not a whole number of bits; choose an average that is a "
-            "multiple of 1/{}",
-            avg, M, avg, t, M);
+      check_param(std::abs(t - std::round(t)) < 1e-6, "PlanRequest.avg_bits",
+                  "{}: {} components × {} = {} is not a whole number of bits; choose an average that is a "
+                  "multiple of 1/{}",
+                  avg, M, avg, t, M);
       total = (int64_t)std::llround(t);
     } else {
       total = (int64_t)std::floor((avg - meta_per_element(quantizer, d, rq.group_size)) * (double)M + 1e-9);
@@ -325,7 +335,8 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
         }
       }
   } else {
-    fail("--method \"{}\": expected uniform, block-gtq, ratequant or ratequant+block-gtq", rq.method);
+    fail_param("PlanRequest.method", "\"{}\": expected uniform, block-gtq, ratequant or ratequant+block-gtq",
+               rq.method);
   }
   p.validate("plan");
   std::string first;
@@ -341,7 +352,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       }
   if (dg.zero_bit_sides > 0)
     spdlog::warn("plan: {} of {} (layer, KV head, side) codecs store 0 bits (first: {}): keys scored 0 / values "
-                 "dropped there; raise the budget or --bmin if that is not intended",
+                 "dropped there; raise the budget or the lowest width if that is not intended",
                  dg.zero_bit_sides, 2 * L * H, first);
   return p;
 }

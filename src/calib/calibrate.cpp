@@ -5,6 +5,7 @@
 
 #include "ratekv/calib/accumulator.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 #include "ratekv/common/log.h"
 
 namespace ratekv::calib {
@@ -12,9 +13,9 @@ namespace ratekv::calib {
 KVStats calibrate(Model& model, std::span<const int32_t> tokens, int64_t ctx) {
   const int64_t N = static_cast<int64_t>(tokens.size());
   check(N >= 1, "calibrate: no calibration tokens");
-  check(ctx >= 1, "calibrate: --ctx {} must be at least 1", ctx);
-  check(ctx <= model.position_limit(), "calibrate: --ctx {} exceeds the model's position limit {}", ctx,
-        model.position_limit());
+  check_param(ctx >= 1, "calibrate.ctx", "{}: expected at least 1", ctx);
+  check_param(ctx <= model.position_limit(), "calibrate.ctx", "{}: exceeds the model's position limit {}", ctx,
+              model.position_limit());
   KVStatsAccumulator acc(model.config());
   ForwardHooks hooks;
   hooks.on_layer = [&](const LayerActivations& a) { acc.add(a); };

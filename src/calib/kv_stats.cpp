@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 #include "ratekv/io/safetensors.h"
 
 namespace ratekv::calib {
@@ -270,7 +271,7 @@ bool is_safetensors_file(const std::string& path) {
 }
 
 CalibStats load_alloc_stats(const std::string& path) {
-  check(std::filesystem::exists(path), "--stats '{}': file not found", path);
+  check_param(std::filesystem::exists(path), "load_alloc_stats.path", "'{}': file not found", path);
   if (is_safetensors_file(path)) {
     CalibStats a = KVStats::load(path).to_alloc_stats();
     a.validate(path);

@@ -2,6 +2,7 @@
 #include "ratekv/calib/sensitivity.h"
 
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 #include "ratekv/common/log.h"
 #include "ratekv/model/backward.h"
 
@@ -9,10 +10,11 @@ namespace ratekv::calib {
 
 GradSensitivity gradient_sensitivity(const Model& model, std::span<const int32_t> tokens, int64_t n_sequences,
                                      int64_t seq_len) {
-  check(n_sequences >= 1, "sensitivity: --sens-seqs {}: expected ≥ 1", n_sequences);
-  check(seq_len >= 2, "sensitivity: --sens-len {}: expected ≥ 2 (the loss needs a next token)", seq_len);
-  check(seq_len <= model.position_limit(), "sensitivity: --sens-len {} exceeds the model's position limit {}",
-        seq_len, model.position_limit());
+  check_param(n_sequences >= 1, "gradient_sensitivity.n_sequences", "{}: expected ≥ 1", n_sequences);
+  check_param(seq_len >= 2, "gradient_sensitivity.seq_len", "{}: expected ≥ 2 (the loss needs a next token)",
+              seq_len);
+  check_param(seq_len <= model.position_limit(), "gradient_sensitivity.seq_len",
+              "{}: exceeds the model's position limit {}", seq_len, model.position_limit());
   check(n_sequences <= static_cast<int64_t>(tokens.size()) / seq_len,
         "sensitivity: {} sequences of {} tokens need {} tokens, the text gave {}", n_sequences, seq_len,
         n_sequences * seq_len, tokens.size());

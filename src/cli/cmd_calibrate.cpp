@@ -6,6 +6,7 @@
 #include <span>
 
 #include "cli/command.h"
+#include "cli/flag_names.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/calib/calibrate.h"
@@ -97,6 +98,16 @@ void run(const CalibrateArgs& a) {
                s.model.n_kv_heads);
 }
 
+// The library parameters these flags set (errors name the flag).
+const FlagNames kCalibrateFlags = {
+    {"calibrate.ctx", "--ctx"},
+    {"gradient_sensitivity.n_sequences", "--sens-seqs"},
+    {"gradient_sensitivity.seq_len", "--sens-len"},
+    {"CurveMeasureOptions.quantizers", "--curves"},
+    {"CurveMeasureOptions.bits", "--curve-bits"},
+    {"CurveMeasureOptions.ctx", "--ctx"},
+};
+
 const Registrar reg("calibrate", [](CLI::App& app) {
   auto a = std::make_shared<CalibrateArgs>();
   auto* c = app.add_subcommand("calibrate",
@@ -126,7 +137,7 @@ const Registrar reg("calibrate", [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--curves-json", a->curves_json, "also write the measured MSE and the fits as JSON");
   c->add_flag("--force", a->force, "overwrite the output file");
-  c->callback([a] { run(*a); });
+  c->callback([a] { with_flag_names(kCalibrateFlags, [&] { run(*a); }); });
 });
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "cli/command.h"
+#include "cli/flag_names.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/common/error.h"
@@ -89,6 +90,14 @@ void run(const EvalArgs& a) {
   }
 }
 
+// The library parameters these flags set (errors name the flag).
+const FlagNames kEvalFlags = {
+    {"EvalOptions.ctx", "--ctx"},
+    {"EvalOptions.n_seeds", "--seeds"},
+    {"EvalOptions.query_stride", "--query-stride"},
+    {"baseline_plan.name", "--baseline"},
+};
+
 const Registrar reg("eval", [](CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   auto* c = app.add_subcommand(
@@ -111,7 +120,7 @@ const Registrar reg("eval", [](CLI::App& app) {
   c->add_option("--json", a->json_out, "write the report as JSON");
   c->add_option("--plot", a->plot_out, "write a per-layer MAE plot (PNG; needs --json and matplotlib)");
   c->add_flag("--force", a->force, "overwrite output files");
-  c->callback([a] { run(*a); });
+  c->callback([a] { with_flag_names(kEvalFlags, [&] { run(*a); }); });
 });
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <span>
 
 #include "cli/command.h"
+#include "cli/flag_names.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/alloc/make_plan.h"
@@ -279,6 +280,13 @@ void run(const PanelArgs& a) {
   }
 }
 
+// The library parameters these flags set (errors name the flag).
+const FlagNames kPanelFlags = {
+    {"calibrate.ctx", "--ctx"},         {"EvalOptions.ctx", "--ctx"},
+    {"EvalOptions.n_seeds", "--seeds"}, {"PlanRequest.k_bits", "--bits"},
+    {"PlanRequest.v_bits", "--bits"},   {"baseline_plan.name", "--baseline"},
+};
+
 const Registrar reg("panel", [](CLI::App& app) {
   auto a = std::make_shared<PanelArgs>();
   auto* c = app.add_subcommand(
@@ -299,7 +307,7 @@ const Registrar reg("panel", [](CLI::App& app) {
   c->add_flag("--reuse", a->reuse, "reuse a model's report.json already in its subfolder (resume a panel)");
   c->add_flag("--force", a->force, "overwrite panel.json / panel.md");
   c->add_flag("--plot", a->plot, "draw panel.png with tools/plot_panel.py (matplotlib)");
-  c->callback([a] { run(*a); });
+  c->callback([a] { with_flag_names(kPanelFlags, [&] { run(*a); }); });
 });
 
 }  // namespace

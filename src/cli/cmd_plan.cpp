@@ -5,6 +5,7 @@
 #include <set>
 
 #include "cli/command.h"
+#include "cli/flag_names.h"
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/log.h"
@@ -204,6 +205,22 @@ void run(PlanArgs& a) {
   std::printf("wrote %s\n", a.out.c_str());
 }
 
+// The library parameters these flags set (errors name the flag).
+const FlagNames kPlanFlags = {
+    {"PlanRequest.method", "--method"},           {"PlanRequest.k_bits", "--kbits"},
+    {"PlanRequest.v_bits", "--vbits"},            {"PlanRequest.avg_bits", "--bits"},
+    {"PlanRequest.budget_unit", "--budget-unit"}, {"PlanRequest.b_min", "--bmin"},
+    {"PlanRequest.b_max", "--bmax"},              {"PlanRequest.quantizer", "--quantizer"},
+    {"PlanRequest.v_quantizer", "--vquantizer"},  {"PlanRequest.curves_from", "--curves-from"},
+    {"PlanRequest.sensitivity", "--sensitivity"}, {"PlanRequest.group_size", "--group-size"},
+    {"PlanRequest.fp16_window", "--fp16-window"}, {"PlanRequest.sink_tokens", "--sink-tokens"},
+    {"load_alloc_stats.path", "--stats"},         {"capture_for_fit.ctx", "--ctx"},
+    {"FitOptions.method", "--method"},            {"FitOptions.values", "--vquantizer"},
+    {"FitOptions.group", "--group"},              {"FitOptions.centroids", "--centroids"},
+    {"FitOptions.kmeans_iters", "--kmeans-iters"}, {"FitOptions.value_group", "--vgroup"},
+    {"FitOptions.value_centroids", "--vcentroids"},
+};
+
 const Registrar reg("plan", [](CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   auto* c = app.add_subcommand(
@@ -274,7 +291,7 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_flag("--force", a->force, "overwrite the output file");
   c->add_flag("--json", a->json, "print the achieved bits and the allocator diagnostics as JSON on stdout");
   c->add_flag("-q,--quiet", a->quiet, "print nothing on success");
-  c->callback([a] { run(*a); });
+  c->callback([a] { with_flag_names(kPlanFlags, [&] { run(*a); }); });
 });
 
 }  // namespace

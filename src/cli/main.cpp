@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "cli/command.h"
+#include "cli/flag_names.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/log.h"
 
@@ -66,7 +67,9 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str()
-      ->each([](const std::string& s) { ratekv::set_log_level(s); });
+      ->each([](const std::string& s) {
+        ratekv::cli::with_flag_names({{"set_log_level.level", "--log-level"}}, [&] { ratekv::set_log_level(s); });
+      });
   app.set_version_flag("--version", "ratekv 0.1.0");
   auto& reg = ratekv::cli::command_registry();
   std::sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.name < b.name; });

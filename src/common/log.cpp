@@ -5,13 +5,14 @@
 #include <unistd.h>
 
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 
 namespace ratekv {
 
 void set_log_level(const std::string& level) {
   const auto lvl = spdlog::level::from_str(level);
   if (lvl == spdlog::level::off && level != "off") {
-    fail("--log-level: unknown level '{}' (expected trace, debug, info, warn, error, off)", level);
+    fail_param("set_log_level.level", "'{}': unknown level (expected trace, debug, info, warn, error, off)", level);
   }
   spdlog::set_level(lvl);
 }

@@ -4,6 +4,7 @@
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 
 namespace ratekv::eval {
 
@@ -15,7 +16,7 @@ Plan baseline_plan(const std::string& name, const ModelConfig& cfg) {
   if (name == "fp16") {
     c = Codec::fp16();
   } else if (name == "q8_0" || name == "q4_0" || name == "kivi2" || name == "kivi4") {
-    check(d % 32 == 0, "--baseline {}: head_dim {} is not a multiple of 32", name, d);
+    check_param(d % 32 == 0, "baseline_plan.name", "{}: head_dim {} is not a multiple of 32", name, d);
     CodecGroup g;
     for (int i = 0; i < d; ++i) g.channels.push_back(i);
     if (name == "q8_0" || name == "q4_0") {
@@ -32,7 +33,7 @@ Plan baseline_plan(const std::string& name, const ModelConfig& cfg) {
   } else {
     std::string known;
     for (const auto& n : baseline_names()) known += (known.empty() ? "" : ", ") + n;
-    fail("--baseline '{}': unknown baseline (expected one of {})", name, known);
+    fail_param("baseline_plan.name", "'{}': unknown baseline (expected one of {})", name, known);
   }
   Plan p;
   p.method = "baseline:" + name;

@@ -11,6 +11,7 @@
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 #include "ratekv/common/log.h"
 
 namespace ratekv::eval {
@@ -41,23 +42,24 @@ std::map<std::string, calib::QuantizerCurves> measure_distortion_curves(Model& m
                                                                         const CurveMeasureOptions& opt) {
   const ModelConfig& cfg = model.config();
   check(!tokens.empty(), "distortion curves: no calibration tokens");
-  check(opt.ctx >= 1 && opt.ctx <= model.position_limit(), "distortion curves: ctx {} outside 1..{}", opt.ctx,
-        model.position_limit());
-  check(!opt.quantizers.empty(), "--curves: no quantizers given");
+  check_param(opt.ctx >= 1 && opt.ctx <= model.position_limit(), "CurveMeasureOptions.ctx", "{}: outside 1..{}",
+              opt.ctx, model.position_limit());
+  check_param(!opt.quantizers.empty(), "CurveMeasureOptions.quantizers", ": none given");
   {
     std::set<std::string> seen;
     for (const auto& q : opt.quantizers) {
-      check(q == "kivi" || q == "quarot" || q == "tq-mse" || q == "block-gtq",
-            "--curves \"{}\": expected kivi, quarot, tq-mse or block-gtq", q);
-      check(seen.insert(q).second, "--curves: \"{}\" given twice", q);
+      check_param(q == "kivi" || q == "quarot" || q == "tq-mse" || q == "block-gtq", "CurveMeasureOptions.quantizers",
+                  "\"{}\": expected kivi, quarot, tq-mse or block-gtq", q);
+      check_param(seen.insert(q).second, "CurveMeasureOptions.quantizers", ": \"{}\" given twice", q);
     }
   }
   std::vector<int> bits = opt.bits;
   std::sort(bits.begin(), bits.end());
-  check(std::unique(bits.begin(), bits.end()) == bits.end(), "--curve-bits: widths must be distinct");
-  check(bits.size() >= 2, "--curve-bits: need at least two widths, got {}", bits.size());
-  check(bits.front() >= 1 && bits.back() <= 8, "--curve-bits: widths must be in 1..8 (got {}..{})", bits.front(),
-        bits.back());
+  check_param(std::unique(bits.begin(), bits.end()) == bits.end(), "CurveMeasureOptions.bits",
+              ": widths must be distinct");
+  check_param(bits.size() >= 2, "CurveMeasureOptions.bits", ": need at least two widths, got {}", bits.size());
+  check_param(bits.front() >= 1 && bits.back() <= 8, "CurveMeasureOptions.bits",
+              ": widths must be in 1..8 (got {}..{})", bits.front(), bits.back());
   check(st.model.n_layers == cfg.n_layers && st.model.n_kv_heads == cfg.n_kv_heads &&
             st.model.head_dim == cfg.head_dim,
         "distortion curves: statistics are for {} layers × {} KV heads × head_dim {}, the model has {} × {} × {}",

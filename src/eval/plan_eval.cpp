@@ -11,6 +11,7 @@
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 #include "ratekv/eval/logit_error.h"
 #include "ratekv/model/perplexity.h"
 #include "ratekv/common/log.h"
@@ -64,17 +65,18 @@ json layer_stat_json(const std::vector<std::vector<double>>& per_seed) {
 json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::vector<PlanEntry>& plans,
                     const EvalOptions& opt) {
   const ModelConfig& cfg = model.config();
-  check(opt.ctx >= 4, "eval: --ctx {} must be at least 4", opt.ctx);
-  check(opt.n_seeds >= 1 && opt.n_seeds <= 1000, "eval: --seeds {}: expected 1..1000", opt.n_seeds);
-  check(opt.query_stride >= 1, "eval: query stride {} must be ≥ 1", opt.query_stride);
+  check_param(opt.ctx >= 4, "EvalOptions.ctx", "{}: expected at least 4", opt.ctx);
+  check_param(opt.n_seeds >= 1 && opt.n_seeds <= 1000, "EvalOptions.n_seeds", "{}: expected 1..1000", opt.n_seeds);
+  check_param(opt.query_stride >= 1, "EvalOptions.query_stride", "{}: expected ≥ 1", opt.query_stride);
   // A stride ≥ ctx keeps only query 0 of each window, which attends to one key: its KL is 0 by construction.
-  check(opt.query_stride < opt.ctx, "eval: --query-stride {} must be below --ctx {} (it would keep only query 0 of "
-        "each window, whose attention KL is 0 by construction)", opt.query_stride, opt.ctx);
+  check_param(opt.query_stride < opt.ctx, "EvalOptions.query_stride",
+              "{}: must be below the window length {} (it would keep only query 0 of each window, whose "
+              "attention KL is 0 by construction)", opt.query_stride, opt.ctx);
   const int64_t n_chunks = static_cast<int64_t>(tokens.size()) / opt.ctx;
-  check(n_chunks >= 1, "eval: {} tokens do not fill one window of --ctx {}", tokens.size(), opt.ctx);
-  check(!opt.perplexity || n_chunks >= 2,
-        "eval: perplexity needs at least 2 windows (2·--ctx = {} tokens, llama-perplexity's rule); got {} tokens",
-        2 * opt.ctx, tokens.size());
+  check_param(n_chunks >= 1, "EvalOptions.ctx", "{}: {} tokens do not fill one window", opt.ctx, tokens.size());
+  check_param(!opt.perplexity || n_chunks >= 2, "EvalOptions.ctx",
+              "{}: perplexity needs at least 2 windows ({} tokens, llama-perplexity's rule); got {} tokens", opt.ctx,
+              2 * opt.ctx, tokens.size());
   {
     std::set<std::string> names;
     for (const auto& p : plans) check(names.insert(p.name).second, "eval: two plans are named '{}'", p.name);

@@ -131,7 +131,7 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
   check(pos0 >= 0, "forward: pos0 = {} must be non-negative", pos0);
   check(pos0 + n <= pos_limit_,
         "forward: positions {}..{} exceed the model's limit {} (context_length {}; raise it explicitly with "
-        "set_position_limit / --ctx-override to extrapolate RoPE)",
+        "Model::set_position_limit to extrapolate RoPE)",
         pos0, pos0 + n - 1, pos_limit_, c.n_ctx_train);
   const KVCacheShape& cs = cache.shape();
   check(cs.n_layers == c.n_layers && cs.n_heads == c.n_heads && cs.n_kv_heads == c.n_kv_heads &&

@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 #include "ratekv/common/fp16.h"
 #include "ratekv/common/log.h"
 #include "ratekv/model/backward.h"
@@ -23,7 +24,8 @@ FitCaptures capture_for_fit(Model& model, std::span<const int32_t> tokens, int64
   const ModelConfig& cfg = model.config();
   const int64_t N = static_cast<int64_t>(tokens.size());
   check(N >= 1, "tasq fit: no calibration tokens");
-  check(ctx >= 1 && ctx <= model.position_limit(), "tasq fit: --ctx {}: expected 1..{}", ctx, model.position_limit());
+  check_param(ctx >= 1 && ctx <= model.position_limit(), "capture_for_fit.ctx", "{}: expected 1..{}", ctx,
+              model.position_limit());
   FitCaptures cap;
   cap.cfg = cfg;
   cap.n_tokens = N;
@@ -91,8 +93,8 @@ FitCaptures capture_for_fit(Model& model, std::span<const int32_t> tokens, int64
 
 namespace {
 
-int log2_exact(int k, const char* flag) {
-  check(k >= 2 && k <= 65536 && (k & (k - 1)) == 0, "{} {}: expected a power of two in 2..65536", flag, k);
+int log2_exact(int k, const char* param) {
+  check_param(k >= 2 && k <= 65536 && (k & (k - 1)) == 0, param, "{}: expected a power of two in 2..65536", k);
   int b = 0;
   while ((1 << b) < k) ++b;
   return b;
@@ -113,7 +115,8 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
                  const std::vector<double>* weights /* (H, d) normalized or null */, bool normalization,
                  const std::string& grouping /* "matching" | "pairs" | "channels" */, int g, int K,
                  const FitOptions& opt, VqTensors& out) {
-  const int H = cfg.n_kv_heads, d = cfg.head_dim, bits = log2_exact(K, "--centroids");
+  const int H = cfg.n_kv_heads, d = cfg.head_dim,
+            bits = log2_exact(K, side == 0 ? "FitOptions.centroids" : "FitOptions.value_centroids");
   const int64_t row = static_cast<int64_t>(H) * d;
   // Channel scales a = sqrt(w).
   std::vector<float> a(row, 1.0f);
@@ -230,23 +233,25 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
 
 void validate_fit_options(const ModelConfig& cfg, int64_t n_tokens, const FitOptions& opt) {
   const int d = cfg.head_dim;
-  check(opt.method == "tasq" || opt.method == "cq", "--method {}: expected tasq or cq", opt.method);
-  check(opt.values == "cq" || opt.values == "fp16", "--vquantizer {}: expected cq or fp16", opt.values);
-  check(opt.group >= 1 && d % opt.group == 0, "--group {}: expected a divisor of head_dim {}", opt.group, d);
+  check_param(opt.method == "tasq" || opt.method == "cq", "FitOptions.method", "{}: expected tasq or cq", opt.method);
+  check_param(opt.values == "cq" || opt.values == "fp16", "FitOptions.values", "{}: expected cq or fp16", opt.values);
+  check_param(opt.group >= 1 && d % opt.group == 0, "FitOptions.group", "{}: expected a divisor of head_dim {}",
+              opt.group, d);
   if (opt.method == "tasq")
-    check(opt.group >= 2 && (opt.group & (opt.group - 1)) == 0,
-          "--group {}: TaSQ groups whole RoPE pairs by matching: expected 2, 4, 8, … dividing head_dim {}", opt.group,
-          d);
-  log2_exact(opt.centroids, "--centroids");
-  check(n_tokens >= opt.centroids, "tasq fit: {} calibration tokens for {} centroids per codebook", n_tokens,
-        opt.centroids);
-  check(opt.kmeans_iters >= 1 && opt.kmeans_iters <= 1000, "--kmeans-iters {}: expected 1..1000", opt.kmeans_iters);
+    check_param(opt.group >= 2 && (opt.group & (opt.group - 1)) == 0, "FitOptions.group",
+                "{}: TaSQ groups whole RoPE pairs by matching: expected 2, 4, 8, … dividing head_dim {}", opt.group,
+                d);
+  log2_exact(opt.centroids, "FitOptions.centroids");
+  check_param(n_tokens >= opt.centroids, "FitOptions.centroids",
+              "{}: more centroids per codebook than the {} calibration tokens", opt.centroids, n_tokens);
+  check_param(opt.kmeans_iters >= 1 && opt.kmeans_iters <= 1000, "FitOptions.kmeans_iters", "{}: expected 1..1000",
+              opt.kmeans_iters);
   if (opt.values == "cq") {
-    check(opt.value_group >= 1 && d % opt.value_group == 0, "--vgroup {}: expected a divisor of head_dim {}",
-          opt.value_group, d);
-    log2_exact(opt.value_centroids, "--vcentroids");
-    check(n_tokens >= opt.value_centroids, "tasq fit: {} calibration tokens for {} value centroids", n_tokens,
-          opt.value_centroids);
+    check_param(opt.value_group >= 1 && d % opt.value_group == 0, "FitOptions.value_group",
+                "{}: expected a divisor of head_dim {}", opt.value_group, d);
+    log2_exact(opt.value_centroids, "FitOptions.value_centroids");
+    check_param(n_tokens >= opt.value_centroids, "FitOptions.value_centroids",
+                "{}: more centroids per codebook than the {} calibration tokens", opt.value_centroids, n_tokens);
   }
 }
 
@@ -255,7 +260,8 @@ FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
   const int L = cfg.n_layers, H = cfg.n_kv_heads, d = cfg.head_dim;
   validate_fit_options(cfg, cap.n_tokens, opt);
   if (opt.values == "cq")
-    check(!cap.v.empty() && !cap.v[0].empty(), "tasq fit: values were not captured (needed for --vquantizer cq)");
+    check_param(!cap.v.empty() && !cap.v[0].empty(), "FitOptions.values",
+                "cq: needs the values in the captures (capture_for_fit with keep_values)");
   const bool tasq = opt.method == "tasq";
   if (opt.fisher)
     check(cap.k_grad_sq.size() == static_cast<size_t>(L) && !cap.k_grad_sq[0].empty(),

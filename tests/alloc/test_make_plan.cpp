@@ -9,6 +9,7 @@
 #include "ratekv/alloc/block_gtq.h"
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 
 using namespace ratekv;
 using namespace ratekv::alloc;
@@ -59,6 +60,18 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// The library parameter a ParamError names (the CLI maps it to its flag).
+std::string param_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ParamError& e) {
+    return e.param();
+  } catch (const Error& e) {
+    return std::string("(not a ParamError: ") + e.what() + ")";
+  }
+  return "(no error)";
+}
+
 }  // namespace
 
 TEST(MakePlan, UniformCodeAndEffectiveBudgets) {
@@ -80,34 +93,41 @@ TEST(MakePlan, UniformCodeAndEffectiveBudgets) {
   EXPECT_DOUBLE_EQ(p.achieved().v_code, 3.0);
   rq.k_bits = 1.5;
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
-            "--kbits 1.5 (effective bits per element): gives 0 code bits per element, outside 1..8 for tq-mse at "
-            "head_dim 16 (metadata 1 bits per element)");
+            "PlanRequest.k_bits 1.5 (effective bits per element): gives 0 code bits per element, outside 1..8 for "
+            "tq-mse at head_dim 16 (metadata 1 bits per element)");
   rq.budget_unit = "code";
   rq.k_bits = 2.5;
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
-            "--kbits 2.5: with --budget-unit code a uniform codec needs a whole number of bits");
+            "PlanRequest.k_bits 2.5: with budget unit \"code\" a uniform codec needs a whole number of bits");
 }
 
 TEST(MakePlan, RejectsNonFiniteOrOutOfRangeBudgets) {
   // Regression: `ratekv plan --method uniform --kbits nan` used to cast NaN to int ("gives -2147483648 code bits"),
-  // and block-gtq errors for --kbits 99 did not name the flag.
+  // and block-gtq errors for --kbits 99 did not name the flag. The library names its parameter (ParamError), the
+  // CLI maps it to the flag (tests/cli/test_cli_flags.cpp).
   const CalibStats st = synthetic_stats();
   for (const char* method : {"uniform", "block-gtq", "ratequant"}) {
     PlanRequest rq;
     rq.method = method;
     rq.k_bits = std::nan("");
-    EXPECT_EQ(error_of([&] { make_plan(st, rq); }), "--kbits nan: expected a finite number of bits per element in 0..64")
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+              "PlanRequest.k_bits nan: expected a finite number of bits per element in 0..64")
         << method;
+    EXPECT_EQ(param_of([&] { make_plan(st, rq); }), "PlanRequest.k_bits") << method;
     rq.k_bits = 3;
     rq.v_bits = 99;
-    EXPECT_EQ(error_of([&] { make_plan(st, rq); }), "--vbits 99: expected a finite number of bits per element in 0..64")
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+              "PlanRequest.v_bits 99: expected a finite number of bits per element in 0..64")
         << method;
     rq.v_bits = -1;
-    EXPECT_EQ(error_of([&] { make_plan(st, rq); }), "--vbits -1: expected a finite number of bits per element in 0..64")
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+              "PlanRequest.v_bits -1: expected a finite number of bits per element in 0..64")
         << method;
+    EXPECT_EQ(param_of([&] { make_plan(st, rq); }), "PlanRequest.v_bits") << method;
     rq.v_bits = 3;
     rq.avg_bits = std::numeric_limits<double>::infinity();
-    EXPECT_EQ(error_of([&] { make_plan(st, rq); }), "--bits inf: expected a finite number of bits per element in 0..64")
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+              "PlanRequest.avg_bits inf: expected a finite number of bits per element in 0..64")
         << method;
   }
 }
@@ -131,7 +151,7 @@ TEST(MakePlan, LlamaCppAndFp16Baselines) {
   EXPECT_DOUBLE_EQ(p.achieved().v, 4.5);
   rq.v_bits = 4.4;
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
-            "--vbits 4.4 (effective bits per element): q4_0 stores at least 4.5 bits per element");
+            "PlanRequest.v_bits 4.4 (effective bits per element): q4_0 stores at least 4.5 bits per element");
   rq.budget_unit = "code";
   rq.k_bits = 8;
   rq.v_bits = 4;
@@ -148,7 +168,7 @@ TEST(MakePlan, LlamaCppAndFp16Baselines) {
   EXPECT_DOUBLE_EQ(p.achieved().k, 3.0);  // 2 + fp16 scale and zero per 32
   rq.quantizer = "q5_1";
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
-            "--quantizer \"q5_1\": expected tq-mse, kivi, quarot, q8_0, q4_0 or fp16");
+            "PlanRequest.quantizer \"q5_1\": expected tq-mse, kivi, quarot, q8_0, q4_0 or fp16");
 }
 
 TEST(MakePlan, BlockGtqMatchesTheAllocatorAndBeatsUniform) {
@@ -189,8 +209,9 @@ TEST(MakePlan, BlockGtqMatchesTheAllocatorAndBeatsUniform) {
   // Infeasible: b_min = 2 everywhere needs 2·16 + 16 = 48 bits = 3 bits/element.
   rq.b_min = 2;
   rq.k_bits = 2.9;
-  EXPECT_NE(error_of([&] { make_plan(st, rq); }).find("--kbits 2.9 (effective): block-gtq: budget of 46 bits"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { make_plan(st, rq); }).find("PlanRequest.k_bits 2.9 (effective): block-gtq: budget of 46 bits"),
+      std::string::npos);
 }
 
 TEST(MakePlan, RateQuantSpendsTheExactBudget) {
@@ -235,7 +256,7 @@ TEST(MakePlan, RateQuantSpendsTheExactBudget) {
   rq.curves_from.clear();
   rq.sensitivity = "fisher";
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
-            "--sensitivity \"fisher\": not in the statistics file (it has: activation, grad)");
+            "PlanRequest.sensitivity \"fisher\": not in the statistics file (it has: activation, grad)");
   rq.sensitivity = "grad";
   rq.avg_bits = 2.45;
   EXPECT_NE(error_of([&] { make_plan(st, rq); }).find("is not a whole number of bits"), std::string::npos);

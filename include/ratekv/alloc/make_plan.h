@@ -79,9 +79,11 @@ struct PlanDiagnostics {
   nlohmann::json to_json() const;
 };
 
-/// Builds and validates a plan. Throws ratekv::Error for unknown methods or
-/// quantizers, missing sensitivities/curves in the stats (naming what is
-/// there), budgets outside the bounds, and a non-integral code budget.
+/// Builds and validates a plan. Throws ParamError naming the PlanRequest
+/// field ("PlanRequest.k_bits", …) for unknown methods or quantizers, a
+/// sensitivity estimator the stats lack (naming what is there), budgets
+/// outside the bounds and a non-integral code budget; Error for distortion
+/// curves the stats lack.
 Plan make_plan(const CalibStats& stats, const PlanRequest& req, PlanDiagnostics* diag = nullptr);
 
 /// A readable per-layer table: K and V bit histograms ("4:10 3:12 0:10" =

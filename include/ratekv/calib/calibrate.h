@@ -15,8 +15,8 @@ namespace ratekv::calib {
 /// collecting every statistic of kv_stats.h through ForwardHooks. No logits
 /// are computed. Progress ("calibrate: tokens") on stderr. The returned stats
 /// carry the model's shape identity, N and ctx; the caller fills file names
-/// and hashes. Throws Error for empty tokens, ctx < 1 or ctx beyond the
-/// model's position limit.
+/// and hashes. Throws Error for empty tokens, ParamError "calibrate.ctx" for
+/// ctx < 1 or ctx beyond the model's position limit.
 KVStats calibrate(Model& model, std::span<const int32_t> tokens, int64_t ctx);
 
 }  // namespace ratekv::calib

@@ -97,7 +97,8 @@ bool is_safetensors_file(const std::string& path);
 
 /// Loads allocator statistics from either format: a safetensors file written
 /// by `ratekv calibrate` (converted with to_alloc_stats) or the JSON form of
-/// format/calib_stats.h. Throws Error naming the file.
+/// format/calib_stats.h. Throws Error naming the file (ParamError
+/// "load_alloc_stats.path" when it does not exist).
 CalibStats load_alloc_stats(const std::string& path);
 
 }  // namespace ratekv::calib

@@ -30,10 +30,10 @@ struct GradSensitivity {
 /// Runs the backward pass (float) over sequences s = 0 .. n_sequences−1,
 /// sequence s being tokens[s·seq_len, (s+1)·seq_len), and averages the squared
 /// gradients. Progress ("calibrate: sensitivity") on stderr. Deterministic for
-/// fixed tokens (OpenBLAS / OpenMP thread count fixed). Throws Error for
-/// n_sequences < 1, seq_len < 2, seq_len beyond the model's position limit,
-/// fewer than n_sequences·seq_len tokens, or an architecture other than
-/// "llama".
+/// fixed tokens (OpenBLAS / OpenMP thread count fixed). Throws ParamError
+/// ("gradient_sensitivity.n_sequences" / ".seq_len") for n_sequences < 1,
+/// seq_len < 2 or beyond the model's position limit; Error for fewer than
+/// n_sequences·seq_len tokens or an architecture other than "llama".
 GradSensitivity gradient_sensitivity(const Model& model, std::span<const int32_t> tokens, int64_t n_sequences,
                                      int64_t seq_len);
 

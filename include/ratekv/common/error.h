@@ -1,9 +1,9 @@
 // ratekv/common/error.h — the one exception type the library throws.
 //
-// Every user-facing failure (bad file, bad flag, impossible budget, plan that
-// does not match the model, NaN activations) is reported as ratekv::Error with
-// a message that names the file / field / flag and what was expected. The CLI
-// catches it, prints "error: <message>" and exits with status 1.
+// Every user-facing failure (bad file, bad parameter, impossible budget, plan
+// not matching the model, NaN activations) is ratekv::Error naming the file /
+// field / library parameter (ParamError, ratekv/common/param_error.h) and what
+// was expected. The CLI prints "error: <message>" and exits with status 1.
 #pragma once
 
 #include <fmt/format.h>

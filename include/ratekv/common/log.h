@@ -13,8 +13,8 @@
 
 namespace ratekv {
 
-/// Sets the global log level from a name ("trace".."off"); throws Error on an
-/// unknown name.
+/// Sets the global log level from a name ("trace".."off"); throws ParamError
+/// "set_log_level.level" on an unknown name.
 void set_log_level(const std::string& level);
 
 /// A progress counter for loops over `total` units (tokens, sequences, layers).

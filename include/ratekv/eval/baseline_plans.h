@@ -20,9 +20,9 @@ std::vector<std::string> baseline_names();
 ///   kivi2, kivi4    KIVI 2 / 4 bits, groups of 32 (keys: 32 tokens per
 ///                   channel, values: 32 channels per token; fp16 scale and
 ///                   zero per group, +1 bit per element → 3.0 / 5.0)
-/// method "baseline:<name>", plan seed 0, no window, no sink. Throws Error
-/// for an unknown name (listing the known ones) or a head_dim that is not a
-/// multiple of 32 for q8_0 / q4_0 / kivi.
+/// method "baseline:<name>", plan seed 0, no window, no sink. Throws
+/// ParamError "baseline_plan.name" for an unknown name (listing the known
+/// ones) or a head_dim that is not a multiple of 32 for q8_0 / q4_0 / kivi.
 Plan baseline_plan(const std::string& name, const ModelConfig& cfg);
 
 /// KV cache type names as llama.cpp's -ctk / -ctv take them, plus ratekv's

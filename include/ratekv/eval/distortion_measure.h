@@ -39,8 +39,9 @@ struct CurveMeasureOptions {
 /// mse = Σ / (N·head_dim) and the fitted curves per quantizer. `stats` gives
 /// the model identity and the Block-GTQ block energies. Work per layer is
 /// spread over OpenMP threads; the result does not depend on their number.
-/// Throws Error for unknown quantizers, widths outside 1..8, fewer than two
-/// distinct widths, empty tokens, stats that do not match the model, or a
+/// Throws ParamError naming the CurveMeasureOptions field for unknown or
+/// repeated quantizers, widths outside 1..8, fewer than two distinct widths or
+/// a bad ctx; Error for empty tokens, stats that do not match the model, or a
 /// zero measured distortion (a component with all-zero K or V cannot be fitted).
 std::map<std::string, calib::QuantizerCurves> measure_distortion_curves(Model& model, std::span<const int32_t> tokens,
                                                                         const CalibStats& stats,

@@ -50,8 +50,9 @@ struct EvalOptions {
 };
 
 /// Runs the evaluation and returns the report. Throws Error for duplicate
-/// names, plans that do not match the model, too few tokens for one window,
-/// or bad options.
+/// names or plans that do not match the model; ParamError naming the
+/// EvalOptions field ("EvalOptions.ctx", …) for bad options or too few tokens
+/// for one window (two with perplexity).
 nlohmann::json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::vector<PlanEntry>& plans,
                               const EvalOptions& opt);
 

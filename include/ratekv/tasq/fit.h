@@ -55,8 +55,8 @@ struct FitCaptures {
 /// with progress on stderr; with `fisher` a backward pass per window instead
 /// (model "llama" only) whose forward pass feeds the captures (through
 /// ModelBackward::backward's hooks: keys equal Model::forward's up to float
-/// summation order, ≤ 1e-4) and whose reverse pass gives k_grad_sq. Throws Error for empty tokens
-/// or ctx < 1 or past the model's position limit.
+/// summation order, ≤ 1e-4) and whose reverse pass gives k_grad_sq. Throws Error for empty tokens,
+/// ParamError "capture_for_fit.ctx" for ctx < 1 or past the model's position limit.
 FitCaptures capture_for_fit(Model& model, std::span<const int32_t> tokens, int64_t ctx, bool keep_values,
                             bool fisher = false);
 
@@ -89,13 +89,12 @@ struct FitResult {
 /// the (long) capture: group size not dividing head_dim, tasq group not
 /// 2·2^k, centroids not a power of two in 2..65536 or more than n_tokens,
 /// k-means iterations outside 1..1000, bad value group/centroids. Throws
-/// Error naming the flag.
+/// ParamError naming the FitOptions field ("FitOptions.group", …).
 void validate_fit_options(const ModelConfig& cfg, int64_t n_tokens, const FitOptions& opt);
 
-/// Fits a plan (see the file comment). Throws Error for bad options (group
-/// size not dividing head_dim, tasq group not 2·2^k, centroids not a power
-/// of two in 2..65536, fewer tokens than centroids, values "cq" without
-/// captured values).
+/// Fits a plan (see the file comment). Throws ParamError naming the FitOptions
+/// field for bad options (those of validate_fit_options, and values "cq"
+/// without captured values) and Error when Fisher weighting lacks gradients.
 FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt);
 
 }  // namespace ratekv::tasq

@@ -1,0 +1,100 @@
+// The library names its parameters (ratekv::ParamError: "PlanRequest.k_bits"),
+// the CLI names its flags: with_flag_names (cli/flag_names.h) maps one to the
+// other, and an error the library raises for a flag's value still reaches the
+// user naming the flag ("--kbits 70: ..."), with the library's detail. No
+// model is needed: `ratekv plan` reads a JSON statistics file written here.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "../support/temp_dir.h"
+#include "cli/flag_names.h"
+#include "cli_runner.h"
+#include "ratekv/common/param_error.h"
+
+using ratekv_test::cli_path;
+using ratekv_test::run_cli;
+using ratekv_test::shell_quote;
+using ratekv_test::TempDir;
+
+namespace {
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ratekv::ParamError& e) {
+    return std::string("ParamError[") + e.param() + "] " + e.what();
+  } catch (const ratekv::Error& e) {
+    return std::string("Error ") + e.what();
+  }
+  return "(no error)";
+}
+
+TEST(FlagNames, ListedParametersBecomeFlags) {
+  using ratekv::cli::with_flag_names;
+  const ratekv::cli::FlagNames names = {{"PlanRequest.k_bits", "--kbits"}, {"CurveMeasureOptions.bits", "--curve-bits"}};
+  EXPECT_EQ(message_of([&] {
+              with_flag_names(names, [] { ratekv::fail_param("PlanRequest.k_bits", "{}: expected 0..64", 70); });
+            }),
+            "Error --kbits 70: expected 0..64");
+  // A detail that starts with ':' joins without a space, in the library and in the CLI.
+  EXPECT_EQ(message_of([] { ratekv::fail_param("CurveMeasureOptions.bits", ": need two widths"); }),
+            "ParamError[CurveMeasureOptions.bits] CurveMeasureOptions.bits: need two widths");
+  EXPECT_EQ(message_of([&] {
+              with_flag_names(names, [] { ratekv::fail_param("CurveMeasureOptions.bits", ": need two widths"); });
+            }),
+            "Error --curve-bits: need two widths");
+  // Not listed: the library's name stays; other errors pass unchanged; no error, no exception.
+  EXPECT_EQ(message_of([&] {
+              with_flag_names(names, [] { ratekv::fail_param("PlanRequest.v_bits", "{}: expected 0..64", -1); });
+            }),
+            "ParamError[PlanRequest.v_bits] PlanRequest.v_bits -1: expected 0..64");
+  EXPECT_EQ(message_of([&] { with_flag_names(names, [] { ratekv::fail("plan.json: bad"); }); }),
+            "Error plan.json: bad");
+  EXPECT_EQ(message_of([&] { with_flag_names(names, [] {}); }), "(no error)");
+}
+
+class CliFlagNames : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+    // One layer, one KV head, head_dim 4: two RoPE blocks.
+    std::ofstream(dir_ / "stats.json") << R"({"format": "ratekv-calib-stats", "version": 1,
+      "model": {"arch": "llama", "n_layers": 1, "n_kv_heads": 1, "head_dim": 4, "rope_layout": "interleaved"},
+      "q_block_energy": [[[4.0, 1.0]]], "k_block_energy": [[[2.0, 0.5]]],
+      "sensitivity": {"grad": {"k": [[2.0]], "v": [[1.0]]}},
+      "curves": {"tq-mse": {"beta_k": 3.5, "beta_v": 3.5, "alpha_k": [[1.0]], "alpha_v": [[1.0]]}}})";
+  }
+  // `ratekv plan` with these arguments must fail with exit 1 and exactly this error line.
+  void expect_error(const std::string& args, const std::string& error) {
+    const auto r = run_cli(args + " --stats " + shell_quote((dir_ / "stats.json").string()) + " -o " +
+                           shell_quote((dir_ / "p.json").string()));
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("error: " + error + "\n"), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("PlanRequest."), std::string::npos) << "library name leaked: " << r.output;
+    EXPECT_FALSE(fs::exists(dir_ / "p.json")) << args;
+  }
+  TempDir dir_{"cli_flag_names"};
+};
+
+TEST_F(CliFlagNames, LibraryErrorsNameTheFlag) {
+  expect_error("plan --method block-gtq --kbits 70",
+               "--kbits 70: expected a finite number of bits per element in 0..64");
+  expect_error("plan --method uniform --budget-unit code --kbits 2.5",
+               "--kbits 2.5: with budget unit \"code\" a uniform codec needs a whole number of bits");
+  expect_error("plan --method uniform --bmin 3 --bmax 2", "--bmax 2: uniform needs a highest width in 3..8");
+  expect_error("plan --method ratequant --bits 3 --sensitivity fisher",
+               "--sensitivity \"fisher\": not in the statistics file (it has: grad)");
+  expect_error("plan --method uniform --quantizer kivi --group-size 3",
+               "--group-size 3: expected a divisor of head_dim 4 for kivi");
+  expect_error("plan --method uniform --fp16-window -1", "--fp16-window -1: expected >= 0");
+  expect_error("--log-level loud plan --method uniform",
+               "--log-level 'loud': unknown level (expected trace, debug, info, warn, error, off)");
+  // The same statistics make a plan when the flags are right (the errors above are the flags').
+  // (head_dim 4: a value budget of 6 effective bits is 2 code bits + one fp16 norm per head.)
+  const auto r = run_cli("plan --method block-gtq --kbits 5 --vbits 6 --stats " +
+                         shell_quote((dir_ / "stats.json").string()) + " -o " + shell_quote((dir_ / "ok.json").string()));
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
+}  // namespace
