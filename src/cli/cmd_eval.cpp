@@ -1,20 +1,18 @@
 // `ratekv eval`: RoPE-logit MAE, attention KL, logit NMSE by position and perplexity of KV-cache
 // plans against the fp32 cache and each other (eval/plan_eval.h).
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "cli/command.h"
+#include "cli/eval_run.h"
 #include "cli/flag_names.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/common/error.h"
-#include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/plan_eval.h"
 #include "ratekv/common/log.h"
-#include "ratekv/io/sha256.h"
 
 namespace ratekv::cli {
 namespace {
@@ -57,12 +55,7 @@ void run(const EvalArgs& a) {
     e.plan = Plan::load(path);
     entries.push_back(std::move(e));
   }
-  for (const auto& b : a.baselines) {
-    eval::PlanEntry e;
-    e.name = b;
-    e.plan = eval::baseline_plan(b, cfg);
-    entries.push_back(std::move(e));
-  }
+  add_baseline_entries(entries, a.baselines, cfg);
   const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.text, a.tokens, lm.add_bos, "-f");
   eval::EvalOptions opt;
   opt.ctx = a.ctx;
@@ -70,12 +63,7 @@ void run(const EvalArgs& a) {
   opt.query_stride = a.query_stride;
   opt.perplexity = !a.no_ppl;
   opt.perplexity_kv = !a.no_ppl_kv;
-  opt.bos_id = lm.add_bos ? lm.tokenizer->bos_id() : -1;
-  nlohmann::json rep = eval::evaluate_plans(*lm.model, ids, entries, opt);
-  rep["model"]["file"] = std::filesystem::path(a.model).filename().string();
-  rep["text"] = {{"file", std::filesystem::path(a.text).filename().string()}, {"sha256", sha256_file(a.text)}};
-  std::fputs(eval::format_eval_report(rep).c_str(), stdout);
-  std::fflush(stdout);
+  const nlohmann::json rep = evaluate_and_print(lm, ids, entries, opt, a.model, a.text);
   if (!a.json_out.empty()) {
     std::ofstream out(a.json_out);
     check(out.good(), "--json '{}': cannot open for writing", a.json_out);

@@ -24,6 +24,7 @@
 #include <span>
 
 #include "cli/command.h"
+#include "cli/eval_run.h"
 #include "cli/flag_names.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
@@ -31,10 +32,8 @@
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/kv_stats.h"
 #include "ratekv/common/error.h"
-#include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/plan_eval.h"
 #include "ratekv/common/log.h"
-#include "ratekv/io/sha256.h"
 
 namespace ratekv::cli {
 namespace {
@@ -116,28 +115,18 @@ nlohmann::json run_model(const PanelArgs& a, const std::string& model_path, cons
       entries.push_back(std::move(e));
     }
   }
-  for (const auto& b : a.baselines) {
-    eval::PlanEntry e;
-    e.name = b;
-    e.plan = eval::baseline_plan(b, cfg);
-    entries.push_back(std::move(e));
-  }
+  add_baseline_entries(entries, a.baselines, cfg);
 
   // 3. eval
   const std::vector<int32_t> ids = read_text_tokens(*lm.tokenizer, a.eval, a.tokens, lm.add_bos, "--eval");
   eval::EvalOptions opt;
   opt.ctx = a.ctx;
   opt.n_seeds = a.seeds;
-  opt.bos_id = lm.add_bos ? lm.tokenizer->bos_id() : -1;
-  nlohmann::json rep = eval::evaluate_plans(*lm.model, ids, entries, opt);
-  rep["model"]["file"] = fs::path(model_path).filename().string();
-  rep["text"] = {{"file", fs::path(a.eval).filename().string()}, {"sha256", sha256_file(a.eval)}};
+  nlohmann::json rep = evaluate_and_print(lm, ids, entries, opt, model_path, a.eval);
   rep["panel_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::ofstream out(report_path);
   check(out.good(), "panel: cannot write {}", report_path.string());
   out << rep.dump(2) << "\n";
-  std::fputs(eval::format_eval_report(rep).c_str(), stdout);
-  std::fflush(stdout);
   return rep;
 }
 
