@@ -88,7 +88,7 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
         if (codec.kind == CodecKind::Vq || codec.kind == CodecKind::FP16) continue;  // vq pages
         check(codec.kind == CodecKind::TqMse || codec.kind == CodecKind::TqMseGrouped,
               "PackedKVCache: {}: codec kind '{}' has no packed storage (the packed cache serves tq-mse, "
-              "tq-mse-grouped, vq and fp16 codecs; use --cache fake for other kinds)",
+              "tq-mse-grouped, vq and fp16 codecs; FakeQuantKVCache serves every kind)",
               field, codec_kind_name(codec.kind));
         const quant::Quantizer* q = codecs_->quantizer(l, h, static_cast<KVSide>(s));
         std::vector<std::pair<const quant::TQMSE*, std::vector<int>>> groups;

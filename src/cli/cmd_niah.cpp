@@ -101,7 +101,7 @@ void run(const NiahArgs& a) {
           {"fp16", "", std::make_shared<const cache::PlanCodecs>(fp16_plan(h.config), h.config, "fp16"), false});
     for (const auto& p : a.plans) {
       auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(p), h.config, p);
-      if (a.cache == "packed") (void)cache::PackedKVCache(h.config.kv_shape(1), codecs);  // throws: no packed form
+      if (a.cache == "packed") (void)make_packed_cache(h.config.kv_shape(1), codecs);  // throws: no packed form
       std::string base = p.substr(p.find_last_of('/') + 1);
       entries.push_back({base + " (" + a.cache + ")", p, codecs, a.cache == "packed"});
     }
@@ -132,7 +132,7 @@ void run(const NiahArgs& a) {
   out["grids"] = nlohmann::ordered_json::array();
   for (const Entry& e : entries) {
     auto make = [&](int64_t n_ctx) -> std::unique_ptr<KVCache> {
-      if (e.packed) return std::make_unique<cache::PackedKVCache>(cfg.kv_shape(n_ctx), e.codecs);
+      if (e.packed) return make_packed_cache(cfg.kv_shape(n_ctx), e.codecs);
       return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(n_ctx), e.codecs);
     };
     Progress progress("niah " + e.name, static_cast<int64_t>(a.ctx.size()) * a.depths * a.trials);

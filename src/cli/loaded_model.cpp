@@ -43,6 +43,22 @@ void add_plan_option(CLI::App* cmd, std::string& plan) {
       ->check(CLI::ExistingFile);
 }
 
+namespace {
+
+// Whether the packed cache stores every codec of `plan` (tq-mse, tq-mse-grouped,
+// vq, fp16; not kivi, quarot, q8_0, q4_0).
+bool packed_serves(const Plan& plan) {
+  for (const auto& layer : plan.layers)
+    for (const HeadPlan& h : layer)
+      for (const Codec* c : {&h.key, &h.value})
+        if (c->kind != CodecKind::TqMse && c->kind != CodecKind::TqMseGrouped && c->kind != CodecKind::FP16 &&
+            c->kind != CodecKind::Vq)
+          return false;
+  return true;
+}
+
+}  // namespace
+
 std::unique_ptr<KVCache> make_cache(const std::string& kind, const ModelConfig& cfg, int64_t n_ctx,
                                     const std::string& plan) {
   const KVCacheShape shape = cfg.kv_shape(n_ctx);
@@ -54,7 +70,17 @@ std::unique_ptr<KVCache> make_cache(const std::string& kind, const ModelConfig& 
   check(!plan.empty(), "--cache {}: needs --plan PLAN", kind);
   auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(plan), cfg, plan);
   if (kind == "fake") return std::make_unique<cache::FakeQuantKVCache>(shape, std::move(codecs));
-  return std::make_unique<cache::PackedKVCache>(shape, std::move(codecs));
+  return make_packed_cache(shape, std::move(codecs));
+}
+
+std::unique_ptr<cache::PackedKVCache> make_packed_cache(const KVCacheShape& shape,
+                                                         std::shared_ptr<const cache::PlanCodecs> codecs) {
+  try {
+    return std::make_unique<cache::PackedKVCache>(shape, codecs);
+  } catch (const Error& e) {
+    if (!packed_serves(codecs->plan())) throw Error(fmt::format("{} (--cache fake serves every kind)", e.what()));
+    throw;
+  }
 }
 
 void add_cache_type_options(CLI::App* cmd, std::string& ctk, std::string& ctv) {
@@ -77,12 +103,7 @@ std::optional<Plan> cache_type_plan_or_empty(const std::string& ctk, const std::
 std::unique_ptr<KVCache> make_cache_for_plan(const Plan& plan, const ModelConfig& cfg, int64_t n_ctx,
                                              std::string& kind, const std::string& name) {
   auto codecs = std::make_shared<const cache::PlanCodecs>(plan, cfg, name);
-  bool packable = true;
-  for (const auto& layer : plan.layers)
-    for (const HeadPlan& h : layer)
-      for (const Codec* c : {&h.key, &h.value})
-        packable = packable && (c->kind == CodecKind::TqMse || c->kind == CodecKind::TqMseGrouped ||
-                                c->kind == CodecKind::FP16 || c->kind == CodecKind::Vq);
+  const bool packable = packed_serves(plan);
   kind = packable ? "packed" : "fake";
   if (packable) return std::make_unique<cache::PackedKVCache>(cfg.kv_shape(n_ctx), std::move(codecs));
   return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(n_ctx), std::move(codecs));

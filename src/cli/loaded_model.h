@@ -15,6 +15,11 @@
 #include "ratekv/format/plan.h"
 #include "ratekv/model/tokenizer.h"
 
+namespace ratekv::cache {
+class PackedKVCache;  // ratekv/cache/packed_kv_cache.h
+class PlanCodecs;     // ratekv/cache/plan_codecs.h
+}  // namespace ratekv::cache
+
 namespace ratekv::cli {
 
 /// A model ready to run: the mapped file (kept for the tokenizer's lifetime),
@@ -79,6 +84,12 @@ std::unique_ptr<KVCache> make_cache_for_plan(const Plan& plan, const ModelConfig
 
 /// Adds `--device cpu|cuda` to `cmd`.
 void add_device_option(CLI::App* cmd, std::string& device);
+
+/// A PackedKVCache of `codecs` (capacity shape.n_ctx). Throws its Error; when
+/// the plan has codec kinds the packed cache does not store (kivi, quarot,
+/// q8_0, q4_0) the message also says that --cache fake serves them.
+std::unique_ptr<cache::PackedKVCache> make_packed_cache(const KVCacheShape& shape,
+                                                         std::shared_ptr<const cache::PlanCodecs> codecs);
 
 /// One line on the cache size measured from its allocations: bytes per token
 /// (cache.bytes() / n_tokens), total, and the ratio against an fp16 K/V cache
