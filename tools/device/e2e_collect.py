@@ -29,10 +29,17 @@ def load(name):
     return json.load(open(p)) if os.path.exists(p) else None
 
 
+# Plan files become the names issue 17's tables use: the Block-GTQ-shaped plan of
+# tools/device/gtq_shape_plan.py is "gtq-K3V3" (its file stays in "plan").
+PLAN_NAMES = {"plan:gtq_llama.plan": "gtq-K3V3", "plan:gtq_qwen.plan": "gtq-K3V3"}
 rows, meta = [], {}
 for name in ("bench_llama.json", "bench_qwen.json", "smollm2.json"):
     d = load(name)
     if d:
+        for r in d["rows"]:
+            if r.get("cache") in PLAN_NAMES:
+                r["plan"] = r["cache"][len("plan:"):]
+                r["cache"] = PLAN_NAMES[r["cache"]]
         rows += d["rows"]
         meta[name] = {k: v for k, v in d.items() if k != "rows"}
 sdpa = load("sdpa.json")

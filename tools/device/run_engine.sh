@@ -96,9 +96,9 @@ if has bench_llama; then
   merge "$OUT/bench_llama.json" "${LL[@]}"
   bench /tmp/b2.json $L --plan /tmp/gtq_llama.plan.json -d 131072 -b ${LLAMA_B:-1,7} -n ${NGEN:-32}
   merge "$OUT/bench_llama.json" "${LL[@]}"
-  bench /tmp/b4.json $L -ctk tq3,f16 -ctv tq3,f16 -d 131072 -b 32 -n 32 -r 2
+  bench /tmp/b4.json $L -ctk tq3,f16 -ctv tq3,f16 -d 131072 -b 32 -n 32
   merge "$OUT/bench_llama.json" "${LL[@]}"
-  bench /tmp/b5.json $L -ctk tq3,f16 -ctv tq3,f16 -d 1048576 -b 4 -n 32 -r 2
+  bench /tmp/b5.json $L -ctk tq3,f16 -ctv tq3,f16 -d 1048576 -b 4 -n 32
   merge "$OUT/bench_llama.json" "${LL[@]}"
   bench /tmp/b6.json $RK bench --device cuda --synthetic llama-3.1-8b -c 1100000 -ctk f16,tq3 -ctv f16,tq3 -p 4096 \
     -n ${NGEN:-32} -d 4096 -b 1 -r 3 -o json
