@@ -43,15 +43,23 @@ size_t ModelWeights::bytes() const {
 }
 
 ModelWeights ModelWeights::load(const GgufFile& f, const ModelConfig& c) {
+  std::vector<int> all(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) all[l] = l;
+  return load_blocks(f, c, all);
+}
+
+ModelWeights ModelWeights::load_blocks(const GgufFile& f, const ModelConfig& c, std::span<const int> blocks) {
   ModelWeights w;
   const int64_t d = c.d_model, q_dim = int64_t{c.n_heads} * c.head_dim, kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
   w.token_embd = load_tensor(f, "token_embd.weight", d, c.n_vocab);
   w.output_norm = load_tensor(f, "output_norm.weight", d, 0);
   if (f.find_tensor("output.weight")) w.output = load_tensor(f, "output.weight", d, c.n_vocab);
-  w.layers.resize(c.n_layers);
-  for (int l = 0; l < c.n_layers; ++l) {
+  w.layers.resize(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int l = blocks[i];
+    check(l >= 0 && l < c.n_layers, "{}: block {} requested: the model has blocks 0..{}", f.path(), l, c.n_layers - 1);
     const std::string p = "blk." + std::to_string(l) + ".";
-    LayerWeights& L = w.layers[l];
+    LayerWeights& L = w.layers[i];
     L.attn_norm = load_tensor(f, p + "attn_norm.weight", d, 0);
     L.ffn_norm = load_tensor(f, p + "ffn_norm.weight", d, 0);
     L.wqkv.reserve((q_dim + 2 * kv_dim) * d);

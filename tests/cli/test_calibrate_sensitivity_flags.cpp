@@ -3,7 +3,9 @@
 // (the model file here is not a GGUF file at all).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <string>
 
 #include "../support/assets.h"
 #include "../support/temp_dir.h"
@@ -37,11 +39,14 @@ TEST(CalibrateSensitivityFlags, BadCountsNameTheFlagBeforeLoading) {
   EXPECT_EQ(r.output.find("--sens-len"), std::string::npos) << r.output;
 }
 
-// The backward pass is llama-only: --sensitivity on a Gemma 3 model fails
-// naming the arch before the model's weights load and before the statistics
-// pass (it used to fail only after that whole pass).
-TEST(CalibrateSensitivityFlags, GemmaFailsBeforeTheStatisticsPass) {
+// The backward pass serves every architecture Model runs: --sensitivity on
+// Gemma 3 (QK-norm, GeGLU, sliding windows, two RoPE bases) completes and
+// writes statistics with per-head sensitivities (it used to be refused as
+// 'llama' only).
+TEST(CalibrateSensitivityFlags, GemmaSensitivityRuns) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+  if (const char* s = std::getenv("RATEKV_SANITIZE_RUN"); s && std::string(s) == "1")
+    GTEST_SKIP() << "loads the Gemma 3 weights: skipped in the sanitizer run";
   const fs::path model = ratekv_test::gemma3_path();
   if (!fs::exists(model)) GTEST_SKIP() << "model asset absent: " << model;
   const TempDir dir("cli_sens_gemma");
@@ -52,11 +57,7 @@ TEST(CalibrateSensitivityFlags, GemmaFailsBeforeTheStatisticsPass) {
   const Result r = run_cli("calibrate -m '" + model.string() + "' -f '" + (dir / "t.txt").string() +
                            "' --tokens 32 --ctx 32 -o '" + (dir / "s.safetensors").string() +
                            "' --sensitivity --sens-seqs 1 --sens-len 16");
-  EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("error: --sensitivity: arch 'gemma3': the backward pass is implemented for 'llama' only"),
-            std::string::npos)
-      << r.output;
-  EXPECT_EQ(r.output.find("calibrating on"), std::string::npos) << "statistics pass ran first:\n" << r.output;
-  EXPECT_EQ(r.output.find("fp32 weights"), std::string::npos) << "weights were loaded first:\n" << r.output;
-  EXPECT_FALSE(fs::exists(dir / "s.safetensors"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("error"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "s.safetensors")) << r.output;
 }

@@ -33,7 +33,8 @@ struct GradSensitivity {
 /// fixed tokens (OpenBLAS / OpenMP thread count fixed). Throws ParamError
 /// ("gradient_sensitivity.n_sequences" / ".seq_len") for n_sequences < 1,
 /// seq_len < 2 or beyond the model's position limit; Error for fewer than
-/// n_sequences·seq_len tokens or an architecture other than "llama".
+/// n_sequences·seq_len tokens or an architecture the backward pass does not
+/// serve (check_backward_arch: llama, gemma3 and qwen2 are served).
 GradSensitivity gradient_sensitivity(const Model& model, std::span<const int32_t> tokens, int64_t n_sequences,
                                      int64_t seq_len);
 

@@ -13,7 +13,8 @@
 //
 // The cached tensors are treated as the variables: ∂L/∂K_post is the gradient
 // with respect to the post-RoPE key a cache stores (only that layer's
-// attention reads it), ∂L/∂K_pre = R_pᵀ ∂L/∂K_post (the pre-RoPE key feeds
+// attention reads it), ∂L/∂K_pre = R_pᵀ ∂L/∂K_post (the pre-RoPE key — after
+// QK-norm when the model has one, with the key bias when it has one — feeds
 // the loss only through K_post = R_p K_pre), ∂L/∂V likewise. Because R_p is
 // orthogonal, ‖∂L/∂k_pre‖ = ‖∂L/∂k_post‖ for every token and head; the two
 // differ per channel. The last token's K/V gradient is exactly 0 (nothing
@@ -33,8 +34,8 @@
 // backward() costs about 3.3× a Model::forward of the same tokens
 // (bench/bench_backward.cpp).
 //
-// Only arch "llama" (RMSNorm, SwiGLU, plain softmax attention, interleaved
-// RoPE) is implemented; other architectures throw ratekv::Error naming it.
+// Architectures: every one Model runs ("llama", "gemma3", "qwen2"); others
+// throw ratekv::Error naming the arch.
 #pragma once
 
 #include <cstdint>
@@ -49,9 +50,9 @@
 namespace ratekv {
 
 /// Throws Error "<context>: arch '<arch>': the backward pass is implemented
-/// for 'llama' only (...)" unless cfg.arch is "llama". Needs only the config,
-/// so callers can check before loading weights (ModelBackward's constructor
-/// calls it with context "ModelBackward").
+/// for 'llama', 'gemma3' and 'qwen2' (...)" for any other arch. Needs only
+/// the config, so callers can check before loading weights (ModelBackward's
+/// constructor calls it with context "ModelBackward").
 void check_backward_arch(const ModelConfig& cfg, const std::string& context);
 
 /// Which cached tensor of a layer.
@@ -102,7 +103,7 @@ struct KVGradients {
 template <class T>
 class ModelBackward {
  public:
-  /// Throws Error when model.config().arch is not "llama".
+  /// Throws Error when model.config().arch is not one check_backward_arch accepts.
   explicit ModelBackward(const Model& model);
   ~ModelBackward();
   ModelBackward(ModelBackward&&) noexcept;

@@ -192,6 +192,14 @@ struct ModelWeights {
   /// Dequantizes every tensor of the config's model. Throws Error naming the
   /// tensor when it is missing or its shape is not the expected one.
   static ModelWeights load(const GgufFile& f, const ModelConfig& cfg);
+  /// A slice: token_embd, output, output_norm and only the blocks listed in
+  /// `blocks` (GGUF block indices, each in [0, cfg.n_layers), in the order
+  /// given; layers[i] = block blocks[i]) — for gradient checks and probes on
+  /// a few real layers without dequantizing the rest. The caller builds the
+  /// matching config (n_layers = blocks.size(), per-layer fields such as
+  /// layer_sliding taken from the same blocks). Errors as load(), plus a
+  /// block index out of range.
+  static ModelWeights load_blocks(const GgufFile& f, const ModelConfig& cfg, std::span<const int> blocks);
 };
 
 // ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ struct FitCaptures {
 
 /// Runs `model` over `tokens` in windows of `ctx` tokens (last one shorter),
 /// with progress on stderr; with `fisher` a backward pass per window instead
-/// (model "llama" only) whose forward pass feeds the captures (through
+/// (any architecture ModelBackward serves) whose forward pass feeds the captures (through
 /// ModelBackward::backward's hooks: keys equal Model::forward's up to float
 /// summation order, ≤ 1e-4) and whose reverse pass gives k_grad_sq. Throws Error for empty tokens,
 /// ParamError "capture_for_fit.ctx" for ctx < 1 or past the model's position limit.
