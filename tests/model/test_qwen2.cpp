@@ -206,5 +206,72 @@ TEST_P(Qwen2, TokenizerMatchesLlamaCppOnStressBytes) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "first difference at id index " << i;
 }
 
+
+
+
+// ---------------------------------------------------------------------------
+// Forward pass against llama.cpp's fp32 run of the same dequantized weights
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// Bound on max |Δlogit| vs llama.cpp over the stored entries (32 top + 256
+// fixed ids per position, 3 prompts); both sides are fp32 on the same
+// weights (SwiGLU: no lookup table as for Gemma's GELU), so only summation
+// order differs.
+constexpr double kMaxAbsLogitDiffLlama = 2e-4;  // measured 3.4e-5 (0.5B)
+
+}  // namespace
+
+TEST_P(Qwen2, MatchesLlamaCppLogits) {
+  if (const std::string why = model_scale_skip(); !why.empty()) GTEST_SKIP() << why;
+  const auto j = load("logits.json");
+  ASSERT_FALSE(j.is_null()) << "missing " << fixture(GetParam().fixtures, "logits.json");
+  ASSERT_EQ(j.at("model_sha256").get<std::string>(), GetParam().sha256);
+  const auto r = testing_support::check_llamacpp_logits(model(), j, 2 * kMaxAbsLogitDiffLlama, &tok());
+  EXPECT_LE(r.max_abs_diff, kMaxAbsLogitDiffLlama);
+  EXPECT_GE(r.top1_checked, 40);
+}
+
+TEST_P(Qwen2, MatchesLlamaCppGreedy) {
+  if (const std::string why = model_scale_skip(); !why.empty()) GTEST_SKIP() << why;
+  const auto j = load("greedy.json");
+  ASSERT_FALSE(j.is_null()) << "missing " << fixture(GetParam().fixtures, "greedy.json");
+  ASSERT_EQ(j.at("model_sha256").get<std::string>(), GetParam().sha256);
+  testing_support::check_llamacpp_greedy(model(), j, kMaxAbsLogitDiffLlama, &tok());
+}
+
+// llama-perplexity -c 512 --chunks 4 on the evaluation text (no BOS): ours
+// on its first two windows within 0.1 % of llama.cpp's fp32 run on the same
+// weights over the same two windows (its running PPL after chunk 2; two
+// windows, not four, to keep CI's time: `ratekv perplexity` gives all four).
+TEST_P(Qwen2, PerplexityMatchesLlamaCpp) {
+  if (const std::string why = model_scale_skip(); !why.empty()) GTEST_SKIP() << why;
+  const auto j = load("perplexity.json");
+  ASSERT_FALSE(j.is_null()) << "missing " << fixture(GetParam().fixtures, "perplexity.json");
+  ASSERT_EQ(j.at("model_sha256").get<std::string>(), GetParam().sha256);
+  const std::string text_path = assets_dir() + "/" + j.at("eval_text").get<std::string>();
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) GTEST_SKIP() << "no evaluation text at " << text_path;
+  std::string text(24 * 1024, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  std::vector<int32_t> tokens = tok().encode(text, /*add_bos=*/true);
+  ASSERT_GE(tokens.size(), 2u * 512u + 100u);
+  tokens.resize(2 * 512 + 100);
+  const nlohmann::json* ref = nullptr;
+  for (const auto& r : j.at("runs"))
+    if (r.at("n_ctx") == 512 && r.at("n_chunks") == 4 && r.at("name") == "f32_weights_kv_f32") ref = &r;
+  ASSERT_NE(ref, nullptr) << "perplexity.json has no f32_weights_kv_f32 run at n_ctx 512, 4 chunks";
+  Model& m = model();
+  auto cache = m.make_dense_cache(512);
+  const PerplexityResult r = perplexity(m, cache, tokens, 512, 2, /*add_bos=*/false, tok().bos_id());
+  const double want = ref->at("running_ppl_per_chunk").at(1).get<double>();
+  std::printf("perplexity c=512 x2: ours %.4f +/- %.4f (%lld scored), llama.cpp fp32 %.4f (4 windows: %.4f)\n", r.ppl,
+              r.ppl_err, static_cast<long long>(r.n_scored), want, ref->at("ppl").get<double>());
+  EXPECT_EQ(r.n_scored, ref->at("scored_tokens").get<int64_t>() / 2);
+  EXPECT_NEAR(r.ppl, want, 0.001 * want);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, Qwen2, ::testing::Values(kQwen05, kQwen15),
                          [](const ::testing::TestParamInfo<QwenCase>& i) { return std::string(i.param.name); });

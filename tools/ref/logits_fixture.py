@@ -2,10 +2,12 @@
 """Writes tests/fixtures/smollm2/logits.json (+ one raw float32 file): llama.cpp's logits at
 every position of 3 fixed prompts. Run by tools/make_reference_fixtures.sh; needs numpy.
 
-usage: logits_fixture.py LLAMA_REF F32_MODEL Q4_1_MODEL MODEL_SHA256 OUT_DIR [smollm2|gemma3]
+usage: logits_fixture.py LLAMA_REF F32_MODEL Q4_1_MODEL MODEL_SHA256 OUT_DIR [smollm2|gemma3|qwen2]
 
 gemma3 (Q4_K_M weights): Gemma prompts, BOS first (the model adds it), and no full-logits
 file (262,144 logits per position would make it ~10 MB): top-K and the fixed ids only.
+qwen2 (Q4_K_M weights, Qwen2.5-Coder): ChatML prompts, no BOS, no full-logits file
+(151,936 logits per position).
 
 The reference is `llama_ref logits` on F32_MODEL, the F32 copy of the Q4_1 GGUF written by
 `llama_ref dequant` (so the weights are the dequantized Q4_1/Q8_0 values and all compute is
@@ -37,6 +39,13 @@ GEMMA_PROMPTS = [
 ]
 
 
+QWEN_PROMPTS = [
+    ("short_prose", "The capital of France is Paris. The capital", False),
+    ("python_code", "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n", False),
+    ("chat", "<|im_start|>user\nWhat is 12 + 7?<|im_end|>\n<|im_start|>assistant\n", False),
+]
+
+
 def run_logits(tool, model, text, tmp, tag):
     prompt = os.path.join(tmp, tag + ".txt")
     out = os.path.join(tmp, tag + ".bin")
@@ -54,12 +63,16 @@ def main():
     if len(sys.argv) not in (6, 7):
         sys.exit(__doc__)
     tool, f32_model, q41_model, model_sha, out_dir = sys.argv[1:6]
-    gemma = len(sys.argv) == 7 and sys.argv[6] == "gemma3"
+    which = sys.argv[6] if len(sys.argv) == 7 else "smollm2"
+    if which not in ("smollm2", "gemma3", "qwen2"):
+        sys.exit(f"logits_fixture.py: unknown prompt set {which!r}")
+    gemma = which == "gemma3"
+    prompt_set = {"smollm2": PROMPTS, "gemma3": GEMMA_PROMPTS, "qwen2": QWEN_PROMPTS}[which]
     prompts = []
     n_vocab = None
     fixed_ids = None
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text, full in (GEMMA_PROMPTS if gemma else PROMPTS):
+        for name, text, full in prompt_set:
             ids, logits = run_logits(tool, f32_model, text, tmp, name)
             ids_q, logits_q = run_logits(tool, q41_model, text, tmp, name + "_q41")
             if ids != ids_q:
@@ -98,7 +111,10 @@ def main():
                       "activations, F32 K/V cache, flash attention off, 2 threads, whole prompt in one batch "
                       "at positions 0..n-1, " + ("BOS first (the model's add_bos_token is true); weights "
                       "Q4_K_M (Q5_0/Q4_K/Q6_K/Q8_0); 'q4_1_direct' fields = the Q4_K_M file run directly"
-                      if gemma else "no BOS (the model's add_bos_token is false)")),
+                      if gemma else
+                      "no BOS (the model's add_bos_token is false); weights Q4_K_M (Qwen2.5-Coder: Q4_K/Q6_K, "
+                      "plus Q5_0/Q8_0 in the 0.5B); 'q4_1_direct' fields = the Q4_K_M file run directly"
+                      if which == "qwen2" else "no BOS (the model's add_bos_token is false)")),
         "n_vocab": n_vocab,
         "top_k": TOP_K,
         "fixed_ids": fixed_ids,

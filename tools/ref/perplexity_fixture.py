@@ -4,12 +4,13 @@ evaluation text, for two context sizes and several KV-cache types (the baselines
 evaluation compares ratekv's KV compression against). Run by
 tools/make_reference_fixtures.sh; stdlib only.
 
-usage: perplexity_fixture.py BIN_DIR Q4_1_MODEL F32_MODEL MODEL_SHA256 EVAL_TXT EVAL_SHA256 OUT_JSON CACHE_DIR [gemma3]
+usage: perplexity_fixture.py BIN_DIR Q4_1_MODEL F32_MODEL MODEL_SHA256 EVAL_TXT EVAL_SHA256 OUT_JSON CACHE_DIR [gemma3|qwen2 [NAME]]
 
 gemma3: the Q4_K_M model in place of Q4_1 (the "q4_1" weights key then names the quantized
 file as shipped), one context: -c 512 --chunks 4 (its 262,144-entry LM head makes a window
 ~6x as costly as SmolLM2's), and BOS replaces the first token of every window (add_bos_token
-is true).
+is true). qwen2 (Qwen2.5-Coder, Q4_K_M; NAME = the GGUF's file name for the records): no BOS,
+one context -c 512 --chunks 4 (151,936-row LM head, 0.5-1.5B parameters).
 
 Each llama-perplexity run takes minutes on 2 busy cores, so every finished run is cached in
 CACHE_DIR (keyed by model/eval hashes and arguments) and OUT_JSON is rewritten after each run:
@@ -50,11 +51,15 @@ THREADS = int(os.environ.get("RATEKV_PPL_THREADS", "1"))
 
 
 def main():
-    if len(sys.argv) not in (9, 10):
+    if len(sys.argv) not in (9, 10, 11):
         sys.exit(__doc__)
     bin_dir, q41, f32, model_sha, eval_txt, eval_sha, out, cache_dir = sys.argv[1:9]
-    gemma = len(sys.argv) == 10 and sys.argv[9] == "gemma3"
-    contexts = [(512, 4)] if gemma else CONTEXTS
+    which = sys.argv[9] if len(sys.argv) >= 10 else "smollm2"
+    if which not in ("smollm2", "gemma3", "qwen2"):
+        sys.exit(f"perplexity_fixture.py: unknown model family {which!r}")
+    gemma = which == "gemma3"
+    qwen_name = sys.argv[10] if len(sys.argv) == 11 else os.path.basename(q41)
+    contexts = [(512, 4)] if which != "smollm2" else CONTEXTS
     os.makedirs(cache_dir, exist_ok=True)
     models = {"q4_1": q41, "f32": f32}
     tok = subprocess.run([os.path.join(bin_dir, "llama-tokenize"), "-m", q41, "-f", eval_txt, "--ids",
@@ -81,7 +86,9 @@ def main():
             if res.returncode != 0 or not m:
                 sys.exit(f"perplexity_fixture.py: llama-perplexity {' '.join(args)} failed:\n{log[-3000:]}")
             running = [float(v) for _, v in re.findall(r"\[(\d+)\]([0-9.]+),", log)]
-            if gemma:
+            if which == "qwen2":
+                model_file = qwen_name if model_key == "q4_1" else os.path.basename(f32) + " (llama_ref dequant)"
+            elif gemma:
                 model_file = "gemma-3-270m-q4_k_m.gguf" if model_key == "q4_1" else \
                     "gemma-3-270m.F32-from-Q4_K_M.gguf (llama_ref dequant)"
             else:
@@ -89,7 +96,7 @@ def main():
                     "SmolLM2-135M-Instruct.F32-from-Q4_1.gguf (llama_ref dequant)"
             cmd = ["llama-perplexity", "-m", model_file, "-f", "text/eval.txt"] + args[4:]
             runs.append(run := {
-                "name": name, "weights": ("q4_k_m" if gemma and model_key == "q4_1" else model_key), "n_ctx": n_ctx, "n_chunks": n_chunks,
+                "name": name, "weights": ("q4_k_m" if which != "smollm2" and model_key == "q4_1" else model_key), "n_ctx": n_ctx, "n_chunks": n_chunks,
                 "n_batch": n_ctx, "cache_type_k": kv, "cache_type_v": kv, "flash_attn": fa,
                 "n_threads": THREADS,
                 "scored_tokens": n_chunks * (n_ctx - n_ctx // 2 - 1),
