@@ -1,6 +1,7 @@
 // Query-guided channel weights by prefix sums over RoPE offsets (ratekv/tasq/channel_weights.h).
 #include "ratekv/tasq/channel_weights.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ratekv/common/error.h"
@@ -12,25 +13,38 @@ QueryWeightAccumulator::QueryWeightAccumulator(const ModelConfig& cfg) : cfg_(cf
   pairs_ = rope_pairs(cfg_.rope_layout, cfg_.head_dim);
   sum_.assign(static_cast<size_t>(cfg_.n_layers) * cfg_.n_kv_heads * cfg_.head_dim, 0.0);
   n_pairs_.assign(cfg_.n_layers, 0.0);
+  // One prefix-sum table per distinct RoPE base: the global base, and the
+  // sliding layers' base when some layer slides (Gemma 3: 1e6 and 1e4).
+  tables_.push_back({cfg_.rope_theta, {}, {}, {}});
+  layer_table_.assign(cfg_.n_layers, 0);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const double theta = cfg_.layer_rope_theta(l);
+    size_t k = 0;
+    while (k < tables_.size() && tables_[k].theta != theta) ++k;
+    if (k == tables_.size()) tables_.push_back({theta, {}, {}, {}});
+    layer_table_[l] = static_cast<int>(k);
+  }
 }
 
 void QueryWeightAccumulator::grow(int64_t t_max) {
   if (t_max < t_cap_) return;
   const int B = cfg_.head_dim / 2;
   const int64_t cap = std::max<int64_t>(t_max + 1, 2 * t_cap_);
-  c2_.resize(cap * B);
-  s2_.resize(cap * B);
-  sc_.resize(cap * B);
-  for (int64_t t = t_cap_; t < cap; ++t)
-    for (int i = 0; i < B; ++i) {
-      const double ang = static_cast<double>(t) * rope_frequency(i, cfg_.head_dim, cfg_.rope_theta);
-      const double c = std::cos(ang), s = std::sin(ang);
-      const double pc = t > 0 ? c2_[(t - 1) * B + i] : 0.0, ps = t > 0 ? s2_[(t - 1) * B + i] : 0.0,
-                   px = t > 0 ? sc_[(t - 1) * B + i] : 0.0;
-      c2_[t * B + i] = pc + c * c;
-      s2_[t * B + i] = ps + s * s;
-      sc_[t * B + i] = px + s * c;
-    }
+  for (Table& tb : tables_) {
+    tb.c2.resize(cap * B);
+    tb.s2.resize(cap * B);
+    tb.sc.resize(cap * B);
+    for (int64_t t = t_cap_; t < cap; ++t)
+      for (int i = 0; i < B; ++i) {
+        const double ang = static_cast<double>(t) * rope_frequency(i, cfg_.head_dim, tb.theta);
+        const double c = std::cos(ang), s = std::sin(ang);
+        const double pc = t > 0 ? tb.c2[(t - 1) * B + i] : 0.0, ps = t > 0 ? tb.s2[(t - 1) * B + i] : 0.0,
+                     px = t > 0 ? tb.sc[(t - 1) * B + i] : 0.0;
+        tb.c2[t * B + i] = pc + c * c;
+        tb.s2[t * B + i] = ps + s * s;
+        tb.sc[t * B + i] = px + s * c;
+      }
+  }
   t_cap_ = cap;
 }
 
@@ -47,12 +61,16 @@ void QueryWeightAccumulator::add(const LayerActivations& a) {
     t_max = std::max<int64_t>(t_max, a.pos[j]);
   }
   grow(t_max);
+  const Table& tb = tables_[layer_table_[a.layer]];
+  const int64_t window = cfg_.layer_window(a.layer);
   double* acc = sum_.data() + static_cast<size_t>(a.layer) * Hkv * d;
   for (int64_t j = 0; j < a.n; ++j) {
-    const int64_t t = a.pos[j];
-    const double* C = c2_.data() + t * B;
-    const double* S = s2_.data() + t * B;
-    const double* X = sc_.data() + t * B;
+    // The query at offset t sees the keys at t − Δ for Δ = 0 .. Δmax: every
+    // earlier key, or only those inside a sliding layer's window (Δ < window).
+    const int64_t t = a.pos[j], dmax = window > 0 ? std::min<int64_t>(t, window - 1) : t;
+    const double* C = tb.c2.data() + dmax * B;
+    const double* S = tb.s2.data() + dmax * B;
+    const double* X = tb.sc.data() + dmax * B;
     for (int g = 0; g < H; ++g) {
       const float* q = a.q_pre + (j * H + g) * static_cast<int64_t>(d);
       double* w = acc + static_cast<size_t>(g / gqa) * d;
@@ -63,7 +81,7 @@ void QueryWeightAccumulator::add(const LayerActivations& a) {
         w[cb] += qa * qa * S[i] + qb * qb * C[i] + 2.0 * qa * qb * X[i];
       }
     }
-    n_pairs_[a.layer] += static_cast<double>(t + 1) * gqa;
+    n_pairs_[a.layer] += static_cast<double>(dmax + 1) * gqa;
   }
 }
 
@@ -77,31 +95,6 @@ std::vector<double> QueryWeightAccumulator::finish() const {
       w[o] = sum_[o] / n_pairs_[l];
     }
   }
-  return w;
-}
-
-std::vector<double> query_weights_bruteforce(const float* q_pre, int64_t T, int n_heads, int n_kv_heads,
-                                             int head_dim, RopeLayout layout, double theta) {
-  const int d = head_dim, gqa = n_heads / n_kv_heads;
-  std::vector<double> w(static_cast<size_t>(n_kv_heads) * d, 0.0);
-  std::vector<double> n(n_kv_heads, 0.0);
-  const auto pairs = rope_pairs(layout, d);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t p = 0; p <= t; ++p)
-      for (int g = 0; g < n_heads; ++g) {
-        const float* q = q_pre + (t * n_heads + g) * static_cast<int64_t>(d);
-        for (int i = 0; i < d / 2; ++i) {
-          const double ang = static_cast<double>(t - p) * rope_frequency(i, d, theta);
-          const double c = std::cos(ang), s = std::sin(ang);
-          const double qa = q[pairs[i][0]], qb = q[pairs[i][1]];
-          const double ra = qa * c - qb * s, rb = qa * s + qb * c;
-          w[static_cast<size_t>(g / gqa) * d + pairs[i][0]] += ra * ra;
-          w[static_cast<size_t>(g / gqa) * d + pairs[i][1]] += rb * rb;
-        }
-        n[g / gqa] += 1.0;
-      }
-  for (int h = 0; h < n_kv_heads; ++h)
-    for (int c = 0; c < d; ++c) w[static_cast<size_t>(h) * d + c] /= n[h];
   return w;
 }
 

@@ -8,10 +8,14 @@
 // For RoPE block i with channels (a, b), angle ω_i Δ, Δ = t − p:
 //   (R_Δ q)_a² = q_a² cos² + q_b² sin² − 2 q_a q_b sin·cos
 //   (R_Δ q)_b² = q_a² sin² + q_b² cos² + 2 q_a q_b sin·cos
-// so a query at window offset t contributes q_a² C_i(t) + q_b² S_i(t) − 2 q_a q_b X_i(t)
-// with the prefix sums C_i(t) = Σ_{Δ=0..t} cos²(ω_i Δ), S_i, X_i likewise:
-// exact, O(T·d) per window. The two channels of a pair can get different
-// weights (a low-frequency pair barely rotates over a window).
+// so a query at window offset t contributes q_a² C_i(m) + q_b² S_i(m) − 2 q_a q_b X_i(m)
+// with the prefix sums C_i(m) = Σ_{Δ=0..m} cos²(ω_i Δ), S_i, X_i likewise,
+// over the offsets the query can see: m = t for a global layer, m =
+// min(t, window − 1) for a sliding-window layer (it sees keys at > t − window,
+// as AttnParams::sliding_window). ω_i comes from the layer's own RoPE base
+// (ModelConfig::layer_rope_theta: Gemma 3's sliding layers use 1e4, its global
+// ones 1e6). Exact, O(T·d) per window. The two channels of a pair can get
+// different weights (a low-frequency pair barely rotates over a window).
 #pragma once
 
 #include <array>
@@ -24,7 +28,8 @@ namespace ratekv::tasq {
 
 /// Accumulates diag(Ã) for every (layer, KV head) from the forward hooks of
 /// windows that start at position 0 (each from a fresh cache). Angles follow
-/// the model's RoPE (θ, layout). Sums in double.
+/// the model's RoPE (layout, each layer's base); the causal pairs are those
+/// each layer's attention sees (its sliding window). Sums in double.
 class QueryWeightAccumulator {
  public:
   /// Throws Error for an invalid config.
@@ -39,19 +44,19 @@ class QueryWeightAccumulator {
 
  private:
   void grow(int64_t t_max);
+  // Prefix sums of cos², sin², sin·cos over offsets for one RoPE base.
+  struct Table {
+    double theta = 0;
+    std::vector<double> c2, s2, sc;  // (T_cap, d/2)
+  };
   ModelConfig cfg_;
   std::vector<std::array<int, 2>> pairs_;
-  std::vector<double> c2_, s2_, sc_;  // (T_max, d/2) prefix sums
+  std::vector<Table> tables_;     // one per distinct base (global first)
+  std::vector<int> layer_table_;  // (L) index into tables_
   int64_t t_cap_ = 0;
   std::vector<double> sum_;           // (L, Hkv, d)
   std::vector<double> n_pairs_;       // (L): Σ (t+1) · |G(h)|
 };
-
-/// Reference for tests: diag(Ã) of one window by the definition, summing
-/// (R_Δ q)² over every causal pair with explicit rotations. q_pre (T,
-/// n_heads, d) at offsets 0..T−1; result (n_kv_heads, d).
-std::vector<double> query_weights_bruteforce(const float* q_pre, int64_t T, int n_heads, int n_kv_heads,
-                                             int head_dim, RopeLayout layout, double theta);
 
 /// Per-head weight normalization (docs/design.md §5.2): each head's d weights
 /// scaled to unit mean. w (n_heads_total, d) in place; a head whose weights
