@@ -8,13 +8,13 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
-#include <regex>
 
 #include "cli/command.h"
 #include "cli/gpu_cache.h"
 #include "cli/loaded_model.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/log.h"
+#include "ratekv/model/chat_template.h"
 #ifdef RATEKV_HAVE_ENGINE
 #include "ratekv/engine/engine.h"
 #endif
@@ -32,19 +32,14 @@ struct GenerateArgs {
 };
 
 // Wraps the prompt in the model's ChatML template (the only one supported):
-// optional default system turn (taken from tokenizer.chat_template), the user
-// turn, then the assistant header.
+// its default system turn, the user turn, then the assistant header
+// (model/chat_template.h).
 std::string chat_prompt(const GgufFile& f, const std::string& user) {
   const std::string tpl = f.get_string("tokenizer.chat_template", "");
-  check(tpl.find("<|im_start|>") != std::string::npos,
+  check(is_chatml_template(tpl),
         "--chat: {}: tokenizer.chat_template is not a ChatML (<|im_start|>) template; only ChatML is supported",
         f.path());
-  std::string s;
-  std::smatch m;
-  static const std::regex sys(R"(<\|im_start\|>system\n([^<]*)<\|im_end\|>)");
-  if (std::regex_search(tpl, m, sys)) s += "<|im_start|>system\n" + m[1].str() + "<|im_end|>\n";
-  s += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
-  return s;
+  return chatml_prompt(tpl, user);
 }
 
 // Picks the next token: argmax when temp <= 0, else a sample from

@@ -49,6 +49,8 @@ nlohmann::ordered_json inspect_json(const GgufFile& f) {
   j["rope_layout"] = rope_layout_name(c.rope_layout);
   j["rope_theta"] = c.rope_theta;
   j["rms_eps"] = c.rms_eps;
+  j["qkv_bias"] = c.qkv_bias;
+  j["qk_norm"] = c.qk_norm;
   if (!c.layer_sliding.empty()) {  // Gemma 3: sliding-window layers with their own RoPE base
     std::vector<int> sliding;
     for (int l = 0; l < c.n_layers; ++l)
@@ -82,6 +84,8 @@ std::string inspect_text(const nlohmann::ordered_json& j) {
                                        j["gqa_ratio"].get<int>()));
   line("head_dim", std::to_string(j["head_dim"].get<int>()));
   line("RoPE", fmt::format("{} pairs, theta {}", j["rope_layout"].get<std::string>(), j["rope_theta"].get<double>()));
+  if (j["qkv_bias"].get<bool>()) line("attention", "Q/K/V projection biases");
+  if (j["qk_norm"].get<bool>()) line("attention", "QK-norm (RMSNorm per head before RoPE)");
   if (j.contains("sliding_window"))
     line("sliding window", fmt::format("{} tokens on {} of {} layers (RoPE theta {} there; the others global)",
                                        j["sliding_window"].get<int64_t>(), j["sliding_layers"].size(),

