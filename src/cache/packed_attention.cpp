@@ -25,30 +25,17 @@ using namespace detail;
 
 namespace detail {
 
-void key_range(const std::vector<int32_t>& kpos, int32_t p, int64_t window, int64_t& lo, int64_t& hi) {
-  hi = std::upper_bound(kpos.begin(), kpos.end(), p) - kpos.begin();
-  lo = 0;
-  if (window > 0) {
-    const int64_t first = static_cast<int64_t>(p) - window + 1;
-    lo = std::lower_bound(kpos.begin(), kpos.end(), first, [](int32_t a, int64_t b) { return a < b; }) -
-         kpos.begin();
-  }
-}
-
 void RowStates::reset() {
-  std::fill(m, m + R, kNegInf);
-  std::fill(l, l + R, 0.0f);
+  std::fill(s, s + R, SoftmaxState{});
   std::fill(o_rot, o_rot + R * Dv, 0.0f);
   std::fill(o_plain, o_plain + R * d, 0.0f);
 }
 
 void RowStates::rescale(int64_t r, float mx) {
-  if (mx == m[r]) return;
-  const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx);
-  l[r] *= alpha;
+  const float alpha = s[r].raise_max(mx);
+  if (alpha == 1.0f) return;
   for (int i = 0; i < Dv; ++i) o_rot[r * Dv + i] *= alpha;
   for (int i = 0; i < d; ++i) o_plain[r * d + i] *= alpha;
-  m[r] = mx;
 }
 
 void attend_fp16_token(RowStates& st, const float* q_orig, const float* kr, const float* vr, int64_t t,
@@ -58,10 +45,10 @@ void attend_fp16_token(RowStates& st, const float* q_orig, const float* kr, cons
     if (t < lo[r] || t >= hi[r]) continue;
     float dot = 0;
     for (int i = 0; i < d; ++i) dot += q_orig[r * d + i] * kr[i];
-    const float s = logit(dot, p);
-    if (s > st.m[r]) st.rescale(r, s);
-    const float e = std::exp(s - st.m[r]);
-    st.l[r] += e;
+    const float s = attention_logit(dot, p);
+    if (s > st.s[r].m) st.rescale(r, s);
+    const float e = std::exp(s - st.s[r].m);
+    st.s[r].l += e;
     for (int i = 0; i < d; ++i) st.o_plain[r * d + i] += e * vr[i];
   }
 }
@@ -70,13 +57,13 @@ void softmax_page(RowStates& st, float* S, int nu, int64_t t_first, const int64_
                   const AttnParams& p) {
   for (int64_t r = 0; r < st.R; ++r) {
     float* sr = S + r * kPageTokens;
-    float mx = st.m[r];
+    float mx = st.s[r].m;
     for (int u = 0; u < nu; ++u) {
       const int64_t t = t_first + u;
       if (t < lo[r] || t >= hi[r]) {
         sr[u] = kNegInf;
       } else {
-        sr[u] = logit(sr[u], p);
+        sr[u] = attention_logit(sr[u], p);
         mx = std::max(mx, sr[u]);
       }
     }
@@ -90,25 +77,11 @@ void softmax_page(RowStates& st, float* S, int nu, int64_t t_first, const int64_
       sr[u] = std::exp(sr[u] - mx);  // exp(−∞) = 0 for masked slots
       sum += sr[u];
     }
-    st.l[r] += sum;
+    st.s[r].l += sum;
   }
 }
 
 }  // namespace detail
-
-void merge_partial(AttnPartial& a, float* o_a, const AttnPartial& b, const float* o_b, int len) {
-  if (b.m == kNegInf) return;
-  if (a.m == kNegInf) {
-    a = b;
-    std::memcpy(o_a, o_b, sizeof(float) * len);
-    return;
-  }
-  const float m = std::max(a.m, b.m);
-  const float fa = std::exp(a.m - m), fb = std::exp(b.m - m);
-  for (int i = 0; i < len; ++i) o_a[i] = o_a[i] * fa + o_b[i] * fb;
-  a.l = a.l * fa + b.l * fb;
-  a.m = m;
-}
 
 void PackedKVCache::unpack_group(const Layer& L, int hk, int s, size_t g, int64_t pg, int n_slots, uint8_t* codes,
                                  uint8_t* tmp) const {
@@ -122,18 +95,18 @@ void PackedKVCache::unpack_group(const Layer& L, int hk, int s, size_t g, int64_
 }
 
 // Attention of R query rows of KV head hk over tokens [a, b) ∩ each row's
-// [lo, hi): online softmax per page, partial state (m, l, o_rot, o_plain).
+// [lo, hi): online softmax per page, partial state (SoftmaxState, o_rot, o_plain).
 //   q_orig (R, d) post-RoPE queries, q_rot (R, Dk) rotated per key group,
 //   o_rot (R, Dv) value accumulator in the value groups' rotated domains,
 //   o_plain (R, d) accumulator of the fp16 sink/window rows.
 void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* q_orig, const float* q_rot,
                                 const int64_t* lo, const int64_t* hi, int64_t a, int64_t b, const AttnParams& p,
-                                float* m, float* l, float* o_rot, float* o_plain) const {
+                                SoftmaxState* s, float* o_rot, float* o_plain) const {
   const int d = shape_.head_dim, Hkv = shape_.n_kv_heads;
   const int64_t row = int64_t{Hkv} * d;
   const Head& H = L.heads[hk];
   const int Dk = H.rot_dim[0], Dv = H.rot_dim[1];
-  RowStates st{R, Dv, d, m, l, o_rot, o_plain};
+  RowStates st{R, Dv, d, s, o_rot, o_plain};
   st.reset();
 
   const int64_t T = static_cast<int64_t>(L.pos.size());
@@ -303,21 +276,13 @@ void PackedKVCache::attend_rows(const Layer& L, int hk, int64_t R, const float* 
 
 void PackedKVCache::attend(int layer, int64_t n, const int32_t* pos, const float* q, float* out,
                            const AttnParams& params) {
-  check(layer >= 0 && layer < shape_.n_layers, "PackedKVCache::attend: layer {} out of range [0, {})", layer,
-        shape_.n_layers);
-  check(n > 0, "PackedKVCache::attend: n = {} must be positive", n);
-  check(params.scale > 0 && std::isfinite(params.scale), "PackedKVCache::attend: scale {} must be finite and positive",
-        params.scale);
+  check_attend_args("PackedKVCache::attend", layer, shape_.n_layers, n, params);
   const Layer& L = layers_[layer];
   const int64_t T = static_cast<int64_t>(L.pos.size());
   const int H = shape_.n_heads, Hkv = shape_.n_kv_heads, d = shape_.head_dim, ratio = H / Hkv;
   const int64_t qrow = int64_t{H} * d;
-  std::vector<int64_t> qlo(n), qhi(n);
-  for (int64_t i = 0; i < n; ++i) {
-    key_range(L.pos, pos[i], params.sliding_window, qlo[i], qhi[i]);
-    check(qhi[i] > qlo[i], "PackedKVCache::attend: layer {}: query at position {} sees no cached key (append first)",
-          layer, pos[i]);
-  }
+  std::vector<int64_t> qlo, qhi;
+  query_key_ranges("PackedKVCache::attend", layer, L.pos, n, pos, params.sliding_window, qlo, qhi);
 
   // Work items: (KV head, query block, sequence part). Decode (few rows):
   // one query block, the pages split into parts; prefill: query blocks, one part.
@@ -331,9 +296,9 @@ void PackedKVCache::attend(int layer, int64_t n, const int32_t* pos, const float
   const int64_t R_max = qb * ratio;
   int max_dv = 0;
   for (const Head& Hd : L.heads) max_dv = std::max(max_dv, Hd.rot_dim[1]);
-  // Partial states of every item: m, l (R_max), o_rot (R_max, max_dv), o_plain (R_max, d).
-  std::vector<float> st_m(n_items * R_max), st_l(n_items * R_max), st_o(n_items * R_max * max_dv),
-      st_p(n_items * R_max * d);
+  // Partial states of every item: SoftmaxState (R_max), o_rot (R_max, max_dv), o_plain (R_max, d).
+  std::vector<SoftmaxState> st_s(n_items * R_max);
+  std::vector<float> st_o(n_items * R_max * max_dv), st_p(n_items * R_max * d);
   const bool par = n_items > 1 && n * H * T * d >= (int64_t{1} << 15);
 
 #pragma omp parallel for schedule(dynamic) if (par)
@@ -366,16 +331,11 @@ void PackedKVCache::attend(int layer, int64_t n, const int32_t* pos, const float
       a = std::max(a, pa);
       b = std::min(b, pb);
     }
-    float* m = st_m.data() + it * R_max;
-    float* l = st_l.data() + it * R_max;
+    SoftmaxState* s = st_s.data() + it * R_max;
     float* o = st_o.data() + it * R_max * max_dv;
     float* op = st_p.data() + it * R_max * d;
-    if (b > a) {
-      attend_rows(L, hk, R, q_orig.data(), q_rot.data(), lo.data(), hi.data(), a, b, params, m, l, o, op);
-    } else {
-      std::fill(m, m + R, kNegInf);
-      std::fill(l, l + R, 0.0f);
-    }
+    if (b > a) attend_rows(L, hk, R, q_orig.data(), q_rot.data(), lo.data(), hi.data(), a, b, params, s, o, op);
+    // else: the part sees no key; its states stay empty (m = −∞, l = 0) and merge as nothing.
   }
 
   // Merge the parts (log-sum-exp), rotate back once per output row, normalize.
@@ -389,17 +349,16 @@ void PackedKVCache::attend(int layer, int64_t n, const int32_t* pos, const float
     const int64_t it0 = x * n_parts;
     std::vector<float> y(d), tmp(Dv + d), tmp2(Dv + d);
     for (int64_t r = 0; r < R; ++r) {
-      AttnPartial acc{st_m[it0 * R_max + r], st_l[it0 * R_max + r]};
+      SoftmaxState acc = st_s[it0 * R_max + r];
       // o_rot and o_plain of part 0, concatenated.
       // Dv = 0 (values fp16/vq, all in o_plain): st_o is empty, and memcpy from its null data() is UB.
       if (Dv > 0) std::memcpy(tmp.data(), st_o.data() + (it0 * R_max + r) * max_dv, sizeof(float) * Dv);
       std::memcpy(tmp.data() + Dv, st_p.data() + (it0 * R_max + r) * d, sizeof(float) * d);
       for (int64_t part = 1; part < n_parts; ++part) {
         const int64_t it = it0 + part;
-        const AttnPartial other{st_m[it * R_max + r], st_l[it * R_max + r]};
         if (Dv > 0) std::memcpy(tmp2.data(), st_o.data() + (it * R_max + r) * max_dv, sizeof(float) * Dv);
         std::memcpy(tmp2.data() + Dv, st_p.data() + (it * R_max + r) * d, sizeof(float) * d);
-        merge_partial(acc, tmp.data(), other, tmp2.data(), Dv + d);
+        acc.merge(st_s[it * R_max + r], tmp.data(), tmp2.data(), Dv + d);
       }
       const int64_t i = i0 + r / ratio;
       const int h = hk * ratio + static_cast<int>(r % ratio);

@@ -17,6 +17,7 @@
 
 #include "ratekv/common/fp16.h"
 #include "ratekv/format/packed_format.h"
+#include "ratekv/model/attention_state.h"
 #include "ratekv/model/kv_cache.h"
 
 namespace ratekv::cache::detail {
@@ -41,12 +42,6 @@ inline constexpr bool kHaveFast = false;
 // word j; by element_pos that is column 2j + n mod 2 + 8·⌊n/2⌋.
 constexpr int nat_col(int k) { return 2 * (k >> 2) + (k & 1) + 8 * ((k >> 1) & 1); }
 
-inline float logit(float dot, const AttnParams& p) {
-  float x = dot * p.scale;
-  if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
-  return x;
-}
-
 // The fp16 norm of token slot `slot` of a group whose norm array starts at
 // page + norm_offset.
 inline float norm_at(const uint8_t* page, size_t norm_offset, int slot) {
@@ -54,10 +49,6 @@ inline float norm_at(const uint8_t* page, size_t norm_offset, int slot) {
   std::memcpy(&h, page + norm_offset + 2 * static_cast<size_t>(slot), 2);  // little endian (x86/arm64)
   return fp16_to_fp32(h);
 }
-
-// Token index range [lo, hi) visible to a query at position p (positions
-// strictly increasing): as DenseKVCache.
-void key_range(const std::vector<int32_t>& kpos, int32_t p, int64_t window, int64_t& lo, int64_t& hi);
 
 // One group of one side of one KV head in one page, as the page kernels read it.
 struct PageGroup {
@@ -68,15 +59,17 @@ struct PageGroup {
   const float* lv16 = nullptr;    // levels padded to 16 (fast path: bits ≤ 4)
 };
 
-// Partial softmax-attention states of R query rows: m, l (R), o_rot (R, Dv)
-// in the value groups' rotated domains, o_plain (R, d) of the fp16 rows.
+// Partial softmax-attention states of R query rows: s (R) the online-softmax
+// states (ratekv/model/attention_state.h), o_rot (R, Dv) in the value groups'
+// rotated domains, o_plain (R, d) of the fp16 rows.
 struct RowStates {
   int64_t R = 0;
   int Dv = 0, d = 0;
-  float *m = nullptr, *l = nullptr, *o_rot = nullptr, *o_plain = nullptr;
+  SoftmaxState* s = nullptr;
+  float *o_rot = nullptr, *o_plain = nullptr;
   // Empty states (m = −∞, l = 0, o = 0).
   void reset();
-  // Rescales row r's state to the new max mx (≥ m[r]).
+  // Raises row r's max to mx (≥ its m), rescaling its l and outputs.
   void rescale(int64_t r, float mx);
 };
 

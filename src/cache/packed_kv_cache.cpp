@@ -29,13 +29,7 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
                              PackedCacheOptions opt)
     : shape_(shape), codecs_(std::move(codecs)), opt_(opt) {
   check(codecs_ != nullptr, "PackedKVCache: no plan codecs");
-  check(shape.n_layers > 0 && shape.n_heads > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.n_ctx > 0,
-        "PackedKVCache: shape must be positive (n_layers {}, n_heads {}, n_kv_heads {}, head_dim {}, n_ctx {})",
-        shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.n_ctx);
-  check(shape.n_heads % shape.n_kv_heads == 0, "PackedKVCache: n_kv_heads {} must divide n_heads {}",
-        shape.n_kv_heads, shape.n_heads);
-  check(shape.n_ctx <= std::numeric_limits<int32_t>::max(), "PackedKVCache: n_ctx {} exceeds int32 positions",
-        shape.n_ctx);
+  shape.validate("PackedKVCache");
   const ModelConfig& c = codecs_->config();
   check(shape.n_layers == c.n_layers && shape.n_kv_heads == c.n_kv_heads && shape.head_dim == c.head_dim,
         "PackedKVCache: cache shape (layers {}, KV heads {}, head_dim {}) does not match the plan's model "

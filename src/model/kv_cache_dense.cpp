@@ -7,33 +7,21 @@
 #include <omp.h>
 
 #include "ratekv/common/error.h"
+#include "ratekv/model/attention_state.h"
 #include "ratekv/model/kv_cache.h"
 
 namespace ratekv {
 
 namespace {
 
-// Index range [lo, hi) of cached tokens a query at position p may see: cached
-// positions are strictly increasing, so it is contiguous.
-inline void key_range(const std::vector<int32_t>& kpos, int32_t p, int64_t window, int64_t& lo, int64_t& hi) {
-  hi = std::upper_bound(kpos.begin(), kpos.end(), p) - kpos.begin();
-  lo = 0;
-  if (window > 0) {
-    const int64_t first = static_cast<int64_t>(p) - window + 1;  // keys at > p − window
-    lo = std::lower_bound(kpos.begin(), kpos.end(), first, [](int32_t a, int64_t b) { return a < b; }) -
-         kpos.begin();
-  }
-}
-
-// Turns raw dot products s[0..len) into softmax probabilities in place (scale,
-// optional softcap, max-subtracted exp). Returns nothing; len > 0.
-inline void softmax_row(float* s, int64_t len, float scale, float softcap) {
+// Turns raw dot products s[0..len) into softmax probabilities in place
+// (attention_logit, max-subtracted exp): the whole row at once, the reference
+// the packed cache's online states (SoftmaxState) must match. len > 0.
+inline void softmax_row(float* s, int64_t len, const AttnParams& p) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < len; ++j) {
-    float x = s[j] * scale;
-    if (softcap > 0) x = softcap * std::tanh(x / softcap);
-    s[j] = x;
-    mx = std::max(mx, x);
+    s[j] = attention_logit(s[j], p);
+    mx = std::max(mx, s[j]);
   }
   float sum = 0;
   for (int64_t j = 0; j < len; ++j) {
@@ -46,14 +34,16 @@ inline void softmax_row(float* s, int64_t len, float scale, float softcap) {
 
 }  // namespace
 
+void KVCacheShape::validate(const char* who) const {
+  check(n_layers > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0 && n_ctx > 0,
+        "{}: shape must be positive (n_layers {}, n_heads {}, n_kv_heads {}, head_dim {}, n_ctx {})", who, n_layers,
+        n_heads, n_kv_heads, head_dim, n_ctx);
+  check(n_heads % n_kv_heads == 0, "{}: n_kv_heads {} must divide n_heads {}", who, n_kv_heads, n_heads);
+  check(n_ctx <= std::numeric_limits<int32_t>::max(), "{}: n_ctx {} exceeds int32 positions", who, n_ctx);
+}
+
 DenseKVCache::DenseKVCache(const KVCacheShape& shape) : shape_(shape) {
-  check(shape.n_layers > 0 && shape.n_heads > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.n_ctx > 0,
-        "DenseKVCache: shape must be positive (n_layers {}, n_heads {}, n_kv_heads {}, head_dim {}, n_ctx {})",
-        shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.n_ctx);
-  check(shape.n_heads % shape.n_kv_heads == 0, "DenseKVCache: n_kv_heads {} must divide n_heads {}",
-        shape.n_kv_heads, shape.n_heads);
-  check(shape.n_ctx <= std::numeric_limits<int32_t>::max(), "DenseKVCache: n_ctx {} exceeds int32 positions",
-        shape.n_ctx);
+  shape.validate("DenseKVCache");
   layers_.resize(shape.n_layers);
 }
 
@@ -85,21 +75,13 @@ void DenseKVCache::append(int layer, int64_t n, const int32_t* pos, const float*
 
 void DenseKVCache::attend(int layer, int64_t n, const int32_t* pos, const float* q, float* out,
                           const AttnParams& params) {
-  check(layer >= 0 && layer < shape_.n_layers, "DenseKVCache::attend: layer {} out of range [0, {})", layer,
-        shape_.n_layers);
-  check(n > 0, "DenseKVCache::attend: n = {} must be positive", n);
-  check(params.scale > 0 && std::isfinite(params.scale), "DenseKVCache::attend: scale {} must be finite and positive",
-        params.scale);
+  check_attend_args("DenseKVCache::attend", layer, shape_.n_layers, n, params);
   const Layer& L = layers_[layer];
   const int64_t T = static_cast<int64_t>(L.pos.size());
   const int H = shape_.n_heads, Hkv = shape_.n_kv_heads, d = shape_.head_dim, ratio = H / Hkv;
   const int64_t qrow = int64_t{H} * d, kvrow = int64_t{Hkv} * d;
-  std::vector<int64_t> lo(n), hi(n);
-  for (int64_t i = 0; i < n; ++i) {
-    key_range(L.pos, pos[i], params.sliding_window, lo[i], hi[i]);
-    check(hi[i] > lo[i], "DenseKVCache::attend: layer {}: query at position {} sees no cached key (append first)",
-          layer, pos[i]);
-  }
+  std::vector<int64_t> lo, hi;
+  query_key_ranges("DenseKVCache::attend", layer, L.pos, n, pos, params.sliding_window, lo, hi);
 
   // One row (query i, head h) per iteration, OpenMP across rows (only when
   // there is enough work to pay for waking the threads). Dot products and the
@@ -122,7 +104,7 @@ void DenseKVCache::attend(int layer, int64_t n, const int32_t* pos, const float*
         for (int c = 0; c < d; ++c) acc += qv[c] * kv[c];
         s[j] = acc;
       }
-      softmax_row(s.data(), len, params.scale, params.softcap);
+      softmax_row(s.data(), len, params);
       float* o = out + i * qrow + int64_t{h} * d;
       std::fill(o, o + d, 0.0f);
       const float* vb = L.v.data() + lo[i] * kvrow + int64_t{hk} * d;

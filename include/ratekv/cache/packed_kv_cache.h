@@ -67,7 +67,8 @@
 // Values are accumulated in each group's rotated domain (o_rot += p_t n_t
 // c[idx_t]) and rotated back once per output row (x = Π_gᵀ o_rot). The key
 // range is split over the sequence (pages) into parts with partial states
-// {o, m, l} (flash-decoding) merged by log-sum-exp; OpenMP over (KV head,
+// {o, m, l} (flash-decoding; SoftmaxState, ratekv/model/attention_state.h,
+// the DenseKVCache's key range and logit too) merged by log-sum-exp; OpenMP over (KV head,
 // part) for decode and (KV head, query block) for prefill.
 //
 // Sources (src/cache/): packed_kv_cache.cpp (layouts, append, bytes),
@@ -87,6 +88,7 @@
 #include <vector>
 
 #include "ratekv/cache/plan_codecs.h"
+#include "ratekv/model/attention_state.h"
 #include "ratekv/model/kv_cache.h"
 #include "ratekv/format/packed_format.h"
 #include "ratekv/format/packed_vq_format.h"
@@ -104,18 +106,6 @@ struct PackedCacheOptions {
   /// instead of the AVX2 decode fast path (tests compare the two).
   bool reference_attention = false;
 };
-
-/// Partial softmax-attention state of one query row over a subset of the
-/// keys: o = Σ_t e^{s_t − m} v_t (unnormalized), l = Σ_t e^{s_t − m}.
-/// merge() combines two disjoint subsets (log-sum-exp rescaling); an empty
-/// state has m = −∞, l = 0.
-struct AttnPartial {
-  float m;
-  float l;
-};
-
-/// Merges partial state (m_b, l_b, o_b) into (a, o_a); o_a, o_b: len floats.
-void merge_partial(AttnPartial& a, float* o_a, const AttnPartial& b, const float* o_b, int len);
 
 class PackedKVCache final : public KVCache {
  public:
@@ -213,7 +203,7 @@ class PackedKVCache final : public KVCache {
                     uint8_t* tmp) const;
   void attend_rows(const Layer& L, int hk, int64_t rows, const float* q_orig, const float* q_rot,
                    const int64_t* lo, const int64_t* hi, int64_t a, int64_t b, const AttnParams& p,
-                   float* m, float* l, float* o_rot, float* o_plain) const;
+                   SoftmaxState* s, float* o_rot, float* o_plain) const;
 
   KVCacheShape shape_;
   std::shared_ptr<const PlanCodecs> codecs_;

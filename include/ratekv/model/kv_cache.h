@@ -33,6 +33,10 @@ struct KVCacheShape {
   int n_kv_heads = 0;
   int head_dim = 0;
   int64_t n_ctx = 0;    // capacity in tokens; append past it throws Error
+
+  /// Checks what every cache needs: positive sizes, n_kv_heads dividing
+  /// n_heads, n_ctx within int32 positions. Throws Error prefixed by `who`.
+  void validate(const char* who) const;
 };
 
 /// Per-layer attention rules.
