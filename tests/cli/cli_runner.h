@@ -4,8 +4,11 @@
 // skip when it has not been built.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 #include <sys/wait.h>
 
@@ -43,6 +46,30 @@ inline Result run_cli(const std::string& args) {
   const int st = pclose(p);
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
   return r;
+}
+
+/// load_model's log line once the weights are in: output without it failed
+/// before the (slow) weight load.
+inline constexpr const char* kWeightsLoaded = "fp32 weights";
+
+/// Runs `args` and expects exit `status` (1: with an "error: " line), each of
+/// `needles` in the output, no weights loaded (kWeightsLoaded absent) and no
+/// "internal" (unexpected-exception) error.
+inline void expect_error_before_weights(const std::string& args, int status,
+                                        std::initializer_list<std::string> needles) {
+  const Result r = run_cli(args);
+  EXPECT_EQ(r.status, status) << args << "\n" << r.output;
+  if (status == 1) {
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << args << "\n" << r.output;
+  }
+  for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << "\n" << r.output;
+  EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
+  EXPECT_EQ(r.output.find("internal"), std::string::npos) << r.output;
+}
+
+/// The same for exit status 1 (a clean "error: ..." of a bad input).
+inline void expect_error_before_weights(const std::string& args, std::initializer_list<std::string> needles) {
+  expect_error_before_weights(args, 1, needles);
 }
 
 }  // namespace ratekv_test

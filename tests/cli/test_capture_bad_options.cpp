@@ -23,10 +23,11 @@ using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
 using ratekv_test::TempDir;
+using ratekv_test::expect_error_before_weights;
+using ratekv_test::kWeightsLoaded;
 
 namespace {
 
-constexpr const char* kWeightsLoaded = "fp32 weights";  // load_model's log line once the weights are in
 
 class CaptureBadOptions : public ::testing::Test {
  protected:
@@ -39,14 +40,6 @@ class CaptureBadOptions : public ::testing::Test {
   }
   static std::string q(const fs::path& p) { return ratekv_test::shell_quote(p.string()); }
   std::string base(const fs::path& text) const { return "capture -m " + q(model_) + " -f " + q(text) + " "; }
-  // Expects `status`, each needle in the output, and no weights loaded.
-  static void expect_error(const std::string& args, int status, std::initializer_list<std::string> needles) {
-    const Result r = run_cli(args);
-    EXPECT_EQ(r.status, status) << args << "\n" << r.output;
-    for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << "\n" << r.output;
-    EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
-    EXPECT_EQ(r.output.find("internal"), std::string::npos) << r.output;
-  }
   fs::path model_, text_;
   TempDir dir_{"capture_bad_options"};
 };
@@ -55,9 +48,9 @@ TEST_F(CaptureBadOptions, OutputThatIsAFileOrUnderAFile) {
   // Used to escape as std::filesystem::filesystem_error: "internal: unexpected exception", exit 2.
   const fs::path file = dir_ / "not_a_dir";
   std::ofstream(file) << "user data";
-  expect_error(base(text_) + "--tokens 4 --layers 0 -o " + q(file), 1,
+  expect_error_before_weights(base(text_) + "--tokens 4 --layers 0 -o " + q(file), 1,
                {"error: -o: '" + file.string() + "' exists and is not a directory"});
-  expect_error(base(text_) + "--tokens 4 --layers 0 -o " + q(file / "sub"), 1,
+  expect_error_before_weights(base(text_) + "--tokens 4 --layers 0 -o " + q(file / "sub"), 1,
                {"error: -o: cannot create the output directory '" + (file / "sub").string() + "'"});
   std::ifstream in(file);
   std::string content((std::istreambuf_iterator<char>(in)), {});
@@ -67,24 +60,24 @@ TEST_F(CaptureBadOptions, OutputThatIsAFileOrUnderAFile) {
 TEST_F(CaptureBadOptions, LayerGivenTwiceOrEmpty) {
   // `--layers 0,0` used to capture layer 0 twice, write its files twice and report "2 layer(s)".
   const fs::path out = dir_ / "kv_twice";
-  expect_error(base(text_) + "--tokens 4 --layers 3,0,3 -o " + q(out), 1,
+  expect_error_before_weights(base(text_) + "--tokens 4 --layers 3,0,3 -o " + q(out), 1,
                {"error: --layers: layer 3 given twice"});
   EXPECT_FALSE(fs::exists(out));
   // `--layers ''` used to capture layer 0.
   const fs::path out2 = dir_ / "kv_empty";
-  expect_error(base(text_) + "--tokens 4 --layers '' -o " + q(out2), 2, {"--layers", "empty layer number"});
+  expect_error_before_weights(base(text_) + "--tokens 4 --layers '' -o " + q(out2), 2, {"--layers", "empty layer number"});
   EXPECT_FALSE(fs::exists(out2));
 }
 
 TEST_F(CaptureBadOptions, TextErrorsComeBeforeTheWeightsAndLeaveNoDirectory) {
   // The text used to be read after the weights, and the (empty) output directory was left behind.
   const fs::path out = dir_ / "kv_short" / "nested";
-  expect_error(base(text_) + "--tokens 100000 --layers 0 -o " + q(out), 1,
+  expect_error_before_weights(base(text_) + "--tokens 100000 --layers 0 -o " + q(out), 1,
                {"error: -f '" + text_.string() + "': the text has only", "100000 requested"});
   EXPECT_FALSE(fs::exists(dir_ / "kv_short"));
   const fs::path empty = dir_ / "empty.txt";
   std::ofstream(empty).flush();
-  expect_error(base(empty) + "--tokens 4 --layers 0 -o " + q(out), 1, {"the text file is empty"});
+  expect_error_before_weights(base(empty) + "--tokens 4 --layers 0 -o " + q(out), 1, {"the text file is empty"});
   EXPECT_FALSE(fs::exists(dir_ / "kv_short"));
 }
 
@@ -136,10 +129,10 @@ TEST_F(CaptureBadOptions, TextThatIsADeviceIsRefused) {
   const Result null_dev = run_cli(base("/dev/null") + "--tokens 4 --layers 0 -o " + q(dir_ / "kv_null"));
   ASSERT_EQ(null_dev.status, 1) << null_dev.output;
   ASSERT_NE(null_dev.output.find("error: -f '/dev/null': not a regular file"), std::string::npos) << null_dev.output;
-  expect_error(base("/dev/zero") + "--tokens 4 --layers 0 -o " + q(dir_ / "kv_zero"), 1,
+  expect_error_before_weights(base("/dev/zero") + "--tokens 4 --layers 0 -o " + q(dir_ / "kv_zero"), 1,
                {"error: -f '/dev/zero': not a regular file (expected a text file)"});
   EXPECT_FALSE(fs::exists(dir_ / "kv_zero"));
-  expect_error("perplexity -m " + q(model_) + " -f /dev/zero -c 64", 1,
+  expect_error_before_weights("perplexity -m " + q(model_) + " -f /dev/zero -c 64", 1,
                {"error: -f '/dev/zero': not a regular file (expected a text file)"});
 }
 
@@ -149,7 +142,7 @@ TEST_F(CaptureBadOptions, DanglingSymlinkIsAnExistingFile) {
   const fs::path out = dir_ / "kv_link";
   fs::create_directories(out);
   fs::create_symlink(dir_ / "no_such_dir" / "x", out / "v_layer0.npy");
-  expect_error(base(text_) + "--tokens 8 --layers 0 -o " + q(out), 1,
+  expect_error_before_weights(base(text_) + "--tokens 8 --layers 0 -o " + q(out), 1,
                {"error: -o: '" + (out / "v_layer0.npy").string() + "' already exists"});
   EXPECT_FALSE(fs::exists(out / "k_layer0.npy"));
 }

@@ -20,10 +20,11 @@ using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
 using ratekv_test::TempDir;
+using ratekv_test::expect_error_before_weights;
+using ratekv_test::kWeightsLoaded;
 
 namespace {
 
-constexpr const char* kWeightsLoaded = "fp32 weights";  // load_model's log line once the weights are in
 
 class EarlyErrors : public ::testing::Test {
  protected:
@@ -33,14 +34,6 @@ class EarlyErrors : public ::testing::Test {
     if (!fs::exists(smollm2_)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2_;
   }
   static std::string q(const fs::path& p) { return ratekv_test::shell_quote(p.string()); }
-  static void expect_early_error(const std::string& args, std::initializer_list<std::string> needles) {
-    const Result r = run_cli(args);
-    EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
-    EXPECT_NE(r.output.find("error: "), std::string::npos) << args << "\n" << r.output;
-    for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << "\n" << r.output;
-    EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
-    EXPECT_EQ(r.output.find("internal"), std::string::npos) << r.output;
-  }
   fs::path smollm2_;
   TempDir dir_{"early_errors"};
 };
@@ -53,18 +46,18 @@ TEST_F(EarlyErrors, NiahPlanThePackedCacheCannotServe) {
   const Result made = run_cli("plan --method uniform --quantizer kivi --kbits 2 --vbits 2 --stats " + q(stats) +
                               " -o " + q(plan));
   ASSERT_EQ(made.status, 0) << made.output;
-  expect_early_error("niah -m " + q(smollm2_) + " --depths 2 --trials 1 --ctx 128 --plan " + q(plan),
+  expect_error_before_weights("niah -m " + q(smollm2_) + " --depths 2 --trials 1 --ctx 128 --plan " + q(plan),
                      {"kivi", "no packed storage", "--cache fake"});
 }
 
 TEST_F(EarlyErrors, NiahChatTemplateAndHaystack) {
   const fs::path empty_hay = dir_ / "hay";
   fs::create_directories(empty_hay);
-  expect_early_error("niah -m " + q(smollm2_) + " --depths 2 --trials 1 --ctx 128 --haystack " + q(empty_hay),
+  expect_error_before_weights("niah -m " + q(smollm2_) + " --depths 2 --trials 1 --ctx 128 --haystack " + q(empty_hay),
                      {"haystack: '" + empty_hay.string() + "' holds no .txt files"});
   const std::string gemma = ratekv_test::gemma3_path();
   if (!fs::exists(gemma)) GTEST_SKIP() << "Gemma 3 asset missing: " << gemma;
-  expect_early_error("niah -m " + q(gemma) + " --depths 2 --trials 1 --ctx 128", {"chat_template", "ChatML"});
+  expect_error_before_weights("niah -m " + q(gemma) + " --depths 2 --trials 1 --ctx 128", {"chat_template", "ChatML"});
 }
 
 TEST_F(EarlyErrors, PlanTasqContextOutOfRange) {
@@ -75,16 +68,16 @@ TEST_F(EarlyErrors, PlanTasqContextOutOfRange) {
   }
   const std::string base = "plan --method tasq -m " + q(smollm2_) + " -f " + q(text) +
                            " --tokens 64 --centroids 2 --vcentroids 2 -o " + q(dir_ / "p.json") + " --ctx ";
-  expect_early_error(base + "0", {"--ctx 0", "1..8192"});
-  expect_early_error(base + "8193", {"--ctx 8193", "1..8192"});
+  expect_error_before_weights(base + "0", {"--ctx 0", "1..8192"});
+  expect_error_before_weights(base + "8193", {"--ctx 8193", "1..8192"});
 }
 
 TEST_F(EarlyErrors, PanelOutputUnderAFile) {
   const fs::path file = dir_ / "not_a_dir";
   std::ofstream(file) << "user data";
-  expect_early_error("panel --model " + q(smollm2_) + " --out " + q(file / "x"),
+  expect_error_before_weights("panel --model " + q(smollm2_) + " --out " + q(file / "x"),
                      {"--out: cannot create the output directory '" + (file / "x").string() + "'"});
-  expect_early_error("panel --model " + q(smollm2_) + " --out " + q(file), {"--out", "is not a directory"});
+  expect_error_before_weights("panel --model " + q(smollm2_) + " --out " + q(file), {"--out", "is not a directory"});
 }
 
 }  // namespace

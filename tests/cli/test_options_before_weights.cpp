@@ -15,11 +15,12 @@ using ratekv_test::cli_path;
 using ratekv_test::Result;
 using ratekv_test::run_cli;
 using ratekv_test::TempDir;
+using ratekv_test::expect_error_before_weights;
+using ratekv_test::kWeightsLoaded;
 
 namespace {
 
 // The log line load_model() prints once the weights are loaded.
-constexpr const char* kWeightsLoaded = "fp32 weights";
 
 class OptionsBeforeWeights : public ::testing::Test {
  protected:
@@ -31,16 +32,7 @@ class OptionsBeforeWeights : public ::testing::Test {
     text_ = dir_ / "t.txt";
     std::ofstream(text_) << "A short text of a few dozen tokens, far fewer than two chunks of 512.";
   }
-  static std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
-  // Runs `args`; expects exit 1 with "error: " followed (somewhere) by each of
-  // `needles`, and no weights loaded.
-  static void expect_early_error(const std::string& args, std::initializer_list<const char*> needles) {
-    const Result r = run_cli(args);
-    EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
-    EXPECT_NE(r.output.find("error: "), std::string::npos) << args << "\n" << r.output;
-    for (const char* n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << "\n" << r.output;
-    EXPECT_EQ(r.output.find(kWeightsLoaded), std::string::npos) << "weights were loaded first:\n" << r.output;
-  }
+  static std::string q(const fs::path& p) { return ratekv_test::shell_quote(p.string()); }
   fs::path smollm2_, gemma3_, text_;
   TempDir dir_{"cli_before_weights"};
 };
@@ -52,40 +44,40 @@ TEST_F(OptionsBeforeWeights, Generate) {
   ASSERT_EQ(ok.status, 0) << ok.output;
   ASSERT_NE(ok.output.find(kWeightsLoaded), std::string::npos) << ok.output;
   // --plan without a plan cache (the plan file exists; its content is never read).
-  expect_early_error(base + "-n 4 --plan " + q(text_), {"--plan", "--cache fp32"});
-  expect_early_error(base + "-n 4 --cache fake", {"--cache fake: needs --plan"});
-  expect_early_error(base + "-n 4 --cache packed", {"--cache packed: needs --plan"});
+  expect_error_before_weights(base + "-n 4 --plan " + q(text_), {"--plan", "--cache fp32"});
+  expect_error_before_weights(base + "-n 4 --cache fake", {"--cache fake: needs --plan"});
+  expect_error_before_weights(base + "-n 4 --cache packed", {"--cache packed: needs --plan"});
   // SmolLM2's context is 8192 tokens.
-  expect_early_error(base + "-n 9000", {"-p/-n", "9000 new tokens", "8192"});
+  expect_error_before_weights(base + "-n 9000", {"-p/-n", "9000 new tokens", "8192"});
 }
 
 TEST_F(OptionsBeforeWeights, GenerateChatNeedsChatMLTemplate) {
   if (!fs::exists(gemma3_)) GTEST_SKIP() << "model asset absent: " << gemma3_;
-  expect_early_error("generate -m " + q(gemma3_) + " -p hi -n 4 --chat", {"--chat", "ChatML"});
+  expect_error_before_weights("generate -m " + q(gemma3_) + " -p hi -n 4 --chat", {"--chat", "ChatML"});
 }
 
 TEST_F(OptionsBeforeWeights, Perplexity) {
   const std::string base = "perplexity -m " + q(smollm2_) + " -f " + q(text_) + " ";
-  expect_early_error(base + "-c 10000", {"-c: context 10000", "8192"});
-  expect_early_error(base + "-c 64 --plan " + q(text_), {"--plan", "--cache fp32"});
-  expect_early_error(base + "-c 64 --cache fake", {"--cache fake: needs --plan"});
-  expect_early_error(base + "-c 512", {"-f/-c", "need at least 2·CTX = 1024"});
+  expect_error_before_weights(base + "-c 10000", {"-c: context 10000", "8192"});
+  expect_error_before_weights(base + "-c 64 --plan " + q(text_), {"--plan", "--cache fp32"});
+  expect_error_before_weights(base + "-c 64 --cache fake", {"--cache fake: needs --plan"});
+  expect_error_before_weights(base + "-c 512", {"-f/-c", "need at least 2·CTX = 1024"});
 }
 
 TEST_F(OptionsBeforeWeights, Capture) {
   const std::string base = "capture -m " + q(smollm2_) + " -f " + q(text_) + " --tokens 8 ";
-  expect_early_error(base + "--ctx 9000 -o " + q(dir_ / "kv"), {"--ctx 9000", "8192"});
-  expect_early_error(base + "--ctx 8 --layers 0,30 -o " + q(dir_ / "kv"), {"--layers", "30", "0..29"});
+  expect_error_before_weights(base + "--ctx 9000 -o " + q(dir_ / "kv"), {"--ctx 9000", "8192"});
+  expect_error_before_weights(base + "--ctx 8 --layers 0,30 -o " + q(dir_ / "kv"), {"--layers", "30", "0..29"});
   fs::create_directories(dir_ / "kv2");
   std::ofstream(dir_ / "kv2" / "q_layer0.npy") << "user data";
-  expect_early_error(base + "--ctx 8 --layers 0 --queries -o " + q(dir_ / "kv2"), {"q_layer0.npy", "already exists"});
+  expect_error_before_weights(base + "--ctx 8 --layers 0 --queries -o " + q(dir_ / "kv2"), {"q_layer0.npy", "already exists"});
 }
 
 TEST_F(OptionsBeforeWeights, Niah) {
   const std::string base = "niah -m " + q(smollm2_) + " --depths 2 --trials 1 ";
-  expect_early_error(base + "--ctx 9000", {"--ctx", "9000", "8192"});
+  expect_error_before_weights(base + "--ctx 9000", {"--ctx", "9000", "8192"});
   // A plan that is not a plan is rejected from the header's config, before the weights.
-  expect_early_error(base + "--ctx 128 --plan " + q(text_), {"t.txt"});
+  expect_error_before_weights(base + "--ctx 128 --plan " + q(text_), {"t.txt"});
 }
 
 }  // namespace
