@@ -14,8 +14,9 @@ Every "§N" / "§N.M" in the scanned files must resolve:
     Hendrycks) cites that publication and is not checked;
   * in docs/<name>.md, a "§" in no scope cites that document itself;
   * anything else (a bare "§4" in a source file) is an error.
-The scanned files must not cite the team's internal inputs ("DESIGN.md",
-"papers/0..."): the design lives in docs/design.md.
+The scanned files must not cite the team's internal inputs (the upper-case
+design brief and the numbered paper summaries, FORBIDDEN below): the design
+lives in docs/design.md, the papers are cited by title in its references.
 Exits 1 listing every unresolved citation as FILE:LINE: message, else 0.
 """
 import os
@@ -28,7 +29,7 @@ EXTS = (".h", ".hpp", ".c", ".cc", ".cpp", ".cu", ".cuh", ".py", ".sh", ".md", "
 SECTION = re.compile(r"§(\d+(?:\.\d+)*)")
 LABEL = re.compile(r"docs/[A-Za-z0-9_.-]+\.md|\bRFC\b|\bFIPS\b|RoFormer|arXiv|Hendrycks")
 HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
-FORBIDDEN = re.compile(r"DESIGN\.md|papers/0\d\d")
+FORBIDDEN = re.compile(r"DESIGN\.md|papers/[0-9]{3}_")
 WINDOW = 300  # characters a name's scope may span
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/check_citations.py: every "docs/<name>.md §N" cited in the repository
 names a numbered section of that document, and nothing cites the team's
-internal inputs (DESIGN.md, papers/0..). On synthetic trees it must accept the
+internal inputs (the design brief, the paper summaries). On synthetic trees it must accept the
 citation forms the sources use and reject a missing section, a bare "§" in a
 source file, a missing document and the internal names, naming file and line."""
 import os
@@ -90,10 +90,11 @@ class SyntheticTrees(unittest.TestCase):
         self.assertIn("include/x.h:1: §1 cites docs/nothing.md, which does not exist", r.stdout)
 
     def test_internal_inputs_are_rejected(self):
-        r = run(tree({"tools/x.sh": "# spec: " + "DESIGN" + ".md\n# paper: " + "papers/" + "004_abc\n"}))
+        brief, summary = "DESIGN" + ".md", "papers/" + "004_"
+        r = run(tree({"tools/x.sh": "# spec: " + brief + "\n# paper: " + summary + "abc\n"}))
         self.assertEqual(r.returncode, 1)
-        self.assertIn("tools/x.sh:1: cites 'DESIGN.md'", r.stdout)
-        self.assertIn("tools/x.sh:2: cites 'papers/004'", r.stdout)
+        self.assertIn("tools/x.sh:1: cites '" + brief + "'", r.stdout)
+        self.assertIn("tools/x.sh:2: cites '" + summary + "'", r.stdout)
 
 
 if __name__ == "__main__":
