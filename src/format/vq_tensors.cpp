@@ -17,6 +17,19 @@ namespace ratekv {
 using nlohmann::json;
 namespace {
 
+// fp16 bits of values that must be fp16 numbers already (Error naming the tensor otherwise).
+std::vector<uint16_t> to_fp16_exact(const std::vector<float>& v, const std::string& path, const std::string& tensor) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = fp32_to_fp16(v[i]);
+    check(fp16_to_fp32(out[i]) == v[i],
+          "{}: {}[{}] = {}: not an fp16 number (the side file stores fp16; round with round_fp16 first)", path, tensor,
+          i, v[i]);
+  }
+  return out;
+}
+
+
 const char* side_name(int s) { return s == 0 ? "key" : "value"; }
 
 std::string tensor_name(int l, int h, int s, const char* what) {
@@ -102,6 +115,12 @@ void VqTensors::validate_against(const Plan& plan, const std::string& name) cons
       }
 }
 
+int64_t VqTensors::stored_bytes() const {
+  int64_t b = 0;
+  for (const auto& e : entries) b += static_cast<int64_t>(e.codebooks.size() + e.channel_scale.size()) * 2;
+  return b;
+}
+
 int64_t VqTensors::codebook_bytes() const {
   int64_t b = 0;
   for (const auto& e : entries) b += static_cast<int64_t>(e.codebooks.size()) * 2;
@@ -123,11 +142,13 @@ void VqTensors::write(const std::string& path, const std::string& layout_digest)
       for (int s = 0; s < 2; ++s) {
         const Entry& e = at(l, h, s);
         if (!e.present) continue;
-        // Shape (G, K, g) is implied by the plan; stored flat per group count.
-        w.add_f32(tensor_name(l, h, s, "codebooks"), {static_cast<int64_t>(e.codebooks.size())}, e.codebooks);
+        // Shape (G, K, g) is implied by the plan; stored flat per group count, as F16: the cost the plan
+        // reports (plan_codebook_bytes). Values must already be fp16 numbers (the fitter rounds them).
+        w.add_f16(tensor_name(l, h, s, "codebooks"), {static_cast<int64_t>(e.codebooks.size())},
+                  to_fp16_exact(e.codebooks, path, tensor_name(l, h, s, "codebooks")));
         if (!e.channel_scale.empty())
-          w.add_f32(tensor_name(l, h, s, "channel_scale"), {static_cast<int64_t>(e.channel_scale.size())},
-                    e.channel_scale);
+          w.add_f16(tensor_name(l, h, s, "channel_scale"), {static_cast<int64_t>(e.channel_scale.size())},
+                    to_fp16_exact(e.channel_scale, path, tensor_name(l, h, s, "channel_scale")));
       }
   json meta = {{"format", kFormat},
                {"version", kFormatVersion},
@@ -177,6 +198,12 @@ VqTensors VqTensors::load(const std::string& path, const Plan& plan) {
       for (int s = 0; s < 2; ++s) {
         Entry& e = t.at(l, h, s);
         const std::string cn = tensor_name(l, h, s, "codebooks"), an = tensor_name(l, h, s, "channel_scale");
+        for (const std::string& n : {cn, an})
+          if (const StTensor* t = f.find(n))
+            check(t->dtype == StDtype::F16,
+                  "{}: {}: stored as {}, expected F16 (the side file stores codebooks and channel scales as fp16, "
+                  "the cost the plan reports; re-fit with `ratekv plan --method tasq|cq`)",
+                  path, n, st_dtype_name(t->dtype));
         if (f.find(cn)) {
           e.present = true;
           e.codebooks = f.read_f32(cn);

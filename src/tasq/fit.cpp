@@ -118,10 +118,11 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
   const int H = cfg.n_kv_heads, d = cfg.head_dim,
             bits = log2_exact(K, side == 0 ? "FitOptions.centroids" : "FitOptions.value_centroids");
   const int64_t row = static_cast<int64_t>(H) * d;
-  // Channel scales a = sqrt(w).
+  // Channel scales a = sqrt(w), rounded to fp16 first: the side file stores them as fp16 (the cost
+  // reported), so the fit uses exactly the scales the cache will.
   std::vector<float> a(row, 1.0f);
   if (weights)
-    for (int64_t i = 0; i < row; ++i) a[i] = static_cast<float>(std::sqrt(std::max((*weights)[i], 1e-6)));
+    for (int64_t i = 0; i < row; ++i) a[i] = round_fp16(static_cast<float>(std::sqrt(std::max((*weights)[i], 1e-6))));
   // z = a ⊙ x / s, with the shared fp16 scale s computed exactly as the cache does.
   std::vector<float> z(x.size()), scale(N, 1.0f);
   for (int64_t t = 0; t < N; ++t) {
@@ -202,7 +203,8 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
       km.n_centroids = K;
       km.n_iter = opt.kmeans_iters;
       km.seed = codebook_seed(opt.seed, l, h, side, static_cast<int>(gi));
-      const std::vector<float> cb = kmeans_codebook(pts.data(), N, g, fw, km);
+      std::vector<float> cb = kmeans_codebook(pts.data(), N, g, fw, km);
+      for (float& c : cb) c = round_fp16(c);  // stored as fp16 (the side file, the reported cost)
       e.codebooks.insert(e.codebooks.end(), cb.begin(), cb.end());
     }
     if (weights) e.channel_scale.assign(a.begin() + static_cast<int64_t>(h) * d, a.begin() + static_cast<int64_t>(h + 1) * d);

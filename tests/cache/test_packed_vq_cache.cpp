@@ -82,14 +82,14 @@ VqSetup vq_setup(const ModelConfig& cfg, Values vals, uint32_t seed) {
       auto& k = t.at(l, h, 0);
       k.present = true;
       k.codebooks.resize(static_cast<size_t>(d / g) * (1 << kb) * g);
-      for (float& x : k.codebooks) x = nd(rng);
+      for (float& x : k.codebooks) x = round_fp16(nd(rng));  // side files store fp16
       k.channel_scale.resize(d);
-      for (float& x : k.channel_scale) x = ud(rng);
+      for (float& x : k.channel_scale) x = round_fp16(ud(rng));
       if (vals == Values::vq) {
         auto& v = t.at(l, h, 1);
         v.present = true;
         v.codebooks.resize(static_cast<size_t>(d / g) * (1 << vb) * g);
-        for (float& x : v.codebooks) x = 1.5f * nd(rng);
+        for (float& x : v.codebooks) x = round_fp16(1.5f * nd(rng));
       }
     }
   s.tensors = std::make_shared<VqTensors>(std::move(t));

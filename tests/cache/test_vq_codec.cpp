@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <random>
 
 #include "../support/tiny_model.h"
@@ -13,6 +14,7 @@
 #include "ratekv/cache/vq_codec.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
+#include "ratekv/io/safetensors.h"
 
 using namespace ratekv;
 using namespace ratekv::cache;
@@ -61,10 +63,10 @@ VqTensors random_tensors(const Plan& p, uint32_t seed, bool weighted) {
       auto& e = t.at(l, h, 0);
       e.present = true;
       e.codebooks.resize(c.groups.size() * (size_t{1} << c.groups[0].bits) * c.group_size);
-      for (auto& x : e.codebooks) x = nd(rng);
+      for (auto& x : e.codebooks) x = round_fp16(nd(rng));  // side files store fp16
       if (weighted) {
         e.channel_scale.resize(d);
-        for (auto& x : e.channel_scale) x = ud(rng);
+        for (auto& x : e.channel_scale) x = round_fp16(ud(rng));
       }
     }
   return t;
@@ -217,6 +219,7 @@ TEST(VqCodec, PlanAndSideFileRoundTrip) {
       auto& e = t.at(l, h, 1);
       e.present = true;
       e.codebooks = ratekv_test::randn(4 * 64 * 4, rng, 1.0f);
+      for (auto& x : e.codebooks) x = round_fp16(x);
     }
   t.save((dir / "rt.tensors.safetensors").string());
   p.save((dir / "rt.json").string());
@@ -286,15 +289,42 @@ TEST(VqCodec, SideFileOfAnotherPlanWithSameSizesIsAnError) {
   // Files without the digest (written by save(path), as before) still load.
   t8.save(path);
   EXPECT_NO_THROW(VqTensors::load(path, g4));
-  // A centroid past the fp16 range decoded to inf keys and NaN attention without an error.
+  // A centroid past the fp16 range decoded to inf keys and NaN attention without an error: the side
+  // file stores fp16, so it cannot be saved; an fp16 inf written by hand is rejected on load.
   VqTensors huge = t8;
   huge.at(1, 0, 0).codebooks[7] = 3e38f;
+  try {
+    huge.save(path);
+    FAIL() << "a centroid of 3e38 saved";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("l1.h0.key.codebooks[7] = 3e+38: not an fp16 number"), std::string::npos)
+        << e.what();
+  }
+  huge.at(1, 0, 0).codebooks[7] = std::numeric_limits<float>::infinity();
   huge.save(path);
   try {
     VqTensors::load(path, g8);
-    FAIL() << "a centroid of 3e38 loaded";
+    FAIL() << "a centroid of inf loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("l1.h0.key.codebooks: centroid"), std::string::npos) << e.what();
+  }
+  // Values that are not fp16 numbers are not silently rounded.
+  VqTensors fine = t8;
+  fine.at(0, 1, 0).codebooks[3] = 0.1f;
+  EXPECT_THROW(fine.save(path), Error);
+  // The side file stores fp16 (the cost the plan reports): a file with F32 tensors is rejected by name.
+  {
+    SafetensorsWriter w;
+    const SafetensorsFile f = SafetensorsFile::open(path);  // the inf file: copy its metadata and tensors as F32
+    for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
+    for (const StTensor& t : f.tensors()) w.add_f32(t.name, t.shape, f.read_f32(t.name));
+    w.write(path);
+  }
+  try {
+    VqTensors::load(path, g8);
+    FAIL() << "an F32 side file loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("codebooks: stored as F32, expected F16"), std::string::npos) << e.what();
   }
   std::filesystem::remove_all(dir);
 }

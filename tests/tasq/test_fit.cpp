@@ -10,6 +10,7 @@
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/tasq/fit.h"
 #include "ratekv/tasq/grouping.h"
 #include "ratekv/tasq/kmeans.h"
@@ -208,52 +209,114 @@ TEST(TasqFit, BadOptionsAreErrors) {
 }
 
 TEST(TasqFit, FisherWeightsAreTheChainRuleWeights) {
-  // CQ (a = 1, s = 1): F_t = Σ_{i∈G} g_i². Two well-separated clusters of
-  // keys and K = 2: each centroid is the F-weighted mean of its cluster.
+  // TaSQ with query-guided channel weights a_c = sqrt(w_c) ≠ 1 (w normalized to
+  // unit mean per head, a rounded to fp16) and the shared per-token fp16 scale
+  // s_t ≠ 1: the k-means runs in the VQ space z_t = a ⊙ x_t / s_t with
+  // per-token weights F_t = s_t² Σ_{i∈G} g_{t,i}² / a_i² (DESIGN.md §5.4,
+  // chain rule through z = a·x/s). Two well-separated clusters (signs) and
+  // K = 2: each centroid is the F-weighted mean of its cluster's z, rounded to
+  // fp16. Token amplitudes (hence s_t), per-token offsets and gradients that
+  // favour different channels per token make the s² and 1/a² factors move the
+  // means: dropping either is checked to give other centroids.
   Model m = ratekv_test::tiny_model(5, RopeLayout::Interleaved, 8);
   const ModelConfig& cfg = m.config();
+  const int H = cfg.n_kv_heads, d = 8, g = 4;
   FitCaptures cap;
   cap.cfg = cfg;
-  const int64_t N = 16, row = int64_t{cfg.n_kv_heads} * 8;
+  const int64_t N = 24, row = int64_t{H} * d;
   cap.n_tokens = N;
   cap.ctx = N;
   cap.query_weights.assign(cfg.n_layers * row, 1.0);
+  for (int l = 0; l < cfg.n_layers; ++l)
+    for (int64_t i = 0; i < row; ++i)  // the low two channels of each group weigh ~16× the high two
+      cap.query_weights[l * row + i] = ((i % 4) < 2 ? 4.0 : 0.25) * (1.0 + 0.1 * ((i * 5 + l) % 7));
   cap.k_pre.assign(cfg.n_layers, std::vector<float>(N * row));
   cap.k_grad_sq.assign(cfg.n_layers, std::vector<float>(N * row));
   std::mt19937 rng(3);
-  std::normal_distribution<float> nd(0.0f, 0.5f);
+  std::normal_distribution<float> nd(0.0f, 0.6f);
   for (int l = 0; l < cfg.n_layers; ++l)
-    for (int64_t t = 0; t < N; ++t)
+    for (int64_t t = 0; t < N; ++t) {
+      const float amp = 1.0f + static_cast<float>((t * 5) % 8);  // s_t varies ~8×
       for (int64_t i = 0; i < row; ++i) {
-        cap.k_pre[l][t * row + i] = (t % 2 ? 20.0f : -20.0f) + nd(rng);
-        cap.k_grad_sq[l][t * row + i] = 0.1f + static_cast<float>((t * 7 + i) % 5);
+        cap.k_pre[l][t * row + i] = amp * (t % 2 ? 3.0f : -3.0f) + nd(rng);  // offsets not scaled by amp
+        // Gradients on the low channels of each group for some tokens, on the high ones for others.
+        const bool low = (i % 4) < 2;
+        cap.k_grad_sq[l][t * row + i] = 0.05f + ((t / 2) % 3 == 0 ? (low ? 6.0f : 0.1f) : (low ? 0.1f : 3.0f));
       }
+    }
   FitOptions o;
-  o.method = "cq";
-  o.group = 4;
+  o.method = "tasq";
+  o.group = g;
   o.centroids = 2;
+  o.grouping = false;  // contiguous RoPE pairs: with the interleaved layout, channels {0..3}, {4..7}
   o.values = "fp16";
   o.fisher = true;
+  o.kmeans_iters = 50;
   const FitResult r = fit_vq_plan(cap, o);
   EXPECT_EQ(r.plan.fit["kmeans"].get<std::string>().rfind("fisher", 0), 0u);
-  for (int l = 0; l < cfg.n_layers; ++l)
-    for (int h = 0; h < cfg.n_kv_heads; ++h)
-      for (int gi = 0; gi < 2; ++gi) {
+  ASSERT_EQ(r.plan.layers[0][0].key.norm, NormStorage::SharedFP16);
+  int compared = 0, s2_matters = 0, inv_a2_matters = 0;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    // Reference a (unit-mean weights per head, sqrt, fp16) and s_t (fp16 RMS of a ⊙ x over the layer).
+    std::vector<double> a(row);
+    for (int h = 0; h < H; ++h) {
+      double mean = 0;
+      for (int c = 0; c < d; ++c) mean += cap.query_weights[l * row + h * d + c] / d;
+      for (int c = 0; c < d; ++c)
+        a[h * d + c] = round_fp16(static_cast<float>(std::sqrt(cap.query_weights[l * row + h * d + c] / mean)));
+    }
+    std::vector<double> sc(N);
+    for (int64_t t = 0; t < N; ++t) {
+      double acc = 0;
+      for (int64_t i = 0; i < row; ++i) acc += std::pow(a[i] * cap.k_pre[l][t * row + i], 2);
+      sc[t] = round_fp16(static_cast<float>(std::sqrt(acc / row)));
+    }
+    for (int h = 0; h < H; ++h) {
+      EXPECT_EQ(r.tensors.at(l, h, 0).channel_scale.size(), static_cast<size_t>(d));
+      for (int c = 0; c < d; ++c) EXPECT_EQ(r.tensors.at(l, h, 0).channel_scale[c], static_cast<float>(a[h * d + c]));
+      for (int gi = 0; gi < d / g; ++gi) {
+        ASSERT_EQ(r.plan.layers[l][h].key.groups[gi].channels, (std::vector<int>{gi * g, gi * g + 1, gi * g + 2, gi * g + 3}));
         const auto& cb = r.tensors.at(l, h, 0).codebooks;  // (2 groups, 2 centroids, 4)
         for (int sign = 0; sign < 2; ++sign) {
-          std::vector<double> num(4, 0.0);
-          double den = 0.0;
+          // F-weighted mean of z over the cluster, with the full chain-rule weight and with one factor dropped.
+          std::vector<double> num(g, 0.0), num_no_s2(g, 0.0), num_no_a2(g, 0.0);
+          double den = 0, den_no_s2 = 0, den_no_a2 = 0;
           for (int64_t t = sign; t < N; t += 2) {
-            double f = 0;
-            for (int i = 0; i < 4; ++i) f += cap.k_grad_sq[l][t * row + h * 8 + gi * 4 + i];
-            for (int i = 0; i < 4; ++i) num[i] += f * cap.k_pre[l][t * row + h * 8 + gi * 4 + i];
+            double ga = 0, gsum = 0;
+            for (int i = 0; i < g; ++i) {
+              const int64_t o_ = t * row + h * d + gi * g + i;
+              ga += cap.k_grad_sq[l][o_] / (a[h * d + gi * g + i] * a[h * d + gi * g + i]);
+              gsum += cap.k_grad_sq[l][o_];
+            }
+            const double f = sc[t] * sc[t] * ga, f_no_s2 = ga, f_no_a2 = sc[t] * sc[t] * gsum;
+            for (int i = 0; i < g; ++i) {
+              const int64_t o_ = t * row + h * d + gi * g + i;
+              const double z = static_cast<float>(a[h * d + gi * g + i] * cap.k_pre[l][o_] * (1.0f / static_cast<float>(sc[t])));
+              num[i] += f * z;
+              num_no_s2[i] += f_no_s2 * z;
+              num_no_a2[i] += f_no_a2 * z;
+            }
             den += f;
+            den_no_s2 += f_no_s2;
+            den_no_a2 += f_no_a2;
           }
-          // The centroid on this cluster's side.
-          const int j = (cb[(gi * 2 + 0) * 4] > 0) == (sign == 1) ? 0 : 1;
-          for (int i = 0; i < 4; ++i) EXPECT_NEAR(cb[(gi * 2 + j) * 4 + i], num[i] / den, 1e-3);
+          const int j = (cb[(gi * 2 + 0) * g] > 0) == (sign == 1) ? 0 : 1;  // the centroid on this cluster's side
+          for (int i = 0; i < g; ++i) {
+            const double want = num[i] / den, got = cb[(gi * 2 + j) * g + i];
+            const double tol = 1e-3 * std::abs(want) + 1e-4;  // fp16 rounding of the centroid: ≤ 2^-11 relative
+            EXPECT_NEAR(got, want, tol) << "layer " << l << " head " << h << " group " << gi << " sign " << sign;
+            EXPECT_EQ(got, round_fp16(static_cast<float>(got)));  // stored as fp16 numbers
+            s2_matters += std::abs(num_no_s2[i] / den_no_s2 - want) > 10 * tol;
+            inv_a2_matters += std::abs(num_no_a2[i] / den_no_a2 - want) > 10 * tol;
+            ++compared;
+          }
         }
       }
+    }
+  }
+  EXPECT_EQ(compared, cfg.n_layers * H * (d / g) * 2 * g);
+  EXPECT_GT(s2_matters, compared / 8) << "the test must fail without the s_t² factor";
+  EXPECT_GT(inv_a2_matters, compared / 8) << "the test must fail without the 1/a_i² factor";
   // Without gradients → Error.
   cap.k_grad_sq.clear();
   EXPECT_THROW(fit_vq_plan(cap, o), Error);

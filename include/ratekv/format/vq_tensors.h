@@ -15,7 +15,8 @@
 namespace ratekv {
 
 /// The side file of a plan with vq codecs (plan "tensors"; safetensors,
-/// format "ratekv-vq-tensors" version 1, docs/plan_format.md). Tensors, F32,
+/// format "ratekv-vq-tensors" version 1, docs/plan_format.md). Tensors, F16
+/// (the cost the plan reports: format/stored_bytes.h plan_codebook_bytes),
 /// for every (layer l, KV head h, side ∈ {key, value}) whose codec is vq:
 ///   l{l}.h{h}.{side}.codebooks      (G, K, g)  centroids C in the VQ space
 ///                                              (after weighting and scale),
@@ -43,10 +44,14 @@ struct VqTensors {
   /// that no other codec has one, and that the model matches. Throws Error
   /// naming `name` and the tensor.
   void validate_against(const Plan& plan, const std::string& name) const;
-  /// Bytes of the codebooks if stored as fp16 (Σ G·K·g·2) — the fixed cost.
+  /// Bytes of the codebooks as stored, fp16 (Σ G·K·g·2) — the fixed cost.
   int64_t codebook_bytes() const;
+  /// Bytes the side file stores per plan: codebooks and channel scales, fp16.
+  int64_t stored_bytes() const;
 
-  /// Writes the safetensors file. Throws Error on I/O failure.
+  /// Writes the safetensors file, every value as F16. Throws Error on I/O
+  /// failure or a value that is not an fp16 number (naming the tensor and
+  /// index; the fitter rounds codebooks and channel scales to fp16).
   void save(const std::string& path) const;
   /// Same, and records vq_layout_digest(plan) (__metadata__ "layout_sha256")
   /// so that load() can reject this file when it is paired with another plan
@@ -54,7 +59,7 @@ struct VqTensors {
   /// silently wrong). Throws Error if the tensors do not fit `plan`.
   void save(const std::string& path, const Plan& plan) const;
   /// Reads a side file and validates it against `plan`. Throws Error naming
-  /// the file for a wrong format/version/model, a recorded layout digest that
+  /// the file for tensors not stored as F16, a wrong format/version/model, a recorded layout digest that
   /// differs from vq_layout_digest(plan) (side file of another plan), a
   /// missing or misshapen tensor, or non-finite values.
   static VqTensors load(const std::string& path, const Plan& plan);
