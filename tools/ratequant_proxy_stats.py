@@ -10,7 +10,8 @@ From a `ratekv calibrate` file (docs/calibration_stats.md): block energies copie
       scale 1/sqrt(d) folded in), values w_v = 1 (output error per unit value MSE);
   curves "tq-mse": alpha = E||x||^2 / head_dim per component (per-element MSE of TQ-MSE scales
       with the vector energy), beta 3.5 on both sides (measured TQ-MSE fits on SmolLM2 K/V:
-      3.50-3.52, bench/results/rd_real_kv_smollm2.json).
+      3.50-3.52 over widths 1..5, bench/results/rd_real_kv_smollm2.json; recorded as "bits": RateQuant
+      hands out only those widths).
 Then: ratekv plan --method ratequant --quantizer tq-mse --bits B --bmax 4 --sensitivity activation
 """
 import json
@@ -32,6 +33,6 @@ ak = ke.sum(-1) / d; av = vsq.sum(-1) / d
 j = {"format": "ratekv-calib-stats", "version": 1, "model": meta["model"], "source": meta["text"]["file"],
      "n_tokens": meta["n_tokens"], "q_block_energy": qe.tolist(), "k_block_energy": ke.tolist(),
      "sensitivity": {"activation": {"k": (qe.sum(-1) / d).tolist(), "v": np.ones((L, H)).tolist()}},
-     "curves": {"tq-mse": {"beta_k": 3.5, "beta_v": 3.5, "alpha_k": ak.tolist(), "alpha_v": av.tolist()}}}
+     "curves": {"tq-mse": {"bits": [1, 2, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5, "alpha_k": ak.tolist(), "alpha_v": av.tolist()}}}
 json.dump(j, open(dst, 'w'))
 print("alpha_k range", ak.min(), ak.max(), "alpha_v range", av.min(), av.max())

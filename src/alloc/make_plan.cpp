@@ -9,6 +9,7 @@
 #include "ratekv/common/error.h"
 #include "ratekv/common/param_error.h"
 #include "ratekv/common/log.h"
+#include "ratekv/format/stored_bytes.h"
 
 namespace ratekv::alloc {
 
@@ -83,13 +84,15 @@ Codec grouped_codec(const BlockAllocation& a, const PlanRequest& rq, int l, int 
   return c;
 }
 
-// The whole-head width for a uniform budget on one side.
+// The whole-head width for a uniform budget on one side: code unit = that
+// many code bits; effective unit = the largest width whose codec stores at
+// most `budget` bits per element (format/stored_bytes.h).
 int uniform_width(double budget, const std::string& unit, const std::string& quantizer, int d, int group_size,
                   int b_min, int b_max, const char* param) {
   // Fixed-width codecs (llama.cpp cache types, fp16): the budget must admit them.
   const int fixed = quantizer == "q8_0" ? 8 : quantizer == "q4_0" ? 4 : quantizer == "fp16" ? 16 : 0;
   if (fixed > 0) {
-    const double need = unit == "code" ? fixed : fixed + meta_per_element(quantizer, d, group_size);
+    const double need = unit == "code" ? fixed : whole_head_codec(quantizer, fixed, d, group_size, 0).effective_bits(d);
     check_param(unit == "code" ? std::abs(budget - need) < 1e-9 : budget >= need - 1e-9, param,
                 "{} ({} bits per element): {} stores {} {} bits per element", budget, unit, quantizer,
                 unit == "code" ? "exactly" : "at least", need);
@@ -101,13 +104,36 @@ int uniform_width(double budget, const std::string& unit, const std::string& qua
                 "{}: with budget unit \"code\" a uniform codec needs a whole number of bits", budget);
     b = (int)std::round(budget);
   } else {
-    b = (int)std::floor(budget - meta_per_element(quantizer, d, group_size) + 1e-9);
+    b = 0;
+    for (int w = 1; w <= 8; ++w)
+      if (whole_head_codec(quantizer, w, d, group_size, 0).effective_bits(d) <= budget + 1e-9) b = w;
   }
   check_param(b >= b_min && b <= b_max, param,
               "{} ({} bits per element): gives {} code bits per element, outside {}..{} for {} at head_dim {} "
-              "(metadata {:.4g} bits per element)",
-              budget, unit, b, b_min, b_max, quantizer, d, meta_per_element(quantizer, d, group_size));
+              "(stored metadata {:.4g} bits per element)",
+              budget, unit, b, b_min, b_max, quantizer, d,
+              whole_head_codec(quantizer, std::max(b, 1), d, group_size, 0).effective_bits(d) - std::max(b, 1));
   return b;
+}
+
+// The width range a quantizer's fitted curves cover: RateQuant only hands out
+// widths in [bits.front(), bits.back()] (DistortionCurves::bits). Explicit
+// bounds outside it are an error naming the bound and the fitted widths.
+std::pair<int, int> fitted_bounds(const DistortionCurves& c, const std::string& curves_name, int b_min, int b_max) {
+  const int lo = std::max(1, (int)std::ceil(c.bits.front() - 1e-9));
+  const int hi = std::min(8, (int)std::floor(c.bits.back() + 1e-9));
+  check(lo <= hi, "distortion curves \"{}\": fitted at {}..{} bits, no width in 1..8", curves_name, c.bits.front(),
+        c.bits.back());
+  const int bl = b_min < 0 ? lo : b_min, bh = b_max < 0 ? hi : b_max;
+  check_param(bl >= lo, "PlanRequest.b_min",
+              "{}: the \"{}\" distortion curves were fitted at {}..{} code bits; RateQuant hands out only widths "
+              "its curves cover (measure the curves at the widths you need)",
+              bl, curves_name, c.bits.front(), c.bits.back());
+  check_param(bh <= hi, "PlanRequest.b_max",
+              "{}: the \"{}\" distortion curves were fitted at {}..{} code bits; RateQuant hands out only widths "
+              "its curves cover (measure the curves at the widths you need)",
+              bh, curves_name, c.bits.front(), c.bits.back());
+  return {bl, bh};
 }
 
 // Bounds of the whole-head widths (uniform, ratequant): 1 <= b_min <= b_max <= 8.
@@ -125,6 +151,13 @@ void check_uniform_quantizer(const std::string& q, const char* param) {
 void check_quantizer(const std::string& q) {
   check_param(q == "tq-mse" || q == "kivi" || q == "quarot", "PlanRequest.quantizer",
               "\"{}\": expected tq-mse, kivi or quarot", q);
+}
+
+const DistortionCurves& curves_of(const Ctx& c, const std::string& name) {
+  auto it = c.st.curves.find(name);
+  check(it != c.st.curves.end(), "distortion curves \"{}\": not in the statistics file (it has: {})", name,
+        keys_of(c.st.curves));
+  return it->second;
 }
 
 RateQuantProblem ratequant_problem(const Ctx& c, const std::string& curves_name, int b_min, int b_max,
@@ -230,7 +263,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
   if (rq.method == "uniform") {
     check_uniform_quantizer(rq.quantizer, "PlanRequest.quantizer");
     check_uniform_quantizer(vquant, "PlanRequest.v_quantizer");
-    const int lo = rq.b_min < 0 ? 1 : rq.b_min, hi = rq.b_max < 0 ? 8 : rq.b_max;
+    int lo = rq.b_min < 0 ? 1 : rq.b_min, hi = rq.b_max < 0 ? 8 : rq.b_max;
     check_width_bounds(lo, hi, "uniform");
     int kb, vb;
     if (rq.avg_bits) {
@@ -242,12 +275,21 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       const double avg = *rq.avg_bits -
                          (rq.budget_unit == "effective" ? meta_per_element(rq.quantizer, d, rq.group_size) : 0.0);
       const std::string cn = rq.curves_from.empty() ? rq.quantizer : rq.curves_from;
+      std::tie(lo, hi) = fitted_bounds(curves_of(c, cn), cn, rq.b_min, rq.b_max);
       const RateQuantProblem prob = ratequant_problem(c, cn, lo, hi, 0);
       dg.uniform_split = best_uniform_split(avg, [&](int k, int v) { return split_cost(prob, k, v); });
       kb = dg.uniform_split->k_bits;
       vb = dg.uniform_split->v_bits;
       check_param(kb >= lo && kb <= hi && vb >= lo && vb <= hi, "PlanRequest.avg_bits",
-                  "{}: uniform split K{}V{} is outside {}..{}", *rq.avg_bits, kb, vb, lo, hi);
+                  "{}: uniform split K{}V{} is outside {}..{} (the widths the \"{}\" curves were fitted at)",
+                  *rq.avg_bits, kb, vb, lo, hi, cn);
+      if (rq.budget_unit == "effective") {
+        const double stored = 0.5 * (whole_head_codec(rq.quantizer, kb, d, rq.group_size, 0).effective_bits(d) +
+                                     whole_head_codec(rq.quantizer, vb, d, rq.group_size, 0).effective_bits(d));
+        check_param(stored <= *rq.avg_bits + 1e-9, "PlanRequest.avg_bits",
+                    "{} (effective): the uniform split K{}V{} stores {:.4g} bits per element on average, above the "
+                    "budget", *rq.avg_bits, kb, vb, stored);
+      }
       p.budget_k = p.budget_v = *rq.avg_bits;
     } else {
       kb = uniform_width(rq.k_bits, rq.budget_unit, rq.quantizer, d, rq.group_size, lo, hi, "PlanRequest.k_bits");
@@ -259,11 +301,21 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
         p.layers[l][h].value = whole_head_codec(vquant, vb, d, rq.group_size, seed_of(l, h, 1));
       }
   } else if (rq.method == "block-gtq") {
-    BlockGtqOptions opt;
+    BlockGtqOptions opt;  // the packed format's prices (format/stored_bytes.h)
     opt.b_min = rq.b_min < 0 ? 0 : rq.b_min;
     opt.b_max = rq.b_max < 0 ? 4 : rq.b_max;
-    const double kb_eff = rq.budget_unit == "code" ? rq.k_bits + 16.0 / d : rq.k_bits;
-    const int64_t kbudget = budget_bits_for(kb_eff, d);
+    // Stored bits per head per token: code unit = what uniform TQ-MSE at that many code bits stores.
+    int64_t kbudget;
+    if (rq.budget_unit == "code") {
+      check_param(std::abs(rq.k_bits - std::round(rq.k_bits)) < 1e-9 && rq.k_bits >= 1 && rq.k_bits <= 8,
+                  "PlanRequest.k_bits",
+                  "{} (code): Block-GTQ's code budget names uniform TQ-MSE at a whole number of code bits 1..8, "
+                  "whose stored bits it gets",
+                  rq.k_bits);
+      kbudget = scalar_group_stored_bits(d, (int)std::lround(rq.k_bits));
+    } else {
+      kbudget = budget_bits_for(rq.k_bits, d);
+    }
     const int vb = uniform_width(rq.v_bits, rq.budget_unit, "tq-mse", d, 0, 1, 8, "PlanRequest.v_bits");
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
@@ -274,7 +326,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
         } catch (const Error& e) {
           fail_param("PlanRequest.k_bits", "{} ({}): {}", rq.k_bits, rq.budget_unit, e.what());
         }
-        // Uniform at the same effective budget, for the J comparison (widths in opt's range).
+        // Uniform at the same stored budget, for the J comparison (widths in opt's range).
         BlockGtqOptions uopt = opt;
         double ju = std::nan("");
         try {
@@ -294,25 +346,43 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     const std::string quantizer = composed ? "block-gtq" : rq.quantizer;
     if (!composed) check_quantizer(quantizer);
     const std::string cn = rq.curves_from.empty() ? quantizer : rq.curves_from;
-    const int lo = rq.b_min < 0 ? 1 : rq.b_min, hi = rq.b_max < 0 ? 8 : rq.b_max;
+    if (rq.b_min >= 0 || rq.b_max >= 0)
+      check_width_bounds(rq.b_min < 0 ? 1 : rq.b_min, rq.b_max < 0 ? 8 : rq.b_max, "ratequant");
+    const auto [lo, hi] = fitted_bounds(curves_of(c, cn), cn, rq.b_min, rq.b_max);
     check_width_bounds(lo, hi, "ratequant");
     const double avg = rq.avg_bits ? *rq.avg_bits : 0.5 * (rq.k_bits + rq.v_bits);
     const int64_t M = 2 * (int64_t)L * H;
-    int64_t total;
+    // What one component stores per token at width b (key and value alike: a composed key splits
+    // exactly uniform TQ-MSE's stored bits at b over its blocks).
+    auto stored_bits = [&](int b) {
+      return composed ? scalar_group_stored_bits(d, b)
+                      : (int64_t)std::llround(whole_head_codec(quantizer, b, d, rq.group_size, 0).effective_bits(d) * d);
+    };
     if (rq.budget_unit == "code") {
       const double t = avg * (double)M;
       check_param(std::abs(t - std::round(t)) < 1e-6, "PlanRequest.avg_bits",
                   "{}: {} components × {} = {} is not a whole number of bits; choose an average that is a "
                   "multiple of 1/{}",
                   avg, M, avg, t, M);
-      total = (int64_t)std::llround(t);
+      dg.ratequant = allocate_ratequant(ratequant_problem(c, cn, lo, hi, (int64_t)std::llround(t)));
     } else {
-      total = (int64_t)std::floor((avg - meta_per_element(quantizer, d, rq.group_size)) * (double)M + 1e-9);
+      // Stored bits: Σ_i stored_bits(b_i) ≤ avg · d · M, exactly (widths > 4 store an extension norm).
+      const RateQuantProblem prob = ratequant_problem(c, cn, lo, hi, 0);
+      std::vector<std::vector<int64_t>> price((size_t)M);
+      for (auto& row : price)
+        for (int b = lo; b <= hi; ++b) row.push_back(stored_bits(b));
+      const int64_t budget = (int64_t)std::floor(avg * d * (double)M + 1e-9);
+      try {
+        dg.ratequant = allocate_ratequant_priced(prob, price, budget);
+      } catch (const Error& e) {
+        fail_param("PlanRequest.avg_bits", "{} (effective): {}", avg, e.what());
+      }
     }
-    const RateQuantProblem prob = ratequant_problem(c, cn, lo, hi, total);
-    dg.ratequant = allocate_ratequant(prob);
+    int64_t total = 0;
+    for (int b : dg.ratequant->bits) total += b;
     dg.predicted_uniform = 0.0;
     {
+      const RateQuantProblem prob = ratequant_problem(c, cn, lo, hi, total);
       const double code_avg = (double)total / M;
       dg.uniform_split = best_uniform_split(std::clamp(code_avg, (double)lo, (double)hi),
                                             [&](int k, int v) { return split_cost(prob, k, v); });
@@ -325,8 +395,8 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
         const size_t i = ((size_t)l * H + h) * 2;
         const int kb = bits[i], vb = bits[i + 1];
         if (composed) {
-          BlockGtqOptions opt{0, 8, 16};
-          const BlockAllocation a = allocate_block_gtq(st.block_energies(l, h), (int64_t)kb * d + 16, opt);
+          const BlockGtqOptions opt{0, 8};
+          const BlockAllocation a = allocate_block_gtq(st.block_energies(l, h), scalar_group_stored_bits(d, kb), opt);
           p.layers[l][h].key = grouped_codec(a, rq, l, h);
           p.layers[l][h].value = Codec::tq_mse(vb, d, seed_of(l, h, 1));
         } else {
@@ -396,8 +466,19 @@ std::string plan_summary(const Plan& p) {
                        hist(p.layers[l], false), ve);
   }
   const auto a = p.achieved();
-  out += fmt::format("achieved effective bits/element: K {:.4f}  V {:.4f}  total {:.4f}   (code bits: K {:.4f}  V {:.4f})\n",
+  out += fmt::format("achieved stored bits/element: K {:.4f}  V {:.4f}  total {:.4f}   (code bits: K {:.4f}  V {:.4f})\n",
                      a.k, a.v, a.total, a.k_code, a.v_code);
+  const PlanStoredBytes sb = plan_stored_bytes(p);
+  auto parts = [](const StoredBytes& b) {
+    return fmt::format("codes {:g}, padding {:g}, norms {:g}, scales {:g}, fp16 {:g}", b.codes / 64.0, b.padding / 64.0,
+                       b.norms / 64.0, b.scales / 64.0, b.fp16 / 64.0);
+  };
+  out += fmt::format("stored bytes/token (all layers and KV heads): {:g} = K {:g} ({}) + V {:g} ({})", sb.bytes_per_token(),
+                     sb.k.per_token(), parts(sb.k), sb.v.per_token(), parts(sb.v));
+  if (sb.per_sequence_max > 0)
+    out += fmt::format("; per sequence up to {} bytes more (KIVI keys' unfilled token group, fp16)", sb.per_sequence_max);
+  if (sb.fixed_bytes > 0) out += fmt::format("; per plan {} bytes of vq codebooks (fp16)", sb.fixed_bytes);
+  out += "\n";
   return out;
 }
 

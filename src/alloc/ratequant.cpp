@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "ratekv/alloc/greedy.h"
 #include "ratekv/common/error.h"
@@ -173,6 +174,87 @@ RateQuantResult allocate_ratequant(const RateQuantProblem& p) {
       BudgetMode::Exact, "ratequant");
   out.bits = a.bits;
   out.distortion = a.cost;
+  out.relaxed = ratequant_relaxation(p);
+  const double bbar = (double)p.total_bits / m;
+  std::vector<double> av(m);
+  for (size_t i = 0; i < m; ++i) {
+    av[i] = p.weight[i] * p.alpha[i];
+    out.uniform_distortion += av[i] * std::pow(p.beta[i], -bbar);
+  }
+  out.am_gm = am_gm_ratio(av);
+  return out;
+}
+
+RateQuantResult allocate_ratequant_priced(const RateQuantProblem& p0, const std::vector<std::vector<int64_t>>& price,
+                                          int64_t budget) {
+  RateQuantProblem p = p0;
+  p.total_bits = 0;
+  for (int b : p.b_min) p.total_bits += b;  // check_problem's budget range: any feasible code total
+  check_problem(p);
+  const size_t m = p.weight.size();
+  check(price.size() == m, "ratequant: {} price rows for {} components", price.size(), m);
+  int64_t g = 0, min_total = 0;
+  for (size_t i = 0; i < m; ++i) {
+    const size_t nw = (size_t)(p.b_max[i] - p.b_min[i] + 1);
+    check(price[i].size() == nw, "ratequant: component {}: {} prices for widths {}..{}", i, price[i].size(), p.b_min[i],
+          p.b_max[i]);
+    for (size_t k = 0; k < nw; ++k) {
+      check(price[i][k] >= 0 && (k == 0 || price[i][k] >= price[i][k - 1]),
+            "ratequant: component {}: price {} at {} bits: expected ≥ 0 and non-decreasing in the width", i,
+            price[i][k], p.b_min[i] + (int)k);
+      g = std::gcd(g, price[i][k]);
+    }
+    min_total += price[i][0];
+  }
+  check(budget >= min_total,
+        "ratequant: budget of {} stored bits per token is below the cheapest allocation (every component at b_min: "
+        "{} bits)",
+        budget, min_total);
+  if (g == 0) g = 1;
+  // best[u] after component i: least distortion of components 0..i at total price u·g exactly.
+  const int64_t U = budget / g;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<double> best((size_t)U + 1, kInf), next((size_t)U + 1);
+  std::vector<int8_t> choice(m * ((size_t)U + 1), -1);  // width − b_min chosen for component i at total u
+  auto cost = [&](size_t i, int b) { return p.weight[i] * p.alpha[i] * std::pow(p.beta[i], -(double)b); };
+  best[0] = 0.0;
+  for (size_t i = 0; i < m; ++i) {
+    std::fill(next.begin(), next.end(), kInf);
+    int8_t* ch = choice.data() + i * ((size_t)U + 1);
+    for (int64_t u = 0; u <= U; ++u) {
+      if (best[(size_t)u] == kInf) continue;
+      for (int b = p.b_min[i]; b <= p.b_max[i]; ++b) {
+        const int64_t nu = u + price[i][(size_t)(b - p.b_min[i])] / g;
+        if (nu > U) break;
+        const double c = best[(size_t)u] + cost(i, b);
+        if (c < next[(size_t)nu]) {
+          next[(size_t)nu] = c;
+          ch[nu] = (int8_t)(b - p.b_min[i]);
+        }
+      }
+    }
+    std::swap(best, next);
+  }
+  int64_t bu = -1;
+  double bd = kInf;
+  for (int64_t u = 0; u <= U; ++u)
+    if (best[(size_t)u] < bd) {
+      bd = best[(size_t)u];
+      bu = u;
+    }
+  check(bu >= 0, "ratequant: internal error: no allocation within {} stored bits", budget);
+  RateQuantResult out;
+  out.bits.assign(m, 0);
+  int64_t u = bu;
+  for (size_t i = m; i-- > 0;) {
+    const int k = choice[i * ((size_t)U + 1) + (size_t)u];
+    out.bits[i] = p.b_min[i] + k;
+    u -= price[i][(size_t)k] / g;
+  }
+  out.distortion = ratequant_distortion(p, out.bits);
+  // Diagnostics of the code-bit problem at the same code total.
+  p.total_bits = 0;
+  for (int b : out.bits) p.total_bits += b;
   out.relaxed = ratequant_relaxation(p);
   const double bbar = (double)p.total_bits / m;
   std::vector<double> av(m);

@@ -20,6 +20,7 @@ void fit_curves(QuantizerCurves& c, size_t n) {
   c.fit.beta_v = v.beta;
   c.fit.alpha_k = k.alpha;
   c.fit.alpha_v = v.alpha;
+  c.fit.bits = c.bits;
 }
 
 CurveFitReport curve_fit_report(const QuantizerCurves& c, size_t n) {
@@ -42,6 +43,7 @@ void validate_curves(const std::map<std::string, QuantizerCurves>& curves, size_
     }
     for (const auto& [field, v] : {std::pair{"alpha_k", &c.fit.alpha_k}, std::pair{"alpha_v", &c.fit.alpha_v}})
       check(v->size() == n, "{}: curves.{}.{} has {} values, expected {}", name, q, field, v->size(), n);
+    check(c.fit.bits == c.bits, "{}: curves.{}: the fit's widths differ from the measured widths", name, q);
     validate_curve_fit(q, c.fit, name);  // known quantizer, β and α in their ranges
   }
 }
@@ -67,7 +69,11 @@ std::map<std::string, QuantizerCurves> read_curves(const SafetensorsFile& f, con
   for (const auto& [q, m] : meta.items()) {
     QuantizerCurves c;
     try {
+      for (const auto& [key, v] : m.items())
+        check(key == "bits" || key == "beta_k" || key == "beta_v",
+              "{}: __metadata__ curves.{}.{}: unknown key (this build reads bits, beta_k, beta_v)", path, q, key);
       c.bits = m.at("bits").get<std::vector<double>>();
+      c.fit.bits = c.bits;
       c.fit.beta_k = m.at("beta_k").get<double>();
       c.fit.beta_v = m.at("beta_v").get<double>();
     } catch (const json::exception& e) {

@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include <initializer_list>
+
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "ratekv/common/error.h"
@@ -212,6 +215,24 @@ KVStats KVStats::load(const std::string& path) {
     fail("{}: __metadata__.{} is not valid JSON: {}", path, kMetaKey, e.what());
   }
   KVStats s;
+  // Every metadata key and tensor must be one this build reads: a misspelled or
+  // foreign field would otherwise be silently ignored.
+  auto only_known = [&](const json& o, std::initializer_list<const char*> known, const std::string& where) {
+    check(o.is_object(), "{}: __metadata__.{}{}: expected an object", path, kMetaKey, where);
+    for (const auto& [key, v] : o.items()) {
+      bool ok = false;
+      for (const char* k : known) ok = ok || key == k;
+      check(ok, "{}: __metadata__.{}{}.{}: unknown key (this build reads {})", path, kMetaKey, where, key,
+            fmt::join(known, ", "));
+    }
+  };
+  only_known(m, {"format", "version", "model", "text", "n_tokens", "ctx", "sensitivity", "curves"}, "");
+  if (m.contains("model"))
+    only_known(m["model"], {"arch", "n_layers", "n_heads", "n_kv_heads", "head_dim", "rope_layout", "file", "sha256"},
+               ".model");
+  if (m.contains("text")) only_known(m["text"], {"file", "sha256"}, ".text");
+  if (m.contains("sensitivity")) only_known(m["sensitivity"], {"n_sequences", "seq_len", "mean_loss", "loss"},
+                                            ".sensitivity");
   try {
     const int version = m.at("version").get<int>();
     check(version == kFormatVersion, "{}: format version {} is not supported (this build reads version {})", path,
@@ -257,6 +278,16 @@ KVStats KVStats::load(const std::string& path) {
     }
   }
   if (m.contains("curves")) s.curves = read_curves(f, m.at("curves"), s.model.n_layers, s.model.n_kv_heads, path);
+  for (const StTensor& t : f.tensors()) {
+    bool known = false;
+    for (const auto& spec : tensor_specs(s)) known = known || t.name == spec.name;
+    if (s.grad.n_sequences > 0)
+      for (const auto& spec : kGradSpecs) known = known || t.name == spec.name;
+    for (const auto& [q, c] : s.curves)
+      for (const char* part : {"mse_k", "mse_v", "alpha_k", "alpha_v"}) known = known || t.name == "curves." + q + "." + part;
+    check(known, "{}: tensor '{}': unknown to this build (not a statistic it reads; a gradient tensor needs "
+          "__metadata__ sensitivity, a curve tensor its quantizer under __metadata__ curves)", path, t.name);
+  }
   s.validate(path);
   return s;
 }

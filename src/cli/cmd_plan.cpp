@@ -9,6 +9,7 @@
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/log.h"
+#include "ratekv/format/stored_bytes.h"
 
 // The statistics file: the safetensors file of `ratekv calibrate` when the
 // calib module provides its reader, else (and always accepted) the JSON form
@@ -140,12 +141,13 @@ void run_vq(PlanArgs& a) {
       r.tensors.save(side.string(), r.plan);
       r.plan.save(pp);
       const auto ach = r.plan.achieved();
-      spdlog::info("wrote {} + {}: K {:.4f} effective ({:.4f} code) bits/element, V {:.4f}; matching fell back to "
+      spdlog::info("wrote {} + {}: K {:.4f} stored ({:.4f} code) bits/element, V {:.4f}; matching fell back to "
                    "contiguous on {} heads; fit {:.1f} s",
                    pp, side.filename().string(), ach.k, ach.k_code, ach.v, r.diagnostics["contiguous_fallbacks"].get<int>(),
                    r.diagnostics["fit_seconds"].get<double>());
       report.push_back({{"plan", pp}, {"tensors", side.string()}, {"fit", r.plan.fit},
                         {"achieved", {{"k", ach.k}, {"v", ach.v}, {"k_code", ach.k_code}, {"v_code", ach.v_code}}},
+                        {"stored", plan_stored_bytes(r.plan).to_json()},
                         {"diagnostics", r.diagnostics}});
     }
   if (a.json) std::printf("%s\n", report.dump(1).c_str());
@@ -176,6 +178,7 @@ void run(PlanArgs& a) {
     j["method"] = plan.method;
     const auto ach = plan.achieved();
     j["achieved"] = {{"k", ach.k}, {"v", ach.v}, {"total", ach.total}, {"k_code", ach.k_code}, {"v_code", ach.v_code}};
+    j["stored"] = plan_stored_bytes(plan).to_json();
     j["diagnostics"] = dg.to_json();
     std::printf("%s\n", j.dump(1).c_str());
     return;
@@ -226,8 +229,9 @@ const Registrar reg("plan", [](CLI::App& app) {
   auto* c = app.add_subcommand(
       "plan",
       "Allocate KV-cache bits from calibration statistics and write a plan (JSON). Budgets are bits per element; "
-      "with --budget-unit effective (default) they include every stored norm/scale, with code they name the code "
-      "bits of a uniform codec (block-gtq then gets that codec's effective budget).");
+      "with --budget-unit effective (default) they are stored bits (everything the cache holds per token: codes, "
+      "norms, scales, the padding of groups to 16-channel tiles), with code they name the code bits of a uniform "
+      "codec (block-gtq then gets exactly the bytes that codec stores).");
   c->add_option("--method", a->rq.method,
                 "uniform | block-gtq | ratequant | ratequant+block-gtq | tasq | cq (tasq/cq: vector-quantized "
                 "pre-RoPE keys fitted on -f text; need -m, no --stats)")
@@ -241,8 +245,10 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_option("--budget-unit", a->rq.budget_unit, "effective | code")
       ->capture_default_str()
       ->check(CLI::IsMember({"effective", "code"}));
-  c->add_option("--bmin", a->rq.b_min, "lowest width (default: block-gtq 0, others 1)");
-  c->add_option("--bmax", a->rq.b_max, "highest width (default: block-gtq 4, others 8)");
+  c->add_option("--bmin", a->rq.b_min,
+                "lowest width (default: block-gtq 0, uniform 1, ratequant the bottom of its curves' fitted widths)");
+  c->add_option("--bmax", a->rq.b_max,
+                "highest width (default: block-gtq 4, uniform 8, ratequant the top of its curves' fitted widths)");
   c->add_option("--stats", a->stats,
                 "statistics from `ratekv calibrate` (.safetensors) or the JSON form (format/calib_stats.h); required "
                 "except for tasq/cq")

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <fstream>
 #include <sstream>
 
@@ -57,6 +58,18 @@ json nest(const std::vector<double>& v, const std::vector<size_t>& shape) {
   return nest(v, shape, 0, pos);
 }
 
+// Every key of object `o` must be one of `known`; `path` names the object ("" = top level).
+void only_known_keys(const json& o, std::initializer_list<const char*> known, const std::string& path,
+                     const std::string& name) {
+  check(o.is_object(), "{}: {}: expected an object", name, path.empty() ? "<top>" : path);
+  for (const auto& [key, v] : o.items()) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    check(ok, "{}: {}{}: unknown key (this build reads {}); a misspelled or foreign field would be ignored", name,
+          path.empty() ? "" : path + ".", key, fmt::join(known, ", "));
+  }
+}
+
 const json& need(const json& o, const char* key, const std::string& path, const std::string& name) {
   check(o.is_object(), "{}: {}: expected an object", name, path.empty() ? "<top>" : path);
   auto it = o.find(key);
@@ -85,6 +98,11 @@ void validate_curve_fit(const std::string& quantizer, const DistortionCurves& c,
     check(std::isfinite(b) && b > 1.0 && b <= kMaxCurveBeta,
           "{}: curves.{}.{} = {}: expected finite, > 1 and <= {} (distortion falls by at most {}x per code bit)", name,
           quantizer, field, b, kMaxCurveBeta, kMaxCurveBeta);
+  check(c.bits.size() >= 2, "{}: curves.{}.bits: {} widths; expected the ≥ 2 code widths the curves were fitted at",
+        name, quantizer, c.bits.size());
+  for (size_t j = 0; j < c.bits.size(); ++j)
+    check(std::isfinite(c.bits[j]) && c.bits[j] >= 0 && c.bits[j] <= 16 && (j == 0 || c.bits[j] > c.bits[j - 1]),
+          "{}: curves.{}.bits[{}] = {}: expected ascending distinct widths in 0..16", name, quantizer, j, c.bits[j]);
   for (const auto& [field, v] : {std::pair{"alpha_k", &c.alpha_k}, std::pair{"alpha_v", &c.alpha_v}})
     for (size_t i = 0; i < v->size(); ++i)
       check(std::isfinite((*v)[i]) && (*v)[i] > 0.0 && (*v)[i] <= kMaxCurveAlpha,
@@ -139,7 +157,10 @@ json stats_to_json(const CalibStats& s) {
   j["sensitivity"] = std::move(sens);
   json curves = json::object();
   for (const auto& [key, c] : s.curves)
-    curves[key] = {{"beta_k", c.beta_k}, {"beta_v", c.beta_v}, {"alpha_k", nest(c.alpha_k, s2)},
+    curves[key] = {{"bits", c.bits},
+                   {"beta_k", c.beta_k},
+                   {"beta_v", c.beta_v},
+                   {"alpha_k", nest(c.alpha_k, s2)},
                    {"alpha_v", nest(c.alpha_v, s2)}};
   j["curves"] = std::move(curves);
   return j;
@@ -150,8 +171,13 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
   check(fmt_ == "ratekv-calib-stats", "{}: format = {}: expected \"ratekv-calib-stats\"", name, fmt_.dump());
   const json& ver = need(j, "version", "", name);
   check(ver == 1, "{}: version = {}: this build reads statistics version 1", name, ver.dump());
+  only_known_keys(j, {"format", "version", "model", "source", "n_tokens", "q_block_energy", "k_block_energy",
+                      "sensitivity", "curves"},
+                  "", name);
   CalibStats s;
   const json& m = need(j, "model", "", name);
+  only_known_keys(m, {"arch", "n_layers", "n_heads", "n_kv_heads", "head_dim", "rope_layout", "file", "sha256"},
+                  "model", name);
   auto str = [&](const json& o, const char* key, const std::string& path) {
     const json& v = need(o, key, path, name);
     check(v.is_string(), "{}: {}.{}: expected a string", name, path, key);
@@ -172,6 +198,11 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
   if (m.contains("file")) s.model.file = str(m, "file", "model");
   if (m.contains("sha256")) s.model.sha256 = str(m, "sha256", "model");
   check(s.model.head_dim % 2 == 0, "{}: model.head_dim = {}: expected an even number", name, s.model.head_dim);
+  if (m.contains("n_heads")) {
+    const int64_t nh = integer(m, "n_heads", "model", 1, 1 << 20);
+    check(nh % s.model.n_kv_heads == 0, "{}: model.n_heads = {}: expected a multiple of n_kv_heads = {}", name, nh,
+          s.model.n_kv_heads);
+  }
   if (j.contains("source")) s.source = str(j, "source", "");
   if (j.contains("n_tokens")) s.n_tokens = integer(j, "n_tokens", "", 0, INT64_MAX);
   const std::vector<size_t> s2 = {(size_t)s.model.n_layers, (size_t)s.model.n_kv_heads};
@@ -183,6 +214,7 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
     check(sens.is_object(), "{}: sensitivity: expected an object", name);
     for (const auto& [key, v] : sens.items()) {
       const std::string p = "sensitivity." + key;
+      only_known_keys(v, {"k", "v"}, p, name);
       Sensitivity w;
       flatten(need(v, "k", p, name), s2, 0, p + ".k", name, w.k);
       flatten(need(v, "v", p, name), s2, 0, p + ".v", name, w.v);
@@ -194,7 +226,14 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
     check(cs.is_object(), "{}: curves: expected an object", name);
     for (const auto& [key, v] : cs.items()) {
       const std::string p = "curves." + key;
+      only_known_keys(v, {"bits", "beta_k", "beta_v", "alpha_k", "alpha_v"}, p, name);
       DistortionCurves c;
+      const json& bits = need(v, "bits", p, name);
+      check(bits.is_array(), "{}: {}.bits: expected an array of the code widths the curves were fitted at", name, p);
+      for (size_t i = 0; i < bits.size(); ++i) {
+        check(bits[i].is_number(), "{}: {}.bits[{}]: expected a number", name, p, i);
+        c.bits.push_back(bits[i].get<double>());
+      }
       c.beta_k = need_number(v, "beta_k", p, name);
       c.beta_v = need_number(v, "beta_v", p, name);
       flatten(need(v, "alpha_k", p, name), s2, 0, p + ".alpha_k", name, c.alpha_k);

@@ -78,6 +78,86 @@ TEST(RateQuant, IntegerAllocationMatchesBruteForce) {
   }
 }
 
+// Priced allocation (stored bits, non-linear prices) against exhaustive
+// search: prices of TQ-MSE codecs at head_dim 16 (16·b + 16, + 16 more above
+// 4 bits: the extension norm), KIVI-like affine prices, and random
+// non-decreasing ones.
+TEST(RateQuant, PricedAllocationMatchesBruteForce) {
+  std::mt19937_64 rng(21);
+  int compared = 0, infeasible = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const size_t m = 2 + rng() % 5;
+    RateQuantProblem p;
+    std::vector<std::vector<int64_t>> price(m);
+    for (size_t i = 0; i < m; ++i) {
+      p.weight.push_back(rng() % 6 == 0 ? 0.0 : std::exp((double)(rng() % 3000) / 1000.0));
+      p.alpha.push_back(0.5 + (double)(rng() % 100) / 50.0);
+      p.beta.push_back(i % 2 ? 3.6 : 2.5 + (double)(rng() % 10) / 10.0);
+      p.b_min.push_back(1 + (int)(rng() % 2));
+      p.b_max.push_back(p.b_min.back() + 2 + (int)(rng() % 4));
+      for (int b = p.b_min[i]; b <= p.b_max[i]; ++b) {
+        int64_t c = 0;
+        switch (trial % 3) {
+          case 0: c = 16 * b + 16 + (b > 4 ? 16 : 0); break;  // TQ-MSE, head_dim 16
+          case 1: c = 32 * b + 64; break;                      // affine (KIVI-like)
+          default: c = (price[i].empty() ? 0 : price[i].back()) + 8 * (1 + (int64_t)(rng() % 4)); break;
+        }
+        price[i].push_back(c);
+      }
+    }
+    int64_t lo = 0, hi = 0;
+    for (size_t i = 0; i < m; ++i) {
+      lo += price[i].front();
+      hi += price[i].back();
+    }
+    for (int64_t budget = lo - 8; budget <= hi + 8; budget += 1 + (int64_t)(rng() % 23)) {
+      // Exhaustive: min distortion (then min price) over all width vectors within the budget.
+      double best = std::numeric_limits<double>::infinity();
+      std::vector<int> b(m);
+      std::function<void(size_t, int64_t)> rec = [&](size_t i, int64_t cost) {
+        if (cost > budget) return;
+        if (i == m) {
+          best = std::min(best, ratequant_distortion(p, b));
+          return;
+        }
+        for (int x = p.b_min[i]; x <= p.b_max[i]; ++x) {
+          b[i] = x;
+          rec(i + 1, cost + price[i][(size_t)(x - p.b_min[i])]);
+        }
+      };
+      rec(0, 0);
+      if (!std::isfinite(best)) {
+        EXPECT_THROW(allocate_ratequant_priced(p, price, budget), Error);
+        ++infeasible;
+        continue;
+      }
+      const RateQuantResult r = allocate_ratequant_priced(p, price, budget);
+      ASSERT_NEAR(r.distortion, best, 1e-12 * (1 + best)) << "trial " << trial << " budget " << budget;
+      int64_t cost = 0;
+      for (size_t i = 0; i < m; ++i) {
+        ASSERT_GE(r.bits[i], p.b_min[i]);
+        ASSERT_LE(r.bits[i], p.b_max[i]);
+        cost += price[i][(size_t)(r.bits[i] - p.b_min[i])];
+      }
+      ASSERT_LE(cost, budget);
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 300);
+  EXPECT_GT(infeasible, 20);
+  // With equal unit prices it is the code-bit problem: same answer as the greedy.
+  const RateQuantProblem q = common_beta({5, 1, 0.2, 9}, 3.5, 1, 6, 14);
+  std::vector<std::vector<int64_t>> unit(4);
+  for (auto& row : unit)
+    for (int b = 1; b <= 6; ++b) row.push_back(b);
+  EXPECT_EQ(allocate_ratequant_priced(q, unit, 14).bits, allocate_ratequant(q).bits);
+  // Bad prices.
+  unit[2][3] = unit[2][2] - 1;
+  EXPECT_THROW(allocate_ratequant_priced(q, unit, 14), Error);
+  unit.pop_back();
+  EXPECT_THROW(allocate_ratequant_priced(q, unit, 14), Error);
+}
+
 TEST(RateQuant, ClosedFormEqualsIntegerAnswerWhenIntegral) {
   // a = 4^{1, -1, 0, 0}, β = 4, b̄ = 3: b = 3 + log_4 a − mean log_4 a = {4, 2, 3, 3}.
   const RateQuantProblem p = common_beta({4.0, 0.25, 1.0, 1.0}, 4.0, 1, 8, 12);

@@ -34,11 +34,14 @@ TEST(ZeroBitSides, BlockGtqTinyKeyBudget) {
   PlanRequest rq;
   rq.method = "block-gtq";
   rq.b_min = 0;
-  rq.v_bits = 2.0;
-  rq.budget_unit = "code";
-  // K budget (code unit): (0.125 + 16/8)·8 = 17 bits per head. The smallest non-empty group (one RoPE
-  // block of 2 channels at 1 bit + a 16-bit norm) costs 18 bits, so every key side is empty.
-  rq.k_bits = 0.125;
+  // Stored budgets (effective unit) at head_dim 8: the packed format pads a
+  // group to a 16-channel tile, so a 2-bit value side stores 16·2 + 16 = 48
+  // bits (6 bits per element) and the smallest non-empty key group (one RoPE
+  // block at 1 bit, padded) 16 + 16 = 32 bits.
+  rq.v_bits = 6.0;
+  rq.budget_unit = "effective";
+  // K budget 3.875 · 8 = 31 bits per head: below the smallest group, so every key side is empty.
+  rq.k_bits = 3.875;
   PlanDiagnostics dg;
   const Plan p = make_plan(st, rq, &dg);
   EXPECT_EQ(dg.zero_bit_sides, 4);  // every key side; values are TQ-MSE 2 bits
@@ -47,8 +50,8 @@ TEST(ZeroBitSides, BlockGtqTinyKeyBudget) {
       for (const auto& g : h.key.groups) EXPECT_EQ(g.bits, 0);
       EXPECT_EQ(h.value.groups.at(0).bits, 2);
     }
-  // A budget that affords one 1-bit block everywhere (18 bits) leaves none empty.
-  rq.k_bits = 0.25;  // (0.25 + 2)·8 = 18 bits
+  // A budget that affords one tile at 1 bit everywhere (32 bits) leaves none empty.
+  rq.k_bits = 4.0;
   PlanDiagnostics dg2;
   make_plan(st, rq, &dg2);
   EXPECT_EQ(dg2.zero_bit_sides, 0);

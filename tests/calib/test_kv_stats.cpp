@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "ratekv/calib/accumulator.h"
@@ -272,6 +273,43 @@ TEST(KVStatsFile, ClearErrors) {
   EXPECT_THROW(KVStats::load(path), Error);
   std::filesystem::remove(path);
   EXPECT_THROW(load_alloc_stats(path), Error);
+}
+
+// A metadata key or a tensor this build does not read is an error naming it
+// (it used to be ignored silently): a good file re-written with one extra key
+// or tensor each time.
+TEST(KVStatsFile, UnknownKeysAndTensorsAreErrors) {
+  Model m = tiny_model();
+  const KVStats s = calibrate(m, kTokens, 11);
+  const auto path = (std::filesystem::temp_directory_path() / "ratekv_test_stats_unknown.safetensors").string();
+  s.save(path);
+  const SafetensorsFile good = SafetensorsFile::open(path);
+  auto rewrite = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& extra_tensor) {
+    SafetensorsWriter w;
+    nlohmann::json meta = nlohmann::json::parse(good.metadata_value("ratekv"));
+    edit(meta);
+    w.set_metadata("format", "ratekv-calib-stats");
+    w.set_metadata("ratekv", meta.dump());
+    for (const StTensor& t : good.tensors()) w.add_f32(t.name, t.shape, good.read_f32(t.name));
+    if (!extra_tensor.empty()) w.add_f32(extra_tensor, {1}, std::vector<float>{1.0f});
+    w.write(path);
+    try {
+      KVStats::load(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(rewrite([](nlohmann::json&) {}, ""), "(no error)");
+  EXPECT_NE(rewrite([](nlohmann::json& j) { j["norm_correction"] = true; }, "").find("norm_correction: unknown key"),
+            std::string::npos);
+  EXPECT_NE(rewrite([](nlohmann::json& j) { j["model"]["n_head"] = 4; }, "").find(".model.n_head: unknown key"),
+            std::string::npos);
+  EXPECT_NE(rewrite([](nlohmann::json& j) { j["text"]["lines"] = 3; }, "").find(".text.lines: unknown key"),
+            std::string::npos);
+  EXPECT_NE(rewrite([](nlohmann::json&) {}, "k_post_sq").find("tensor 'k_post_sq': unknown to this build"),
+            std::string::npos);
+  std::filesystem::remove(path);
 }
 
 // A binary file that is neither the safetensors statistics nor JSON (here a

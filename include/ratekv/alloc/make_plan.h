@@ -2,28 +2,38 @@
 // of the allocators (the library side of `ratekv plan`).
 //
 // Methods and what the budgets mean (budgets are bits per element; unit
-// "effective" = codes + every stored norm/scale, "code" = the bits of a uniform
-// codec at that many code bits, i.e. effective = code + its metadata):
+// "effective" = STORED bits per element, everything the cache holds per token
+// (format/stored_bytes.h: codes, norms, scales, tile padding, extension norms);
+// unit "code" = the code bits of a uniform codec, i.e. its stored bits):
 //   uniform              K and V: whole-head `quantizer` (V: `v_quantizer`
-//                        if set) at the largest b with b + metadata ≤ budget
+//                        if set) at the largest b whose codec stores ≤ budget
 //                        (effective) or b = budget (code, must be an
 //                        integer). q8_0 / q4_0 / fp16 have fixed widths (8.5,
-//                        4.5, 16 effective bits): the budget must admit them
+//                        4.5, 16 stored bits): the budget must admit them
 //                        (code unit: equal 8 / 4 / 16). With `avg_bits` set it is the
 //                        RateQuant baseline instead: the better of
-//                        K⌈b⌉V⌊b⌋ / K⌊b⌋V⌈b⌉ under the fitted curves.
-//   block-gtq            K: Block-GTQ over RoPE blocks (alloc/block_gtq.h) at
-//                        budget·d bits per head (code unit: (b + 16/d)·d, the
-//                        effective rate of uniform b); V: uniform TQ-MSE.
-//   ratequant            2N components, average `avg_bits` (default (k+v)/2)
-//                        of code bits per element, exact integer allocation
-//                        with curves `curves_from` (default: `quantizer`) and
-//                        sensitivity `sensitivity`; codec kind `quantizer`.
-//                        With unit "effective" the per-element metadata of the
-//                        quantizer is subtracted first (B rounded down).
+//                        K⌈b⌉V⌊b⌋ / K⌊b⌋V⌈b⌉ under the fitted curves (widths
+//                        within the curves' fitted range; effective: the
+//                        split must store ≤ avg_bits).
+//   block-gtq            K: Block-GTQ over RoPE blocks (alloc/block_gtq.h)
+//                        priced as the packed format stores it, within
+//                        ⌊budget·d⌋ stored bits per head (code unit: exactly
+//                        what uniform TQ-MSE at b code bits stores,
+//                        scalar_group_stored_bits(d, b); b a whole number);
+//                        V: uniform TQ-MSE.
+//   ratequant            2N components, codec kind `quantizer`, curves
+//                        `curves_from` (default: `quantizer`), sensitivity
+//                        `sensitivity`; widths within the curves' fitted range
+//                        (DistortionCurves::bits; explicit bounds outside it
+//                        are an error). Code unit: Σ b_i = avg_bits (default
+//                        (k+v)/2) · 2N code bits, exact greedy. Effective
+//                        unit: Σ stored bits ≤ ⌊avg_bits · d · 2N⌋, exact DP
+//                        (allocate_ratequant_priced: widths > 4 store an
+//                        extension norm).
 //   ratequant+block-gtq  RateQuant with curves fitted on "block-gtq" gives each
-//                        component b_i; keys then split (b_i + 16/d)·d bits
-//                        over RoPE blocks with Block-GTQ, values use TQ-MSE.
+//                        component b_i; keys then split the stored bits of
+//                        uniform TQ-MSE at b_i over RoPE blocks with
+//                        Block-GTQ, values use TQ-MSE.
 // Rotation seeds: group g of side s of (layer l, head h) gets a seed derived
 // deterministically from (seed, l, h, s, g) by SplitMix64; the plan stores it.
 #pragma once
@@ -42,7 +52,7 @@
 namespace ratekv::alloc {
 
 /// What to build. b_min / b_max < 0 select the method's defaults
-/// (block-gtq: 0..4; uniform: 0..8; ratequant: 1..8).
+/// (block-gtq: 0..4; uniform: 1..8; ratequant: the curves' fitted range within 1..8).
 struct PlanRequest {
   std::string method = "uniform";  ///< uniform | block-gtq | ratequant | ratequant+block-gtq
   double k_bits = 3.0;
@@ -82,8 +92,9 @@ struct PlanDiagnostics {
 /// Builds and validates a plan. Throws ParamError naming the PlanRequest
 /// field ("PlanRequest.k_bits", …) for unknown methods or quantizers, a
 /// sensitivity estimator the stats lack (naming what is there), budgets
-/// outside the bounds and a non-integral code budget; Error for distortion
-/// curves the stats lack.
+/// outside the bounds, RateQuant bounds outside the curves' fitted widths
+/// ("PlanRequest.b_min" / "b_max") and a non-integral code budget; Error for
+/// distortion curves the stats lack.
 Plan make_plan(const CalibStats& stats, const PlanRequest& req, PlanDiagnostics* diag = nullptr);
 
 /// A readable per-layer table: K and V bit histograms ("4:10 3:12 0:10" =

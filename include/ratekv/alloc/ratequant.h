@@ -67,6 +67,27 @@ RateQuantRelaxation ratequant_relaxation(const RateQuantProblem& p);
 /// bounds, or B outside [Σ b_min, Σ b_max] (message gives all three).
 RateQuantResult allocate_ratequant(const RateQuantProblem& p);
 
+/// Exact allocation under per-width prices (the stored bits of each
+/// component's codec at each width, format/stored_bytes.h), for budgets in
+/// stored bits ("effective" unit):
+///
+///   minimize Σ_i a_i β_i^(−b_i)  subject to  Σ_i price_i(b_i) ≤ budget,
+///   b_min_i ≤ b_i ≤ b_max_i,
+///
+/// price[i][b − b_min_i] ≥ 0, non-decreasing in b. Prices need not be linear
+/// in b (a TQ-MSE codec wider than 4 bits stores an extra 16-bit extension
+/// norm; the greedy of greedy.h is exact only for equal unit prices), so this
+/// is a multiple-choice knapsack, solved exactly by dynamic programming over
+/// (components, budget in units of the prices' gcd). Among optimal
+/// distortions it returns the lowest total price, then the allocation the
+/// scan in component order meets first. p.total_bits is ignored. The result's
+/// `relaxed` and `uniform_distortion` are those of the code-bit problem with
+/// B = Σ b_i of the answer. Throws Error like allocate_ratequant (sizes,
+/// values, bounds), for prices of the wrong shape, negative or decreasing,
+/// and when even Σ price_i(b_min_i) exceeds the budget (message gives both).
+RateQuantResult allocate_ratequant_priced(const RateQuantProblem& p, const std::vector<std::vector<int64_t>>& price,
+                                          int64_t budget);
+
 /// A uniform K/V split at a fractional average: K and V widths and the cost.
 struct UniformSplit {
   int k_bits = 0;

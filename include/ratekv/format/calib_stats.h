@@ -14,9 +14,13 @@
 //     "k_block_energy": [[[…d/2…] × n_kv_heads] × n_layers],
 //     "sensitivity": {"grad": {"k": [[…n_kv_heads…] × n_layers], "v": […]},
 //                     "activation": {…}},                         // optional, any names
-//     "curves": {"tq-mse": {"beta_k": 3.5, "beta_v": 3.5,
+//     "curves": {"tq-mse": {"bits": [1, 2, 3, 4, 5],            // widths fitted at
+//                           "beta_k": 3.5, "beta_v": 3.5,
 //                           "alpha_k": [[…] × n_layers], "alpha_v": […]}}   // optional
 //   }
+// "model" may also hold "n_heads" (query heads; informational, checked to be a
+// multiple of n_kv_heads). A key not listed here is an error naming it (a
+// misspelled or foreign field would otherwise be silently ignored).
 #pragma once
 
 #include <cstdint>
@@ -40,12 +44,16 @@ struct Sensitivity {
 
 /// Fitted distortion curves D(b) = α β^(−b) of one quantizer: one β per side,
 /// one α per component. alpha_k / alpha_v: (n_layers, n_kv_heads) row-major,
-/// in (0, kMaxCurveAlpha]; beta_k, beta_v in (1, kMaxCurveBeta].
+/// in (0, kMaxCurveAlpha]; beta_k, beta_v in (1, kMaxCurveBeta]. `bits`: the
+/// code widths the curves were measured and fitted at (≥ 2, ascending,
+/// distinct, in 0..16); RateQuant hands out only widths within
+/// [bits.front(), bits.back()] (alloc/make_plan.h).
 struct DistortionCurves {
   double beta_k = 0.0;
   double beta_v = 0.0;
   std::vector<double> alpha_k;
   std::vector<double> alpha_v;
+  std::vector<double> bits;
 };
 
 /// The largest β a stats file may hold: the distortion falls by at most this
@@ -62,9 +70,9 @@ inline constexpr double kMaxCurveAlpha = 3.4028234663852886e38;  // FLT_MAX
 const std::vector<std::string>& curve_quantizers();
 
 /// Checks one quantizer's fitted curve parameters: `quantizer` one of
-/// curve_quantizers(), β in (1, kMaxCurveBeta], every α in (0, kMaxCurveAlpha].
-/// Throws Error "<name>: curves.<quantizer>.<field> ...". (Sizes are the
-/// caller's to check.)
+/// curve_quantizers(), β in (1, kMaxCurveBeta], every α in (0, kMaxCurveAlpha],
+/// bits ≥ 2 ascending distinct widths in 0..16. Throws Error
+/// "<name>: curves.<quantizer>.<field> ...". (Sizes are the caller's to check.)
 void validate_curve_fit(const std::string& quantizer, const DistortionCurves& c, const std::string& name);
 
 /// Everything the allocators read from calibration.

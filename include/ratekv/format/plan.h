@@ -50,8 +50,14 @@
 //                   one fp16 RMS scale per token per layer shared by the
 //                   scale_heads (= n_kv_heads) KV heads: 16/scale_heads bits
 //                   per head per token. Code bits = Σ_g bits_g / head_dim.
-// Effective bits per element of a codec = (Σ_g bits_g·|channels_g| + metadata
-// bits per token) / head_dim, with the metadata as listed above.
+// Effective bits per element of a codec = the bits it STORES per token / head_dim
+// (ratekv/format/stored_bytes.h, the one accounting every table and allocator
+// uses): codes, norms and scales as listed above, plus what the packed pages
+// allocate beyond them — tq-mse groups padded to 16-channel tiles
+// (16·⌈m/16⌉·b code bits), an unused 16-bit extension norm per 5..8-bit
+// group, vq segments rounded up to 16 bytes per 64-token page. "achieved"
+// k / v are the plan's stored bits per element of each side (all layers and
+// KV heads); k_code / v_code the code bits alone.
 //
 // Errors: Plan::load / from_json throw ratekv::Error naming the file and the
 // JSON path of the bad field and what was expected, e.g.
@@ -113,7 +119,8 @@ struct Codec {
 
   /// Code bits per element (Σ bits·channels / head_dim; 16 for fp16).
   double code_bits(int head_dim) const;
-  /// Code + metadata bits per element (see the schema comment).
+  /// Stored bits per element (codec_stored_bits / head_dim, format/stored_bytes.h):
+  /// codes, metadata and the padding the packed pages allocate (schema comment).
   double effective_bits(int head_dim) const;
 
   /// Helpers that build valid codecs.
@@ -152,9 +159,11 @@ struct Plan {
   /// [layer][kv head]; n_layers × n_kv_heads.
   std::vector<std::vector<HeadPlan>> layers;
 
-  /// Achieved bits per element, averaged over all (layer, head).
+  /// Achieved bits per element over all (layer, head): k, v = stored bits per
+  /// element of each side (plan_stored_bytes, format/stored_bytes.h), total
+  /// their mean; k_code, v_code = code bits only.
   struct Achieved {
-    double k = 0, v = 0, total = 0;  ///< effective
+    double k = 0, v = 0, total = 0;  ///< stored ("effective")
     double k_code = 0, v_code = 0;   ///< code only
   };
   Achieved achieved() const;
