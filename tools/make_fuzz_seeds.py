@@ -37,6 +37,10 @@ def f32(values):
     return struct.pack(f"<{len(values)}f", *values)
 
 
+def f16(values):
+    return struct.pack(f"<{len(values)}e", *values)
+
+
 # ---------------------------------------------------------------------------
 # Plans
 # ---------------------------------------------------------------------------
@@ -75,13 +79,14 @@ def vq_layout_digest(layers):
 def plan_seeds():
     seeds = {}
     # Block-GTQ keys (one 3-bit block, one dropped) and TQ-MSE values, d = 4, with the
-    # stored "achieved" the codecs give: K (3·2 + 16)/4 = 5.5 (code 1.5), V (2·4 + 16)/4 = 6 (code 2).
+    # stored "achieved" the codecs give (include/ratekv/format/stored_bytes.h: a group's channels are
+    # padded to a 16-channel tile): K (16·3 + 16)/4 = 16 (code 1.5), V (16·2 + 16)/4 = 12 (code 2).
     gtq = [[{"key": {"kind": "tq-mse-grouped", "norm": "fp16", "group_size": 0,
                      "groups": [{"bits": 3, "blocks": [0], "seed": 11}, {"bits": 0, "blocks": [1]}]},
              "value": {"kind": "tq-mse", "norm": "fp16", "group_size": 0,
                        "groups": [{"bits": 2, "channels": [0, 1, 2, 3], "seed": 12}]}}]]
     seeds["block_gtq.plan"] = plan("block-gtq", model("llama", 1, 1, 4, "interleaved"), gtq,
-                                   achieved={"k": 5.5, "v": 6.0, "total": 5.75, "k_code": 1.5, "v_code": 2.0})
+                                   achieved={"k": 16.0, "v": 12.0, "total": 14.0, "k_code": 1.5, "v_code": 2.0})
     # Baseline kinds at d = 32 over two layers: KIVI keys / q4_0 values, fp16 / q8_0, quarot / fp16.
     all32 = list(range(32))
     base = [[{"key": {"kind": "kivi", "norm": "none", "group_size": 32, "groups": [{"bits": 2, "channels": all32}]},
@@ -103,9 +108,10 @@ def plan_seeds():
     vq = [[vq_heads(), vq_heads()]]
     tensors = []
     for h in range(2):
-        tensors.append((f"l0.h{h}.key.codebooks", "F32", [16], f32([0.25 * i - 2 for i in range(16)])))
-        tensors.append((f"l0.h{h}.key.channel_scale", "F32", [4], f32([1.0, 0.5, 2.0, 1.5])))
-        tensors.append((f"l0.h{h}.value.codebooks", "F32", [8], f32([-1, 1, 0.5, -0.5, 2, -2, 0, 0.125])))
+        # F16: the side file stores codebooks and channel scales as fp16 (include/ratekv/format/vq_tensors.h).
+        tensors.append((f"l0.h{h}.key.codebooks", "F16", [16], f16([0.25 * i - 2 for i in range(16)])))
+        tensors.append((f"l0.h{h}.key.channel_scale", "F16", [4], f16([1.0, 0.5, 2.0, 1.5])))
+        tensors.append((f"l0.h{h}.value.codebooks", "F16", [8], f16([-1, 1, 0.5, -0.5, 2, -2, 0, 0.125])))
     mdl = model("llama", 1, 2, 4, "interleaved")
     meta = {"format": "ratekv-vq-tensors", "version": 1, "model": mdl}
     for name, digest in (("tasq_digest.plan", True), ("tasq_nodigest.plan", False)):
@@ -164,7 +170,7 @@ def calib_stats_seeds():
           "q_block_energy": nested(ramp(L * Hkv * B), B), "k_block_energy": nested(ramp(L * Hkv * B, 0.5), B),
           "sensitivity": {"grad": {"k": per_head([0.5, 2.0]), "v": per_head([1.5, 0.25])},
                           "activation": {"k": per_head([3.0, 1.0]), "v": per_head([0.75, 0.5])}},
-          "curves": {"kivi": {"beta_k": 4.5, "beta_v": 5.0, "alpha_k": per_head([2.0, 1.0]),
+          "curves": {"kivi": {"bits": [2, 3, 4], "beta_k": 4.5, "beta_v": 5.0, "alpha_k": per_head([2.0, 1.0]),
                               "alpha_v": per_head([0.5, 0.25])}}}
     seeds["stats.json"] = json.dumps(js, indent=1).encode()
     seeds["energies_only.json"] = json.dumps({k: js[k] for k in ("format", "version", "model", "q_block_energy",

@@ -14,8 +14,10 @@
 #include "cli/gpu_cache.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
+#include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/log.h"
+#include "ratekv/format/stored_bytes.h"
 #include "ratekv/model/perplexity.h"
 #ifdef RATEKV_HAVE_ENGINE
 #include "ratekv/engine/perplexity.h"
@@ -119,6 +121,16 @@ void run(const PerplexityArgs& a) {
   j["mode"] = mode_name;
   j["cache_bytes"] = cache_bytes;
   j["cache_tokens"] = cache_tokens;
+  if (const auto* pk = cache ? dynamic_cast<const cache::PackedKVCache*>(cache.get()) : nullptr) {
+    // The packed pages after the last chunk against the plan's stored bytes for its tokens
+    // (format/stored_bytes.h; sink and window rows are fp16 rows outside the pages).
+    const ModelConfig& c = model.config();
+    const int64_t n = pk->n_tokens(), nq = pk->n_quantized(0);
+    j["page_bytes"] = pk->page_bytes();
+    j["planned_page_bytes"] = plan_stored_bytes_at(pk->codecs().plan(), n, pk->sink_tokens(), pk->fp16_window()) -
+                              static_cast<double>(n - nq) * c.n_layers * c.n_kv_heads * 2 * c.head_dim * 2;
+    j["planned_bytes_per_token"] = plan_stored_bytes(pk->codecs().plan()).bytes_per_token();
+  }
   j["fp16_bytes_per_token"] = model.config().kv_bytes_per_token_fp16();
   j["n_ctx"] = n_ctx;
   j["n_chunks"] = n_chunks;

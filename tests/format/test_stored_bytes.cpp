@@ -49,14 +49,14 @@ Codec whole(CodecKind kind, int bits, int d, int group_size) {
 }  // namespace
 
 TEST(StoredBytes, HandValuesPerCodec) {
-  // d = 64 uniform TQ-MSE 3 bits: 24 B codes + 2 B norm (docs §4).
+  // d = 64 uniform TQ-MSE 3 bits: 24 B codes + 2 B norm (docs/packed_format.md §4).
   const StoredBytes u = codec_stored_bytes(Codec::tq_mse(3, 64, 1), 64);
   EXPECT_EQ(u.codes, 64 * 24);
   EXPECT_EQ(u.norms, 64 * 2);
   EXPECT_EQ(u.padding, 0);
   EXPECT_DOUBLE_EQ(u.per_token(), 26.0);
   EXPECT_DOUBLE_EQ(Codec::tq_mse(3, 64, 1).effective_bits(64), 3.25);
-  // A Block-GTQ group of 24 channels (12 blocks) at 2 bits: 32·2/8 = 8 B per token, 2 B of it padding (docs §4);
+  // A Block-GTQ group of 24 channels (12 blocks) at 2 bits: 32·2/8 = 8 B per token, 2 B of it padding (docs/packed_format.md §4);
   // plus a 4-bit group of 8 channels: 16·4/8 = 8 B, 4 B padding; 2 norms. The rest (12 blocks) dropped.
   const Codec g = grouped({{4, range(0, 4)}, {2, range(4, 16)}, {0, range(16, 32)}});
   const StoredBytes gb = codec_stored_bytes(g, 64);
@@ -64,7 +64,7 @@ TEST(StoredBytes, HandValuesPerCodec) {
   EXPECT_EQ(gb.padding, 64 * (2 + 4));
   EXPECT_EQ(gb.norms, 64 * 4);
   EXPECT_DOUBLE_EQ(g.effective_bits(64), (8 + 8 + 4) * 8.0 / 64);
-  // A 6-bit group: 16·6/8 = 12 B codes, its norm, and the extension pages' unused norm array (docs §5).
+  // A 6-bit group: 16·6/8 = 12 B codes, its norm, and the extension pages' unused norm array (docs/packed_format.md §5).
   const StoredBytes w = codec_stored_bytes(grouped({{6, range(0, 8)}, {0, range(8, 32)}}), 64);
   EXPECT_EQ(w.codes, 64 * 12);
   EXPECT_EQ(w.norms, 64 * 2);
@@ -95,7 +95,7 @@ TEST(StoredBytes, HandValuesPerCodec) {
 
 // SmolLM2's shape (30 layers, 3 KV heads, d 64): uniform K3V3 stores 4680 B
 // per token; the Block-GTQ K3V3 plan of the NIAH run (allocated without tile
-// prices) 5036 B (issue 21); TaSQ keys 32 B per layer (docs §7.3).
+// prices) 5036 B (issue 21); TaSQ keys 32 B per layer (docs/packed_format.md §7.3).
 TEST(StoredBytes, PlanTotals) {
   Plan p;
   p.method = "test";

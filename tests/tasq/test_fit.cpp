@@ -212,8 +212,8 @@ TEST(TasqFit, FisherWeightsAreTheChainRuleWeights) {
   // TaSQ with query-guided channel weights a_c = sqrt(w_c) ≠ 1 (w normalized to
   // unit mean per head, a rounded to fp16) and the shared per-token fp16 scale
   // s_t ≠ 1: the k-means runs in the VQ space z_t = a ⊙ x_t / s_t with
-  // per-token weights F_t = s_t² Σ_{i∈G} g_{t,i}² / a_i² (DESIGN.md §5.4,
-  // chain rule through z = a·x/s). Two well-separated clusters (signs) and
+  // per-token weights F_t = s_t² Σ_{i∈G} g_{t,i}² / a_i² (docs/design.md
+  // §5.4, chain rule through z = a·x/s). Two well-separated clusters (signs) and
   // K = 2: each centroid is the F-weighted mean of its cluster's z, rounded to
   // fp16. Token amplitudes (hence s_t), per-token offsets and gradients that
   // favour different channels per token make the s² and 1/a² factors move the

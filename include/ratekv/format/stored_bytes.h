@@ -1,8 +1,8 @@
 // ratekv/format/stored_bytes.h — what a plan's KV cache stores, byte for byte:
 // THE function every allocator, table, `ratekv plan` summary and the packed
-// cache's measured bytes agree with (DESIGN.md §3 "metadata is part of the
-// budget", §9 "equal stored bits"; the page layouts are docs/packed_format.md
-// §2–§5 and §7, the plan schema include/ratekv/format/plan.h).
+// cache's measured bytes agree with (docs/design.md §3.2, §9.1; the page
+// layouts are docs/packed_format.md §2, §3, §4, §5, §7; the plan schema
+// include/ratekv/format/plan.h).
 //
 // Storage of each codec kind (per token, per (layer, KV head, side) unless said):
 //   tq-mse, tq-mse-grouped  packed scalar pages (packed_format.h): a group of m
