@@ -37,16 +37,20 @@ def main():
       f'{r["n_chunks"]} windows of {r["ctx"]} tokens from an empty cache (llama.cpp perplexity convention, '
       f'{r["ppl_scored_tokens"]} scored tokens); {r["seeds"]} rotation seed(s); '
       f'calibrate + plan + eval took {seconds} s.\n')
-    w("Bits are effective bits per element (codes + every stored norm/scale/zero); 'meta' = effective − code bits. "
-      "MAE = mean |q·k − q·k̂| over (query head, causal pair) per window, post-RoPE, unscaled; KL = attention "
-      "KL(p‖p̂) in nats; both K-only (V exact), mean over layers. ± = sd over seeds (0 for deterministic codecs). "
-      "The K-only column of a KxVx plan is the Kx (V exact) result.\n")
-    w("| plan | K bits | K meta | V bits | logit MAE | attn KL | PPL K-only | PPL K+V | ΔPPL K-only vs fp32 | ΔPPL K+V |")
-    w("|---|---|---|---|---|---|---|---|---|---|")
-    w(f'| fp32 cache | 32 | 0 | 32 | 0 | 0 | {fp:.4f} | {fp:.4f} | 0 | 0 |')
+    w("Bits are stored bits per element (everything the cache holds per token: codes, norms, scales and the "
+      "padding of TQ-MSE groups to 16-channel tiles; include/ratekv/format/stored_bytes.h); 'meta' = stored − code "
+      "bits; B/token = stored bytes per token over all layers and KV heads. MAE = mean |q·k − q·k̂| over (query "
+      "head, causal pair) per window, post-RoPE, unscaled; KL = attention KL(p‖p̂) in nats; both K-only (V exact), "
+      "mean over layers. ± = sd over seeds (0 for deterministic codecs). The K-only column of a KxVx plan is the "
+      "Kx (V exact) result.\n")
+    w("| plan | K bits | K meta | V bits | B/token | logit MAE | attn KL | PPL K-only | PPL K+V | ΔPPL K-only vs fp32 | ΔPPL K+V |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
+    fp_bytes = 2 * m["n_layers"] * m["n_kv_heads"] * m["head_dim"] * 4
+    w(f'| fp32 cache | 32 | 0 | 32 | {fp_bytes} | 0 | 0 | {fp:.4f} | {fp:.4f} | 0 | 0 |')
     for p in r["plans"]:
         b = p["bits"]
-        row = (f'| {p["name"]} | {b["k"]:.4f} | {b["k"] - b["k_code"]:.4f} | {b["v"]:.4f} | '
+        nb = f'{p["stored"]["bytes_per_token"]:g}' if "stored" in p else "-"
+        row = (f'| {p["name"]} | {b["k"]:.4f} | {b["k"] - b["k_code"]:.4f} | {b["v"]:.4f} | {nb} | '
                f'{p["mae"]["mean"]:.4f} ± {p["mae"]["mean_sd"]:.4f} | {p["kl"]["mean"]:.5f} ± {p["kl"]["mean_sd"]:.5f} | ')
         if "ppl_k" in p:
             row += (f'{pm(p["ppl_k"])} | {pm(p["ppl_kv"])} | {p["ppl_k"]["mean"] - fp:+.4f} | '
@@ -54,6 +58,29 @@ def main():
         else:
             row += "- | - | - | - |"
         w(row)
+    if any("next_token" in p for p in r["plans"]):
+        w("\n## Next-token distribution against the fp16-cache model\n")
+        w(f'As `llama-perplexity --kl-divergence` reports it, over the {r["ppl_scored_tokens"]} perplexity tokens: '
+          "KLD = KL(p_fp16 ‖ p_plan) in nats (mean, median, 99th percentile, maximum), top-1 = how often the most "
+          "likely next token is the same, Δp = mean change of the probability of the actual next token. The reference "
+          "is the model with an fp16 K/V cache (K and V rounded to fp16, as llama.cpp's f16 cache). ± = sd over seeds.\n")
+        w("| plan | cache | KLD mean | KLD median | KLD p99 | KLD max | top-1 (%) | Δp (%) |")
+        w("|---|---|---|---|---|---|---|---|")
+        if "next_token" in r["fp"]:
+            n = r["fp"]["next_token"]
+            w(f'| fp32 cache | K+V | {n["kld_mean"]:.6f} | {n["kld_median"]:.6f} | {n["kld_p99"]:.6f} | '
+              f'{n["kld_max"]:.6f} | {100 * n["top1"]:.2f} | {100 * n["delta_p_mean"]:+.3f} |')
+
+        def c(n, k, scale=1.0, d=5):
+            x = n[k]
+            return f'{scale * x["mean"]:.{d}f} ± {scale * x["sd"]:.{d}f}' if x["sd"] > 0 else f'{scale * x["mean"]:.{d}f}'
+        for p in r["plans"]:
+            for mode, label in (("kv", "K+V"), ("k", "K only")):
+                if mode not in p.get("next_token", {}):
+                    continue
+                n = p["next_token"][mode]
+                w(f'| {p["name"]} | {label} | {c(n, "kld_mean")} | {c(n, "kld_median")} | {c(n, "kld_p99", d=4)} | '
+                  f'{c(n, "kld_max", d=3)} | {c(n, "top1", 100, 2)} | {c(n, "delta_p_mean", 100, 3)} |')
     if llama:
         w("\n## llama.cpp on the same model and text\n")
         w(f'`llama-perplexity` ({llama.get("generator", "")}); PPL after the first {r["n_chunks"]} windows of '
@@ -73,7 +100,7 @@ def main():
     else:
         w(f"\n(llama.cpp reference perplexities not found at {sys.argv[2]}.)\n")
 
-    w("\n## Block-GTQ vs uniform TQ-MSE at equal effective bits\n")
+    w("\n## Block-GTQ vs uniform TQ-MSE at equal stored bytes\n")
     w("Targets (issue 4): Block-GTQ has lower RoPE-logit MAE in ≥ 90 % of layers with a mean reduction ≥ 30 %, "
       "and K-only perplexity closer to the fp32-cache perplexity.\n")
     names = {p["name"]: p for p in r["plans"]}
@@ -91,9 +118,9 @@ def main():
         ppl_ok = None
         if "ppl_k" in gtq:
             ppl_ok = abs(gtq["ppl_k"]["mean"] - fp) < abs(uni["ppl_k"]["mean"] - fp)
-        w(f'### {gtq["name"]} vs {uni["name"]} (K {gtq["bits"]["k"]:.4f} vs {uni["bits"]["k"]:.4f} effective bits; '
-          f'K metadata {gtq["bits"]["k"] - gtq["bits"]["k_code"]:.4f} vs {uni["bits"]["k"] - uni["bits"]["k_code"]:.4f} '
-          f'bits/element)\n')
+        w(f'### {gtq["name"]} vs {uni["name"]} (K {gtq["bits"]["k"]:.4f} vs {uni["bits"]["k"]:.4f} stored bits; '
+          f'K metadata and padding {gtq["bits"]["k"] - gtq["bits"]["k_code"]:.4f} vs '
+          f'{uni["bits"]["k"] - uni["bits"]["k_code"]:.4f} bits/element)\n')
         w(f'- layers where Block-GTQ has lower MAE: {round(frac * c["n_layers"])}/{c["n_layers"]} '
           f'({100 * frac:.0f} %) — target ≥ 90 %: **{"met" if frac >= 0.9 else "not met"}**')
         w(f'- mean per-layer MAE reduction 1 − MAE_gtq/MAE_uniform: {100 * red:.1f} %'
@@ -102,6 +129,10 @@ def main():
         if ppl_ok is not None:
             w(f'- PPL K-only: Block-GTQ {pm(gtq["ppl_k"])}, uniform {pm(uni["ppl_k"])}, fp32 {fp:.4f} — '
               f'closer to fp32: **{"yes" if ppl_ok else "no"}**; K+V: {pm(gtq["ppl_kv"])} vs {pm(uni["ppl_kv"])}')
+        if "next_token" in gtq and "kv" in gtq["next_token"]:
+            w(f'- next-token KLD against the fp16 cache, K+V: Block-GTQ {pm(gtq["next_token"]["kv"]["kld_mean"], 5)}, '
+              f'uniform {pm(uni["next_token"]["kv"]["kld_mean"], 5)}; top-1 agreement '
+              f'{100 * gtq["next_token"]["kv"]["top1"]["mean"]:.2f} % vs {100 * uni["next_token"]["kv"]["top1"]["mean"]:.2f} %')
         w("\n| layer | MAE Block-GTQ | MAE uniform | reduction | KL Block-GTQ | KL uniform |")
         w("|---|---|---|---|---|---|")
         for l, (g, u) in enumerate(zip(gtq["mae"]["layers_mean"], uni["mae"]["layers_mean"])):

@@ -1,20 +1,24 @@
 // `ratekv panel`: the main job (calibrate → plan → eval, as tools/main_job.sh
 // runs it for one model) over every packaged model, and one combined report:
-// per model and plan the effective bits, mean per-layer RoPE-logit MAE and
-// attention KL (K-only), and perplexity K-only / K+V.
+// per model and plan the stored bits and bytes per token, mean per-layer
+// RoPE-logit MAE and attention KL (K-only), perplexity K-only / K+V, and the
+// next-token KLD / top-1 agreement against the fp16-cache model (K+V).
 //
 // Output folder layout:
 //   <out>/<model stem>/calib_stats.safetensors, <plan>.plan.json, report.json
 //   <out>/panel.json   {"format": "ratekv-panel", "version": 1, "settings": {...},
 //                       "models": [{"model": {...}, "fp": {...}, "plans": [...],
 //                                   "comparisons": [...], "seconds": s}, ...]}
+//                      plans[i]: name, method, bits, stored (plan_stored_bytes JSON),
+//                      mae, kl, mae_layers, ppl_k, ppl_kv, next_token {"k", "kv"}
 //   <out>/panel.md     one table per model + the Block-GTQ vs uniform comparisons
 //   <out>/panel.png    (--plot) tools/plot_panel.py
 //
-// Budgets: with --budget-unit code (the default here) "K2V2" means the
-// effective bits of uniform TQ-MSE with 2 code bits and one fp16 norm per head
-// vector (2 + 16/head_dim), so both methods get exactly the same effective
-// budget on every model: 2.25 at head_dim 64, 2.0625 at head_dim 256.
+// Budgets: with --budget-unit code (the default here) "K2V2" means what
+// uniform TQ-MSE with 2 code bits and one fp16 norm per head vector stores
+// (2 + 16/head_dim bits per element), and Block-GTQ gets exactly those stored
+// bytes (include/ratekv/format/stored_bytes.h): 2.25 at head_dim 64, 2.0625 at
+// head_dim 256.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -120,7 +124,7 @@ nlohmann::json run_model(const PanelArgs& a, const std::string& model_path, cons
       e.file = (dir / (e.name + ".plan.json")).string();
       e.plan = alloc::make_plan(st, rq);
       e.plan.save(e.file);
-      spdlog::info("panel: plan {}: K {:.4f} V {:.4f} effective bits/element", e.name, e.plan.achieved().k,
+      spdlog::info("panel: plan {}: K {:.4f} V {:.4f} stored bits/element", e.name, e.plan.achieved().k,
                    e.plan.achieved().v);
       entries.push_back(std::move(e));
     }
@@ -145,6 +149,8 @@ nlohmann::json summarize(const nlohmann::json& rep) {
   nlohmann::json m;
   m["model"] = rep.at("model");
   m["fp"] = rep.at("fp");
+  m["ctx"] = rep.value("ctx", 0);
+  m["ppl_scored_tokens"] = rep.value("ppl_scored_tokens", 0);
   m["seconds"] = rep.value("panel_seconds", rep.value("seconds", 0.0));
   m["comparisons"] = rep.value("comparisons", nlohmann::json::array());
   nlohmann::json plans = nlohmann::json::array();
@@ -158,6 +164,8 @@ nlohmann::json summarize(const nlohmann::json& rep) {
     s["mae_layers"] = p.at("mae").at("layers_mean");
     s["ppl_k"] = p.at("ppl_k");
     s["ppl_kv"] = p.at("ppl_kv");
+    if (p.contains("stored")) s["stored"] = p.at("stored");
+    if (p.contains("next_token")) s["next_token"] = p.at("next_token");
     plans.push_back(std::move(s));
   }
   m["plans"] = std::move(plans);
@@ -171,6 +179,14 @@ std::string ppl_cell(const nlohmann::json& p) {
                 : fmt::format("{:.3f}", p.at("mean").get<double>());
 }
 
+// "mean ± sd" of a next-token statistic over seeds (K+V), "–" when absent.
+std::string nt_cell(const nlohmann::json& p, const char* field, double scale, int digits) {
+  if (!p.contains("next_token") || !p.at("next_token").contains("kv")) return "–";
+  const auto& f = p.at("next_token").at("kv").at(field);
+  const double m = f.at("mean").get<double>() * scale, sd = f.value("sd", 0.0) * scale;
+  return sd > 0 ? fmt::format("{:.{}f} ± {:.{}f}", m, digits, sd, digits) : fmt::format("{:.{}f}", m, digits);
+}
+
 std::string markdown(const nlohmann::json& panel) {
   std::string md = "# ratekv panel: the main job on every packaged model\n\n";
   const auto& s = panel.at("settings");
@@ -178,8 +194,12 @@ std::string markdown(const nlohmann::json& panel) {
       "Calibration: first {} tokens of `{}`; evaluation: first {} tokens of `{}` in windows of {}; {} seed(s). "
       "Plans: Block-GTQ and uniform TQ-MSE at the effective budget of uniform K{{b}}V{{b}} (b code bits + one fp16 "
       "norm per head vector). MAE = mean over layers of the per-layer mean |q·k − q·k̂| (post-RoPE, K-only); KL in "
-      "nats (K-only); PPL K-only / K+V with llama.cpp's window convention. Weights are the models' 4-bit GGUFs, "
-      "dequantized; K/V come from those dequantized models.\n\n",
+      "nats (K-only); PPL K-only / K+V with llama.cpp's window convention; KLD (nats; mean, p99) and top-1 agreement "
+      "of the next-token distribution against the fp16-cache model with K and V quantized, over the perplexity "
+      "tokens, as llama-perplexity --kl-divergence reports them. Bits and B/token are stored bits per element and "
+      "stored bytes per token (everything the cache holds: codes, norms, scales, tile padding; "
+      "include/ratekv/format/stored_bytes.h); equal budgets are equal stored bytes. Weights are the models' 4-bit "
+      "GGUFs, dequantized; K/V come from those dequantized models.\n\n",
       s.at("calib_tokens").get<int64_t>(), s.at("calib").get<std::string>(), s.at("tokens").get<int64_t>(),
       s.at("eval").get<std::string>(), s.at("ctx").get<int64_t>(), s.at("seeds").get<int>());
   for (const auto& m : panel.at("models")) {
@@ -189,22 +209,32 @@ std::string markdown(const nlohmann::json& panel) {
                       mo.value("n_kv_heads", 0), mo.value("head_dim", 0), mo.value("rope_layout", ""));
     md += fmt::format("fp32 cache PPL: {:.3f}; main job time {:.0f} s.\n\n", m.at("fp").value("ppl", 0.0),
                       m.value("seconds", 0.0));
-    md += "| plan | K bits | V bits | K code bits | logit MAE | KL (nats) | PPL K-only | PPL K+V |\n";
-    md += "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    md += "| plan | K bits | V bits | K code bits | B/token | logit MAE | KL (nats) | PPL K-only | PPL K+V | KLD K+V | "
+          "KLD p99 | top-1 K+V (%) |\n";
+    md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const auto& p : m.at("plans")) {
       const auto& b = p.at("bits");
-      md += fmt::format("| {} | {:.4f} | {:.4f} | {:.4f} | {:.4f} | {:.5f} | {} | {} |\n", p.at("name").get<std::string>(),
-                        b.value("k", 0.0), b.value("v", 0.0), b.value("k_code", 0.0), p.at("mae").get<double>(),
-                        p.at("kl").get<double>(), ppl_cell(p.at("ppl_k")), ppl_cell(p.at("ppl_kv")));
+      const std::string bytes =
+          p.contains("stored") ? fmt::format("{:g}", p.at("stored").at("bytes_per_token").get<double>()) : "–";
+      md += fmt::format("| {} | {:.4f} | {:.4f} | {:.4f} | {} | {:.4f} | {:.5f} | {} | {} | {} | {} | {} |\n",
+                        p.at("name").get<std::string>(), b.value("k", 0.0), b.value("v", 0.0), b.value("k_code", 0.0),
+                        bytes, p.at("mae").get<double>(), p.at("kl").get<double>(), ppl_cell(p.at("ppl_k")),
+                        ppl_cell(p.at("ppl_kv")), nt_cell(p, "kld_mean", 1.0, 5), nt_cell(p, "kld_p99", 1.0, 4),
+                        nt_cell(p, "top1", 100.0, 2));
     }
     md += "\n";
     for (const auto& c : m.at("comparisons")) {
       const auto& r = c.at("mae_reduction");
-      md += fmt::format("- {} vs {} (K {:.4f} vs {:.4f} bits): mean per-layer MAE reduction {:.1f} %, lower MAE in "
-                        "{} layers ({:.0f} %)\n",
+      md += fmt::format("- {} vs {} (stored K {:.4f} vs {:.4f} bits): mean per-layer MAE reduction {:.1f} %, lower MAE "
+                        "in {} layers ({:.0f} %)",
                         c.at("a").get<std::string>(), c.at("b").get<std::string>(), c.value("k_bits_a", 0.0),
                         c.value("k_bits_b", 0.0), 100 * r.value("mean", 0.0), c.value("layers_a_lower_mae", 0),
                         100 * c.value("fraction_layers_a_lower_mae", 0.0));
+      if (c.contains("kld_kv_diff"))
+        md += fmt::format("; ΔKLD K+V {:+.5f} ± {:.5f}, ΔPPL K+V {:+.3f} ± {:.3f} (paired over seeds)",
+                          c.at("kld_kv_diff").at("mean").get<double>(), c.at("kld_kv_diff").value("sd", 0.0),
+                          c.at("ppl_kv_diff").at("mean").get<double>(), c.at("ppl_kv_diff").value("sd", 0.0));
+      md += "\n";
     }
     md += "\n";
   }

@@ -3,16 +3,21 @@
 #include "ratekv/eval/plan_eval.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <set>
 
 #include "ratekv/cache/fake_quant_cache.h"
+#include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/param_error.h"
+#include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/logit_error.h"
+#include "ratekv/eval/next_token_kld.h"
+#include "ratekv/format/stored_bytes.h"
 #include "ratekv/model/perplexity.h"
 #include "ratekv/common/log.h"
 
@@ -47,6 +52,18 @@ json stat_json(const std::vector<double>& per_seed) {
 }
 
 // per_seed[s][l] -> {"layers_mean", "layers_sd", "mean" (over layers), "mean_sd" (over seeds), "per_seed"}
+// Per-seed next-token summaries -> {field: {"mean", "sd", "per_seed"}} for every summary field.
+json next_token_json(const std::vector<NextTokenSummary>& per_seed) {
+  json out = json::object();
+  const json first = per_seed.at(0).to_json();
+  for (const auto& [key, v] : first.items()) {
+    std::vector<double> vals;
+    for (const auto& s : per_seed) vals.push_back(s.to_json().at(key).get<double>());
+    out[key] = stat_json(vals);
+  }
+  return out;
+}
+
 json layer_stat_json(const std::vector<std::vector<double>>& per_seed) {
   const size_t S = per_seed.size(), L = per_seed[0].size();
   std::vector<double> lm(L), lsd(L), seed_means(S);
@@ -101,13 +118,33 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
                                                                      plans[p].file.empty() ? plans[p].name : plans[p].file));
   }
 
-  // --- fp32 pass: reference perplexity + MAE/KL hooks -----------------------
+  // --- passes, window by window -------------------------------------------------
+  // Per window: (1) the fp16-cache reference (K and V rounded to fp16, as llama.cpp's f16
+  // cache; only with perplexity), whose next-token logits every other pass is compared with;
+  // (2) the fp32 pass: reference perplexity + MAE/KL hooks; (3) each plan, run seed and mode
+  // (K only, K+V) with a FakeQuantKVCache: perplexity and next-token KLD / top-1 / Δp.
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<std::vector<LogitErrorSums>>> sums(P);  // [p][s][l]
   for (size_t p = 0; p < P; ++p) sums[p].assign(codecs[p].size(), std::vector<LogitErrorSums>(L));
   const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  // Planned vs measured stored bytes: the first window's K/V of every layer also go into a
+  // PackedKVCache per plan (run seed 0) when the packed cache serves the plan; its page bytes
+  // are compared with plan_stored_bytes_at (format/stored_bytes.h).
+  std::vector<std::unique_ptr<cache::PackedKVCache>> packed(P);
+  std::vector<std::string> not_packed(P);
+  for (size_t p = 0; p < P; ++p) {
+    try {
+      packed[p] = std::make_unique<cache::PackedKVCache>(cfg.kv_shape(opt.ctx), codecs[p][0]);
+    } catch (const Error& e) {
+      not_packed[p] = e.what();
+    }
+  }
+  bool first_window = true;
   ForwardHooks hooks;
   hooks.on_layer = [&](const LayerActivations& a) {
+    if (first_window)
+      for (size_t p = 0; p < P; ++p)
+        if (packed[p]) packed[p]->append(a.layer, a.n, a.pos, a.k_pre, a.k_post, a.v);
     const LogitErrorReference ref(a.q_post, a.k_post, a.n, a.n_heads, a.n_kv_heads, a.head_dim, scale,
                                   opt.query_stride);
     std::vector<float> khat(static_cast<size_t>(a.n) * a.n_kv_heads * a.head_dim);
@@ -119,47 +156,86 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
         sums[p][s][a.layer].merge(ref.compare(khat.data()));
       }
   };
-  const int64_t V = cfg.n_vocab, ctx = opt.ctx, first = ctx / 2;
+  const int64_t V = cfg.n_vocab, ctx = opt.ctx, first = ctx / 2, per_window = ctx - 1 - first;
+  const int n_modes = opt.perplexity_kv ? 2 : 1;
   std::vector<float> logits(static_cast<size_t>(ctx) * V);
+  std::vector<float> ref_rows(opt.perplexity ? static_cast<size_t>(per_window) * V : 0);
   std::vector<int32_t> win(ctx);
   double fp_nll = 0.0;
   int64_t scored = 0;
+  NextTokenStats fp_vs_ref;
+  std::vector<std::vector<std::array<double, 2>>> nll(P);          // [p][s][mode]
+  std::vector<std::vector<std::array<NextTokenStats, 2>>> nts(P);  // [p][s][mode]
+  for (size_t p = 0; p < P; ++p) {
+    nll[p].assign(codecs[p].size(), {0.0, 0.0});
+    nts[p].resize(codecs[p].size());
+  }
+  std::shared_ptr<const cache::PlanCodecs> ref_codecs;
+  if (opt.perplexity) ref_codecs = std::make_shared<const cache::PlanCodecs>(baseline_plan("fp16", cfg), cfg, "fp16 cache");
   {
-    Progress prog("eval: fp32 reference + MAE/KL windows", n_chunks);
+    int64_t passes = 1 + (opt.perplexity ? 1 : 0);
+    if (opt.perplexity)
+      for (size_t p = 0; p < P; ++p) passes += static_cast<int64_t>(codecs[p].size()) * n_modes;
+    Progress prog(fmt::format("eval: {} windows × {} passes (fp16 reference, fp32 + MAE/KL, plans)", n_chunks, passes),
+                  n_chunks * passes);
+    int64_t done = 0;
     for (int64_t c = 0; c < n_chunks; ++c) {
       std::copy(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx, win.begin());
       if (opt.bos_id >= 0) win[0] = opt.bos_id;
-      DenseKVCache kv = model.make_dense_cache(ctx);
-      model.forward(win, 0, kv, logits.data(), true, &hooks);
-      for (int64_t i = first; i < ctx - 1; ++i) fp_nll += token_nll(&logits[i * V], static_cast<int>(V), tokens[c * ctx + i + 1]);
-      scored += ctx - 1 - first;
-      prog.update(c + 1);
+      const int32_t* target = tokens.data() + c * ctx + 1;  // target of position j: tokens[c·ctx + j + 1]
+      if (opt.perplexity) {
+        cache::FakeQuantOptions fo;
+        fo.quantize_v = true;
+        cache::FakeQuantKVCache kv(cfg.kv_shape(ctx), ref_codecs, fo);
+        model.forward(win, 0, kv, logits.data(), true);
+        std::copy(logits.begin() + first * V, logits.begin() + (ctx - 1) * V, ref_rows.begin());
+        prog.update(++done);
+      }
+      {
+        DenseKVCache kv = model.make_dense_cache(ctx);
+        model.forward(win, 0, kv, logits.data(), true, &hooks);
+        for (int64_t i = first; i < ctx - 1; ++i) {
+          fp_nll += token_nll(&logits[i * V], static_cast<int>(V), target[i]);
+          if (opt.perplexity)
+            fp_vs_ref.add(compare_next_token(&ref_rows[(i - first) * V], &logits[i * V], static_cast<int>(V), target[i]));
+        }
+        scored += per_window;
+        first_window = false;
+        prog.update(++done);
+      }
+      if (!opt.perplexity) continue;
+      for (size_t p = 0; p < P; ++p)
+        for (size_t s = 0; s < codecs[p].size(); ++s)
+          for (int mode = 0; mode < n_modes; ++mode) {
+            cache::FakeQuantOptions fo;
+            fo.quantize_v = mode == 1;
+            cache::FakeQuantKVCache kv(cfg.kv_shape(ctx), codecs[p][s], fo);
+            model.forward(win, 0, kv, logits.data(), true);
+            for (int64_t i = first; i < ctx - 1; ++i) {
+              nll[p][s][mode] += token_nll(&logits[i * V], static_cast<int>(V), target[i]);
+              nts[p][s][mode].add(
+                  compare_next_token(&ref_rows[(i - first) * V], &logits[i * V], static_cast<int>(V), target[i]));
+            }
+            prog.update(++done);
+          }
     }
     prog.finish();
   }
   const double fp_ppl = std::exp(fp_nll / static_cast<double>(scored));
   spdlog::info("fp32 cache: perplexity {:.4f} over {} scored tokens ({} windows of {})", fp_ppl, scored, n_chunks, ctx);
-
-  // --- quantized perplexity passes -------------------------------------------
   std::vector<std::vector<double>> ppl_k(P), ppl_kv(P);
-  if (opt.perplexity) {
+  std::vector<std::array<std::vector<NextTokenSummary>, 2>> next_tok(P);  // [p][mode][s]
+  if (opt.perplexity)
     for (size_t p = 0; p < P; ++p)
       for (size_t s = 0; s < codecs[p].size(); ++s)
-        for (int mode = 0; mode < (opt.perplexity_kv ? 2 : 1); ++mode) {
-          cache::FakeQuantOptions fo;
-          fo.quantize_v = mode == 1;
-          cache::FakeQuantKVCache kv(cfg.kv_shape(ctx), codecs[p][s], fo);
-          const std::string label =
-              fmt::format("eval: {} seed {} {} perplexity", plans[p].name, s, mode == 0 ? "K-only" : "K+V");
-          Progress prog(label, n_chunks);
-          const PerplexityResult r =
-              perplexity(model, kv, tokens, ctx, n_chunks, opt.bos_id >= 0, opt.bos_id,
-                         [&](int64_t done, const PerplexityResult&) { prog.update(done); });
-          prog.finish();
-          (mode == 0 ? ppl_k : ppl_kv)[p].push_back(r.ppl);
-          spdlog::info("{}: {:.4f}", label, r.ppl);
+        for (int mode = 0; mode < n_modes; ++mode) {
+          const double ppl = std::exp(nll[p][s][mode] / static_cast<double>(scored));
+          (mode == 0 ? ppl_k : ppl_kv)[p].push_back(ppl);
+          next_tok[p][mode].push_back(nts[p][s][mode].summary());
+          spdlog::info("eval: {} seed {} {}: perplexity {:.4f}, KLD vs fp16 cache {:.5f}, top-1 {:.2f} %", plans[p].name, s,
+                       mode == 0 ? "K-only" : "K+V", ppl, next_tok[p][mode].back().kld_mean,
+                       100 * next_tok[p][mode].back().top1);
         }
-  }
 
   // --- report ---------------------------------------------------------------
   json rep;
@@ -177,6 +253,14 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
       "mean over (query head, query i, key j <= i) within each window of |q.k - q.khat|, post-RoPE, unscaled; "
       "K-only (V exact); KL = mean over (query head, query) of KL(p || phat) in nats, p = softmax(q.k/sqrt(d))";
   rep["fp"] = {{"name", "fp32 cache"}, {"ppl", fp_ppl}, {"bits", {{"k", 32.0}, {"v", 32.0}}}};
+  if (opt.perplexity) {
+    rep["fp"]["next_token"] = fp_vs_ref.summary().to_json();
+    rep["next_token_definition"] =
+        "per scored token (the perplexity positions), against the fp16-cache model (K and V rounded to fp16, as "
+        "llama.cpp's f16 cache): KLD = KL(p_fp16 || p_plan) in nats over the vocabulary, top1 = argmax agrees, "
+        "delta_p = p_plan(next token) - p_fp16(next token); median, p90, p99 as llama-perplexity --kl-divergence "
+        "(interpolated percentiles); 'k' = K-only cache, 'kv' = K+V";
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rep["seconds"] = seconds;
 
@@ -255,20 +339,57 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
       e["fit_ctx"] = fit["ctx"];
       if (fit.contains("calibration_tokens")) e["fit_calibration_tokens"] = fit["calibration_tokens"];
     }
+    e["stored"] = plan_stored_bytes(plans[p].plan).to_json();
+    {
+      // The first window (ctx tokens): planned bytes (sink/window rows are fp16 rows outside the pages)
+      // against the packed cache's allocated pages, or, for kinds the packed cache does not store, the
+      // plan's quantizers' own count (Quantizer::bits_per_element(ctx), KIVI's fp16 token group included).
+      const Plan& pl = plans[p].plan;
+      const int64_t nq = std::max<int64_t>(0, ctx - pl.sink_tokens - pl.fp16_window);
+      const double rows16 = static_cast<double>(ctx - nq) * L * cfg.n_kv_heads * 2 * cfg.head_dim * 2;
+      const double planned = plan_stored_bytes_at(pl, ctx) - rows16;
+      json m = {{"tokens", ctx}, {"planned_bytes", planned}};
+      if (packed[p]) {
+        m["measured_bytes"] = static_cast<double>(packed[p]->page_bytes());
+        m["measured_by"] = "packed cache pages";
+      } else {
+        double bits = 0;
+        for (int l = 0; l < L && nq > 0; ++l)
+          for (int h = 0; h < cfg.n_kv_heads; ++h)
+            for (int sd = 0; sd < 2; ++sd) {
+              const quant::Quantizer* q = codecs[p][0]->quantizer(l, h, static_cast<cache::KVSide>(sd));
+              bits += (q ? q->bits_per_element(nq) : 16.0) * static_cast<double>(nq) * cfg.head_dim;
+            }
+        m["measured_bytes"] = bits / 8;
+        m["measured_by"] = "the plan's quantizers (packed cache: " + not_packed[p] + ")";
+      }
+      e["stored"]["first_window"] = m;
+    }
     if (opt.perplexity) {
       e["ppl_k"] = stat_json(expand(ppl_k[p]));
       if (opt.perplexity_kv) e["ppl_kv"] = stat_json(expand(ppl_kv[p]));
+      auto expand_nt = [&](const std::vector<NextTokenSummary>& v) {
+        std::vector<NextTokenSummary> out;
+        for (int s = 0; s < S; ++s) out.push_back(v[det[p] ? 0 : s]);
+        return out;
+      };
+      e["next_token"] = {{"k", next_token_json(expand_nt(next_tok[p][0]))}};
+      if (opt.perplexity_kv) e["next_token"]["kv"] = next_token_json(expand_nt(next_tok[p][1]));
     }
     jp.push_back(e);
   }
   rep["plans"] = jp;
 
-  // Pairwise comparisons of plans at equal effective K bits.
+  // Pairwise comparisons of plans at equal stored K bits, or made for the same K budget (same unit and
+  // value: each stores at most it; Block-GTQ may leave bits of its budget unused).
   json cmp = json::array();
   for (size_t a = 0; a < P; ++a)
     for (size_t b = a + 1; b < P; ++b) {
-      const double ka = plans[a].plan.achieved().k, kb = plans[b].plan.achieved().k;
-      if (std::abs(ka - kb) >= opt.pair_tolerance) continue;
+      const Plan &pa = plans[a].plan, &pb = plans[b].plan;
+      const double ka = pa.achieved().k, kb = pb.achieved().k;
+      const bool same_budget = pa.budget_unit == pb.budget_unit && std::abs(pa.budget_k - pb.budget_k) < 1e-9 &&
+                               pa.budget_k > 0 && pa.method != pb.method;
+      if (std::abs(ka - kb) >= opt.pair_tolerance && !same_budget) continue;
       std::vector<double> red_layer(L), seed_red(S);
       int lower = 0;
       for (int l = 0; l < L; ++l) {
@@ -288,6 +409,7 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
                 {"b", plans[b].name},
                 {"k_bits_a", ka},
                 {"k_bits_b", kb},
+                {"paired_by", std::abs(ka - kb) < opt.pair_tolerance ? "stored K bits" : "K budget"},
                 {"n_layers", L},
                 {"layers_a_lower_mae", lower},
                 {"fraction_layers_a_lower_mae", static_cast<double>(lower) / L},
@@ -301,6 +423,14 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
         }
         c["ppl_k_diff"] = stat_json(dk);
         if (opt.perplexity_kv) c["ppl_kv_diff"] = stat_json(dkv);
+        std::vector<double> kk(S), kkv(S);
+        for (int s = 0; s < S; ++s) {
+          kk[s] = next_tok[a][0][det[a] ? 0 : s].kld_mean - next_tok[b][0][det[b] ? 0 : s].kld_mean;
+          if (opt.perplexity_kv)
+            kkv[s] = next_tok[a][1][det[a] ? 0 : s].kld_mean - next_tok[b][1][det[b] ? 0 : s].kld_mean;
+        }
+        c["kld_k_diff"] = stat_json(kk);
+        if (opt.perplexity_kv) c["kld_kv_diff"] = stat_json(kkv);
       }
       cmp.push_back(c);
     }
@@ -316,27 +446,51 @@ std::string format_eval_report(const json& r) {
                      "{} run seed(s), MAE/KL query stride {}\n",
                      r["n_tokens"].get<int64_t>(), r["n_chunks"].get<int64_t>(), r["ctx"].get<int64_t>(),
                      r["ppl_scored_tokens"].get<int64_t>(), r["seeds"].get<int>(), r["query_stride"].get<int64_t>());
-  out += "bits = effective bits per element (codes + norms/scales); MAE/KL: K-only, V exact, mean over layers "
-         "(± sd over seeds); PPL ± sd over seeds\n\n";
-  out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>16} | {:>18} | {:>16} | {:>16} |\n", "plan", "K bits", "V bits",
-                     "logit MAE", "attn KL (nats)", "PPL K-only", "PPL K+V");
-  out += fmt::format("|{:-<24}|{:->8}|{:->8}|{:->18}|{:->20}|{:->18}|{:->18}|\n", "", "", "", "", "", "", "");
+  out += "bits = stored bits per element (everything the cache holds per token: codes, norms, scales, tile padding), "
+         "B/token = stored bytes per token, all layers; MAE/KL: K-only, V exact, mean over layers (± sd over seeds); "
+         "PPL ± sd over seeds; KLD (nats), top-1 agreement and Δp of the next-token distribution against the "
+         "fp16-cache model, K+V quantized (mean over seeds)\n\n";
+  out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>8} | {:>16} | {:>18} | {:>16} | {:>16} | {:>9} | {:>9} | {:>9} | "
+                     "{:>7} | {:>8} |\n",
+                     "plan", "K bits", "V bits", "B/token", "logit MAE", "attn KL (nats)", "PPL K-only", "PPL K+V",
+                     "KLD", "KLD med", "KLD p99", "top-1", "Δp");
+  out += fmt::format("|{:-<24}|{:->8}|{:->8}|{:->10}|{:->18}|{:->20}|{:->18}|{:->18}|{:->11}|{:->11}|{:->11}|{:->9}|{:->10}|\n",
+                     "", "", "", "", "", "", "", "", "", "", "", "", "");
   const double fpp = r["fp"]["ppl"].get<double>();
-  out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>16} | {:>18} | {:>16.4f} | {:>16.4f} |\n", "fp32 cache", "32",
-                     "32", "0", "0", fpp, fpp);
+  auto nt_cells = [](const json& nt) {
+    if (!nt.is_object()) return fmt::format("{:>9} | {:>9} | {:>9} | {:>7} | {:>8}", "-", "-", "-", "-", "-");
+    auto g = [&](const char* k) { return nt.at(k).is_object() ? nt.at(k).at("mean").get<double>() : nt.at(k).get<double>(); };
+    return fmt::format("{:>9.5f} | {:>9.5f} | {:>9.4f} | {:>6.2f}% | {:>+7.3f}%", g("kld_mean"), g("kld_median"),
+                       g("kld_p99"), 100 * g("top1"), 100 * g("delta_p_mean"));
+  };
+  const int64_t fp_bytes = 2 * r["model"]["n_layers"].get<int64_t>() * r["model"]["n_kv_heads"].get<int64_t>() *
+                           r["model"]["head_dim"].get<int64_t>() * 4;
+  out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>8} | {:>16} | {:>18} | {:>16.4f} | {:>16.4f} | {} |\n", "fp32 cache",
+                     "32", "32", fp_bytes, "0", "0", fpp, fpp, nt_cells(r["fp"].value("next_token", json())));
   auto pm = [](const json& j) {
     return fmt::format("{:.4f} ± {:.4f}", j["mean"].get<double>(), j["sd"].get<double>());
   };
   for (const auto& p : r["plans"]) {
-    out += fmt::format("| {:<22} | {:>6.3f} | {:>6.3f} | {:>16} | {:>18} | {:>16} | {:>16} |\n",
+    const json kv = p.contains("next_token") ? p["next_token"].value("kv", json()) : json();
+    out += fmt::format("| {:<22} | {:>6.3f} | {:>6.3f} | {:>8} | {:>16} | {:>18} | {:>16} | {:>16} | {} |\n",
                        p["name"].get<std::string>(), p["bits"]["k"].get<double>(), p["bits"]["v"].get<double>(),
+                       p.contains("stored") ? fmt::format("{:g}", p["stored"]["bytes_per_token"].get<double>()) : "-",
                        fmt::format("{:.4f} ± {:.4f}", p["mae"]["mean"].get<double>(), p["mae"]["mean_sd"].get<double>()),
                        fmt::format("{:.5f} ± {:.5f}", p["kl"]["mean"].get<double>(), p["kl"]["mean_sd"].get<double>()),
-                       ppl ? pm(p["ppl_k"]) : "-", p.contains("ppl_kv") ? pm(p["ppl_kv"]) : "-");
+                       ppl ? pm(p["ppl_k"]) : "-", p.contains("ppl_kv") ? pm(p["ppl_kv"]) : "-", nt_cells(kv));
   }
+  out += "\nStored bytes of the first window (planned by plan_stored_bytes_at vs measured):";
+  for (const auto& p : r["plans"]) {
+    if (!p.contains("stored") || !p["stored"].contains("first_window")) continue;
+    const auto& fw = p["stored"]["first_window"];
+    const double a = fw["planned_bytes"].get<double>(), b = fw["measured_bytes"].get<double>();
+    out += fmt::format(" {} {:g}{}{:g}{};", p["name"].get<std::string>(), a, a == b ? " = " : " != ", b,
+                       fw["measured_by"].get<std::string>().rfind("packed", 0) == 0 ? " (pages)" : " (quantizers)");
+  }
+  out += "\n";
   if (!r["comparisons"].empty()) {
-    out += "\nPairs at equal effective K bits (a vs b): layers where a has lower MAE, mean per-layer MAE reduction "
-           "1 - MAE_a/MAE_b (± sd over seeds), paired PPL difference a - b\n";
+    out += "\nPairs at equal stored K bits or the same K budget (a vs b): layers where a has lower MAE, mean per-layer "
+           "MAE reduction 1 - MAE_a/MAE_b (± sd over seeds), paired PPL and KLD (K+V) differences a - b\n";
     for (const auto& c : r["comparisons"]) {
       out += fmt::format("  {} vs {} (K {:.3f} / {:.3f}): {}/{} layers lower ({:.0f} %), MAE reduction {:.1f} % ± {:.1f}",
                          c["a"].get<std::string>(), c["b"].get<std::string>(), c["k_bits_a"].get<double>(),
@@ -349,6 +503,9 @@ std::string format_eval_report(const json& r) {
       if (c.contains("ppl_kv_diff"))
         out += fmt::format(", K+V {:+.4f} ± {:.4f}", c["ppl_kv_diff"]["mean"].get<double>(),
                            c["ppl_kv_diff"]["sd"].get<double>());
+      if (c.contains("kld_kv_diff"))
+        out += fmt::format(", ΔKLD K+V {:+.5f} ± {:.5f}", c["kld_kv_diff"]["mean"].get<double>(),
+                           c["kld_kv_diff"]["sd"].get<double>());
       out += "\n";
     }
   }

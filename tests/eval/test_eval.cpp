@@ -204,6 +204,7 @@ TEST(EvaluatePlans, TinyModelReport) {
       u.layers[l][h].value = Codec::tq_mse(2, 32, 29 + l * 2 + h);
     }
   u.method = "uniform";
+  u.budget_k = u.budget_v = 2.5;
   plans.push_back({"tq2", "", u});
   EvalOptions opt;
   opt.ctx = 32;
@@ -238,7 +239,7 @@ TEST(EvaluatePlans, TinyModelReport) {
   EXPECT_EQ(tq["nmse_by_position"]["per_seed"].size(), 3u);
   EXPECT_GT(tq["nmse"]["sd"].get<double>(), 0.0);
   EXPECT_FALSE(fp16.contains("fit_ctx"));
-  // tq2 (K 2.5 bits) has no partner at equal bits except none; kivi2 (3.0) neither → no comparisons.
+  // tq2 (K 2.5 bits) has no partner at equal stored bits or the same K budget; kivi2 (3.0) neither → no comparisons.
   EXPECT_TRUE(r["comparisons"].empty());
   const std::string table = format_eval_report(r);
   EXPECT_NE(table.find("kivi2"), std::string::npos);

@@ -1,18 +1,25 @@
 // ratekv/eval/plan_eval.h — evaluate KV-cache plans on a model and a text
 // against the fp32 cache and each other (the library side of `ratekv eval`;
-// docs/design.md §3.5 metric, §9 protocol).
+// docs/design.md §3.5 metric, §9 protocol; report: docs/eval_report.md).
 //
 // For tokens cut into n_chunks = ⌊N/ctx⌋ windows of ctx tokens (llama.cpp's
-// perplexity windows; each from a fresh cache):
+// perplexity windows; each from a fresh cache), window by window:
+//  * with perplexity, a reference pass with the fp16 cache (K and V rounded to
+//    fp16, llama.cpp's f16 cache) whose next-token logits on the scored
+//    positions every other pass is compared with (eval/next_token_kld.h);
 //  * one fp32 pass gives the reference perplexity and, through ForwardHooks,
 //    every layer's post-RoPE q and k; each plan's keys k̂ are the fake-quant
 //    cache's reconstruction of the whole window (fake_quant_sequence), and
 //    RoPE-logit MAE and attention KL (eval/logit_error.h; K-only, V exact)
 //    are accumulated per layer, and the attention-logit NMSE per bucket of
 //    query positions over all layers (reported with the calibration window
-//    length "fit_ctx" of fitted plans, so positions past it stand out);
-//  * per plan and run seed, perplexity (ratekv/model/perplexity.h, llama.cpp's
-//    convention) with a FakeQuantKVCache quantizing K only and K+V.
+//    length "fit_ctx" of fitted plans, so positions past it stand out); the
+//    first window's K/V also fill a PackedKVCache per plan (when it serves
+//    the plan) whose page bytes are reported beside the planned stored bytes
+//    (format/stored_bytes.h);
+//  * per plan and run seed, perplexity (llama.cpp's convention, as
+//    ratekv/model/perplexity.h) and next-token KLD / top-1 / Δp against the
+//    fp16-cache reference, with a FakeQuantKVCache quantizing K only and K+V.
 // Run seeds 0..n_seeds−1: seed 0 is the plan as stored, seed r > 0 the plan
 // with every rotation seed re-mixed with r (cache/plan_codecs.h
 // reseeded_plan). Plans without rotations (fp16, kivi, q8_0, q4_0) are
@@ -46,7 +53,7 @@ struct EvalOptions {
   bool perplexity = true;     ///< run the quantized perplexity passes
   bool perplexity_kv = true;  ///< with perplexity: also the K+V pass (off: K-only, no "ppl_kv" in the report)
   int32_t bos_id = -1;        ///< ≥ 0: first token of each window replaced (llama.cpp add_bos)
-  double pair_tolerance = 0.02;  ///< plans whose K effective bits differ less are compared pairwise
+  double pair_tolerance = 0.02;  ///< plans whose stored K bits differ less (or with the same K budget) are compared
 };
 
 /// Runs the evaluation and returns the report. Throws Error for duplicate
