@@ -63,7 +63,7 @@ class CliFlagNames : public ::testing::Test {
       "model": {"arch": "llama", "n_layers": 1, "n_kv_heads": 1, "head_dim": 4, "rope_layout": "interleaved"},
       "q_block_energy": [[[4.0, 1.0]]], "k_block_energy": [[[2.0, 0.5]]],
       "sensitivity": {"grad": {"k": [[2.0]], "v": [[1.0]]}},
-      "curves": {"tq-mse": {"beta_k": 3.5, "beta_v": 3.5, "alpha_k": [[1.0]], "alpha_v": [[1.0]]}}})";
+      "curves": {"tq-mse": {"bits": [1, 2, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5, "alpha_k": [[1.0]], "alpha_v": [[1.0]]}}})";
   }
   // `ratekv plan` with these arguments must fail with exit 1 and exactly this error line.
   void expect_error(const std::string& args, const std::string& error) {
@@ -91,8 +91,9 @@ TEST_F(CliFlagNames, LibraryErrorsNameTheFlag) {
   expect_error("--log-level loud plan --method uniform",
                "--log-level 'loud': unknown level (expected trace, debug, info, warn, error, off)");
   // The same statistics make a plan when the flags are right (the errors above are the flags').
-  // (head_dim 4: a value budget of 6 effective bits is 2 code bits + one fp16 norm per head.)
-  const auto r = run_cli("plan --method block-gtq --kbits 5 --vbits 6 --stats " +
+  // (head_dim 4: the packed format pads a group to a 16-channel tile, so 2-bit values store 16·2 + 16 = 48
+  // bits, 12 per element, and 8 bits per element of keys (32 bits) afford one 1-bit tile with its norm.)
+  const auto r = run_cli("plan --method block-gtq --kbits 8 --vbits 12 --stats " +
                          shell_quote((dir_ / "stats.json").string()) + " -o " + shell_quote((dir_ / "ok.json").string()));
   EXPECT_EQ(r.status, 0) << r.output;
 }
