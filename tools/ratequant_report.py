@@ -28,6 +28,33 @@ def mean_sd(v):
     return m, sd
 
 
+def claim_verdict(a, b):
+    """Whether row `a` has lower perplexity than row `b` beyond the seed spread.
+
+    Rows carry 'ppl' (one value per seed) and 'seeds' (the seed of each value). The
+    difference d = mean(b) − mean(a) is compared with the spread s: with both rows run
+    on the same ≥ 2 seeds, the sample sd of the paired per-seed differences b_s − a_s;
+    otherwise sqrt(sd_a² + sd_b²) (0 for two deterministic rows, e.g. KIVI: one run
+    each, no randomness). 'holds' when d > s, 'does not hold' when d < −s, else
+    'within the seed spread'. Returns (verdict, d, s)."""
+    ma, sa = mean_sd(a['ppl'])
+    mb, sb = mean_sd(b['ppl'])
+    d = mb - ma
+    sa_seeds, sb_seeds = a.get('seeds', []), b.get('seeds', [])
+    if len(a['ppl']) >= 2 and sorted(sa_seeds) == sorted(sb_seeds) and len(sa_seeds) == len(a['ppl']) \
+            and len(sb_seeds) == len(b['ppl']):
+        pa = dict(zip(sa_seeds, a['ppl']))
+        pb = dict(zip(sb_seeds, b['ppl']))
+        spread = mean_sd([pb[k] - pa[k] for k in sorted(pa)])[1]
+    else:
+        spread = math.sqrt(sa * sa + sb * sb)
+    if d > spread:
+        return 'holds', d, spread
+    if d < -spread:
+        return 'does not hold', d, spread
+    return 'within the seed spread', d, spread
+
+
 def read_safetensors(path):
     """Header metadata and F32 tensors as flat lists (no numpy needed)."""
     with open(path, 'rb') as f:
@@ -99,41 +126,38 @@ def main():
     budgets = sorted({k[0] for k in rows}, key=float)
     claims = []
 
-    def verdict(x, y):
-        return 'holds' if x < y else 'does not hold'
+    def claim(text, a_name, a, b_name, b):
+        v, d, spread = claim_verdict(a, b)
+        return {'claim': text, 'a': a_name, 'a_ppl': a['ppl_mean'], 'b': b_name, 'b_ppl': b['ppl_mean'],
+                'difference': d, 'spread': spread, 'verdict': v}
     for b in budgets:
         for q in ['kivi', 'quarot', 'tq-mse', 'block-gtq']:
             u = best_uniform(b, q)
             own = get(b, q, 'ratequant-' + S)
             if u and own:
-                claims.append({'claim': f'RateQuant ({S}) better than the best uniform split, {q} at {b} bits',
-                               'a': own['method'], 'a_ppl': own['ppl_mean'], 'b': u['method'], 'b_ppl': u['ppl_mean'],
-                               'verdict': verdict(own['ppl_mean'], u['ppl_mean'])})
+                claims.append(claim(f'RateQuant ({S}) better than the best uniform split, {q} at {b} bits',
+                                    own['method'], own, u['method'], u))
             for (bb, qq, m), r in sorted(rows.items()):
                 if bb == b and qq == q and m.startswith(f'ratequant-{S}-curves-') and own:
-                    claims.append({'claim': f'mismatched curves ({m.split("curves-")[1]}) worse than calibrated, {q} at {b} bits',
-                                   'a': own['method'], 'a_ppl': own['ppl_mean'], 'b': m, 'b_ppl': r['ppl_mean'],
-                                   'verdict': verdict(own['ppl_mean'], r['ppl_mean'])})
+                    claims.append(claim(f'mismatched curves ({m.split("curves-")[1]}) worse than calibrated, {q} at {b} bits',
+                                        own['method'], own, m, r))
             b2 = get(b, q, f'ratequant-{S}-bmin2')
             if u and b2:
-                claims.append({'claim': f'RateQuant ({S}, widths >= 2) better than the best uniform split, {q} at {b} bits',
-                               'a': b2['method'], 'a_ppl': b2['ppl_mean'], 'b': u['method'], 'b_ppl': u['ppl_mean'],
-                               'verdict': verdict(b2['ppl_mean'], u['ppl_mean'])})
+                claims.append(claim(f'RateQuant ({S}, widths >= 2) better than the best uniform split, {q} at {b} bits',
+                                    b2['method'], b2, u['method'], u))
             alt = get(b, q, 'ratequant-activation')
             if alt and own and S != 'activation':
-                claims.append({'claim': f'gradient sensitivity better than the activation proxy, {q} at {b} bits',
-                               'a': own['method'], 'a_ppl': own['ppl_mean'], 'b': alt['method'], 'b_ppl': alt['ppl_mean'],
-                               'verdict': verdict(own['ppl_mean'], alt['ppl_mean'])})
+                claims.append(claim(f'gradient sensitivity better than the activation proxy, {q} at {b} bits',
+                                    own['method'], own, alt['method'], alt))
         comp = get(b, 'block-gtq', 'ratequant-' + S)
         if comp:
             alone = best_uniform(b, 'block-gtq')
             rqt = get(b, 'tq-mse', 'ratequant-' + S)
             for other, label in [(alone, 'Block-GTQ alone (best split)'), (rqt, 'RateQuant over TQ-MSE alone')]:
                 if other:
-                    claims.append({'claim': f'composed ratequant+block-gtq better than {label} at {b} bits',
-                                   'a': 'block-gtq/' + comp['method'], 'a_ppl': comp['ppl_mean'],
-                                   'b': other['quantizer'] + '/' + other['method'], 'b_ppl': other['ppl_mean'],
-                                   'verdict': verdict(comp['ppl_mean'], other['ppl_mean'])})
+                    claims.append(claim(f'composed ratequant+block-gtq better than {label} at {b} bits',
+                                        'block-gtq/' + comp['method'], comp,
+                                        other['quantizer'] + '/' + other['method'], other))
 
     # Boundary layers: per-layer mean bits of the RateQuant plans and sensitivity ranks.
     boundary = {}
@@ -195,10 +219,13 @@ def main():
                   f'{ac["k"]:.3f} | {ac["v"]:.3f} | {ac["total"]:.3f} | {r["ppl_mean"]:.3f} | {r["ppl_sd"]:.3f} | '
                   f'{len(r["ppl"])} | {", ".join(f"{x:.3f}" for x in r["ppl"])} |')
     md.append('\n## Claims\n')
-    md.append('| claim | A | PPL A | B | PPL B | verdict |')
-    md.append('|---|---|---|---|---|---|')
+    md.append('A claim "A better than B" holds only when PPL B − PPL A exceeds the seed spread: the sd of the '
+              'paired per-seed differences when both rows ran the same seeds, else sqrt(sd_A² + sd_B²).\n')
+    md.append('| claim | A | PPL A | B | PPL B | B − A | spread | verdict |')
+    md.append('|---|---|---|---|---|---|---|---|')
     for c in claims:
-        md.append(f'| {c["claim"]} | {c["a"]} | {c["a_ppl"]:.3f} | {c["b"]} | {c["b_ppl"]:.3f} | {c["verdict"]} |')
+        md.append(f'| {c["claim"]} | {c["a"]} | {c["a_ppl"]:.3f} | {c["b"]} | {c["b_ppl"]:.3f} | '
+                  f'{c["difference"]:+.3f} | {c["spread"]:.3f} | {c["verdict"]} |')
     md.append('\n## Boundary layers\n')
     for name, bd in boundary.items():
         md.append(f'- `{name}` sensitivity (K+V summed over heads): top-5 layers {bd["top5_layers"]}; rank of layer 0: '

@@ -105,6 +105,46 @@ TEST(TQMSE, MonteCarloDistortionMatchesAnalytic) {
   }
 }
 
+// Anisotropic inputs (channel standard deviations spread over e^5: most of
+// the energy in a few channels, as in real keys): the random rotation spreads
+// the energy so every rotated coordinate follows the density the Lloyd–Max
+// codebook was built for, and the distortion per unit vector is the
+// codebook's analytic one. Without the rotation (identity: the same quantizer,
+// codebook and norm) the high-variance coordinates overflow the codebook and
+// the distortion is several times larger, so this test fails when the
+// rotation does nothing — the isotropic test above cannot tell.
+TEST(TQMSE, AnisotropicInputNeedsTheRotation) {
+  struct Case {
+    int m, b;
+    RotationKind rot;
+  };
+  for (const Case c : {Case{64, 2, RotationKind::haar}, Case{64, 3, RotationKind::haar},
+                       Case{128, 3, RotationKind::haar}, Case{128, 2, RotationKind::hadamard}}) {
+    const int64_t N = 6000;
+    auto x = gaussian_rows(N, c.m, 500 + c.m + c.b);
+    for (int64_t i = 0; i < N; ++i)
+      for (int j = 0; j < c.m; ++j) x[i * c.m + j] *= (float)std::exp(-5.0 * j / c.m);
+    auto distortion = [&](RotationKind rot) {
+      TQMSE q({.dim = c.m, .bits = c.b, .seed = 11, .rotation = rot});
+      std::vector<float> u(x.size()), uh(x.size());
+      for (int64_t i = 0; i < N; ++i) {
+        double n = 0;
+        for (int j = 0; j < c.m; ++j) n += (double)x[i * c.m + j] * x[i * c.m + j];
+        for (int j = 0; j < c.m; ++j) u[i * c.m + j] = (float)(x[i * c.m + j] / std::sqrt(n));
+      }
+      q.fake_quant(u.data(), N, uh.data());
+      double d = 0;
+      for (size_t i = 0; i < u.size(); ++i) d += ((double)u[i] - uh[i]) * ((double)u[i] - uh[i]);
+      return std::pair{d / N, q.codebook().distortion};
+    };
+    const auto [d_rot, analytic] = distortion(c.rot);
+    const auto [d_id, analytic_id] = distortion(RotationKind::identity);
+    EXPECT_EQ(analytic, analytic_id);  // same codebook: only the rotation differs
+    EXPECT_NEAR(d_rot, analytic, 0.08 * analytic) << "m=" << c.m << " b=" << c.b << " " << to_string(c.rot);
+    EXPECT_GT(d_id, 2.0 * analytic) << "m=" << c.m << " b=" << c.b << ": identity rotation " << d_id;
+  }
+}
+
 // encode() (binary search) and encode_packed() are bit-exact with encode_ref()
 // (linear threshold count); decode_packed equals decode.
 TEST(TQMSE, FastEncodeMatchesReference) {
