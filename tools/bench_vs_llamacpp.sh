@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prefill and decode speed of llama.cpp (llama-bench, CPU) on the default model, and — when
+# Prefill and decode speed of llama.cpp (llama-bench, CPU) on the default model (or
+# RATEKV_BENCH_MODEL), and — when
 # ratekv's forward benchmark is built — ratekv/llama.cpp ratios measured in the same run.
 # Never in CI. Prerequisites: tools/fetch_assets.sh, tools/build_llamacpp.sh.
 #
@@ -7,6 +8,7 @@
 #
 # Environment:
 #   RATEKV_ASSETS, RATEKV_LLAMA_ROOT   as in tools/fetch_assets.sh / tools/build_llamacpp.sh
+#   RATEKV_BENCH_MODEL                 GGUF for both sides (default: SmolLM2-135M-Instruct Q4_1)
 #   RATEKV_BENCH_THREADS               threads for both sides (default 2)
 #   RATEKV_BENCH_REPS                  llama-bench repetitions (default 3)
 #   RATEKV_BENCH_FORWARD               ratekv benchmark binary (default build/bench/bench_forward)
@@ -30,7 +32,7 @@ REPO="$(cd "$HERE/.." && pwd)"
 ASSETS="${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}"
 ROOT="${RATEKV_LLAMA_ROOT:-$HOME/.cache/ratekv}"
 BIN="$ROOT/llama-build/bin"
-MODEL="$ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL="${RATEKV_BENCH_MODEL:-$ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 THREADS="${RATEKV_BENCH_THREADS:-2}"
 REPS="${RATEKV_BENCH_REPS:-3}"
 RATEKV_BENCH="${RATEKV_BENCH_FORWARD:-$REPO/build/bench/bench_forward}"
@@ -84,7 +86,8 @@ if [[ -x "$RATEKV_BENCH" ]]; then
   BENCH_ARGS=(--benchmark_out="$RESULTS/ratekv_cpu.json" --benchmark_out_format=json)
   [[ -n "$FILTER" ]] && BENCH_ARGS+=(--benchmark_filter="$FILTER")
   echo "bench_vs_llamacpp.sh: $RATEKV_BENCH ${BENCH_ARGS[*]}" >&2
-  RATEKV_BENCH_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS" "$RATEKV_BENCH" "${BENCH_ARGS[@]}" >&2
+  RATEKV_BENCH_MODEL="$MODEL" RATEKV_BENCH_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS" "$RATEKV_BENCH" \
+    "${BENCH_ARGS[@]}" >&2
   python3 "$HERE/bench_vs_llamacpp_ratios.py" "$RESULTS/llamacpp_cpu.json" "$RESULTS/ratekv_cpu.json" \
     "$RESULTS/ratios.md"
 else

@@ -1,7 +1,8 @@
 // The default model for CPU benchmarks: SmolLM2-135M-Instruct Q4_1 from
 // $RATEKV_ASSETS (default $HOME/.cache/ratekv/assets, tools/fetch_assets.sh),
-// loaded once per process, and deterministic random token ids. Header-only,
-// shared by bench_forward and bench_backward.
+// or the GGUF named by $RATEKV_BENCH_MODEL (e.g. Qwen2.5-Coder-1.5B for the
+// comparison with llama.cpp), loaded once per process, and deterministic
+// random token ids. Header-only, shared by bench_forward and bench_backward.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +18,9 @@
 
 namespace ratekv_bench {
 
-/// Path of the default model GGUF (may not exist).
+/// Path of the model GGUF (may not exist): $RATEKV_BENCH_MODEL, else SmolLM2.
 inline std::string model_path() {
+  if (const char* m = std::getenv("RATEKV_BENCH_MODEL"); m && *m) return m;
   const char* e = std::getenv("RATEKV_ASSETS");
   const char* home = std::getenv("HOME");
   const std::string dir = e ? e : std::string(home ? home : "") + "/.cache/ratekv/assets";
