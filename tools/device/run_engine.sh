@@ -59,11 +59,12 @@ fi
 if has sanitize; then
   # One test per sanitizer process (a reported hazard can leave the context
   # unusable for the tests after it); the full reports go to sanitize.log.
-  # SANITIZE_TESTS: EngineSanitize.TinyModelEveryPath drives a tiny model
-  # through every engine kernel (prefill both modes, fp16 and packed decode,
-  # graphs); the EngineKernels.* tests add the single-kernel checks.
+  # SANITIZE_TESTS: EngineSanitize.TinyModelEager / TinyModelGraphs drive a
+  # tiny model through every engine kernel (prefill both modes, fp16 and
+  # packed decode), with eager launches and with graph replays, in separate
+  # processes; the EngineKernels.* tests add the single-kernel checks.
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-    for t in ${SANITIZE_TESTS:-EngineSanitize.TinyModelEveryPath}; do
+    for t in ${SANITIZE_TESTS:-EngineSanitize.TinyModelEager EngineSanitize.TinyModelGraphs}; do
       say "compute-sanitizer $tool $t (kernels named ratekv::*)"
       compute-sanitizer --tool $tool --kernel-name kns=ratekv --error-exitcode 3 "$B/tests/test_engine" \
         --gtest_filter="$t" >> "$OUT/sanitize.log" 2>&1
