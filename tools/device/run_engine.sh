@@ -65,8 +65,13 @@ if has sanitize; then
   # processes; the EngineKernels.* tests add the single-kernel checks.
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     for t in ${SANITIZE_TESTS:-EngineSanitize.TinyModelEager EngineSanitize.TinyModelGraphs}; do
-      say "compute-sanitizer $tool $t (kernels named ratekv::*)"
-      compute-sanitizer --tool $tool --kernel-name kns=ratekv --error-exitcode 3 "$B/tests/test_engine" \
+      # racecheck runs unfiltered: with --kernel-name, the kernels it does not
+      # instrument (cuBLAS's GEMMs) fault under racecheck (compute-sanitizer
+      # 2025.x; reproduced with one torch matmul and a filter matching nothing),
+      # which read as an engine hazard before (docs/e2e_results.md).
+      filt=(--kernel-name kns=ratekv); [ $tool = racecheck ] && filt=()
+      say "compute-sanitizer $tool $t ${filt[*]}"
+      compute-sanitizer --tool $tool "${filt[@]}" --error-exitcode 3 "$B/tests/test_engine" \
         --gtest_filter="$t" >> "$OUT/sanitize.log" 2>&1
       echo "exit $? $(tail -3 "$OUT/sanitize.log" | grep -E 'SUMMARY' | head -1)" | tee -a "$LOG"
     done
