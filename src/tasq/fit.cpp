@@ -178,6 +178,7 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
     e.codebooks.clear();
     std::vector<float> pts(static_cast<size_t>(N) * g);
     std::vector<float> fw;
+    int zero_fisher_groups = 0;
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       for (int64_t t = 0; t < N; ++t)
         for (int i = 0; i < g; ++i) pts[t * g + i] = zh(t, groups[gi][i]);
@@ -195,9 +196,17 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
           mean += f;
         }
         mean /= static_cast<double>(N);
-        check(std::isfinite(mean) && mean > 0.0, "tasq fit: Fisher weights of layer {} head {} group {} are all 0 or "
-              "not finite", l, h, gi);
-        for (auto& f : fw) f = std::max(f, static_cast<float>(1e-6 * mean));
+        check(std::isfinite(mean), "tasq fit: Fisher weights of layer {} head {} group {} are not finite", l, h, gi);
+        if (mean > 0.0) {
+          for (auto& f : fw) f = std::max(f, static_cast<float>(1e-6 * mean));
+        } else {
+          // Every gradient of the group is exactly 0: no query reads these channels on the
+          // calibration text (Gemma 3's layer 12 has query channels that q-norm zeroes, and
+          // channel weights at their floor). The loss does not rank their errors; k-means
+          // runs unweighted for this group.
+          fw.clear();
+          ++zero_fisher_groups;
+        }
       }
       KMeansOptions km;
       km.n_centroids = K;
@@ -226,7 +235,8 @@ SideFit fit_side(const std::vector<float>& x, const std::vector<float>* grad_sq,
                         {"logdet_matched", std::isnan(cost_matched) ? json(nullptr) : json(cost_matched)},
                         {"logdet_contiguous_pairs", cost_pairs},
                         {"logdet_contiguous_channels", cost_channels},
-                        {"contiguous_fallback", fallback}});
+                        {"contiguous_fallback", fallback},
+                        {"fisher_zero_groups", zero_fisher_groups}});
   }
   return res;
 }
@@ -288,7 +298,7 @@ FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
   p.layers.assign(L, std::vector<HeadPlan>(H));
   r.tensors = VqTensors::for_plan(p);
   json diag_k = json::array(), diag_v = json::array();
-  int fallbacks = 0;
+  int fallbacks = 0, fisher_zero = 0;
   const auto t0 = std::chrono::steady_clock::now();
   Progress prog(fmt::format("{} fit: layers (k-means {}×{} per group)", p.method, opt.centroids, opt.group), L);
   for (int l = 0; l < L; ++l) {
@@ -298,6 +308,7 @@ FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
     for (int h = 0; h < H; ++h) p.layers[l][h].key = k.codecs[h];
     for (auto& e : k.diag) {
       fallbacks += e["contiguous_fallback"].get<bool>();
+      fisher_zero += e["fisher_zero_groups"].get<int>();
       diag_k.push_back(e);
     }
     if (opt.values == "cq") {
@@ -329,8 +340,10 @@ FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt) {
            {"calibration_tokens", cap.n_tokens},
            {"ctx", cap.ctx},
            {"contiguous_fallbacks", fallbacks},
+           {"fisher_zero_groups", fisher_zero},
            {"codebook_bytes_fp16", r.tensors.codebook_bytes()}};
-  r.diagnostics = {{"key_groups", diag_k}, {"fit_seconds", secs}, {"contiguous_fallbacks", fallbacks}};
+  r.diagnostics = {{"key_groups", diag_k}, {"fit_seconds", secs}, {"contiguous_fallbacks", fallbacks},
+                   {"fisher_zero_groups", fisher_zero}};
   return r;
 }
 

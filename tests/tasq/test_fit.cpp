@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <random>
 
 #include "../support/tiny_model.h"
@@ -319,6 +320,38 @@ TEST(TasqFit, FisherWeightsAreTheChainRuleWeights) {
   EXPECT_GT(inv_a2_matters, compared / 8) << "the test must fail without the 1/a_i² factor";
   // Without gradients → Error.
   cap.k_grad_sq.clear();
+  EXPECT_THROW(fit_vq_plan(cap, o), Error);
+}
+
+TEST(TasqFit, FisherGroupWithZeroGradientsIsFittedUnweighted) {
+  // Gemma 3's layer 12 has key channels no query reads (q-norm zeroes them): their
+  // gradients are exactly 0 on every token. Such a group is fitted unweighted (the
+  // same codebook as the plain fit), the other groups stay Fisher-weighted, and the
+  // plan counts it; a non-finite gradient stays an error.
+  Model m = ratekv_test::tiny_model(5, RopeLayout::Interleaved, 8);
+  FitCaptures cap = capture_for_fit(m, tokens(41, 4), 20, false, true);
+  const int64_t row = 16;  // 2 KV heads × 8
+  const int g = 4, K = 8;
+  for (int64_t t = 0; t < cap.n_tokens; ++t)
+    for (int c = 0; c < g; ++c) cap.k_grad_sq[1][t * row + 8 + c] = 0.0f;  // layer 1, head 1, channels 0..3
+  FitOptions o;
+  o.group = g;
+  o.centroids = K;
+  o.grouping = false;  // contiguous RoPE pairs: channels {0..3}, {4..7}
+  o.values = "fp16";
+  o.fisher = true;
+  const FitResult f = fit_vq_plan(cap, o);
+  EXPECT_EQ(f.plan.fit["fisher_zero_groups"].get<int>(), 1);
+  o.fisher = false;
+  const FitResult p = fit_vq_plan(cap, o);
+  const auto& fcb = f.tensors.at(1, 1, 0).codebooks;
+  const auto& pcb = p.tensors.at(1, 1, 0).codebooks;  // (2 groups, K, g)
+  ASSERT_EQ(fcb.size(), static_cast<size_t>(2 * K * g));
+  EXPECT_EQ(std::vector<float>(fcb.begin(), fcb.begin() + K * g), std::vector<float>(pcb.begin(), pcb.begin() + K * g));
+  EXPECT_NE(std::vector<float>(fcb.begin() + K * g, fcb.end()), std::vector<float>(pcb.begin() + K * g, pcb.end()));
+  EXPECT_NE(f.tensors.at(1, 0, 0).codebooks, p.tensors.at(1, 0, 0).codebooks);
+  o.fisher = true;
+  cap.k_grad_sq[2][5 * row + 3] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_THROW(fit_vq_plan(cap, o), Error);
 }
 

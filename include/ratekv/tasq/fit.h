@@ -94,7 +94,10 @@ void validate_fit_options(const ModelConfig& cfg, int64_t n_tokens, const FitOpt
 
 /// Fits a plan (see the file comment). Throws ParamError naming the FitOptions
 /// field for bad options (those of validate_fit_options, and values "cq"
-/// without captured values) and Error when Fisher weighting lacks gradients.
+/// without captured values) and Error when Fisher weighting lacks gradients or
+/// a group's Fisher weights are not finite. A key group whose gradients are all
+/// exactly 0 (channels no query reads) is fitted unweighted and counted in the
+/// plan's fit record ("fisher_zero_groups"; docs/design.md §5.4).
 FitResult fit_vq_plan(const FitCaptures& cap, const FitOptions& opt);
 
 }  // namespace ratekv::tasq
