@@ -7,6 +7,7 @@
 
 #include "ratekv/alloc/block_gtq.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/common/param_error.h"
 #include "ratekv/common/log.h"
 #include "ratekv/format/stored_bytes.h"
@@ -241,6 +242,16 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     if (q == "kivi" || q == "quarot")
       check_param(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0, "PlanRequest.group_size",
                   "{}: expected a divisor of head_dim {} for {}", rq.group_size, st.model.head_dim, q);
+  check_param(rq.key_offset == "none" || rq.key_offset == "mean", "PlanRequest.key_offset",
+              "\"{}\": expected none or mean", rq.key_offset);
+  const bool centered = rq.key_offset == "mean";
+  if (centered) {
+    check_param(rq.method == "uniform" || rq.method == "block-gtq", "PlanRequest.key_offset",
+                "mean with method {}: key offsets are offered for uniform and block-gtq plans (RateQuant's distortion "
+                "curves are measured on keys without an offset)", rq.method);
+    check_param(!st.k_pre_mean.empty(), "PlanRequest.key_offset",
+                "mean: the statistics have no k_pre_mean (statistics from ratekv calibrate have it)");
+  }
   PlanDiagnostics local;
   PlanDiagnostics& dg = diag ? *diag : local;
   dg = PlanDiagnostics{};
@@ -319,7 +330,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     const int vb = uniform_width(rq.v_bits, rq.budget_unit, "tq-mse", d, 0, 1, 8, "PlanRequest.v_bits");
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
-        const std::vector<double> s = st.block_energies(l, h);
+        const std::vector<double> s = centered ? st.centered_block_energies(l, h) : st.block_energies(l, h);
         BlockAllocation a;
         try {
           a = allocate_block_gtq(s, kbudget, opt);
@@ -408,6 +419,20 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     fail_param("PlanRequest.method", "\"{}\": expected uniform, block-gtq, ratequant or ratequant+block-gtq",
                rq.method);
   }
+  // Codec options: norm correction on the TQ-MSE codecs, the key offsets (docs/design.md §2.4, §2.5).
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      for (Codec* cd : {&p.layers[l][h].key, &p.layers[l][h].value})
+        if (rq.norm_correction && (cd->kind == CodecKind::TqMse || cd->kind == CodecKind::TqMseGrouped))
+          cd->norm_correction = true;
+      Codec& k = p.layers[l][h].key;
+      if (centered && k.kind != CodecKind::FP16) {
+        const double* mu = st.k_pre_mean.data() + ((size_t)l * H + h) * d;
+        k.offset.resize(d);
+        for (int i = 0; i < d; ++i) k.offset[i] = round_fp16((float)mu[i]);
+      }
+    }
+  if (centered) p.method += "+key-offset";
   p.validate("plan");
   std::string first;
   for (int l = 0; l < L; ++l)
@@ -477,7 +502,13 @@ std::string plan_summary(const Plan& p) {
                      sb.k.per_token(), parts(sb.k), sb.v.per_token(), parts(sb.v));
   if (sb.per_sequence_max > 0)
     out += fmt::format("; per sequence up to {} bytes more (KIVI keys' unfilled token group, fp16)", sb.per_sequence_max);
-  if (sb.fixed_bytes > 0) out += fmt::format("; per plan {} bytes of vq codebooks (fp16)", sb.fixed_bytes);
+  if (sb.fixed_bytes > 0) {
+    const int64_t cb = plan_codebook_bytes(p), off = plan_offset_bytes(p);
+    out += fmt::format("; per plan {} bytes (fp16:", sb.fixed_bytes);
+    if (cb > 0) out += fmt::format(" vq codebooks {}", cb);
+    if (off > 0) out += fmt::format("{} key offsets {}", cb > 0 ? "," : "", off);
+    out += ")";
+  }
   out += "\n";
   return out;
 }

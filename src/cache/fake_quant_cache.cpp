@@ -78,7 +78,7 @@ void FakeQuantKVCache::append(int layer, int64_t n, const int32_t* pos, const fl
       std::vector<float> buf(m * d);
       for (int64_t t = 0; t < m; ++t)
         std::memcpy(buf.data() + t * d, src.data() + (a + t) * row + int64_t{h} * d, sizeof(float) * d);
-      codecs_->fake_quant(layer, h, side, buf.data(), m, buf.data());
+      codecs_->fake_quant(layer, h, side, buf.data(), L.pos.data() + a, m, buf.data());
       for (int64_t t = 0; t < m; ++t)
         std::memcpy(dst.data() + (a + t) * row + int64_t{h} * d, buf.data() + t * d, sizeof(float) * d);
     }
@@ -133,7 +133,7 @@ void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const
   std::vector<float> buf(m * d);
   for (int h = 0; h < Hkv; ++h) {
     for (int64_t t = 0; t < m; ++t) std::memcpy(buf.data() + t * d, x + (a + t) * row + int64_t{h} * d, sizeof(float) * d);
-    codecs.fake_quant(layer, h, side, buf.data(), m, buf.data());
+    codecs.fake_quant(layer, h, side, buf.data(), pos ? pos + a : nullptr, m, buf.data());
     for (int64_t t = 0; t < m; ++t) std::memcpy(out + (a + t) * row + int64_t{h} * d, buf.data() + t * d, sizeof(float) * d);
   }
 }

@@ -79,6 +79,9 @@ PackedKVCache::PackedKVCache(const KVCacheShape& shape, std::shared_ptr<const Pl
       for (int s = 0; s < 2; ++s) {
         const Codec& codec = s == 0 ? codecs_->plan().layers[l][h].key : codecs_->plan().layers[l][h].value;
         const std::string field = fmt::format("plan: layers[{}].heads[{}].{}", l, h, s == 0 ? "key" : "value");
+        check(codec.offset.empty(),
+              "PackedKVCache: {}: the codec has a key offset; the packed pages have no place for it (FakeQuantKVCache "
+              "serves key offsets)", field);
         if (codec.kind == CodecKind::Vq || codec.kind == CodecKind::FP16) continue;  // vq pages
         check(codec.kind == CodecKind::TqMse || codec.kind == CodecKind::TqMseGrouped,
               "PackedKVCache: {}: codec kind '{}' has no packed storage (the packed cache serves tq-mse, "

@@ -50,7 +50,7 @@ json PlanCodecs::quantizer_json(const Codec& c, KVSide side, int d, RopeLayout l
       require_all_channels(c, d, field);
       check(c.norm == NormStorage::FP16, "{}: tq-mse needs norm \"fp16\"", field);
       return {{"kind", "tq_mse"}, {"dim", d},         {"bits", c.groups[0].bits}, {"seed", c.groups[0].seed},
-              {"rotation", "haar"}, {"norm", "fp16"}, {"norm_correction", false}};
+              {"rotation", "haar"}, {"norm", "fp16"}, {"norm_correction", c.norm_correction}};
     }
     case CodecKind::TqMseGrouped: {
       check(c.norm == NormStorage::FP16, "{}: tq-mse-grouped needs norm \"fp16\"", field);
@@ -68,7 +68,7 @@ json PlanCodecs::quantizer_json(const Codec& c, KVSide side, int d, RopeLayout l
         groups.push_back({{"channels", ch}, {"bits", cg.bits}, {"seed", cg.seed}});
       }
       return {{"kind", "grouped_tq_mse"}, {"dim", d},         {"rotation", "haar"},
-              {"norm", "fp16"},           {"norm_correction", false}, {"groups", groups}};
+              {"norm", "fp16"},           {"norm_correction", c.norm_correction}, {"groups", groups}};
     }
     case CodecKind::Kivi:
       require_all_channels(c, d, field);
@@ -169,7 +169,47 @@ void PlanCodecs::fake_quant_layer(int layer, KVSide side, const float* x, int64_
   vq_fake_quant_layer(heads, x, T, out);
 }
 
+const float* PlanCodecs::key_offset(int layer, int head) const {
+  check(layer >= 0 && layer < cfg_.n_layers && head >= 0 && head < cfg_.n_kv_heads,
+        "PlanCodecs: (layer {}, head {}) outside ({}, {})", layer, head, cfg_.n_layers, cfg_.n_kv_heads);
+  const std::vector<float>& o = plan_.layers[layer][head].key.offset;
+  return o.empty() ? nullptr : o.data();
+}
+
+bool PlanCodecs::has_key_offsets() const {
+  for (const auto& layer : plan_.layers)
+    for (const auto& h : layer)
+      if (!h.key.offset.empty()) return true;
+  return false;
+}
+
 void PlanCodecs::fake_quant(int layer, int head, KVSide side, const float* x, int64_t T, float* xhat) const {
+  fake_quant(layer, head, side, x, nullptr, T, xhat);
+}
+
+void PlanCodecs::fake_quant(int layer, int head, KVSide side, const float* x, const int32_t* pos, int64_t T,
+                            float* xhat) const {
+  const float* off = side == KVSide::key ? key_offset(layer, head) : nullptr;
+  if (off != nullptr) {
+    check(pos != nullptr,
+          "PlanCodecs::fake_quant: layers[{}].heads[{}].key has an offset (pre-RoPE): the rows' positions are needed",
+          layer, head);
+    // r_t = x_t − R_{pos_t} μ, quantized, then R_{pos_t} μ added back.
+    const int d = cfg_.head_dim;
+    std::vector<float> rot(static_cast<size_t>(T) * d), r(static_cast<size_t>(T) * d);
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy(off, off + d, rot.begin() + t * d);
+      apply_rope(rot.data() + t * d, 1, d, pos[t], cfg_.rope_layout, cfg_.layer_rope_theta(layer));
+      for (int i = 0; i < d; ++i) r[t * d + i] = x[t * d + i] - rot[t * d + i];
+    }
+    fake_quant_rows(layer, head, side, r.data(), T, r.data());
+    for (int64_t i = 0; i < T * d; ++i) xhat[i] = r[i] + rot[i];
+    return;
+  }
+  fake_quant_rows(layer, head, side, x, T, xhat);
+}
+
+void PlanCodecs::fake_quant_rows(int layer, int head, KVSide side, const float* x, int64_t T, float* xhat) const {
   check(vq(layer, head, side) == nullptr,
         "PlanCodecs::fake_quant: layer {} head {} is a vq codec; it is quantized per layer (fake_quant_layer)", layer,
         head);

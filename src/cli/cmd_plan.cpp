@@ -52,6 +52,8 @@ void run_vq(PlanArgs& a) {
   check(a.rq.fp16_window == 0 && a.rq.sink_tokens == 0,
         "--fp16-window/--sink-tokens: not supported with --method {} (the fitted plan keeps no fp16 tokens)",
         a.rq.method);
+  check(a.rq.key_offset == "none" && !a.rq.norm_correction,
+        "--key-offset/--norm-correction: not supported with --method {} (vq codecs have neither)", a.rq.method);
   {
     std::set<std::string> seen;
     for (const std::string& v : a.also)
@@ -217,6 +219,7 @@ const FlagNames kPlanFlags = {
     {"PlanRequest.v_quantizer", "--vquantizer"},  {"PlanRequest.curves_from", "--curves-from"},
     {"PlanRequest.sensitivity", "--sensitivity"}, {"PlanRequest.group_size", "--group-size"},
     {"PlanRequest.fp16_window", "--fp16-window"}, {"PlanRequest.sink_tokens", "--sink-tokens"},
+    {"PlanRequest.key_offset", "--key-offset"},
     {"load_alloc_stats.path", "--stats"},         {"capture_for_fit.ctx", "--ctx"},
     {"FitOptions.method", "--method"},            {"FitOptions.values", "--vquantizer"},
     {"FitOptions.group", "--group"},              {"FitOptions.centroids", "--centroids"},
@@ -294,6 +297,12 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_option("--group-size", a->rq.group_size, "kivi / quarot scale group")->capture_default_str();
   c->add_option("--fp16-window", a->rq.fp16_window, "recent tokens kept in fp16")->capture_default_str();
   c->add_option("--sink-tokens", a->rq.sink_tokens, "first tokens kept in fp16")->capture_default_str();
+  c->add_option("--key-offset", a->rq.key_offset,
+                "none | mean: subtract the calibrated pre-RoPE key mean before quantizing keys (uniform, block-gtq; "
+                "docs/design.md §2.5)")
+      ->capture_default_str();
+  c->add_flag("--norm-correction", a->rq.norm_correction,
+              "TQ-MSE codecs store n/‖c[idx]‖ so that reconstructions keep their norm (docs/design.md §2.4)");
   c->add_flag("--force", a->force, "overwrite the output file");
   c->add_flag("--json", a->json, "print the achieved bits and the allocator diagnostics as JSON on stdout");
   c->add_flag("-q,--quiet", a->quiet, "print nothing on success");

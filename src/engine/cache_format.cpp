@@ -24,6 +24,11 @@ SideGroups side_groups(const cache::PlanCodecs& codecs, int l, int h, int s) {
   const Plan& plan = codecs.plan();
   const Codec& codec = s == 0 ? plan.layers[l][h].key : plan.layers[l][h].value;
   const std::string field = fmt::format("plan: layers[{}].heads[{}].{}", l, h, s == 0 ? "key" : "value");
+  if (!codec.offset.empty()) {
+    r.error = fmt::format("GPU engine: {}: the codec has a key offset; the GPU pages have no place for it (the CPU "
+                          "fake-quant cache serves key offsets)", field);
+    return r;
+  }
   if (codec.kind != CodecKind::TqMse && codec.kind != CodecKind::TqMseGrouped) {
     r.error = fmt::format(
         "GPU engine: {}: codec kind '{}' is not served on the GPU yet (the engine serves tq-mse and tq-mse-grouped "

@@ -28,17 +28,18 @@ void check_values(const std::vector<double>& v, size_t n, const std::string& nam
 
 // Nested arrays of fixed shape -> flat row-major vector.
 void flatten(const json& j, const std::vector<size_t>& shape, size_t dim, const std::string& path,
-             const std::string& name, std::vector<double>& out) {
+             const std::string& name, std::vector<double>& out, bool signed_values = false) {
   check(j.is_array(), "{}: {}: expected an array", name, path);
   check(j.size() == shape[dim], "{}: {}: {} entries, expected {}", name, path, j.size(), shape[dim]);
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string p = fmt::format("{}[{}]", path, i);
     if (dim + 1 < shape.size()) {
-      flatten(j[i], shape, dim + 1, p, name, out);
+      flatten(j[i], shape, dim + 1, p, name, out, signed_values);
     } else {
       check(j[i].is_number(), "{}: {}: expected a number", name, p);
       const double x = j[i].get<double>();
-      check(std::isfinite(x) && x >= 0.0, "{}: {} = {}: expected finite and >= 0", name, p, x);
+      check(std::isfinite(x) && (signed_values || x >= 0.0), "{}: {} = {}: expected finite{}", name, p, x,
+            signed_values ? "" : " and >= 0");
       out.push_back(x);
     }
   }
@@ -110,6 +111,22 @@ void validate_curve_fit(const std::string& quantizer, const DistortionCurves& c,
             kMaxCurveAlpha);
 }
 
+std::vector<double> CalibStats::centered_block_energies(int layer, int head) const {
+  check(!k_pre_mean.empty(), "stats: centered block energies need k_pre_mean (statistics from ratekv calibrate)");
+  std::vector<double> s = block_energies(layer, head);
+  const size_t d = (size_t)model.head_dim, L = d / 2;
+  const double* mu = k_pre_mean.data() + ((size_t)layer * model.n_kv_heads + head) * d;
+  const bool neox = model.rope_layout == "neox";
+  for (size_t i = 0; i < L; ++i) {
+    const double a = neox ? mu[i] : mu[2 * i], b = neox ? mu[i + L] : mu[2 * i + 1];
+    // E‖k_i − R_p μ_i‖² = E‖k_i‖² − ‖μ_i‖² (E_t k_pre = μ, RoPE keeps block norms), floored at 0.
+    const size_t off = ((size_t)layer * model.n_kv_heads + head) * L + i;
+    const double kc = std::max(0.0, k_block_energy[off] - (a * a + b * b));
+    s[i] = 0.5 * (q_block_energy[off] + kc);
+  }
+  return s;
+}
+
 std::vector<double> CalibStats::block_energies(int layer, int head) const {
   check(layer >= 0 && layer < model.n_layers && head >= 0 && head < model.n_kv_heads,
         "stats: (layer {}, head {}) outside ({} layers, {} KV heads)", layer, head, model.n_layers, model.n_kv_heads);
@@ -127,6 +144,12 @@ void CalibStats::validate(const std::string& name) const {
   const size_t nc = (size_t)m.n_layers * m.n_kv_heads, ne = nc * (m.head_dim / 2);
   check_values(q_block_energy, ne, name, "q_block_energy");
   check_values(k_block_energy, ne, name, "k_block_energy");
+  if (!k_pre_mean.empty()) {
+    check(k_pre_mean.size() == nc * m.head_dim, "{}: k_pre_mean: {} values, expected {}", name, k_pre_mean.size(),
+          nc * m.head_dim);
+    for (size_t i = 0; i < k_pre_mean.size(); ++i)
+      check(std::isfinite(k_pre_mean[i]), "{}: k_pre_mean[flat {}] = {}: expected finite", name, i, k_pre_mean[i]);
+  }
   for (const auto& [key, s] : sensitivity) {
     check_values(s.k, nc, name, "sensitivity." + key + ".k");
     check_values(s.v, nc, name, "sensitivity." + key + ".v");
@@ -152,6 +175,8 @@ json stats_to_json(const CalibStats& s) {
   j["n_tokens"] = s.n_tokens;
   j["q_block_energy"] = nest(s.q_block_energy, s3);
   j["k_block_energy"] = nest(s.k_block_energy, s3);
+  if (!s.k_pre_mean.empty())
+    j["k_pre_mean"] = nest(s.k_pre_mean, {(size_t)m.n_layers, (size_t)m.n_kv_heads, (size_t)m.head_dim});
   json sens = json::object();
   for (const auto& [key, w] : s.sensitivity) sens[key] = {{"k", nest(w.k, s2)}, {"v", nest(w.v, s2)}};
   j["sensitivity"] = std::move(sens);
@@ -172,7 +197,7 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
   const json& ver = need(j, "version", "", name);
   check(ver == 1, "{}: version = {}: this build reads statistics version 1", name, ver.dump());
   only_known_keys(j, {"format", "version", "model", "source", "n_tokens", "q_block_energy", "k_block_energy",
-                      "sensitivity", "curves"},
+                      "k_pre_mean", "sensitivity", "curves"},
                   "", name);
   CalibStats s;
   const json& m = need(j, "model", "", name);
@@ -209,6 +234,8 @@ CalibStats stats_from_json(const json& j, const std::string& name) {
   const std::vector<size_t> s3 = {s2[0], s2[1], (size_t)s.model.head_dim / 2};
   flatten(need(j, "q_block_energy", "", name), s3, 0, "q_block_energy", name, s.q_block_energy);
   flatten(need(j, "k_block_energy", "", name), s3, 0, "k_block_energy", name, s.k_block_energy);
+  if (j.contains("k_pre_mean"))
+    flatten(j["k_pre_mean"], {s2[0], s2[1], (size_t)s.model.head_dim}, 0, "k_pre_mean", name, s.k_pre_mean, true);
   if (j.contains("sensitivity")) {
     const json& sens = j["sensitivity"];
     check(sens.is_object(), "{}: sensitivity: expected an object", name);

@@ -13,6 +13,7 @@
 #include "format/json_file.h"
 #include "format/plan_target_check.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/format/stored_bytes.h"
 
 namespace ratekv {
@@ -112,8 +113,21 @@ Plan::Achieved Plan::achieved() const {
 
 namespace {
 
-void validate_codec(const Codec& c, int d, const std::string& name, const std::string& path) {
+void validate_codec(const Codec& c, int d, bool key, const std::string& name, const std::string& path) {
   const std::string kind = codec_kind_name(c.kind);
+  check(!c.norm_correction || c.kind == CodecKind::TqMse || c.kind == CodecKind::TqMseGrouped,
+        "{}: {}.norm_correction: kind {} has no TQ-MSE norm to correct (tq-mse and tq-mse-grouped only)", name, path,
+        kind);
+  if (!c.offset.empty()) {
+    check(key, "{}: {}.offset: a value codec has no offset (keys only: a pre-RoPE key offset)", name, path);
+    check(c.kind != CodecKind::FP16 && c.kind != CodecKind::Vq,
+          "{}: {}.offset: kind {} takes no offset (every kind but fp16 and vq does)", name, path, kind);
+    check((int)c.offset.size() == d, "{}: {}.offset: {} values, expected head_dim {}", name, path, c.offset.size(),
+          d);
+    for (size_t i = 0; i < c.offset.size(); ++i)
+      check(std::isfinite(c.offset[i]) && round_fp16(c.offset[i]) == c.offset[i],
+            "{}: {}.offset[{}] = {}: expected a finite fp16 number", name, path, i, c.offset[i]);
+  }
   if (c.kind == CodecKind::FP16) {
     check(c.groups.empty(), "{}: {}.groups: kind fp16 has no groups (found {})", name, path, c.groups.size());
     check(c.norm == NormStorage::None, "{}: {}.norm: kind fp16 stores no norm (expected \"none\")", name, path);
@@ -264,8 +278,8 @@ void Plan::validate(const std::string& name) const {
           name, l, layers[l].size(), m.n_kv_heads);
     for (size_t h = 0; h < layers[l].size(); ++h) {
       const std::string p = fmt::format("layers[{}].heads[{}]", l, h);
-      validate_codec(layers[l][h].key, m.head_dim, name, p + ".key");
-      validate_codec(layers[l][h].value, m.head_dim, name, p + ".value");
+      validate_codec(layers[l][h].key, m.head_dim, true, name, p + ".key");
+      validate_codec(layers[l][h].value, m.head_dim, false, name, p + ".value");
     }
     // A shared per-token scale spans every KV head of the layer: all heads of
     // that side must be vq with norm shared-fp16 and scale_heads = n_kv_heads.
@@ -323,6 +337,8 @@ json codec_to_json(const Codec& c) {
     groups.push_back(std::move(jg));
   }
   j["groups"] = std::move(groups);
+  if (c.norm_correction) j["norm_correction"] = true;
+  if (!c.offset.empty()) j["offset"] = c.offset;
   return j;
 }
 
@@ -412,7 +428,7 @@ struct Reader {
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 Codec codec_from_json(const Reader& r, const json& j, const std::string& path) {
-  r.only_known(j, path, {"kind", "norm", "group_size", "scale_heads", "groups"});
+  r.only_known(j, path, {"kind", "norm", "group_size", "scale_heads", "groups", "norm_correction", "offset"});
   Codec c;
   c.kind = parse_codec_kind(r.string(j, path, "kind"), r.name + ": " + Reader::join(path, "kind"));
   const std::string norm = r.string(j, path, "norm");
@@ -435,6 +451,21 @@ Codec codec_from_json(const Reader& r, const json& j, const std::string& path) {
           gp);
     if (jg.contains("seed")) g.seed = (uint32_t)r.integer(jg, gp, "seed", 0, 0xffffffffll);
     c.groups.push_back(std::move(g));
+  }
+  if (j.contains("norm_correction")) {
+    const json& v = j.at("norm_correction");
+    check(v.is_boolean(), "{}: {} is {}: expected a boolean", r.name, Reader::join(path, "norm_correction"),
+          Reader::type_of(v));
+    c.norm_correction = v.get<bool>();
+  }
+  if (j.contains("offset")) {
+    const json& a = r.array(j, path, "offset");
+    for (size_t i = 0; i < a.size(); ++i) {
+      check(a[i].is_number(), "{}: {}[{}] is {}: expected a number", r.name, Reader::join(path, "offset"), i,
+            Reader::type_of(a[i]));
+      c.offset.push_back(a[i].get<float>());
+    }
+    check(!c.offset.empty(), "{}: {}: empty (omit the key for no offset)", r.name, Reader::join(path, "offset"));
   }
   return c;
 }

@@ -152,6 +152,16 @@ int64_t plan_codebook_bytes(const Plan& p) {
   return b;
 }
 
+int64_t plan_offset_bytes(const Plan& p) {
+  int64_t b = 0;
+  for (const auto& layer : p.layers)
+    for (const HeadPlan& hp : layer)
+      for (const Codec* c : {&hp.key, &hp.value}) b += 2 * (int64_t)c->offset.size();
+  return b;
+}
+
+int64_t plan_fixed_bytes(const Plan& p) { return plan_codebook_bytes(p) + plan_offset_bytes(p); }
+
 PlanStoredBytes plan_stored_bytes(const Plan& p) {
   PlanStoredBytes s;
   const int d = p.model.head_dim;
@@ -162,7 +172,7 @@ PlanStoredBytes plan_stored_bytes(const Plan& p) {
     for (const HeadPlan& hp : p.layers[(size_t)l])
       if (hp.key.kind == CodecKind::Kivi) s.per_sequence_max += (int64_t)(hp.key.group_size - 1) * 2 * d;
   }
-  s.fixed_bytes = plan_codebook_bytes(p);
+  s.fixed_bytes = plan_fixed_bytes(p);
   return s;
 }
 

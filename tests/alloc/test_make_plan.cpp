@@ -10,6 +10,7 @@
 #include "ratekv/alloc/block_gtq.h"
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
 #include "ratekv/format/stored_bytes.h"
 #include "ratekv/common/param_error.h"
 
@@ -468,4 +469,105 @@ TEST(MakePlan, SummaryTable) {
   EXPECT_NE(s.find("stored bytes/token (all layers and KV heads): "), std::string::npos) << s;
   // One row per layer.
   for (int l = 0; l < 3; ++l) EXPECT_NE(s.find(fmt::format("\n{:>5}  blk ", l)), std::string::npos) << s;
+}
+
+// Key offsets (docs/design.md §2.5): the plan's offsets are the statistics' pre-RoPE key means rounded
+// to fp16; Block-GTQ allocates on the centered energies ½(q_i + k_i − ‖μ_i‖²), so a block whose key
+// energy is all mean stops drawing key bits; options refused where they do not apply.
+TEST(MakePlan, KeyOffsetsAndCenteredEnergies) {
+  CalibStats s = synthetic_stats();
+  const int d = 16, L = 3, H = 2;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      for (int c = 0; c < d; ++c) s.k_pre_mean.push_back(0.1 * (c + 1) * (h ? -1 : 1) + 0.01 * l);
+  // Layer 2 head 1: block 0 (channels 0, 1: interleaved) carries key energy 100, all of it the mean 6, 8.
+  s.k_pre_mean[(2 * H + 1) * d + 0] = 6.0;
+  s.k_pre_mean[(2 * H + 1) * d + 1] = 8.0;
+  s.k_block_energy[(2 * H + 1) * 8 + 0] = 100.0;
+  s.q_block_energy[(2 * H + 1) * 8 + 0] = 2.0;  // s_0: 51 uncentered (the largest), 1 centered
+  const std::vector<double> e = s.block_energies(2, 1), ec = s.centered_block_energies(2, 1);
+  EXPECT_DOUBLE_EQ(e[0], 0.5 * (s.q_block_energy[(2 * H + 1) * 8] + 100.0));
+  EXPECT_DOUBLE_EQ(ec[0], 0.5 * s.q_block_energy[(2 * H + 1) * 8]);  // 100 − (36 + 64) = 0
+  // Block 3 of layer 0 head 0: k 1.0, μ = (0.7, 0.8): 1 − 0.49 − 0.64 < 0 → floored at 0.
+  EXPECT_DOUBLE_EQ(s.centered_block_energies(0, 0)[3], 0.5 * s.q_block_energy[3]);
+  EXPECT_DOUBLE_EQ(s.centered_block_energies(0, 0)[1], 0.5 * (s.q_block_energy[1] + 1.0 - 0.09 - 0.16));
+
+  PlanRequest rq;
+  rq.method = "block-gtq";
+  rq.k_bits = 3;
+  rq.v_bits = 3;
+  rq.budget_unit = "code";
+  rq.key_offset = "mean";
+  rq.norm_correction = true;
+  const Plan p = make_plan(s, rq);
+  EXPECT_EQ(p.method, "block-gtq+key-offset");
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      const Codec& k = p.layers[l][h].key;
+      ASSERT_EQ(k.offset.size(), static_cast<size_t>(d));
+      for (int c = 0; c < d; ++c) EXPECT_EQ(k.offset[c], round_fp16((float)s.k_pre_mean[(l * H + h) * d + c]));
+      EXPECT_TRUE(k.norm_correction);
+      EXPECT_TRUE(p.layers[l][h].value.norm_correction);
+      EXPECT_TRUE(p.layers[l][h].value.offset.empty());
+      // The allocation is Block-GTQ's on the centered energies, at uniform TQ-MSE's stored bits.
+      BlockGtqOptions opt;
+      const BlockAllocation a = allocate_block_gtq(s.centered_block_energies(l, h), scalar_group_stored_bits(d, 3), opt);
+      std::vector<int> widths(d / 2, -1);
+      for (const auto& g : k.groups)
+        for (int b : g.blocks) widths[b] = g.bits;
+      EXPECT_EQ(widths, a.bits) << "layer " << l << " head " << h;
+    }
+  rq.key_offset = "none";
+  EXPECT_TRUE(make_plan(s, rq).layers[0][0].key.offset.empty());
+  {
+    // head_dim 64 (room for several widths): blocks 0..7 are the most energetic, all of it the mean;
+    // centered they are the least energetic and get fewer bits.
+    CalibStats w;
+    w.model = {{"llama", 1, 1, 64, "interleaved"}, "w.gguf", ""};
+    for (int i = 0; i < 32; ++i) {
+      w.q_block_energy.push_back(10.0);
+      w.k_block_energy.push_back(i < 8 ? 1000.0 : 1.0);
+    }
+    w.k_pre_mean.assign(64, 0.0);
+    for (int c = 0; c < 16; ++c) w.k_pre_mean[c] = std::sqrt(500.0);  // blocks 0..7 (one 16-channel tile): ‖μ_i‖² = 1000
+    PlanRequest r2;
+    r2.method = "block-gtq";
+    r2.k_bits = 3;
+    r2.v_bits = 3;
+    r2.budget_unit = "code";
+    auto width0 = [&](const std::string& off) {
+      r2.key_offset = off;
+      const Plan wp = make_plan(w, r2);
+      for (const auto& g : wp.layers[0][0].key.groups)
+        for (int b : g.blocks)
+          if (b == 0) return g.bits;
+      return -1;
+    };
+    const int plain = width0("none"), centered = width0("mean");
+    EXPECT_GT(plain, centered);  // s_0..7: 505 uncentered (the largest), 5 centered (below the others' 5.5)
+  }
+  // Uniform plans take offsets too (stored bits unchanged); RateQuant and stats without means refuse.
+  rq.method = "uniform";
+  rq.key_offset = "mean";
+  const Plan u = make_plan(s, rq);
+  EXPECT_EQ(u.method, "uniform+key-offset");
+  EXPECT_EQ(u.achieved().k, 3.0 + 16.0 / d);
+  EXPECT_EQ(plan_stored_bytes(u).fixed_bytes, L * H * d * 2);
+  rq.method = "ratequant";
+  rq.avg_bits = 3.0;
+  EXPECT_EQ(param_of([&] { make_plan(s, rq); }), "PlanRequest.key_offset");
+  rq.method = "uniform";
+  rq.avg_bits.reset();
+  rq.key_offset = "median";
+  EXPECT_EQ(param_of([&] { make_plan(s, rq); }), "PlanRequest.key_offset");
+  rq.key_offset = "mean";
+  CalibStats no_mean = synthetic_stats();
+  EXPECT_NE(error_of([&] { make_plan(no_mean, rq); }).find("the statistics have no k_pre_mean"), std::string::npos);
+  // The JSON statistics carry the means (signed values).
+  const CalibStats back = stats_from_json(stats_to_json(s), "s.json");
+  EXPECT_EQ(back.k_pre_mean, s.k_pre_mean);
+  nlohmann::json j = stats_to_json(s);
+  j["k_pre_mean"][0][0].erase(0);
+  EXPECT_NE(error_of([&] { stats_from_json(j, "s.json"); }).find("s.json: k_pre_mean[0][0]: 15 entries, expected 16"),
+            std::string::npos);
 }

@@ -150,9 +150,9 @@ TEST(Plan, BadFieldsAreNamed) {
                "plan.json: achieved.k = 3: the codecs store 7.8125 bits per element (edited by hand, or written "
                "before achieved counted every stored byte: tile padding, extension norms, vq segment rounding?)");
   // Keys this build does not read are errors naming the key (they were silently ignored).
-  expect_error([](json& j) { j["layers"][0]["heads"][0]["key"]["norm_correction"] = true; },
-               "plan.json: layers[0].heads[0].key.norm_correction: unknown key (this build reads kind, norm, "
-               "group_size, scale_heads, groups); it would be ignored");
+  expect_error([](json& j) { j["layers"][0]["heads"][0]["key"]["norm_corection"] = true; },
+               "plan.json: layers[0].heads[0].key.norm_corection: unknown key (this build reads kind, norm, "
+               "group_size, scale_heads, groups, norm_correction, offset); it would be ignored");
   expect_error([](json& j) { j["layers"][0]["heads"][0]["key"]["groups"][0]["rotation"] = "hadamard"; },
                "plan.json: layers[0].heads[0].key.groups[0].rotation: unknown key (this build reads bits, blocks, "
                "channels, seed); it would be ignored");

@@ -34,6 +34,8 @@
 //                        component b_i; keys then split the stored bits of
 //                        uniform TQ-MSE at b_i over RoPE blocks with
 //                        Block-GTQ, values use TQ-MSE.
+// Codec options: norm_correction (tq-mse kinds) and key_offset "mean" (uniform,
+// block-gtq) set the plan options of format/plan.h.
 // Rotation seeds: group g of side s of (layer l, head h) gets a seed derived
 // deterministically from (seed, l, h, s, g) by SplitMix64; the plan stores it.
 #pragma once
@@ -70,6 +72,11 @@ struct PlanRequest {
   std::string sensitivity = "grad";  ///< sensitivity estimator name in the stats
   int group_size = 32;               ///< kivi / quarot scale group
   std::string stats_file;            ///< recorded in the plan
+  /// "none" | "mean": keys get the pre-RoPE offset μ = stats.k_pre_mean of their (layer, head)
+  /// (uniform and block-gtq; Block-GTQ then allocates on the centered energies,
+  /// CalibStats::centered_block_energies; docs/design.md §2.5). The plan's method gets "+key-offset".
+  std::string key_offset = "none";
+  bool norm_correction = false;  ///< every tq-mse / tq-mse-grouped codec stores n/‖c[idx]‖ (docs/design.md §2.4)
 };
 
 /// Numbers behind the allocation, for the summary and --json.

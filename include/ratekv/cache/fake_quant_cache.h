@@ -77,13 +77,16 @@ class FakeQuantKVCache final : public DenseKVCache {
 /// append of all T tokens: x, out (T, n_kv_heads, head_dim), may not alias;
 /// sink/window rows rounded to fp16, the rest fake-quantized per head (see
 /// the file comment). Used by the evaluation to get k̂ without a cache.
-/// Throws Error for a layer whose keys are vq (they need the overload below).
+/// Throws Error for a layer whose keys are vq or have an offset (they need the
+/// overload below).
 void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const float* x, int64_t T, int window,
                          int sink, float* out);
 /// As above; for vq key layers (quantized pre-RoPE, docs/design.md §5.5) the
 /// quantized rows are reconstructed from k_pre (T, n_kv_heads, head_dim) and
 /// rotated with RoPE at pos[t]; x holds the post-RoPE keys (for the sink and
-/// window rows). k_pre/pos may be null for other layers and for values.
+/// window rows). Keys with an offset (format/plan.h) need pos too (the offset
+/// is rotated to each row's position). k_pre/pos may be null for other
+/// layers and for values.
 void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const float* x, const float* k_pre,
                          const int32_t* pos, int64_t T, int window, int sink, float* out);
 

@@ -19,6 +19,10 @@
 //                   layer's K (or V) codecs are all vq or none; vq keys are
 //                   quantized pre-RoPE (the cache re-applies RoPE)
 // Whole-head kinds must list the channels 0..d−1 in order (Error otherwise).
+// Codec options (format/plan.h): "norm_correction" is passed to the TQ-MSE
+// quantizers; a key "offset" μ (pre-RoPE) makes fake_quant quantize
+// k − R_p μ and add R_p μ back, R_p = RoPE at the row's position p with the
+// layer's base and the model's layout (docs/design.md §2.5).
 #pragma once
 
 #include <cstdint>
@@ -67,7 +71,18 @@ class PlanCodecs {
   /// contiguous, may alias. fp16 codecs round to fp16. For per_channel_tokens
   /// codecs (KIVI keys) row 0 must start a token group; rows past the last
   /// full group come back fp16-rounded (the quantizer's window).
+  /// Throws Error when the codec has a key offset (it needs positions: the
+  /// overload below).
   void fake_quant(int layer, int head, KVSide side, const float* x, int64_t T, float* xhat) const;
+  /// As above with the rows' positions pos (T; keys are post-RoPE at them):
+  /// a key offset μ is subtracted as R_pos μ before quantizing and added back.
+  /// pos may be null when the codec has no offset.
+  void fake_quant(int layer, int head, KVSide side, const float* x, const int32_t* pos, int64_t T,
+                  float* xhat) const;
+  /// The key offset of (layer, head) (head_dim values, pre-RoPE), or nullptr.
+  const float* key_offset(int layer, int head) const;
+  /// True when any key codec of the plan has an offset.
+  bool has_key_offsets() const;
 
   /// The quantizer JSON description of a plan codec (see file comment).
   /// Throws Error naming `field` for unsupported kinds or channel lists.
@@ -75,6 +90,8 @@ class PlanCodecs {
                                        const std::string& field);
 
  private:
+  // The codec's quantizer on T rows as they are (no offset).
+  void fake_quant_rows(int layer, int head, KVSide side, const float* x, int64_t T, float* xhat) const;
   Plan plan_;
   ModelConfig cfg_;
   std::vector<std::unique_ptr<quant::Quantizer>> q_;  // ((layer · n_kv_heads + head) · 2 + side)

@@ -12,6 +12,7 @@
 //     "source": "calib.txt", "n_tokens": 2048,
 //     "q_block_energy": [[[…d/2…] × n_kv_heads] × n_layers],   // see CalibStats
 //     "k_block_energy": [[[…d/2…] × n_kv_heads] × n_layers],
+//     "k_pre_mean": [[[…d…] × n_kv_heads] × n_layers],             // optional: E_t k, pre-RoPE
 //     "sensitivity": {"grad": {"k": [[…n_kv_heads…] × n_layers], "v": […]},
 //                     "activation": {…}},                         // optional, any names
 //     "curves": {"tq-mse": {"bits": [1, 2, 3, 4, 5],            // widths fitted at
@@ -86,6 +87,9 @@ struct CalibStats {
   std::vector<double> q_block_energy;
   /// E_t ‖k_{h,t}^{(i)}‖², same layout.
   std::vector<double> k_block_energy;
+  /// E_t k_{h,t} pre-RoPE (the key offsets of docs/design.md §2.5), (n_layers,
+  /// n_kv_heads, head_dim) row-major, any sign; empty when the statistics lack it.
+  std::vector<double> k_pre_mean;
   /// Sensitivity estimators by name ("grad", "activation"); may be empty.
   std::map<std::string, Sensitivity> sensitivity;
   /// Fitted curves by quantizer name ("tq-mse", "kivi", "quarot",
@@ -94,6 +98,10 @@ struct CalibStats {
 
   /// Block-GTQ energies s_i = ½(q_i + k_i) of (layer, head): (head_dim/2,).
   std::vector<double> block_energies(int layer, int head) const;
+  /// Block-GTQ energies of keys centered on k_pre_mean (docs/design.md §2.5):
+  /// ½(q_i + max(0, k_i − ‖μ_i‖²)), μ_i the RoPE block i of the mean (the
+  /// model's layout). Throws Error when k_pre_mean is absent.
+  std::vector<double> centered_block_energies(int layer, int head) const;
   /// Checks shapes and ranges; throws Error naming `name` and the field.
   void validate(const std::string& name = "stats") const;
 };

@@ -50,6 +50,17 @@
 //                   one fp16 RMS scale per token per layer shared by the
 //                   scale_heads (= n_kv_heads) KV heads: 16/scale_heads bits
 //                   per head per token. Code bits = Σ_g bits_g / head_dim.
+// Options of a codec (absent = off):
+//   "norm_correction": true   tq-mse / tq-mse-grouped only: each group stores
+//                   n/‖c[idx]‖ instead of n, so that ‖x̂‖ = n (docs/design.md
+//                   §2.4); the same bytes, a different stored value.
+//   "offset": [d numbers]     keys only, any kind but fp16 and vq: a fixed
+//                   pre-RoPE key offset μ (each value an fp16 number). The
+//                   cache quantizes k − R_p μ (R_p = RoPE at the key's
+//                   position p, the layer's base) and stores nothing more
+//                   per token; the reconstruction is R_p μ + Q(k − R_p μ)
+//                   (docs/design.md §2.5). A fixed cost of 2·d bytes per codec
+//                   per plan (format/stored_bytes.h "fixed_bytes").
 // Effective bits per element of a codec = the bits it STORES per token / head_dim
 // (ratekv/format/stored_bytes.h, the one accounting every table and allocator
 // uses): codes, norms and scales as listed above, plus what the packed pages
@@ -116,6 +127,10 @@ struct Codec {
   int group_size = 0;  ///< scale group along the head for kivi/quarot/q8_0/q4_0; channels per group for vq; else 0
   int scale_heads = 0; ///< vq with norm shared-fp16: KV heads sharing the per-token scale (= n_kv_heads), else 0
   std::vector<CodecGroup> groups;
+  /// tq-mse / tq-mse-grouped: store n/‖c[idx]‖ per group (see the schema comment).
+  bool norm_correction = false;
+  /// Keys: pre-RoPE offset μ (head_dim fp16 values) subtracted before quantizing; empty = none.
+  std::vector<float> offset;
 
   /// Code bits per element (Σ bits·channels / head_dim; 16 for fp16).
   double code_bits(int head_dim) const;

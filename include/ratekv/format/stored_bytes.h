@@ -28,7 +28,8 @@
 // per sequence; the rest of a sequence is in whole 64-token pages (paged
 // kinds) or exact bit counts (the others).
 // Fixed per plan, not per token: the vq codebooks (G·2^bits·g fp16 values per
-// vq codec; the side file stores them as fp16, VqTensors). TQ rotations and
+// vq codec; the side file stores them as fp16, VqTensors) and the key offsets
+// (head_dim fp16 values per codec with an "offset", stored in the plan). TQ rotations and
 // Lloyd–Max codebooks are regenerated from seeds and (m, b): 0 stored bytes.
 #pragma once
 
@@ -86,7 +87,7 @@ struct PlanStoredBytes {
   /// KIVI keys' unfilled token group, ≤ (group_size − 1) fp16 rows per (layer,
   /// KV head) (sink / window rows: plan_stored_bytes_at).
   int64_t per_sequence_max = 0;
-  int64_t fixed_bytes = 0;     ///< per plan: vq codebooks as fp16 (plan_codebook_bytes)
+  int64_t fixed_bytes = 0;     ///< per plan: vq codebooks and key offsets as fp16 (plan_fixed_bytes)
   double bytes_per_token() const { return (double)(k.total() + v.total()) / 64.0; }
   /// Stored bits per element of each side: 8 · bytes / (64 · elements).
   double k_bits_per_element() const;
@@ -106,6 +107,14 @@ PlanStoredBytes plan_stored_bytes(const Plan& p);
 /// groups · 2^bits · group_size · 2 (the channel scales of a TaSQ side file
 /// add 2·head_dim per codec that has them: VqTensors::stored_bytes()).
 int64_t plan_codebook_bytes(const Plan& p);
+
+/// Bytes of the key offsets of a plan, stored as fp16: 2·head_dim per codec
+/// with an "offset" (plan.h).
+int64_t plan_offset_bytes(const Plan& p);
+
+/// Everything a plan stores once, not per token: plan_codebook_bytes +
+/// plan_offset_bytes.
+int64_t plan_fixed_bytes(const Plan& p);
 
 /// Exact bytes a cache holding `n_tokens` tokens of one sequence stores:
 /// min(n, sink) sink rows and the fp16 window's rows as fp16; the quantized
