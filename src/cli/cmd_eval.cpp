@@ -12,17 +12,19 @@
 #include "cli/text_tokens.h"
 #include "ratekv/common/error.h"
 #include "ratekv/eval/plan_eval.h"
+#include "ratekv/eval/reference_cache.h"
+#include "ratekv/io/sha256.h"
 #include "ratekv/common/log.h"
 
 namespace ratekv::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, text, json_out, plot_out;
+  std::string model, text, json_out, plot_out, reference_cache;
   std::vector<std::string> plans, baselines;
   int64_t tokens = 2048, ctx = 512, query_stride = 1;
   int seeds = 3;
-  bool no_ppl = false, no_ppl_kv = false, force = false;
+  bool no_ppl = false, no_ppl_k = false, no_ppl_kv = false, force = false;
 };
 
 // tools/plot_eval.py: $RATEKV_TOOLS_DIR, else <exe dir>/../../tools (build/bin/ratekv).
@@ -62,7 +64,14 @@ void run(const EvalArgs& a) {
   opt.n_seeds = a.seeds;
   opt.query_stride = a.query_stride;
   opt.perplexity = !a.no_ppl;
+  opt.perplexity_k = !a.no_ppl_k;
   opt.perplexity_kv = !a.no_ppl_kv;
+  check(!(a.no_ppl_k && a.no_ppl_kv) || a.no_ppl, "--no-ppl-k with --no-ppl-kv leaves no perplexity pass: give --no-ppl");
+  if (!a.reference_cache.empty()) {
+    opt.reference_cache = a.reference_cache;
+    opt.reference_key = eval::reference_key(sha256_file(a.model), a.ctx, lm.add_bos ? lm.tokenizer->bos_id() : -1,
+                                            std::span<const int32_t>(ids).first(static_cast<size_t>(ids.size() / a.ctx * a.ctx)));
+  }
   const nlohmann::json rep = evaluate_and_print(lm, ids, entries, opt, a.model, a.text);
   if (!a.json_out.empty()) {
     std::ofstream out(a.json_out);
@@ -83,6 +92,8 @@ const FlagNames kEvalFlags = {
     {"EvalOptions.ctx", "--ctx"},
     {"EvalOptions.n_seeds", "--seeds"},
     {"EvalOptions.query_stride", "--query-stride"},
+    {"EvalOptions.perplexity_k", "--no-ppl-k"},
+    {"EvalOptions.reference_key", "--reference-cache"},
     {"baseline_plan.name", "--baseline"},
 };
 
@@ -103,6 +114,10 @@ const Registrar reg("eval", [](CLI::App& app) {
   c->add_option("--query-stride", a->query_stride, "MAE/KL over every r-th query row (all causal keys)")
       ->capture_default_str();
   c->add_flag("--no-ppl", a->no_ppl, "skip the quantized perplexity passes");
+  c->add_flag("--no-ppl-k", a->no_ppl_k, "skip the K-only perplexity pass, keep K+V");
+  c->add_option("--reference-cache", a->reference_cache,
+                "directory of cached reference passes (fp16-cache logits, fp32 activations) per window: windows "
+                "found there are not recomputed, others are written (keyed by model file, tokens, --ctx, BOS)");
   c->add_flag("--no-ppl-kv", a->no_ppl_kv,
               "skip the K+V perplexity pass, keep K-only (e.g. plans whose values are fp16 anyway)");
   c->add_option("--json", a->json_out, "write the report as JSON");

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "ratekv/cache/fake_quant_cache.h"
@@ -17,6 +18,7 @@
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/logit_error.h"
 #include "ratekv/eval/next_token_kld.h"
+#include "ratekv/eval/reference_cache.h"
 #include "ratekv/format/stored_bytes.h"
 #include "ratekv/model/perplexity.h"
 #include "ratekv/common/log.h"
@@ -94,6 +96,8 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
   check_param(!opt.perplexity || n_chunks >= 2, "EvalOptions.ctx",
               "{}: perplexity needs at least 2 windows ({} tokens, llama-perplexity's rule); got {} tokens", opt.ctx,
               2 * opt.ctx, tokens.size());
+  check_param(!opt.perplexity || opt.perplexity_k || opt.perplexity_kv, "EvalOptions.perplexity_k",
+              "false with perplexity_kv false: perplexity needs at least one mode (K only or K+V)");
   {
     std::set<std::string> names;
     for (const auto& p : plans) check(names.insert(p.name).second, "eval: two plans are named '{}'", p.name);
@@ -140,8 +144,19 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
     }
   }
   bool first_window = true;
+  // The fp32 pass's activations of the current window when a reference cache records them.
+  WindowReference* record = nullptr;
   ForwardHooks hooks;
   hooks.on_layer = [&](const LayerActivations& a) {
+    if (record) {
+      WindowReference::Layer& r = record->layers[a.layer];
+      const size_t nq = static_cast<size_t>(a.n) * a.n_heads * a.head_dim, nk = static_cast<size_t>(a.n) * a.n_kv_heads * a.head_dim;
+      r.q_post.insert(r.q_post.end(), a.q_post, a.q_post + nq);
+      r.k_pre.insert(r.k_pre.end(), a.k_pre, a.k_pre + nk);
+      r.k_post.insert(r.k_post.end(), a.k_post, a.k_post + nk);
+      r.v.insert(r.v.end(), a.v, a.v + nk);
+      if (a.layer == 0) record->pos.insert(record->pos.end(), a.pos, a.pos + a.n);
+    }
     if (first_window)
       for (size_t p = 0; p < P; ++p)
         if (packed[p]) packed[p]->append(a.layer, a.n, a.pos, a.k_pre, a.k_post, a.v);
@@ -157,11 +172,22 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
       }
   };
   const int64_t V = cfg.n_vocab, ctx = opt.ctx, first = ctx / 2, per_window = ctx - 1 - first;
-  const int n_modes = opt.perplexity_kv ? 2 : 1;
+  // Perplexity modes run: 0 = K only, 1 = K and V.
+  std::vector<int> modes;
+  if (opt.perplexity_k) modes.push_back(0);
+  if (opt.perplexity_kv) modes.push_back(1);
+  std::optional<ReferenceCache> rcache;
+  if (!opt.reference_cache.empty()) {
+    check_param(!opt.reference_key.empty(), "EvalOptions.reference_key",
+                "empty: a reference cache needs the key of the model, tokens and windows (reference_key)");
+    rcache.emplace(opt.reference_cache, opt.reference_key,
+                   ReferenceShape{opt.ctx, cfg.n_vocab, L, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim});
+  }
   std::vector<float> logits(static_cast<size_t>(ctx) * V);
   std::vector<float> ref_rows(opt.perplexity ? static_cast<size_t>(per_window) * V : 0);
   std::vector<int32_t> win(ctx);
   double fp_nll = 0.0;
+  double ref_nll = 0.0;  // the fp16-cache reference's summed next-token NLL (perplexity only)
   int64_t scored = 0;
   NextTokenStats fp_vs_ref;
   std::vector<std::vector<std::array<double, 2>>> nll(P);          // [p][s][mode]
@@ -175,7 +201,7 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
   {
     int64_t passes = 1 + (opt.perplexity ? 1 : 0);
     if (opt.perplexity)
-      for (size_t p = 0; p < P; ++p) passes += static_cast<int64_t>(codecs[p].size()) * n_modes;
+      for (size_t p = 0; p < P; ++p) passes += static_cast<int64_t>(codecs[p].size()) * static_cast<int64_t>(modes.size());
     Progress prog(fmt::format("eval: {} windows × {} passes (fp16 reference, fp32 + MAE/KL, plans)", n_chunks, passes),
                   n_chunks * passes);
     int64_t done = 0;
@@ -183,30 +209,81 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
       std::copy(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx, win.begin());
       if (opt.bos_id >= 0) win[0] = opt.bos_id;
       const int32_t* target = tokens.data() + c * ctx + 1;  // target of position j: tokens[c·ctx + j + 1]
-      if (opt.perplexity) {
-        cache::FakeQuantOptions fo;
-        fo.quantize_v = true;
-        cache::FakeQuantKVCache kv(cfg.kv_shape(ctx), ref_codecs, fo);
-        model.forward(win, 0, kv, logits.data(), true);
-        std::copy(logits.begin() + first * V, logits.begin() + (ctx - 1) * V, ref_rows.begin());
-        prog.update(++done);
-      }
-      {
+      std::optional<WindowReference> cached;
+      if (rcache) cached = rcache->load(c, opt.perplexity);
+      if (cached) {
+        // The reference passes of this window from the cache: the fp16-cache logits, the fp32 pass's
+        // perplexity terms and its activations replayed into the MAE/KL hooks.
+        if (opt.perplexity) {
+          ref_rows = cached->ref_logits;
+          for (int64_t i = first; i < ctx - 1; ++i)
+            ref_nll += token_nll(&ref_rows[(i - first) * V], static_cast<int>(V), target[i]);
+        }
+        for (int l = 0; l < L; ++l) {
+          const WindowReference::Layer& r = cached->layers[l];
+          LayerActivations a;
+          a.layer = l;
+          a.n = ctx;
+          a.pos = cached->pos.data();
+          a.n_heads = cfg.n_heads;
+          a.n_kv_heads = cfg.n_kv_heads;
+          a.head_dim = cfg.head_dim;
+          a.q_post = r.q_post.data();
+          a.k_pre = r.k_pre.data();
+          a.k_post = r.k_post.data();
+          a.v = r.v.data();
+          hooks.on_layer(a);
+        }
+        fp_nll += cached->fp_nll;
+        if (opt.perplexity)
+          for (const TokenComparison& t : cached->fp_vs_ref) fp_vs_ref.add(t);
+        scored += per_window;
+        first_window = false;
+        done += opt.perplexity ? 2 : 1;
+        prog.update(done);
+      } else {
+        WindowReference rec;
+        if (rcache) {
+          rec.perplexity = opt.perplexity;
+          rec.layers.resize(L);
+          record = &rec;
+        }
+        if (opt.perplexity) {
+          cache::FakeQuantOptions fo;
+          fo.quantize_v = true;
+          cache::FakeQuantKVCache kv(cfg.kv_shape(ctx), ref_codecs, fo);
+          model.forward(win, 0, kv, logits.data(), true);
+          std::copy(logits.begin() + first * V, logits.begin() + (ctx - 1) * V, ref_rows.begin());
+          for (int64_t i = first; i < ctx - 1; ++i) ref_nll += token_nll(&logits[i * V], static_cast<int>(V), target[i]);
+          prog.update(++done);
+        }
         DenseKVCache kv = model.make_dense_cache(ctx);
         model.forward(win, 0, kv, logits.data(), true, &hooks);
+        record = nullptr;
+        double window_nll = 0.0;
         for (int64_t i = first; i < ctx - 1; ++i) {
-          fp_nll += token_nll(&logits[i * V], static_cast<int>(V), target[i]);
-          if (opt.perplexity)
-            fp_vs_ref.add(compare_next_token(&ref_rows[(i - first) * V], &logits[i * V], static_cast<int>(V), target[i]));
+          window_nll += token_nll(&logits[i * V], static_cast<int>(V), target[i]);
+          if (opt.perplexity) {
+            const TokenComparison t =
+                compare_next_token(&ref_rows[(i - first) * V], &logits[i * V], static_cast<int>(V), target[i]);
+            fp_vs_ref.add(t);
+            rec.fp_vs_ref.push_back(t);
+          }
         }
+        fp_nll += window_nll;
         scored += per_window;
         first_window = false;
         prog.update(++done);
+        if (rcache) {
+          rec.fp_nll = window_nll;
+          if (opt.perplexity) rec.ref_logits = ref_rows;
+          rcache->save(c, rec);
+        }
       }
       if (!opt.perplexity) continue;
       for (size_t p = 0; p < P; ++p)
         for (size_t s = 0; s < codecs[p].size(); ++s)
-          for (int mode = 0; mode < n_modes; ++mode) {
+          for (int mode : modes) {
             cache::FakeQuantOptions fo;
             fo.quantize_v = mode == 1;
             cache::FakeQuantKVCache kv(cfg.kv_shape(ctx), codecs[p][s], fo);
@@ -228,7 +305,7 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
   if (opt.perplexity)
     for (size_t p = 0; p < P; ++p)
       for (size_t s = 0; s < codecs[p].size(); ++s)
-        for (int mode = 0; mode < n_modes; ++mode) {
+        for (int mode : modes) {
           const double ppl = std::exp(nll[p][s][mode] / static_cast<double>(scored));
           (mode == 0 ? ppl_k : ppl_kv)[p].push_back(ppl);
           next_tok[p][mode].push_back(nts[p][s][mode].summary());
@@ -255,6 +332,10 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
   rep["fp"] = {{"name", "fp32 cache"}, {"ppl", fp_ppl}, {"bits", {{"k", 32.0}, {"v", 32.0}}}};
   if (opt.perplexity) {
     rep["fp"]["next_token"] = fp_vs_ref.summary().to_json();
+    // The reference itself: the fp16 cache (K and V rounded to fp16), the panel's "fp16" row.
+    rep["fp16_cache"] = {{"name", "fp16 cache"},
+                         {"ppl", std::exp(ref_nll / static_cast<double>(scored))},
+                         {"bits", {{"k", 16.0}, {"v", 16.0}}}};
     rep["next_token_definition"] =
         "per scored token (the perplexity positions), against the fp16-cache model (K and V rounded to fp16, as "
         "llama.cpp's f16 cache): KLD = KL(p_fp16 || p_plan) in nats over the vocabulary, top1 = argmax agrees, "
@@ -366,14 +447,15 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
       e["stored"]["first_window"] = m;
     }
     if (opt.perplexity) {
-      e["ppl_k"] = stat_json(expand(ppl_k[p]));
+      if (opt.perplexity_k) e["ppl_k"] = stat_json(expand(ppl_k[p]));
       if (opt.perplexity_kv) e["ppl_kv"] = stat_json(expand(ppl_kv[p]));
       auto expand_nt = [&](const std::vector<NextTokenSummary>& v) {
         std::vector<NextTokenSummary> out;
         for (int s = 0; s < S; ++s) out.push_back(v[det[p] ? 0 : s]);
         return out;
       };
-      e["next_token"] = {{"k", next_token_json(expand_nt(next_tok[p][0]))}};
+      e["next_token"] = json::object();
+      if (opt.perplexity_k) e["next_token"]["k"] = next_token_json(expand_nt(next_tok[p][0]));
       if (opt.perplexity_kv) e["next_token"]["kv"] = next_token_json(expand_nt(next_tok[p][1]));
     }
     jp.push_back(e);
@@ -418,18 +500,19 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
       if (opt.perplexity) {
         std::vector<double> dk(S), dkv(S);
         for (int s = 0; s < S; ++s) {
-          dk[s] = ppl_k[a][det[a] ? 0 : s] - ppl_k[b][det[b] ? 0 : s];
+          if (opt.perplexity_k) dk[s] = ppl_k[a][det[a] ? 0 : s] - ppl_k[b][det[b] ? 0 : s];
           if (opt.perplexity_kv) dkv[s] = ppl_kv[a][det[a] ? 0 : s] - ppl_kv[b][det[b] ? 0 : s];
         }
-        c["ppl_k_diff"] = stat_json(dk);
+        if (opt.perplexity_k) c["ppl_k_diff"] = stat_json(dk);
         if (opt.perplexity_kv) c["ppl_kv_diff"] = stat_json(dkv);
         std::vector<double> kk(S), kkv(S);
         for (int s = 0; s < S; ++s) {
-          kk[s] = next_tok[a][0][det[a] ? 0 : s].kld_mean - next_tok[b][0][det[b] ? 0 : s].kld_mean;
+          if (opt.perplexity_k)
+            kk[s] = next_tok[a][0][det[a] ? 0 : s].kld_mean - next_tok[b][0][det[b] ? 0 : s].kld_mean;
           if (opt.perplexity_kv)
             kkv[s] = next_tok[a][1][det[a] ? 0 : s].kld_mean - next_tok[b][1][det[b] ? 0 : s].kld_mean;
         }
-        c["kld_k_diff"] = stat_json(kk);
+        if (opt.perplexity_k) c["kld_k_diff"] = stat_json(kk);
         if (opt.perplexity_kv) c["kld_kv_diff"] = stat_json(kkv);
       }
       cmp.push_back(c);
@@ -441,7 +524,7 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
 
 std::string format_eval_report(const json& r) {
   std::string out;
-  const bool ppl = !r["plans"].empty() && r["plans"][0].contains("ppl_k");
+  const bool ppl = !r["plans"].empty() && (r["plans"][0].contains("ppl_k") || r["plans"][0].contains("ppl_kv"));
   out += fmt::format("ratekv eval: {} tokens, {} windows of {} (perplexity: {} scored tokens, llama.cpp convention), "
                      "{} run seed(s), MAE/KL query stride {}\n",
                      r["n_tokens"].get<int64_t>(), r["n_chunks"].get<int64_t>(), r["ctx"].get<int64_t>(),
@@ -477,7 +560,7 @@ std::string format_eval_report(const json& r) {
                        p.contains("stored") ? fmt::format("{:g}", p["stored"]["bytes_per_token"].get<double>()) : "-",
                        fmt::format("{:.4f} ± {:.4f}", p["mae"]["mean"].get<double>(), p["mae"]["mean_sd"].get<double>()),
                        fmt::format("{:.5f} ± {:.5f}", p["kl"]["mean"].get<double>(), p["kl"]["mean_sd"].get<double>()),
-                       ppl ? pm(p["ppl_k"]) : "-", p.contains("ppl_kv") ? pm(p["ppl_kv"]) : "-", nt_cells(kv));
+                       p.contains("ppl_k") ? pm(p["ppl_k"]) : "-", p.contains("ppl_kv") ? pm(p["ppl_kv"]) : "-", nt_cells(kv));
   }
   out += "\nStored bytes of the first window (planned by plan_stored_bytes_at vs measured):";
   for (const auto& p : r["plans"]) {

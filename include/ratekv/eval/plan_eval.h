@@ -20,6 +20,10 @@
 //  * per plan and run seed, perplexity (llama.cpp's convention, as
 //    ratekv/model/perplexity.h) and next-token KLD / top-1 / Δp against the
 //    fp16-cache reference, with a FakeQuantKVCache quantizing K only and K+V.
+// With a reference cache (EvalOptions::reference_cache, eval/reference_cache.h)
+// the fp16-reference logits, the fp32 pass's perplexity terms and its
+// activations of a window are read from disk when present (and written when
+// not), so another plan on the same windows costs only its own passes.
 // Run seeds 0..n_seeds−1: seed 0 is the plan as stored, seed r > 0 the plan
 // with every rotation seed re-mixed with r (cache/plan_codecs.h
 // reseeded_plan). Plans without rotations (fp16, kivi, q8_0, q4_0) are
@@ -51,7 +55,13 @@ struct EvalOptions {
   int n_seeds = 1;            ///< run seeds (≥ 1)
   int64_t query_stride = 1;   ///< MAE/KL over query rows i ≡ 0 mod stride (all causal keys)
   bool perplexity = true;     ///< run the quantized perplexity passes
+  bool perplexity_k = true;   ///< with perplexity: the K-only pass (off: no "ppl_k" / next_token "k" in the report)
   bool perplexity_kv = true;  ///< with perplexity: also the K+V pass (off: K-only, no "ppl_kv" in the report)
+  /// Directory of the reference cache (eval/reference_cache.h): windows found there skip the
+  /// fp16-reference and fp32 passes, windows not found are run and written. "" = no cache.
+  std::string reference_cache;
+  /// The cache's key (reference_key of the model file, tokens, ctx, BOS rule); required with a cache.
+  std::string reference_key;
   int32_t bos_id = -1;        ///< ≥ 0: first token of each window replaced (llama.cpp add_bos)
   double pair_tolerance = 0.02;  ///< plans whose stored K bits differ less (or with the same K budget) are compared
 };

@@ -1,0 +1,626 @@
+#!/usr/bin/env python3
+"""The quality panel of issue 22: ratekv's plans and the caches users run, per model, at equal
+stored bytes, as a grid of resumable cells (docs/quality_results.md).
+
+  tools/quality_panel.py run    --out DIR [--models qwen15,qwen05,smollm2] [--only REGEX] [--dry-run]
+  tools/quality_panel.py report --out DIR [--md F.md] [--json F.json] [--png F.png]
+  tools/quality_panel.py status --out DIR
+
+A cell is one unit of work with one output file under DIR/<model>/: a calibration, a plan, an
+evaluation of one plan (`ratekv eval`, every seed), one llama.cpp run (`llama-perplexity` with its
+own -ctk/-ctv cache types). Each output records the parameters it was made with ("params"); `run`
+skips a cell whose output exists with the same parameters (a plan that changed re-runs its
+evaluation: the plan file's sha256 is a parameter), so an interrupted or extended grid resumes.
+Evaluations share one reference cache per model (`ratekv eval --reference-cache`: the fp16-cache
+logits and fp32 activations of each window, computed once).
+
+Environment: RATEKV_BIN (ratekv binary, default build/bin/ratekv), RATEKV_ASSETS (default
+~/.cache/ratekv/assets), RATEKV_LLAMA_BIN (llama.cpp binaries, default ~/.cache/ratekv/llama-build/bin),
+RATEKV_NICE (default 10), RATEKV_PANEL_THREADS (llama.cpp threads, default 2).
+Stdlib only for `run`/`status`; `report --png` needs matplotlib.
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+ASSETS = os.environ.get("RATEKV_ASSETS", os.path.expanduser("~/.cache/ratekv/assets"))
+RATEKV = os.environ.get("RATEKV_BIN", os.path.join(REPO, "build", "bin", "ratekv"))
+LLAMA = os.environ.get("RATEKV_LLAMA_BIN", os.path.expanduser("~/.cache/ratekv/llama-build/bin"))
+NICE = os.environ.get("RATEKV_NICE", "10")
+THREADS = os.environ.get("RATEKV_PANEL_THREADS", "2")
+
+# name -> (GGUF file, head_dim, uses BOS)
+MODELS = {
+    "smollm2": ("SmolLM2-135M-Instruct.Q4_1.gguf", 64),
+    "qwen05": ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 64),
+    "qwen15": ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 128),
+    "gemma3": ("gemma-3-270m-q4_k_m.gguf", 256),
+}
+CALIB_TOKENS = 4096   # calibration statistics (energies, key means, curves)
+SENS_SEQS = 4         # gradient sensitivity: sequences of 512 tokens
+EVAL_TOKENS = 4096    # 8 windows of 512
+CTX = 512
+SEEDS = 3
+
+# Per-model protocol. Qwen2.5-Coder-1.5B (fp32 weights, 7 GB) runs one 512-token forward in minutes on the
+# shared 2-core machine, so its grid is cut: calibration on 1024 tokens without the gradient sensitivity
+# and RateQuant curves (no RateQuant rows), one rotation seed per perplexity cell, and the per-layer
+# attention MAE of every TQ plan at 3 seeds from one `eval --no-ppl` cell (it replays the reference
+# cache's activations: no forward pass). Every row states its seeds and windows.
+PROTOCOL = {
+    "smollm2": {"calib_tokens": CALIB_TOKENS, "sens_seqs": SENS_SEQS, "curves": "tq-mse,block-gtq,kivi",
+                "ppl_seeds": SEEDS, "ratequant": True},
+    "qwen05": {"calib_tokens": CALIB_TOKENS, "sens_seqs": SENS_SEQS, "curves": "tq-mse,block-gtq,kivi",
+               "ppl_seeds": SEEDS, "ratequant": True},
+    "qwen15": {"calib_tokens": 1024, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
+               "llama": False, "tasq": False,
+               # rows re-run at SEEDS seeds once every 1-seed row is done (eval3/<row>.json replaces eval/<row>.json)
+               "seeds3": ["gtq+off-K3V3", "gtq+off-K4V4", "gtq+off-K2V2", "uniform-K3V3", "gtq-K3V3"],
+               # per-layer MAE cell: these plans only (18 plans x 3 seeds of d=128 attention is slow here)
+               "mae_plans": ["uniform-K2V2", "gtq-K2V2", "uniform+off-K2V2", "gtq+off-K2V2",
+                             "uniform-K3V3", "gtq-K3V3", "uniform+off-K3V3", "gtq+off-K3V3", "uniform+nc-K3V3",
+                             "gtq+offonly-K3V3", "gtq+off+sink1-K3V3", "uniform-K4V4", "gtq+off-K4V4"],
+               "skip_eval": ["gtq-K4V4"],
+               # keys vs values: K-only perplexity (V fp32) of these rows (evalk/<row>.json)
+               "k_only": ["gtq+off-K3V3", "uniform-K3V3"]},  # Block-GTQ at K4V4 allocates 4 bits to every block: uniform-K4V4
+    "gemma3": {"calib_tokens": CALIB_TOKENS, "sens_seqs": SENS_SEQS, "curves": "tq-mse,block-gtq,kivi",
+               "ppl_seeds": SEEDS, "ratequant": True},
+}
+MAE_SEEDS = 3
+MAE_QUERY_STRIDE = 4
+# llama.cpp's own caches on Qwen2.5-Coder-1.5B, eval.txt, 8 windows of 512, -fa on, as issue 22 states them
+# (llama-perplexity --kl-divergence; not re-run here: the panel's CPU time went to ratekv's rows).
+ISSUE_LLAMA = {
+    "qwen15": [("llama.cpp f16 (issue 22)", 16.0, 8.09, 0.0, 1.0),
+               ("llama.cpp q8_0 (issue 22)", 8.5, 8.11, 0.0032, 0.972),
+               ("llama.cpp q4_0 (issue 22)", 4.5, 2080.0, 5.79, 0.054),
+               ("llama.cpp q4_0 no rotation (issue 22)", 4.5, 625.0, None, None)],
+}
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def atomic_json(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# The grid
+# --------------------------------------------------------------------------------------------
+
+def plan_rows(model, d):
+    """(row name, `ratekv plan` arguments after --stats, modes) of the plans of one model.
+    modes: "kv" (K+V perplexity) or "k" (K only). Budgets: K b V b code bits; Block-GTQ's tile-priced
+    allocator stores at most uniform TQ-MSE's bytes at the same code budget (the report states both)."""
+    rows = []
+    rq = PROTOCOL[model]["ratequant"]
+    for b in (2, 3, 4):
+        code = ["--budget-unit", "code"]
+        tag = f"K{b}V{b}"
+        rows.append((f"uniform-{tag}", ["--method", "uniform", "--kbits", str(b), "--vbits", str(b)] + code, "kv"))
+        rows.append((f"gtq-{tag}", ["--method", "block-gtq", "--kbits", str(b), "--vbits", str(b)] + code, "kv"))
+        if rq:
+            rows.append((f"ratequant-{b}", ["--method", "ratequant", "--bits", str(b)] + code, "kv"))
+            rows.append((f"ratequant+gtq-{b}", ["--method", "ratequant+block-gtq", "--bits", str(b)] + code, "kv"))
+        # The study's plans (docs/quality_results.md): pre-RoPE key offset (calibrated key mean) and norm
+        # correction, on uniform TQ-MSE and on Block-GTQ (allocated on the centered energies).
+        rows.append((f"uniform+off-{tag}", ["--method", "uniform", "--kbits", str(b), "--vbits", str(b),
+                                            "--key-offset", "mean", "--norm-correction"] + code, "kv"))
+        rows.append((f"gtq+off-{tag}", ["--method", "block-gtq", "--kbits", str(b), "--vbits", str(b),
+                                        "--key-offset", "mean", "--norm-correction"] + code, "kv"))
+        # Ablations (the MAE cell only): each half of the "+off" plans alone.
+        rows.append((f"uniform+nc-{tag}", ["--method", "uniform", "--kbits", str(b), "--vbits", str(b),
+                                           "--norm-correction"] + code, "mae"))
+        rows.append((f"gtq+offonly-{tag}", ["--method", "block-gtq", "--kbits", str(b), "--vbits", str(b),
+                                            "--key-offset", "mean"] + code, "mae"))
+        # Which tokens: the first token (the attention sink) kept in fp16, charged per sequence (not a target row).
+        rows.append((f"gtq+off+sink1-{tag}", ["--method", "block-gtq", "--kbits", str(b), "--vbits", str(b),
+                                              "--key-offset", "mean", "--norm-correction", "--sink-tokens", "1"]
+                     + code, "mae"))
+    if not rq:
+        return rows
+    # RateQuant over KIVI-int at RateQuant's convention: 2.5 code bits on average, and the better uniform split.
+    rows.append(("ratequant-kivi-2.5", ["--method", "ratequant", "--quantizer", "kivi", "--bits", "2.5",
+                                        "--budget-unit", "code"], "kv"))
+    rows.append(("uniform-kivi-2.5", ["--method", "uniform", "--quantizer", "kivi", "--bits", "2.5",
+                                      "--budget-unit", "code"], "kv"))
+    return rows
+
+
+# The fp16 row is the reference every eval report carries ("fp16_cache": K and V rounded to fp16), not a cell.
+BASELINES = [("q8_0", "kv"), ("q4_0", "kv"), ("kivi2", "kv"), ("kivi4", "kv")]
+LLAMA_ROWS = [  # (row, cache type, rotation disabled)
+    ("llama.cpp f16", "f16", False),
+    ("llama.cpp q8_0", "q8_0", False),
+    ("llama.cpp q4_0", "q4_0", False),
+    ("llama.cpp q8_0 (no rotation)", "q8_0", True),
+    ("llama.cpp q4_0 (no rotation)", "q4_0", True),
+]
+# TaSQ / CQ keys (K-only rows, values fp16): g = 4 channels per group and 32 centroids = 1.25 index
+# bits per key element (+ TaSQ's shared fp16 scale), fitted on 8192 calibration tokens (>= 39 per
+# centroid), 3 k-means seeds.
+VQ_FIT = ["--group", "4", "--centroids", "32", "--tokens", "8192", "--ctx", "512", "--kmeans-seeds", "3",
+          "--vquantizer", "fp16", "--also", "cq"]
+
+
+# Evaluation order within a model (cheap prerequisites first, then the rows the targets need).
+ORDER = ["calibrate", "plan/", "eval/gtq+off-K3", "eval/gtq+off-K4", "eval/gtq+off-K2", "eval/uniform-K3",
+         "eval/gtq-K3", "mae/", "eval/q4_0", "eval/uniform-K4", "eval/uniform-K2", "eval/gtq-K2", "eval/q8_0",
+         "eval/kivi", "evalk/gtq+off-K3", "eval3/gtq+off-K3", "evalk/", "eval3/uniform-K3", "eval3/gtq-K3", "eval3/gtq+off-K4", "eval3/gtq+off-K2",
+         "eval/uniform+off", "eval/gtq-K4", "llama/f16", "llama/q4_0", "llama/", "eval/ratequant-kivi",
+         "eval/uniform-kivi", "eval/ratequant", "fit/", "eval/tasq", "eval/cq"]
+
+
+def priority(c):
+    rest = c["id"].split("/", 1)[1]
+    for i, prefix in enumerate(ORDER):
+        if rest.startswith(prefix):
+            return i
+    return len(ORDER)
+
+
+def cells(models):
+    grid = []
+    for m in models:
+        grid += sorted(model_cells(m), key=priority)
+    return grid
+
+
+def model_cells(m):
+    out = []
+    if True:
+        gguf, d = MODELS[m]
+        mpath = os.path.join(ASSETS, "models", gguf)
+        calib = os.path.join(ASSETS, "text", "calib.txt")
+        evalt = os.path.join(ASSETS, "text", "eval.txt")
+        stats = f"{m}/calib_stats.safetensors"
+        pr = PROTOCOL[m]
+        ccmd = [RATEKV, "calibrate", "-m", mpath, "-f", calib, "--tokens", str(pr["calib_tokens"]), "--ctx", str(CTX)]
+        if pr["sens_seqs"]:
+            ccmd += ["--sensitivity", "--sens-seqs", str(pr["sens_seqs"])]
+        if pr["curves"]:
+            ccmd += ["--curves", pr["curves"], "--curves-json", f"{m}/curves.json"]
+        out.append({"id": f"{m}/calibrate", "kind": "calibrate", "model": m, "out": stats,
+                    "cmd": ccmd + ["-o", stats, "--force"],
+                    "params": {"tokens": pr["calib_tokens"], "sens_seqs": pr["sens_seqs"], "ctx": CTX}})
+        evals = []
+        mae_plans = []
+        for name, args, mode in plan_rows(m, d):
+            plan = f"{m}/plans/{name}.json"
+            out.append({"id": f"{m}/plan/{name}", "kind": "plan", "model": m, "out": plan, "after": [stats],
+                        "cmd": [RATEKV, "plan", "--stats", stats, "-o", plan, "--force", "-q"] + args,
+                        "params": {"args": args}})
+            if "--quantizer" not in args and name in pr.get("mae_plans", [name]):
+                mae_plans.append(plan)
+            if mode != "mae" and name not in pr.get("skip_eval", []):
+                evals.append((name, ["--plan", plan], mode, plan))
+        # Per-layer attention-logit MAE / KL of every TQ plan at MAE_SEEDS seeds on the same windows, from the
+        # reference cache's fp32 activations (no perplexity pass); needs the cache written by a first eval.
+        mcell = f"{m}/mae/all.json"
+        out.append({"id": f"{m}/mae/all", "kind": "eval", "model": m, "row": "mae", "out": mcell, "plan": None,
+                    "plans": mae_plans, "after": mae_plans + [f"{m}/reference/window{EVAL_TOKENS // CTX - 1}.safetensors"],
+                    "cmd": [RATEKV, "eval", "-m", mpath, "-f", evalt, "--tokens", str(EVAL_TOKENS), "--ctx", str(CTX),
+                            "--seeds", str(MAE_SEEDS), "--query-stride", str(MAE_QUERY_STRIDE), "--no-ppl",
+                            "--reference-cache", f"{m}/reference", "--json", mcell + ".report", "--force"]
+                           + [x for p in mae_plans for x in ("--plan", p)],
+                    "params": {"tokens": EVAL_TOKENS, "ctx": CTX, "seeds": MAE_SEEDS, "mode": "mae",
+                               "query_stride": MAE_QUERY_STRIDE, "plans": mae_plans}})
+        for name, mode in BASELINES:
+            evals.append((name, ["--baseline", name], mode, None))
+        for name, mode, plan in vq_plans(m) if pr.get("tasq", True) else []:
+            evals.append((name, ["--plan", plan], mode, plan))
+        evals3 = [(n, a, mo, pl) for n, a, mo, pl in evals if n in pr.get("seeds3", [])]
+        evalsk = [(n, a, "k", pl) for n, a, mo, pl in evals if n in pr.get("k_only", [])]
+        for (name, args, mode, plan), edir in ([(e, "eval") for e in evals] + [(e, "eval3") for e in evals3]
+                                               + [(e, "evalk") for e in evalsk]):
+            cell = f"{m}/{edir}/{name}.json"
+            seeds = SEEDS if edir == "eval3" else pr["ppl_seeds"]
+            cmd = [RATEKV, "eval", "-m", mpath, "-f", evalt, "--tokens", str(EVAL_TOKENS), "--ctx", str(CTX),
+                   "--seeds", str(seeds), "--reference-cache", f"{m}/reference", "--json", cell + ".report",
+                   "--force"] + args + (["--no-ppl-k"] if mode == "kv" else ["--no-ppl-kv"])
+            out.append({"id": f"{m}/{edir}/{name}", "kind": "eval", "model": m, "row": name, "out": cell,
+                        "plan": plan, "cmd": cmd, "after": [plan] if plan else [],
+                        "params": {"tokens": EVAL_TOKENS, "ctx": CTX, "seeds": seeds, "mode": mode, "args": args}})
+        base = f"{m}/llama/f16.kld"
+        for row, t, norot in LLAMA_ROWS if pr.get("llama", True) else []:
+            cell = f"{m}/llama/{t}{'-norot' if norot else ''}.json"
+            cmd = [os.path.join(LLAMA, "llama-perplexity"), "-m", mpath, "-f", evalt, "-c", str(CTX), "--chunks",
+                   str(EVAL_TOKENS // CTX), "-b", str(CTX), "-t", THREADS, "-tb", THREADS, "-ctk", t, "-ctv", t,
+                   "-fa", "on"]
+            cmd += ["--kl-divergence-base", base] if t == "f16" else ["--kl-divergence-base", base, "--kl-divergence"]
+            out.append({"id": f"{m}/llama/{t}{'-norot' if norot else ''}", "kind": "llama", "model": m, "row": row,
+                        "out": cell, "cmd": cmd, "env": {"LLAMA_ATTN_ROT_DISABLE": "1"} if norot else {},
+                        "after": [] if t == "f16" else [f"{m}/llama/f16.json"],
+                        "params": {"type": t, "no_rotation": norot, "ctx": CTX, "chunks": EVAL_TOKENS // CTX}})
+        for name, args in [("tasq", VQ_FIT)] if pr.get("tasq", True) else []:
+            plan = f"{m}/plans/{name}.json"
+            out.append({"id": f"{m}/fit/{name}", "kind": "plan", "model": m, "out": f"{m}/plans/{name}.s0.json",
+                        "cmd": [RATEKV, "plan", "--method", "tasq", "-m", mpath, "-f", calib, "-o", plan, "--force",
+                                "--json"] + args, "params": {"args": args}})
+    return out
+
+
+def vq_plans(m):
+    """TaSQ / CQ K-only rows: the fit writes <plan>.s<k>.json per k-means seed and .cq variants."""
+    rows = []
+    for method in ("tasq", "cq"):
+        for k in range(3):
+            stem = f"{m}/plans/tasq" + ("" if method == "tasq" else ".cq")
+            rows.append((f"{method}-s{k}", "k", f"{stem}.s{k}.json"))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+def cell_done(c, root):
+    meta = os.path.join(root, c["out"] + ".params.json") if c["kind"] in ("calibrate", "plan") else None
+    if c["kind"] in ("calibrate", "plan"):
+        if not os.path.exists(os.path.join(root, c["out"])) or not os.path.exists(meta):
+            return False
+        with open(meta) as f:
+            return json.load(f).get("params") == c["params"]
+    path = os.path.join(root, c["out"])
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        doc = json.load(f)
+    return doc.get("params") == full_params(c, root)
+
+
+def full_params(c, root):
+    p = dict(c["params"])
+    if c.get("plan"):
+        p["plan_sha256"] = sha256_file(os.path.join(root, c["plan"]))
+    if c.get("plans"):
+        p["plans_sha256"] = [sha256_file(os.path.join(root, x)) for x in c["plans"]]
+    return p
+
+
+def parse_llama(log):
+    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
+    if not m:
+        return None
+    r = {"ppl": float(m.group(1)), "ppl_stderr": float(m.group(2))}
+    for key, pat in [("kld_mean", r"Mean\s+KLD:\s+([-0-9.e]+)\s+±\s+([-0-9.e]+)"),
+                     ("kld_median", r"Median\s+KLD:\s+([-0-9.e]+)"), ("kld_p99", r"99\.0%\s+KLD:\s+([-0-9.e]+)"),
+                     ("kld_max", r"Maximum\s+KLD:\s+([-0-9.e]+)"),
+                     ("top1", r"Same top p:\s+([0-9.]+)\s+±"), ("ppl_ratio", r"Mean\s+PPL\(Q\)/PPL\(base\)\s*:\s+([0-9.]+)")]:
+        mm = re.search(pat, log)
+        if mm:
+            r[key] = float(mm.group(1))
+    if "top1" in r:
+        r["top1"] /= 100.0
+    return r
+
+
+def run_cell(c, root, dry):
+    deps = [os.path.join(root, a) for a in c.get("after", [])]
+    missing = [a for a in deps if not os.path.exists(a)]
+    if missing:
+        print(f"[skip] {c['id']}: waits for {', '.join(os.path.relpath(a, root) for a in missing)}", flush=True)
+        return False
+    cmd = ["nice", "-n", NICE] + c["cmd"]
+    print(f"[run ] {c['id']}: {' '.join(c['cmd'])}", flush=True)
+    if dry:
+        return False
+    os.makedirs(os.path.dirname(os.path.join(root, c["out"])), exist_ok=True)
+    env = dict(os.environ, OMP_WAIT_POLICY="passive", **c.get("env", {}))
+    t0 = time.time()
+    res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, errors="replace")
+    secs = time.time() - t0
+    log = res.stdout + res.stderr
+    with open(os.path.join(root, c["out"] + ".log"), "w") as f:
+        f.write(log)
+    if res.returncode != 0:
+        print(f"[FAIL] {c['id']} ({secs:.0f} s, exit {res.returncode}):\n{log[-2000:]}", flush=True)
+        return False
+    if c["kind"] in ("calibrate", "plan"):
+        atomic_json(os.path.join(root, c["out"] + ".params.json"), {"params": c["params"], "seconds": secs})
+    elif c["kind"] == "eval":
+        rep_path = os.path.join(root, c["out"] + ".report")
+        with open(rep_path) as f:
+            rep = json.load(f)
+        atomic_json(os.path.join(root, c["out"]), {"params": full_params(c, root), "seconds": secs,
+                                                    "command": " ".join(c["cmd"]), "report": rep})
+        os.remove(rep_path)
+    elif c["kind"] == "llama":
+        r = parse_llama(log)
+        if r is None:
+            print(f"[FAIL] {c['id']}: no final estimate in the log", flush=True)
+            return False
+        atomic_json(os.path.join(root, c["out"]), {"params": c["params"], "seconds": secs, "row": c["row"],
+                                                    "command": " ".join(c["cmd"]), "env": c.get("env", {}),
+                                                    "result": r})
+    print(f"[done] {c['id']} ({secs:.0f} s)", flush=True)
+    return True
+
+
+def cmd_run(a):
+    root = os.path.abspath(a.out)
+    os.makedirs(root, exist_ok=True)
+    grid = cells(a.models.split(","))
+    only = re.compile(a.only) if a.only else None
+    # Passes repeat until nothing new can run (plans wait for their statistics, evals for plans).
+    while True:
+        progressed = False
+        for c in grid:
+            if only and not only.search(c["id"]):
+                continue
+            if cell_done(c, root):
+                continue
+            progressed = run_cell(c, root, a.dry_run) or progressed
+        if not progressed or a.dry_run:
+            break
+
+
+def cmd_status(a):
+    root = os.path.abspath(a.out)
+    for c in cells(a.models.split(",")):
+        print(f"{'done' if cell_done(c, root) else '----'}  {c['id']}")
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+def mean(v):
+    return sum(v) / len(v) if v else float("nan")
+
+
+def rows_of(root, m):
+    """The JSON rows of one model: ratekv cells and llama.cpp cells."""
+    rows = []
+    edir = os.path.join(root, m, "eval")
+    files = {}
+    for d in ("eval", "eval3"):  # eval3/<row>.json (more seeds) replaces eval/<row>.json
+        dd = os.path.join(root, m, d)
+        for fn in sorted(os.listdir(dd)) if os.path.isdir(dd) else []:
+            if fn.endswith(".json"):
+                files[fn] = os.path.join(dd, fn)
+    kdir = os.path.join(root, m, "evalk")
+    for fn in sorted(os.listdir(kdir)) if os.path.isdir(kdir) else []:
+        if fn.endswith(".json"):
+            files["k:" + fn] = os.path.join(kdir, fn)
+    for fn, path in sorted(files.items()):
+        with open(path) as f:
+            doc = json.load(f)
+        fn = fn[2:-5] + " (K only).json" if fn.startswith("k:") else fn
+        rep = doc["report"]
+        p = rep["plans"][0]
+        mode = doc["params"]["mode"]
+        ppl = p["ppl_kv"] if mode == "kv" else p["ppl_k"]
+        nt = p["next_token"]["kv" if mode == "kv" else "k"]
+        st = p["stored"]
+        rows.append({
+            "plan": fn[:-5], "method": p["method"], "mode": "K+V" if mode == "kv" else "K only (V fp32)",
+            "stored_bits_k": st["k_bits_per_element"], "stored_bits_v": st["v_bits_per_element"] if mode == "kv" else None,
+            "bytes_per_token": st["bytes_per_token"] if mode == "kv" else st["k_bytes_per_token"],
+            "fixed_bytes": st.get("fixed_bytes", 0),
+            "ppl": ppl["mean"], "ppl_sd": ppl["sd"], "ppl_per_seed": ppl["per_seed"],
+            "kld_mean": nt["kld_mean"]["mean"], "kld_p99": nt["kld_p99"]["mean"], "top1": nt["top1"]["mean"],
+            "kld_per_seed": nt["kld_mean"]["per_seed"],
+            "mae": p["mae"]["mean"], "mae_layers": p["mae"]["layers_mean"], "mae_per_seed": p["mae"]["per_seed"],
+            "seeds": 1 if p["deterministic"] else rep["seeds"], "mae_seeds": 1 if p["deterministic"] else rep["seeds"],
+            "windows": rep["n_chunks"],
+            "first_window_planned_bytes": st.get("first_window", {}).get("planned_bytes"),
+            "first_window_measured_bytes": st.get("first_window", {}).get("measured_bytes"),
+            "first_window_measured_by": st.get("first_window", {}).get("measured_by"),
+            "fp32_ppl": rep["fp"]["ppl"], "tokens": rep["n_tokens"], "scored_tokens": rep["ppl_scored_tokens"],
+            "seconds": doc["seconds"], "command": doc["command"],
+        })
+    # The fp16 row: the reference of every report (K and V rounded to fp16), the same windows.
+    fp16 = None
+    for fn in sorted(os.listdir(edir)) if os.path.isdir(edir) else []:
+        if fn.endswith(".json"):
+            with open(os.path.join(edir, fn)) as f:
+                rep = json.load(f)["report"]
+            if "fp16_cache" in rep:
+                fp16 = {"plan": "fp16", "method": "fp16 cache (the eval reference)", "mode": "K+V",
+                        "stored_bits_k": 16.0, "stored_bits_v": 16.0, "bytes_per_token": None,
+                        "ppl": rep["fp16_cache"]["ppl"], "ppl_sd": 0.0, "kld_mean": 0.0, "kld_p99": 0.0, "top1": 1.0,
+                        "mae": 0.0, "seeds": 1, "windows": rep["n_chunks"], "fp32_ppl": rep["fp"]["ppl"],
+                        "fp32_kld_mean": rep["fp"]["next_token"]["kld_mean"], "tokens": rep["n_tokens"],
+                        "scored_tokens": rep["ppl_scored_tokens"], "command": f"(reference of eval/{fn})"}
+                break
+    if fp16:
+        rows.insert(0, fp16)
+    # Per-layer MAE at MAE_SEEDS seeds (mae/all.json) replaces the perplexity cell's; plans without one get a row.
+    mpath = os.path.join(root, m, "mae", "all.json")
+    if os.path.exists(mpath):
+        with open(mpath) as f:
+            mdoc = json.load(f)
+        mrep = mdoc["report"]
+        for p in mrep["plans"]:
+            name = p["name"][:-5] if p["name"].endswith(".json") else p["name"]
+            r = next((r for r in rows if r["plan"] == name), None)
+            if r is None:
+                st = p["stored"]
+                r = {"plan": name, "method": p["method"], "mode": "MAE only (keys)", "ppl": None, "kld_mean": None,
+                     "top1": None, "seeds": 0, "stored_bits_k": st["k_bits_per_element"],
+                     "stored_bits_v": st["v_bits_per_element"], "windows": mrep["n_chunks"],
+                     "command": mdoc["command"]}
+                rows.append(r)
+            r["mae"] = p["mae"]["mean"]
+            r["mae_sd"] = p["mae"]["mean_sd"]
+            r["mae_layers"] = p["mae"]["layers_mean"]
+            r["mae_per_seed"] = p["mae"]["per_seed"]
+            r["attn_kl"] = p["kl"]["mean"]
+            r["mae_seeds"] = 1 if p["deterministic"] else mrep["seeds"]
+            r["mae_query_stride"] = mrep["query_stride"]
+            r["mae_command"] = mdoc["command"]
+    for name, bits, ppl, kld, top1 in ISSUE_LLAMA.get(m, []):
+        rows.append({"plan": name, "method": "llama.cpp (numbers from issue 22, not re-run)", "mode": "K+V (llama.cpp)",
+                     "stored_bits_k": bits, "stored_bits_v": bits, "ppl": ppl, "ppl_sd": 0.0, "kld_mean": kld,
+                     "top1": top1, "mae": None, "seeds": 1, "windows": 8,
+                     "command": "llama-perplexity -c 512 --chunks 8 -fa on -ctk T -ctv T (issue 22)"})
+    ldir = os.path.join(root, m, "llama")
+    for fn in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
+        if not fn.endswith(".json"):
+            continue
+        with open(os.path.join(ldir, fn)) as f:
+            doc = json.load(f)
+        r = doc["result"]
+        t = doc["params"]["type"]
+        bits = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}[t]
+        rows.append({"plan": doc["row"], "method": "llama.cpp " + t, "mode": "K+V (llama.cpp)",
+                     "stored_bits_k": bits, "stored_bits_v": bits, "ppl": r["ppl"], "ppl_sd": 0.0,
+                     "kld_mean": r.get("kld_mean", 0.0 if t == "f16" else None), "kld_p99": r.get("kld_p99"),
+                     "top1": r.get("top1", 1.0 if t == "f16" else None), "mae": None, "seeds": 1,
+                     "seconds": doc["seconds"], "command": doc["command"] + (
+                         " (LLAMA_ATTN_ROT_DISABLE=1)" if doc["params"]["no_rotation"] else "")})
+    return rows
+
+
+def mae_comparison(rows, a, b):
+    """Per-layer MAE of row a vs row b (mean over seeds): layers where a is lower, mean reduction."""
+    ra = next((r for r in rows if r["plan"] == a), None)
+    rb = next((r for r in rows if r["plan"] == b), None)
+    if not ra or not rb:
+        return None
+    if not ra.get("mae_layers") or not rb.get("mae_layers"):
+        return None
+    la, lb = ra["mae_layers"], rb["mae_layers"]
+    red = [1 - x / y for x, y in zip(la, lb) if y > 0]
+    return {"a": a, "b": b, "stored_bits_k_a": ra["stored_bits_k"], "stored_bits_k_b": rb["stored_bits_k"],
+            "layers_lower": sum(1 for x, y in zip(la, lb) if x < y), "n_layers": len(la),
+            "seeds": min(ra.get("mae_seeds", 1), rb.get("mae_seeds", 1)),
+            "mean_reduction": mean(red)}
+
+
+def fmt(x, digits=3):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def cmd_report(a):
+    root = os.path.abspath(a.out)
+    doc = {"format": "ratekv-quality-panel", "version": 1,
+           "settings": {"eval_text": "eval.txt", "calib_text": "calib.txt", "eval_tokens": EVAL_TOKENS, "ctx": CTX,
+                        "windows": EVAL_TOKENS // CTX, "scored_tokens": (EVAL_TOKENS // CTX) * (CTX - CTX // 2 - 1),
+                        "seeds": SEEDS, "calib_tokens": CALIB_TOKENS, "sensitivity_sequences": SENS_SEQS,
+                        "mode": "evaluation mode (every cached K/V quantized before attention, no fp16 window/sink)"},
+           "models": {}}
+    md = []
+    for m in a.models.split(","):
+        rows = rows_of(root, m)
+        if not rows:
+            continue
+        fp16 = next((r for r in rows if r["plan"] == "fp16"), None)
+        for r in rows:
+            r["ppl_rel"] = (r["ppl"] / fp16["ppl"] - 1) if fp16 and r["ppl"] and "issue 22" not in r["plan"] else None
+        cmps = []
+        for b in (2, 3, 4):
+            for x, y in [(f"gtq-K{b}V{b}", f"uniform-K{b}V{b}"), (f"gtq+off-K{b}V{b}", f"uniform+off-K{b}V{b}"),
+                         (f"gtq+off-K{b}V{b}", f"uniform-K{b}V{b}"), (f"uniform+off-K{b}V{b}", f"uniform-K{b}V{b}"),
+                         (f"gtq+offonly-K{b}V{b}", f"gtq-K{b}V{b}"), (f"uniform+nc-K{b}V{b}", f"uniform-K{b}V{b}")]:
+                c = mae_comparison(rows, x, y)
+                if c:
+                    cmps.append(c)
+        doc["models"][m] = {"file": MODELS[m][0], "head_dim": MODELS[m][1], "rows": rows, "mae_comparisons": cmps}
+        md.append(f"## {MODELS[m][0]} (head_dim {MODELS[m][1]})\n")
+        if fp16:
+            md.append(f"fp16 cache PPL {fp16['ppl']:.4f}, fp32 cache {fp16['fp32_ppl']:.4f}; "
+                      f"{fp16['tokens']} tokens = {fp16['tokens'] // CTX} windows of {CTX}, "
+                      f"{fp16['scored_tokens']} scored.\n")
+        md.append("| plan | mode | K bits | V bits | PPL | ΔPPL vs fp16 | KLD mean | KLD p99 | top-1 % | MAE | "
+                  "seeds (PPL / MAE) | windows |")
+        md.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        def key(r):
+            return (r["mode"].startswith("K only") or r["mode"].startswith("MAE"),
+                    (r["stored_bits_k"] or 0) + (r["stored_bits_v"] or 0), r["plan"])
+        for r in sorted(rows, key=key):
+            ppl = fmt(r["ppl"], 3) + (f" ± {r['ppl_sd']:.3f}" if r.get("ppl_sd") else "")
+            if r["ppl"] is None:
+                ppl = "–"
+            md.append(f"| {r['plan']} | {r['mode']} | {fmt(r['stored_bits_k'], 4)} | {fmt(r['stored_bits_v'], 4)} | "
+                      f"{ppl} | {fmt(100 * r['ppl_rel'], 1) + ' %' if r.get('ppl_rel') is not None else '–'} | "
+                      f"{fmt(r['kld_mean'], 4)} | {fmt(r.get('kld_p99'), 3)} | "
+                      f"{fmt(100 * r['top1'], 1) if r.get('top1') is not None else '–'} | {fmt(r.get('mae'), 3)} | "
+                      f"{r['seeds']} / {r.get('mae_seeds', '–')} | {r.get('windows', '–')} |")
+        md.append("")
+        for c in cmps:
+            md.append(f"- {c['a']} vs {c['b']} (stored K {c['stored_bits_k_a']:.4f} vs {c['stored_bits_k_b']:.4f} "
+                      f"bits): lower per-layer MAE in {c['layers_lower']}/{c['n_layers']} layers, mean reduction "
+                      f"{100 * c['mean_reduction']:.1f} %")
+        md.append("")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    text = "\n".join(md) + "\n"
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    if a.png:
+        plot(doc, a.png)
+
+
+def plot(doc, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = list(doc["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        rows = [r for r in doc["models"][m]["rows"] if r["mode"].startswith("K+V") and r["ppl"]]
+        fp16 = next((r for r in rows if r["plan"] == "fp16"), None)
+        fams = {}
+        for r in rows:
+            fam = re.sub(r"-(K\d+V\d+|\d+(\.\d+)?)$", "", r["plan"])
+            fams.setdefault(fam, []).append(r)
+        for fam, rs in sorted(fams.items()):
+            rs = sorted(rs, key=lambda r: r["stored_bits_k"] + r["stored_bits_v"])
+            xs = [(r["stored_bits_k"] + r["stored_bits_v"]) / 2 for r in rs]
+            ys = [100 * (r["ppl"] / fp16["ppl"] - 1) if fp16 else r["ppl"] for r in rs]
+            ax.plot(xs, ys, "o-" if len(rs) > 1 else "s", label=fam)
+        ax.set_xlabel("stored bits per element (mean of K and V)")
+        ax.set_ylabel("PPL above the fp16 cache (%)")
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_title(f"{doc['models'][m]['file']} (d={doc['models'][m]['head_dim']})", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "status", "report"):
+        s = sub.add_parser(name)
+        s.add_argument("--out", required=True)
+        s.add_argument("--models", default="qwen15,qwen05,smollm2")
+        if name == "run":
+            s.add_argument("--only", help="regex on cell ids")
+            s.add_argument("--dry-run", action="store_true")
+        if name == "report":
+            s.add_argument("--md")
+            s.add_argument("--json")
+            s.add_argument("--png")
+    a = ap.parse_args()
+    {"run": cmd_run, "status": cmd_status, "report": cmd_report}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
