@@ -49,6 +49,7 @@ struct BenchArgs {
   uint64_t seed = 1;
   bool profile = false, force = false;
   int fp16_kernel = 0;
+  int64_t chunk = 0;  // cuda: chunked prefill in chunks of this many tokens (0: one piece)
 };
 
 struct Stat {
@@ -234,8 +235,15 @@ void run_cuda(const BenchArgs& a, const ModelConfig& cfg, const Model* model, bo
   int64_t max_prefill = max_p;
   for (int64_t d : a.d)
     if (real_prefill(d)) max_prefill = std::max(max_prefill, d);
+  if (a.chunk > 0) max_prefill = a.chunk;  // activations for one chunk, whatever the prompt
   const engine::PrefillMode mode =
       a.mode == "evaluation" ? engine::PrefillMode::evaluation : engine::PrefillMode::serving;
+  auto do_prefill = [&](engine::Engine& e, int seq, std::span<const int32_t> toks) {
+    if (a.chunk > 0)
+      e.prefill_chunked(seq, toks, a.chunk, mode, {});
+    else
+      e.prefill(seq, toks, mode, {});
+  };
   for (const CacheSpec& s : specs) {
     const engine::CacheFormat fmt =
         s.fp16 ? engine::CacheFormat::fp16(cfg)
@@ -265,19 +273,26 @@ void run_cuda(const BenchArgs& a, const ModelConfig& cfg, const Model* model, bo
       r["B"] = 1;
       r["depth"] = 0;
       r["prefill_mode"] = engine::prefill_mode_name(mode);
-      std::vector<double> tps;
+      r["chunk"] = a.chunk;
+      std::vector<double> tps, ttft;
       for (int rep = 0; rep <= a.reps; ++rep) {  // rep 0: warm-up
         const int seq = eng->add_sequence(p);
         const auto toks = random_tokens(p, V, a.seed + rep);
         const auto t0 = clk::now();
-        eng->prefill(seq, toks, mode, {});
+        std::vector<float> last(V);  // the first token's logits: time to first token
+        if (a.chunk > 0)
+          eng->prefill_chunked(seq, toks, a.chunk, mode, last);
+        else
+          eng->prefill(seq, toks, mode, last);
         const double sec = std::chrono::duration<double>(clk::now() - t0).count();
-        if (rep > 0) tps.push_back(p / sec);
+        if (rep > 0) tps.push_back(p / sec), ttft.push_back(sec * 1e3);
         eng->remove_sequence(seq);
       }
       const Stat st = stat(tps);
       r["prefill_tok_s"] = st.mean;
       r["prefill_tok_s_sd"] = st.sd;
+      r["ttft_ms"] = stat(ttft).mean;
+      r["ttft_ms_sd"] = stat(ttft).sd;
       rows.push_back(r);
     }
     for (int B : a.b)
@@ -305,7 +320,7 @@ void run_cuda(const BenchArgs& a, const ModelConfig& cfg, const Model* model, bo
           }
           for (int b = 0; b < B; ++b) {
             if (real)
-              eng->prefill(seqs[b], random_tokens(d0, V, a.seed + 31 * b), mode, {});
+              do_prefill(*eng, seqs[b], random_tokens(d0, V, a.seed + 31 * b));
             else
               eng->fill_synthetic(seqs[b], d0, a.seed + 31 * b);
           }
@@ -435,6 +450,9 @@ void run(const BenchArgs& a, const std::string& command_line) {
   std::vector<json> rows;
   json meta;
   meta["command"] = command_line;
+  check(args.chunk == 0 || (args.chunk >= 64 && args.chunk % 64 == 0),
+        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", args.chunk);
+  check(args.chunk == 0 || args.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
   if (args.device == "cpu") {
     check(args.fill != "synthetic", "--fill synthetic: the CPU runtime has no synthetic fill (use prefill)");
     if (!a.synthetic.empty()) {
@@ -520,6 +538,10 @@ Registrar reg("bench", [](CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "seed of synthetic weights, prompts, fills and plan rotations")
       ->capture_default_str();
+  cmd->add_option("--chunk", a->chunk,
+                  "cuda: chunked prefill in chunks of N tokens (a multiple of 64; 0 = one piece): activations for N "
+                  "tokens whatever the prompt; pp rows report ttft_ms")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--profile", a->profile, "cuda: time each part of a decode step (GEMMs, attention, append, rest)");
   cmd->add_option("--fp16-kernel", a->fp16_kernel, "cuda fp16 decode kernel: 0 automatic, 1 rows16, 2 n8")
       ->capture_default_str()

@@ -29,6 +29,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   int top_k = 40;
   bool chat = false;
+  int64_t chunk = 0;  // cuda: chunked prefill (0: one piece)
 };
 
 // Wraps the prompt in the model's ChatML template (the only one supported):
@@ -74,7 +75,7 @@ void run_cuda(const GenerateArgs& a, LoadedModel& lm, const std::vector<int32_t>
   const int V = cfg.n_vocab;
   const int64_t n_ctx = static_cast<int64_t>(prompt.size()) + a.n_predict;
   engine::EngineOptions o;
-  o.max_prefill_tokens = static_cast<int64_t>(prompt.size());
+  o.max_prefill_tokens = a.chunk > 0 ? a.chunk : static_cast<int64_t>(prompt.size());
   o.pool_bytes = fmt.page_bytes_all_layers() * static_cast<size_t>((n_ctx + 63) / 64 + 1);
   o.prefill_score_bytes = size_t{256} << 20;
   auto eng = engine::Engine::create(cfg, lm.model->weights(), fmt, o);
@@ -88,7 +89,10 @@ void run_cuda(const GenerateArgs& a, LoadedModel& lm, const std::vector<int32_t>
   const int seq = eng->add_sequence(std::max<int64_t>(n_ctx, 1));
   using clk = std::chrono::steady_clock;
   const auto t0 = clk::now();
-  eng->prefill(seq, prompt, mode, logits);
+  if (a.chunk > 0)
+    eng->prefill_chunked(seq, prompt, a.chunk, mode, logits);
+  else
+    eng->prefill(seq, prompt, mode, logits);
   const double t_prefill = std::chrono::duration<double>(clk::now() - t0).count();
   if (!a.chat) {
     std::fputs(a.prompt.c_str(), stdout);
@@ -127,6 +131,9 @@ void run_cuda(const GenerateArgs& a, LoadedModel& lm, const std::vector<int32_t>
 void run(const GenerateArgs& a) {
   check(a.n_predict >= 0, "-n: {} must be >= 0", a.n_predict);
   check(std::isfinite(a.temp) && a.temp >= 0, "--temp: {} must be a finite value >= 0", a.temp);
+  check(a.chunk == 0 || (a.chunk >= 64 && a.chunk % 64 == 0),
+        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", a.chunk);
+  check(a.chunk == 0 || a.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
   require_engine(a.device);
   // Prompt, context and cache are settled from the model's header: an option
   // error (--chat template, -p/-n past the context, --cache/--plan/-ctk/-ctv,
@@ -224,6 +231,9 @@ Registrar reg("generate", [](CLI::App& app) {
                   "(it attends to its quantized K/V; docs/design.md §9.2). The CPU always runs evaluation mode")
       ->capture_default_str()
       ->check(CLI::IsMember({"evaluation", "serving"}));
+  cmd->add_option("--chunk", args->chunk,
+                  "--device cuda: prefill the prompt in chunks of N tokens (a multiple of 64; 0 = one piece)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([args] { run(*args); });
 });
 

@@ -30,11 +30,15 @@ struct PerplexityArgs {
   std::string model, text, output, cache = "fp32", plan, ctk, ctv, device = "cpu", mode = "evaluation";
   int64_t n_ctx = 512;
   int64_t chunks = -1;
+  int64_t chunk = 0;  // cuda: chunked prefill of each window (0: one piece)
   bool json = false, force = false;
 };
 
 void run(const PerplexityArgs& a) {
   check(a.n_ctx >= 4, "-c: context {} is too small (need >= 4)", a.n_ctx);
+  check(a.chunk == 0 || (a.chunk >= 64 && a.chunk % 64 == 0),
+        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", a.chunk);
+  check(a.chunk == 0 || a.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
   if (!a.output.empty()) check_output_path(a.output, a.force, "--output");  // before the run, not after
   const std::string text = read_text_file(a.text, "-f");
   warn_if_not_utf8(text, "-f", a.text);
@@ -86,14 +90,15 @@ void run(const PerplexityArgs& a) {
   if (a.device == "cuda") {
 #ifdef RATEKV_HAVE_ENGINE
     engine::EngineOptions o;
-    o.max_prefill_tokens = n_ctx;
+    o.max_prefill_tokens = a.chunk > 0 ? std::min(a.chunk, n_ctx) : n_ctx;
     o.pool_bytes = gpu_fmt->page_bytes_all_layers() * static_cast<size_t>((n_ctx + 63) / 64 + 1);
     auto eng = engine::Engine::create(model.config(), model.weights(), *gpu_fmt, o);
     const engine::PrefillMode mode =
         a.mode == "serving" ? engine::PrefillMode::serving : engine::PrefillMode::evaluation;
     spdlog::info("GPU engine ({}): {} cache, {} mode; {}", engine::cuda_device_name(), gpu_fmt->label(),
                  engine::prefill_mode_name(mode), eng->memory().summary());
-    r = engine::gpu_perplexity(*eng, tokens, n_ctx, a.chunks, lm.add_bos, lm.tokenizer->bos_id(), mode, on_chunk);
+    r = engine::gpu_perplexity(*eng, tokens, n_ctx, a.chunks, lm.add_bos, lm.tokenizer->bos_id(), mode, on_chunk,
+                               a.chunk);
     cache_label = gpu_fmt->label();
     mode_name = engine::prefill_mode_name(mode);
     cache_tokens = n_ctx;
@@ -178,6 +183,9 @@ Registrar reg("perplexity", [](CLI::App& app) {
   add_plan_option(cmd, args->plan);
   add_cache_type_options(cmd, args->ctk, args->ctv);
   add_device_option(cmd, args->device);
+  cmd->add_option("--chunk", args->chunk,
+                  "--device cuda: prefill each window in chunks of N tokens (a multiple of 64; 0 = one piece)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--prefill-mode", args->mode,
                   "--device cuda: evaluation (every K/V quantized before attention reads it, as on the CPU) or "
                   "serving (each window attends to its own fp16 K/V); docs/design.md §9.2")

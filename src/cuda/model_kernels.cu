@@ -224,6 +224,91 @@ __global__ void fp16_write_kernel(uint16_t* __restrict__ pool, int Hkv, int hd, 
   }
 }
 
+// Grid (n_tokens); positions 0..n_tokens−1 of one sequence's fp16 pages.
+__global__ void fp16_read_kernel(const uint16_t* __restrict__ pool, int Hkv, int hd,
+                                 const int32_t* __restrict__ page_table, uint16_t* __restrict__ k16,
+                                 uint16_t* __restrict__ v16) {
+  const int i = blockIdx.x;
+  const size_t page = (size_t)page_table[i / packed::kPageTokens];
+  const size_t page_elems = (size_t)Hkv * 2 * packed::kPageTokens * hd;
+  const int slot = i % packed::kPageTokens, kvd = Hkv * hd;
+  for (int idx = threadIdx.x; idx < 2 * kvd; idx += blockDim.x) {
+    const int side = idx / kvd, r = idx % kvd, h = r / hd, c = r % hd;
+    const uint16_t val =
+        pool[page * page_elems + ((size_t)h * 2 + side) * packed::kPageTokens * hd + (size_t)slot * hd + c];
+    (side == 0 ? k16 : v16)[(size_t)i * kvd + r] = val;
+  }
+}
+
+// One block per (head, query row) of a key tile: the online-softmax update of
+// prefill_tile_softmax (model_kernels.h).
+__global__ void __launch_bounds__(256) tile_softmax_kernel(const float* __restrict__ S, int64_t stride, int rows,
+                                                           int cols, int q0, int t0, float scale, float* __restrict__ M,
+                                                           float* __restrict__ L, float* __restrict__ O, int64_t o_ld,
+                                                           int hd, int first, uint16_t* __restrict__ P) {
+  __shared__ float red[8];
+  __shared__ float bc;
+  const int row = blockIdx.x % rows, h = blockIdx.x / rows, H = gridDim.x / rows;
+  const float* s = S + h * stride + (size_t)row * cols;
+  uint16_t* p = P + h * stride + (size_t)row * cols;
+  // Keys at absolute positions t0 + j ≤ q0 + row are visible.
+  const int lim = max(0, min(cols, q0 + row - t0 + 1));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const size_t st = (size_t)row * H + h;
+  const float m_old = first ? -INFINITY : M[st];
+  float* o = O + (size_t)row * o_ld + (size_t)h * hd;
+  if (lim == 0) {  // the whole tile lies in this row's future
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) p[j] = 0;
+    if (first) {
+      for (int c = threadIdx.x; c < hd; c += blockDim.x) o[c] = 0.f;
+      if (threadIdx.x == 0) M[st] = -INFINITY, L[st] = 0.f;
+    }
+    return;
+  }
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float v = m_old;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v = fmaxf(v, red[w]);
+    bc = v;
+  }
+  __syncthreads();
+  const float m = bc;
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float e = j < lim ? expf(s[j] * scale - m) : 0.f;
+    const uint16_t b = f16_bits(e);
+    p[j] = b;
+    sum += __half2float(__ushort_as_half(b));  // the probabilities the P·V product uses
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __syncthreads();
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  const float alpha = m_old == -INFINITY ? 0.f : expf(m_old - m);
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) o[c] = alpha == 0.f ? 0.f : o[c] * alpha;
+  if (threadIdx.x == 0) {
+    float v = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v += red[w];
+    L[st] = (first ? 0.f : L[st] * alpha) + v;
+    M[st] = m;
+  }
+}
+
+__global__ void normalize_rows_kernel(float* __restrict__ O, int64_t o_ld, int H, int hd,
+                                      const float* __restrict__ L) {
+  const int row = blockIdx.x;
+  for (int i = threadIdx.x; i < H * hd; i += blockDim.x) {
+    const float l = L[(size_t)row * H + i / hd];
+    O[(size_t)row * o_ld + i] = l > 0.f ? O[(size_t)row * o_ld + i] / l : 0.f;
+  }
+}
+
 // Grid (n_tokens, Hkv, 2 sides), 128 threads: per group, the levels·norm of
 // the codes (y_j = n · c[idx_j]) then x̂[ch_i] = Σ_j Π[j][i] y_j.
 __global__ void __launch_bounds__(128) dequant_kernel(const detail::HeadTables* __restrict__ tables,
@@ -369,6 +454,29 @@ void fp16_write_tokens(uint16_t* pool, int n_kv_heads, int head_dim, const int32
   fp16_write_kernel<<<dim3(n_tokens, batch), 256, 0, (cudaStream_t)stream>>>(pool, n_kv_heads, head_dim, page_table,
                                                                             max_pages, start, k, v, n_tokens);
   check_launch("fp16_write_tokens");
+}
+void fp16_read_tokens(const uint16_t* pool, int n_kv_heads, int head_dim, const int32_t* page_table, int n_tokens,
+                      uint16_t* k16, uint16_t* v16, void* stream) {
+  require(pool && page_table && k16 && v16 && n_tokens > 0 && n_kv_heads > 0 && head_dim > 0,
+          "fp16_read_tokens: bad arguments");
+  fp16_read_kernel<<<n_tokens, 256, 0, (cudaStream_t)stream>>>(pool, n_kv_heads, head_dim, page_table, k16, v16);
+  check_launch("fp16_read_tokens");
+}
+void prefill_tile_softmax(const float* S, int n_heads, int64_t stride, int rows, int cols, int q0, int t0,
+                          float scale, float* m, float* l, float* o, int64_t o_ld, int head_dim, bool first,
+                          uint16_t* P, void* stream) {
+  require(S && m && l && o && P && n_heads > 0 && rows > 0 && cols > 0 && q0 >= 0 && t0 >= 0 && head_dim > 0 &&
+              stride >= (int64_t)rows * cols && o_ld >= (int64_t)n_heads * head_dim,
+          "prefill_tile_softmax: bad arguments");
+  tile_softmax_kernel<<<n_heads * rows, 256, 0, (cudaStream_t)stream>>>(S, stride, rows, cols, q0, t0, scale, m, l, o,
+                                                                       o_ld, head_dim, first ? 1 : 0, P);
+  check_launch("prefill_tile_softmax");
+}
+void normalize_rows(float* o, int64_t o_ld, int rows, int n_heads, int head_dim, const float* l, void* stream) {
+  require(o && l && rows > 0 && n_heads > 0 && head_dim > 0 && o_ld >= (int64_t)n_heads * head_dim,
+          "normalize_rows: bad arguments");
+  normalize_rows_kernel<<<rows, 256, 0, (cudaStream_t)stream>>>(o, o_ld, n_heads, head_dim, l);
+  check_launch("normalize_rows");
 }
 void packed_dequantize(const PackedPlan& plan, const uint8_t* pool, const int32_t* page_table, int n_tokens,
                        uint16_t* k16, uint16_t* v16, void* stream) {

@@ -40,6 +40,22 @@ inline int64_t logit_rows(const EngineOptions& o) {
   return o.max_logit_rows > 0 ? std::max(o.max_logit_rows, o.max_batch) : std::max(o.max_batch, 512);
 }
 
+/// Keys per tile of chunked prefill's attention (Engine::prefill_chunk): as
+/// many as the score buffer (fp32 scores + fp16 probabilities, 6 bytes per
+/// entry) holds for a whole max_prefill_tokens chunk of every query head,
+/// whole pages, at least one page.
+inline int64_t key_tile_tokens(const ModelConfig& c, const EngineOptions& o) {
+  const int64_t per_key = 6 * int64_t{c.n_heads} * o.max_prefill_tokens;
+  const int64_t t = static_cast<int64_t>(o.prefill_score_bytes) / per_key / 64 * 64;
+  return std::max<int64_t>(64, t);
+}
+/// Chunked prefill's scratch: a key tile of K and V (fp16) and the online
+/// softmax state (m, l fp32) of a chunk's rows.
+inline size_t chunk_scratch_bytes(const ModelConfig& c, const EngineOptions& o) {
+  const Dims m(c);
+  return static_cast<size_t>(4 * key_tile_tokens(c, o) * m.kvd + 8 * activation_rows(o) * m.H);
+}
+
 /// Bytes of one activation row (every per-token buffer: x, xn, qkv, q16,
 /// k32/v32, k16/v16, o32, att16, tmp, gate/up, SwiGLU out, token, position).
 inline size_t activation_row_bytes(const Dims& m) {

@@ -116,6 +116,9 @@ struct Engine::Impl {
   std::vector<int> uploaded_batch;
   // prefill
   DevMem p_pt, scores, probs;
+  // chunked prefill: a key tile (fp16 K, V) and the rows' softmax state
+  int64_t key_tile = 0;
+  DevMem tile_k, tile_v, m_stat, l_stat;
   // graphs
   std::map<std::tuple<int, int64_t, int, int, int>, cudaGraphExec_t> graphs;
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
@@ -346,6 +349,68 @@ struct Engine::Impl {
     }
   }
 
+  // Attention of a chunk's n queries (q16, absolute positions p0 .. p0+n−1)
+  // over keys 0 .. p0+n−1 of the sequence in p_pt → o32, in key tiles of
+  // key_tile tokens with the online softmax (prefill_tile_softmax). Keys come
+  // from the layer's pages (dequantized, or read from fp16 pages; the chunk's
+  // own pages are written already) except, when `own_kv`, the chunk's own
+  // keys, which come from k16/v16 (serving mode's full-precision K/V).
+  void chunk_attention(int l, int64_t p0, int64_t n, bool own_kv) {
+    const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, g = cfg.gqa_ratio(), hd = cfg.head_dim;
+    const int64_t qd = dims.qd, kvd = dims.kvd, KT = key_tile;
+    const int64_t cap = static_cast<int64_t>(scores.bytes / 4);  // fp32 entries
+    const int64_t rq = std::min<int64_t>(n, cap / (int64_t{H} * KT));
+    check(rq >= 1, "GPU engine: prefill_score_bytes {} holds no row of a {}-key tile for {} heads",
+          opt.prefill_score_bytes, KT, H);
+    const float one = 1.f, zero = 0.f;
+    const int32_t* pt = p_pt.as<int32_t>();
+    for (int64_t r0 = 0; r0 < n; r0 += rq) {
+      const int64_t nr = std::min(rq, n - r0), kend = p0 + r0 + nr;
+      for (int64_t t0 = 0; t0 < kend; t0 += KT) {
+        const int64_t nk = std::min(KT, kend - t0), stride = nr * nk;
+        // The tile's keys: pages below `pages_end`, own K/V from there.
+        const int64_t pages_end = own_kv ? std::clamp(p0, t0, t0 + nk) : t0 + nk;
+        if (pages_end > t0) {
+          const int32_t* tpt = pt + t0 / packed::kPageTokens;
+          if (fmt.is_fp16())
+            cuda::fp16_read_tokens(pools[l].as<uint16_t>(), Hkv, hd, tpt, (int)(pages_end - t0),
+                                   tile_k.as<uint16_t>(), tile_v.as<uint16_t>(), stream);
+          else
+            cuda::packed_dequantize(*plans[l], pools[l].as<uint8_t>(), tpt, (int)(pages_end - t0),
+                                    tile_k.as<uint16_t>(), tile_v.as<uint16_t>(), stream);
+        }
+        if (pages_end < t0 + nk) {
+          const size_t off = static_cast<size_t>(pages_end - t0) * kvd, src = static_cast<size_t>(pages_end - p0) * kvd;
+          const size_t bytes = static_cast<size_t>(t0 + nk - pages_end) * kvd * 2;
+          RATEKV_CUDA_OK(cudaMemcpyAsync(tile_k.as<uint16_t>() + off, k16.as<uint16_t>() + src, bytes,
+                                         cudaMemcpyDeviceToDevice, stream));
+          RATEKV_CUDA_OK(cudaMemcpyAsync(tile_v.as<uint16_t>() + off, v16.as<uint16_t>() + src, bytes,
+                                         cudaMemcpyDeviceToDevice, stream));
+        }
+        for (int hk = 0; hk < Hkv; ++hk) {
+          // Sᵀ (nk × nr, column-major) = K_hk · Q_hᵀ for the g query heads of hk.
+          RATEKV_CUBLAS_OK(cublasGemmStridedBatchedEx(
+              blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nk, (int)nr, hd, &one, tile_k.as<uint16_t>() + (size_t)hk * hd,
+              CUDA_R_16F, (int)kvd, 0, q16.as<uint16_t>() + (size_t)r0 * qd + (size_t)hk * g * hd, CUDA_R_16F,
+              (int)qd, hd, &zero, scores.as<float>() + (size_t)hk * g * stride, CUDA_R_32F, (int)nk, stride, g,
+              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+        float* o = o32.as<float>() + (size_t)r0 * qd;
+        cuda::prefill_tile_softmax(scores.as<float>(), H, stride, (int)nr, (int)nk, (int)(p0 + r0), (int)t0,
+                                   cfg.attention_scale(), m_stat.as<float>(), l_stat.as<float>(), o, qd, hd, t0 == 0,
+                                   probs.as<uint16_t>(), stream);
+        for (int hk = 0; hk < Hkv; ++hk) {
+          // O_hᵀ (hd × nr) += V_hkᵀ · P_hᵀ (unnormalized; rescaled by the softmax kernel).
+          RATEKV_CUBLAS_OK(cublasGemmStridedBatchedEx(
+              blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, (int)nr, (int)nk, &one, tile_v.as<uint16_t>() + (size_t)hk * hd,
+              CUDA_R_16F, (int)kvd, 0, probs.as<uint16_t>() + (size_t)hk * g * stride, CUDA_R_16F, (int)nk, stride,
+              &one, o + (size_t)hk * g * hd, CUDA_R_32F, (int)qd, hd, g, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+      }
+      cuda::normalize_rows(o32.as<float>() + (size_t)r0 * qd, qd, (int)nr, H, hd, l_stat.as<float>(), stream);
+    }
+  }
+
   double time_graph(cudaGraphExec_t g, int reps, bool flush) {
     std::vector<double> t;
     for (int r = 0; r < reps; ++r) {
@@ -470,6 +535,11 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
   I->probe_sink = DevMem(4 * cuda::kReadProbeBlocks);
   I->scores = DevMem(opt.prefill_score_bytes / 6 * 4 / 4 * 4);
   I->probs = DevMem(opt.prefill_score_bytes / 6 * 2 / 2 * 2);
+  I->key_tile = detail::key_tile_tokens(cfg, opt);
+  I->tile_k = DevMem(2 * size_t(I->key_tile) * m.kvd);
+  I->tile_v = DevMem(2 * size_t(I->key_tile) * m.kvd);
+  I->m_stat = DevMem(4 * R * m.H);
+  I->l_stat = DevMem(4 * R * m.H);
   // Packed plans (device tables) and the decode workspace.
   size_t ws = 0;
   for (int b = 1; b <= B; ++b) {
@@ -693,6 +763,110 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
   }
   I.sync();
   s.len = n;
+}
+
+void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode mode, std::span<float> logits) {
+  Impl& I = *impl_;
+  Impl::Seq& s = I.seq(id);
+  const int64_t n = static_cast<int64_t>(tokens.size()), p0 = s.len;
+  const detail::Dims& m = I.dims;
+  check(p0 % packed::kPageTokens == 0,
+        "GPU engine: a prefill chunk continues a sequence at a page boundary (a multiple of {} tokens); sequence {} "
+        "holds {}",
+        packed::kPageTokens, id, p0);
+  check(n >= 1, "GPU engine: prefill of an empty chunk");
+  check(p0 + n <= s.cap, "GPU engine: sequence {} holds {} tokens and room for {}; a chunk of {} does not fit", id, p0,
+        s.cap, n);
+  check(n <= I.opt.max_prefill_tokens, "GPU engine: a chunk of {} tokens exceeds max_prefill_tokens {}", n,
+        I.opt.max_prefill_tokens);
+  check(logits.empty() || logits.size() == size_t(m.V) || logits.size() == size_t(n * m.V),
+        "GPU engine: logits span of {} floats; expected 0, n_vocab {} or n·n_vocab {}", logits.size(), m.V, n * m.V);
+  I.upload_tokens(tokens);
+  std::vector<int32_t> posv(n);
+  for (int64_t i = 0; i < n; ++i) posv[i] = static_cast<int32_t>(p0 + i);
+  const int32_t start = static_cast<int32_t>(p0);
+  cudaStream_t st = I.stream;
+  RATEKV_CUDA_OK(cudaMemcpyAsync(I.pos.p, posv.data(), 4 * n, cudaMemcpyHostToDevice, st));
+  RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_start.p, &start, 4, cudaMemcpyHostToDevice, st));
+  I.upload_seq_pages(s);
+  const bool packed_cache = !I.fmt.is_fp16();
+  const bool own_kv = mode == PrefillMode::serving && packed_cache;
+  cuda::embed_rows(I.embd.as<uint16_t>(), I.tok.as<int32_t>(), (int)n, (int)m.d, I.x.as<float>(), st);
+  cuda::add_rms_norm(I.x.as<float>(), nullptr, I.layers[0].attn_norm.as<float>(), (int)n, (int)m.d, I.cfg.rms_eps,
+                     I.xn.as<uint16_t>(), st);
+  cuda::DecodeBatch db;
+  db.page_table = I.p_pt.as<int32_t>();
+  db.max_pages = I.max_pages;
+  db.seq_lens = I.d_start.as<int32_t>();
+  db.batch = 1;
+  db.max_seq_len = (int)(p0 + n);
+  for (int l = 0; l < I.cfg.n_layers; ++l) {
+    const Impl::Layer& L = I.layers[l];
+    I.gemm(I.xn.as<uint16_t>(), L.wqkv.as<uint16_t>(), I.qkv.as<float>(), n, m.d, m.qkvd);
+    cuda::QkvRopeOut o;
+    o.q16 = I.q16.as<uint16_t>();
+    o.k32 = I.k32.as<float>();
+    o.v32 = I.v32.as<float>();
+    if (own_kv) {
+      o.k16 = I.k16.as<uint16_t>();
+      o.v16 = I.v16.as<uint16_t>();
+    }
+    cuda::qkv_bias_rope(I.qkv.as<float>(), L.bias.as<float>(), I.pos.as<int32_t>(), (int)n, I.cfg.n_heads,
+                        I.cfg.n_kv_heads, I.cfg.head_dim, I.cfg.rope_layout == RopeLayout::NeoX,
+                        I.inv_freq.as<double>(), o, st);
+    if (packed_cache)
+      cuda::packed_prefill(*I.plans[l], db, I.pools[l].as<uint8_t>(), I.k32.p, I.v32.p, (int)n, cuda::DType::f32, st);
+    else
+      cuda::fp16_write_tokens(I.pools[l].as<uint16_t>(), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
+                              I.max_pages, I.d_start.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1,
+                              st);
+    I.chunk_attention(l, p0, n, own_kv);
+    cuda::f32_to_bf16(I.o32.as<float>(), I.att16.as<uint16_t>(), n * m.qd, st);
+    I.gemm(I.att16.as<uint16_t>(), L.wo.as<uint16_t>(), I.tmp.as<float>(), n, m.qd, m.d);
+    cuda::add_rms_norm(I.x.as<float>(), I.tmp.as<float>(), L.ffn_norm.as<float>(), (int)n, (int)m.d, I.cfg.rms_eps,
+                       I.xn.as<uint16_t>(), st);
+    I.gemm(I.xn.as<uint16_t>(), L.wgu.as<uint16_t>(), I.gu.as<float>(), n, m.d, 2 * m.dff);
+    cuda::swiglu(I.gu.as<float>(), (int)n, (int)m.dff, I.h16.as<uint16_t>(), st);
+    I.gemm(I.h16.as<uint16_t>(), L.wdown.as<uint16_t>(), I.tmp.as<float>(), n, m.dff, m.d);
+    cuda::add_rms_norm(I.x.as<float>(), I.tmp.as<float>(), I.next_norm(l), (int)n, (int)m.d, I.cfg.rms_eps,
+                       I.xn.as<uint16_t>(), st);
+  }
+  if (!logits.empty()) {
+    const int64_t first = logits.size() == size_t(m.V) ? n - 1 : 0;
+    for (int64_t r = first; r < n; r += I.lrows) {
+      const int64_t nr = std::min(I.lrows, n - r);
+      I.gemm(I.xn.as<uint16_t>() + r * m.d, I.lm_head, I.logits.as<float>(), nr, m.d, m.V);
+      RATEKV_CUDA_OK(cudaMemcpyAsync(logits.data() + (r - first) * m.V, I.logits.p, 4 * nr * m.V,
+                                     cudaMemcpyDeviceToHost, st));
+      I.sync();
+    }
+  }
+  I.sync();
+  s.len = p0 + n;
+}
+
+void Engine::prefill_chunked(int id, std::span<const int32_t> tokens, int64_t chunk, PrefillMode mode,
+                             std::span<float> logits) {
+  Impl& I = *impl_;
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = I.dims.V;
+  check(chunk >= packed::kPageTokens && chunk % packed::kPageTokens == 0 && chunk <= I.opt.max_prefill_tokens,
+        "GPU engine: prefill chunk of {} tokens; expected a multiple of {} (the page) in [{}, max_prefill_tokens {}]",
+        chunk, packed::kPageTokens, packed::kPageTokens, I.opt.max_prefill_tokens);
+  check(n >= 1, "GPU engine: prefill of an empty prompt");
+  check(I.seq(id).len == 0, "GPU engine: prefill_chunked needs a fresh sequence (sequence {} holds {} tokens)", id,
+        I.seq(id).len);
+  check(n <= I.seq(id).cap, "GPU engine: a prompt of {} tokens exceeds sequence {}'s reservation of {}", n, id,
+        I.seq(id).cap);
+  check(logits.empty() || logits.size() == size_t(V) || logits.size() == size_t(n * V),
+        "GPU engine: logits span of {} floats; expected 0, n_vocab {} or n·n_vocab {}", logits.size(), V, n * V);
+  const bool all = logits.size() == size_t(n * V) && n > 1;
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t c = std::min(chunk, n - c0);
+    std::span<float> lg;
+    if (all) lg = logits.subspan(size_t(c0 * V), size_t(c * V));
+    else if (!logits.empty() && c0 + c == n) lg = logits;
+    prefill_chunk(id, tokens.subspan(size_t(c0), size_t(c)), mode, lg);
+  }
 }
 
 void Engine::fill_synthetic(int id, int64_t n_tokens, uint64_t seed) {

@@ -58,7 +58,8 @@ MemoryPlan plan_memory(const ModelConfig& cfg, bool untied_lm_head, const CacheF
   if (!fmt.is_fp16())
     for (int l = 0; l < cfg.n_layers; ++l)
       tables += 4 * (fmt.rotations(l).size() + fmt.levels(l).size()) + size_t{8192} * cfg.n_kv_heads;
-  p.workspace = detail::kCublasWorkspace + decode_workspace(cfg, opt.max_batch, 132) + opt.prefill_score_bytes + tables;
+  p.workspace = detail::kCublasWorkspace + decode_workspace(cfg, opt.max_batch, 132) + opt.prefill_score_bytes + tables +
+                detail::chunk_scratch_bytes(cfg, opt);
   p.reserve = opt.reserve_bytes;
   const size_t fixed = p.weights + p.activations + p.workspace + p.reserve;
   const size_t per_page = fmt.page_bytes_all_layers();

@@ -10,14 +10,16 @@ namespace ratekv::engine {
 
 PerplexityResult gpu_perplexity(Engine& eng, std::span<const int32_t> tokens, int64_t n_ctx, int64_t max_chunks,
                                 bool add_bos, int32_t bos_id, PrefillMode mode,
-                                const std::function<void(int64_t, const PerplexityResult&)>& on_chunk) {
+                                const std::function<void(int64_t, const PerplexityResult&)>& on_chunk,
+                                int64_t prefill_chunk) {
   check(n_ctx >= 4, "gpu_perplexity: context {} is too small (need >= 4)", n_ctx);
   check(static_cast<int64_t>(tokens.size()) >= 2 * n_ctx,
         "gpu_perplexity: the text has {} tokens; need at least 2·n_ctx = {} (llama-perplexity's requirement)",
         tokens.size(), 2 * n_ctx);
   check(!add_bos || bos_id >= 0, "gpu_perplexity: add_bos is set but the model has no BOS token");
-  check(n_ctx <= eng.options().max_prefill_tokens, "gpu_perplexity: context {} exceeds the engine's max_prefill_tokens {}",
-        n_ctx, eng.options().max_prefill_tokens);
+  check(prefill_chunk > 0 || n_ctx <= eng.options().max_prefill_tokens,
+        "gpu_perplexity: context {} exceeds the engine's max_prefill_tokens {}", n_ctx,
+        eng.options().max_prefill_tokens);
   const int64_t all = static_cast<int64_t>(tokens.size()) / n_ctx;
   PerplexityResult r;
   r.n_ctx = n_ctx;
@@ -32,7 +34,10 @@ PerplexityResult gpu_perplexity(Engine& eng, std::span<const int32_t> tokens, in
     if (add_bos) chunk[0] = bos_id;
     const int seq = eng.add_sequence(n_ctx);
     try {
-      eng.prefill(seq, chunk, mode, logits);
+      if (prefill_chunk > 0)
+        eng.prefill_chunked(seq, chunk, prefill_chunk, mode, logits);
+      else
+        eng.prefill(seq, chunk, mode, logits);
     } catch (...) {
       eng.remove_sequence(seq);
       throw;

@@ -82,18 +82,22 @@ CpuLlama& cpu_llama() {
 
 // GPU prefill (all logits) + n_dec greedy steps vs the CPU runtime fed the
 // same tokens. `type`: f16 (CPU: fp32 dense cache) or K4 (K4V4; CPU: packed).
-void compare_with_cpu(const std::string& type, double bound) {
+void compare_with_cpu(const std::string& type, double bound, int n = 37, int chunk = 0) {
   CpuLlama& C = cpu_llama();
   const ModelConfig& c = C.cfg;
-  const int V = c.n_vocab, n = 37, n_dec = 8;
+  const int V = c.n_vocab, n_dec = 8;
   EngineOptions o;
-  o.max_prefill_tokens = 64;
+  o.max_prefill_tokens = chunk > 0 ? chunk : 64;
+  o.prefill_score_bytes = size_t{1} << 20;  // chunked: key tiles of 64 tokens
   o.pool_bytes = size_t{1} << 30;
   auto eng = Engine::create_synthetic(c, true, kSeed, format_for(type, c), o);
   const std::vector<int32_t> prompt = random_tokens(n, V, 11);
   std::vector<float> g_pre(size_t(n) * V);
   const int s = eng->add_sequence(n + n_dec);
-  eng->prefill(s, prompt, PrefillMode::evaluation, g_pre);
+  if (chunk > 0)
+    eng->prefill_chunked(s, prompt, chunk, PrefillMode::evaluation, g_pre);
+  else
+    eng->prefill(s, prompt, PrefillMode::evaluation, g_pre);
   std::unique_ptr<KVCache> kv;
   if (type == "f16")
     kv = std::make_unique<DenseKVCache>(c.kv_shape(n + n_dec));
@@ -103,7 +107,7 @@ void compare_with_cpu(const std::string& type, double bound) {
   C.model.forward(prompt, 0, *kv, c_pre.data(), true);
   double worst = 0;
   for (int i = 0; i < n; ++i) worst = std::max(worst, rel_l2(g_pre, c_pre, size_t(i) * V, V));
-  std::printf("  %s prefill (evaluation): worst row rel L2 %.3e over %d rows\n", type.c_str(), worst, n);
+  std::printf("  %s prefill (evaluation, chunk %d): worst row rel L2 %.3e over %d rows\n", type.c_str(), chunk, worst, n);
   EXPECT_LT(worst, bound);
   // Greedy decode: the GPU picks, the CPU follows the GPU's tokens.
   int32_t tok = argmax(g_pre.data() + size_t(n - 1) * V, V);
@@ -136,6 +140,104 @@ TEST(Engine, MatchesCpuRuntimeFp16Cache) {
 TEST(Engine, MatchesCpuPackedCacheK4V4) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   compare_with_cpu("K4", 0.1);
+}
+
+// Chunked prefill (97 tokens in chunks of 64, key tiles of 64) against the
+// CPU runtime, which runs the prompt in one piece: the same bounds as the
+// one-piece prefill (the chunk's attention differs from the one-piece
+// prefill's only in the order of fp32 sums and where P is rounded to fp16).
+TEST(Engine, ChunkedPrefillMatchesCpuRuntime) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  compare_with_cpu("f16", 2e-2, 97, 64);
+  compare_with_cpu("K4", 0.1, 97, 64);
+}
+
+// Chunked prefill = one-piece prefill, every token's logits (rel L2 per row),
+// on prompts that are not a multiple of the page, several chunks and key
+// tiles (prefill_score_bytes 1 MiB: tiles of 64 keys; chunk 128 with 32
+// heads also splits the chunk's queries into blocks of 85 rows), GQA 4
+// (Llama-3.1-8B width), GQA 8 with Q/K/V biases and NeoX RoPE (Qwen2.5-3B
+// width) and GQA 2 (tiny). Bounds: fp16 cache — both read the same fp16
+// K/V; they differ in fp32 summation order and in rounding P to fp16 before
+// (chunked: unnormalized exp) or after (one piece) normalization, ≈ 2^-11
+// relative per probability, so ≈ 1e-3 on the attention output; bound 1e-2
+// (the same class as prefill(n)+decode vs prefill(n+1), measured 4.6e-3).
+// K3V3 evaluation mode — the same codes read back, except where the layer
+// input's rounding differences flip a code (tests above): bound 5e-2
+// (prefill(n)+decode vs prefill(n+1): 6.6e-3). Serving mode: the first
+// chunk's rows attend only to their own fp16 K/V in both (bound 1e-2); later
+// rows read the earlier chunks from codes (one piece: fp16), so they sit
+// between serving and evaluation — only printed.
+TEST(Engine, ChunkedPrefillEqualsOnePiece) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  struct Case {
+    const char* model;
+    int layers;
+  };
+  for (const Case cs : {Case{"llama-3.1-8b", 2}, Case{"qwen2.5-3b", 2}, Case{"tiny-llama", 2}}) {
+    const ModelConfig c = synthetic_config(cs.model, cs.layers);
+    const bool untied = synthetic_untied_output(cs.model);
+    const int V = c.n_vocab;
+    for (const std::string type : {"f16", "K3"})
+      for (const PrefillMode mode : {PrefillMode::evaluation, PrefillMode::serving}) {
+        if (type == "f16" && mode == PrefillMode::serving) continue;  // the same path for fp16
+        for (const auto [n, chunk] : {std::pair{97, 64}, std::pair{300, 128}, std::pair{300, 64}}) {
+          EngineOptions o1;
+          o1.max_prefill_tokens = 300;
+          o1.pool_bytes = size_t{256} << 20;
+          auto one = Engine::create_synthetic(c, untied, kSeed, format_for(type, c), o1);
+          EngineOptions o2 = o1;
+          o2.max_prefill_tokens = chunk;
+          o2.prefill_score_bytes = size_t{1} << 20;
+          auto chk = Engine::create_synthetic(c, untied, kSeed, format_for(type, c), o2);
+          const std::vector<int32_t> toks = random_tokens(n, V, 1000 + n + chunk);
+          std::vector<float> a(size_t(n) * V), b(size_t(n) * V);
+          const int s1 = one->add_sequence(n + 1), s2 = chk->add_sequence(n + 1);
+          one->prefill(s1, toks, mode, a);
+          chk->prefill_chunked(s2, toks, chunk, mode, b);
+          EXPECT_EQ(chk->seq_length(s2), n);
+          double worst = 0, worst_first = 0;
+          for (int i = 0; i < n; ++i) {
+            const double e = rel_l2(b, a, size_t(i) * V, V);
+            worst = std::max(worst, e);
+            if (i < chunk) worst_first = std::max(worst_first, e);
+          }
+          std::printf("  %s %s %s n=%d chunk=%d: chunked vs one piece worst row rel L2 %.3e (first chunk %.3e)\n",
+                      cs.model, type.c_str(), engine::prefill_mode_name(mode), n, chunk, worst, worst_first);
+          if (mode == PrefillMode::serving) {
+            EXPECT_LT(worst_first, 1e-2) << cs.model << " " << n << "/" << chunk;
+          } else {
+            EXPECT_LT(worst, type == "f16" ? 1e-2 : 5e-2) << cs.model << " " << type << " " << n << "/" << chunk;
+          }
+          // Decoding continues from the chunked cache as from the one-piece one.
+          const int32_t t = argmax(a.data() + size_t(n - 1) * V, V);
+          int32_t na = 0, nb = 0;
+          std::vector<float> la(V), lb(V);
+          one->decode(std::span<const int>(&s1, 1), std::span<const int32_t>(&t, 1), 1, std::span<int32_t>(&na, 1), la);
+          chk->decode(std::span<const int>(&s2, 1), std::span<const int32_t>(&t, 1), 1, std::span<int32_t>(&nb, 1), lb);
+          const double ed = rel_l2(lb, la, 0, V);
+          if (mode == PrefillMode::evaluation) EXPECT_LT(ed, type == "f16" ? 1e-2 : 5e-2) << "decode after prefill";
+        }
+      }
+  }
+}
+
+// A chunk must start at a page boundary; chunk sizes are whole pages within
+// max_prefill_tokens — refused before any work.
+TEST(Engine, ChunkedPrefillRefusals) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const ModelConfig c = synthetic_config("tiny-llama");
+  EngineOptions o;
+  o.max_prefill_tokens = 128;
+  o.pool_bytes = size_t{8} << 20;
+  auto eng = Engine::create_synthetic(c, true, kSeed, format_for("K3", c), o);
+  const int s = eng->add_sequence(400);
+  EXPECT_THROW(eng->prefill_chunked(s, random_tokens(200, c.n_vocab, 1), 100, PrefillMode::serving, {}), Error);
+  EXPECT_THROW(eng->prefill_chunked(s, random_tokens(200, c.n_vocab, 1), 192, PrefillMode::serving, {}), Error);
+  EXPECT_EQ(eng->seq_length(s), 0);
+  eng->prefill_chunk(s, random_tokens(70, c.n_vocab, 1), PrefillMode::serving, {});
+  EXPECT_THROW(eng->prefill_chunk(s, random_tokens(10, c.n_vocab, 2), PrefillMode::serving, {}), Error);
+  EXPECT_EQ(eng->seq_length(s), 70);
 }
 
 // ---- qwen2: a reference forward pass in double (biases, NeoX RoPE) --------
@@ -388,8 +490,10 @@ std::vector<int32_t> tiny_model_every_path(const std::string& type, int fp16_ker
   const int a = eng->add_sequence(120), b = eng->add_sequence(300);
   std::vector<float> lg(size_t(97) * c.n_vocab);
   eng->prefill(a, random_tokens(97, c.n_vocab, 1), PrefillMode::evaluation, lg);
-  eng->prefill(b, random_tokens(3, c.n_vocab, 2), PrefillMode::serving, {});
-  eng->fill_synthetic(b, 200, 4);
+  eng->prefill_chunked(b, random_tokens(3, c.n_vocab, 2), 64, PrefillMode::serving, {});
+  eng->fill_synthetic(b, 61, 4);  // chunked prefill continues at the page boundary 64
+  eng->prefill_chunk(b, random_tokens(67, c.n_vocab, 5), PrefillMode::evaluation, {});
+  eng->fill_synthetic(b, 72, 6);
   const std::vector<int> ids = {a, b};
   const std::vector<int32_t> t0 = {1, 2};
   std::vector<int32_t> out(2 * 5);

@@ -199,6 +199,99 @@ TEST(EngineKernels, Fp16WriterLayoutAnd64BitOffsets) {
   }
 }
 
+// fp16_read_tokens reads back what fp16_write_tokens wrote: the fp16 of each
+// value (fp32_to_fp16 on the host), through a shuffled page table, also from
+// a table offset by a page (what chunked prefill's key tiles pass).
+TEST(EngineKernels, Fp16ReaderReadsWhatTheWriterWrote) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const int Hkv = 3, hd = 64, n = 150, kvd = Hkv * hd;
+  std::mt19937 g(4);
+  auto k = randn(size_t(n) * kvd, g), v = randn(size_t(n) * kvd, g);
+  const std::vector<int32_t> pt = {4, 0, 2};
+  const std::vector<int32_t> start = {0};
+  Dev<uint16_t> pool(size_t(5) * Hkv * 2 * 64 * hd);
+  Dev<int32_t> dpt(pt), dst(start);
+  Dev<float> dk(k), dv(v);
+  cuda::fp16_write_tokens(pool.p, Hkv, hd, dpt.p, 3, dst.p, dk.p, dv.p, n, 1, nullptr);
+  Dev<uint16_t> rk(size_t(n) * kvd), rv(size_t(n) * kvd), sk(size_t(n - 64) * kvd), sv(size_t(n - 64) * kvd);
+  cuda::fp16_read_tokens(pool.p, Hkv, hd, dpt.p, n, rk.p, rv.p, nullptr);
+  cuda::fp16_read_tokens(pool.p, Hkv, hd, dpt.p + 1, n - 64, sk.p, sv.p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto hk = rk.get(), hv = rv.get(), hsk = sk.get(), hsv = sv.get();
+  for (size_t i = 0; i < size_t(n) * kvd; ++i) {
+    ASSERT_EQ(hk[i], fp32_to_fp16(k[i])) << i;
+    ASSERT_EQ(hv[i], fp32_to_fp16(v[i])) << i;
+    if (i >= size_t(64) * kvd) {
+      ASSERT_EQ(hsk[i - 64 * kvd], hk[i]) << i;
+      ASSERT_EQ(hsv[i - 64 * kvd], hv[i]) << i;
+    }
+  }
+}
+
+// prefill_tile_softmax over three key tiles (7, 7, 4 keys; queries at
+// positions 10..14, so the last tile is invisible to row 0 and partly
+// visible to the others), with O += P·V done on the host between tiles and
+// normalize_rows at the end, equals causal softmax attention computed in
+// double over all 18 keys at once (fp16 probabilities: ≤ 1e-3 relative).
+TEST(EngineKernels, TiledOnlineSoftmaxEqualsWholeRowSoftmax) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const int H = 3, rows = 5, hd = 4, q0 = 10, n_keys = 18;
+  const int64_t o_ld = H * hd + 2;  // a row stride wider than H·hd
+  const float scale = 0.6f;
+  std::mt19937 g(12);
+  auto S = randn(size_t(H) * rows * n_keys, g, 3.f);  // S[h][i][j] for all keys
+  auto V = randn(size_t(H) * n_keys * hd, g);          // V[h][j][c]
+  std::vector<float> o(size_t(rows) * o_ld, 123.f);    // garbage before the first tile
+  Dev<float> dO(o), dm(size_t(rows) * H), dl(size_t(rows) * H);
+  const int tiles[3][2] = {{0, 7}, {7, 7}, {14, 4}};
+  for (const auto& t : tiles) {
+    const int t0 = t[0], cols = t[1];
+    std::vector<float> St(size_t(H) * rows * cols);
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < cols; ++j)
+          St[(size_t(h) * rows + i) * cols + j] = S[(size_t(h) * rows + i) * n_keys + t0 + j];
+    Dev<float> dS(St);
+    Dev<uint16_t> dP(St.size());
+    cuda::prefill_tile_softmax(dS.p, H, int64_t(rows) * cols, rows, cols, q0, t0, scale, dm.p, dl.p, dO.p, o_ld, hd,
+                               t0 == 0, dP.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto P = dP.get();
+    auto oh = dO.get();
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < rows; ++i)
+        for (int c = 0; c < hd; ++c) {
+          double acc = oh[size_t(i) * o_ld + h * hd + c];
+          for (int j = 0; j < cols; ++j)
+            acc += double(fp16_to_fp32(P[(size_t(h) * rows + i) * cols + j])) * V[(size_t(h) * n_keys + t0 + j) * hd + c];
+          oh[size_t(i) * o_ld + h * hd + c] = float(acc);
+        }
+    ASSERT_EQ(cudaMemcpy(dO.p, oh.data(), 4 * oh.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  cuda::normalize_rows(dO.p, o_ld, rows, H, hd, dl.p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = dO.get();
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < rows; ++i) {
+      const int lim = q0 + i + 1;
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j < lim; ++j) mx = std::max(mx, scale * double(S[(size_t(h) * rows + i) * n_keys + j]));
+      std::vector<double> ref(hd, 0.0);
+      for (int j = 0; j < lim; ++j) {
+        const double e = std::exp(scale * double(S[(size_t(h) * rows + i) * n_keys + j]) - mx);
+        sum += e;
+        for (int c = 0; c < hd; ++c) ref[c] += e * V[(size_t(h) * n_keys + j) * hd + c];
+      }
+      double vmax = 0;
+      for (int j = 0; j < lim; ++j)
+        for (int c = 0; c < hd; ++c) vmax = std::max(vmax, std::fabs(double(V[(size_t(h) * n_keys + j) * hd + c])));
+      for (int c = 0; c < hd; ++c)
+        EXPECT_NEAR(got[size_t(i) * o_ld + h * hd + c], ref[c] / sum, 1e-3 * vmax) << h << " " << i << " " << c;
+    }
+  // The two padding columns of each row are never written.
+  for (int i = 0; i < rows; ++i) EXPECT_EQ(got[size_t(i) * o_ld + H * hd], 123.f);
+}
+
 // packed_prefill (the GPU quantizer) then packed_dequantize against the CPU:
 // the codes and norms read back with the format's scalar reader and decoded
 // with the plan's TQ-MSE codecs (x̂ = n Πᵀ c[idx]), for a uniform plan and a

@@ -100,6 +100,33 @@ void fp16_write_tokens(uint16_t* pool, int n_kv_heads, int head_dim, const int32
 void packed_dequantize(const PackedPlan& plan, const uint8_t* pool, const int32_t* page_table, int n_tokens,
                        uint16_t* k16, uint16_t* v16, void* stream);
 
+/// The fp16 cache's reader (inverse of fp16_write_tokens for one sequence):
+/// positions 0 .. n_tokens−1 of the pages in page_table (that sequence's row,
+/// possibly offset by whole pages) → k16, v16 (n_tokens, Hkv, hd) fp16,
+/// bit-exact copies. What chunked prefill attends to over an fp16 cache.
+void fp16_read_tokens(const uint16_t* pool, int n_kv_heads, int head_dim, const int32_t* page_table, int n_tokens,
+                      uint16_t* k16, uint16_t* v16, void* stream);
+
+/// Chunked prefill's attention over key tiles (online softmax, docs/design.md
+/// §6's SoftmaxState on the GPU). For each head h < n_heads and query row
+/// i < rows of a tile's scores S_h (rows, cols) fp32 (head stride `stride`,
+/// row stride cols), query at absolute position q0 + i, key column j at
+/// absolute position t0 + j, visible when t0 + j ≤ q0 + i:
+///   m' = max(m, max_j scale·S[i,j]),  α = exp(m − m') (0 when m = −∞),
+///   P[i,j] = fp16(exp(scale·S[i,j] − m')) (0 where not visible),
+///   l ← α·l + Σ_j P[i,j] (the fp16 values),  m ← m',
+///   o[i, h·hd .. h·hd+hd) ← α·o (row stride o_ld floats),
+/// so that a following O += P·V accumulates the unnormalized output. A row
+/// with no visible key in the tile keeps m, l and o and gets P = 0.
+/// m, l: (rows, n_heads) fp32. `first`: the first tile of the rows — m, l
+/// and o are read as −∞, 0 and 0 (whatever they hold).
+void prefill_tile_softmax(const float* S, int n_heads, int64_t stride, int rows, int cols, int q0, int t0,
+                          float scale, float* m, float* l, float* o, int64_t o_ld, int head_dim, bool first,
+                          uint16_t* P, void* stream);
+/// o[i, h·hd + c] /= l[i, h] after the last tile (0 where l = 0); o (rows,
+/// ≥ n_heads·hd, row stride o_ld) fp32, l (rows, n_heads).
+void normalize_rows(float* o, int64_t o_ld, int rows, int n_heads, int head_dim, const float* l, void* stream);
+
 /// Read-bandwidth probe: reads `bytes` (a multiple of 16) of `buf` once with
 /// 16-byte loads; sink (2048 words) gets per-block XORs of the 32-bit words
 /// read, whose XOR is the XOR of the whole buffer (a check that every byte was

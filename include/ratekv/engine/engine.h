@@ -152,6 +152,26 @@ class Engine {
   /// reservation or max_prefill_tokens, or a token id outside the vocabulary.
   void prefill(int seq, std::span<const int32_t> tokens, PrefillMode mode, std::span<float> logits);
 
+  /// Chunked prefill (engine issue 2 of 3): appends the chunk `tokens` to
+  /// `seq`, whose length p0 is a multiple of 64 (0 for the first chunk), at
+  /// positions p0 .. p0+n−1. The chunk attends to keys 0 .. p0+n−1 in tiles
+  /// of a bounded size (memory plan: workspace), online softmax: the earlier
+  /// chunks' keys are read from the pages (packed: dequantized with
+  /// cuda::packed_dequantize; fp16: read back), the chunk's own keys from its
+  /// pages too in evaluation mode and from its fp16 K/V in serving mode; then
+  /// the rest of the layer. Memory grows with the chunk (≤
+  /// max_prefill_tokens rows), not with p0. logits: empty, (n_vocab) for the
+  /// last token or (n, n_vocab). Throws Error (before any work) for a length
+  /// that is not a multiple of 64, a chunk past the reservation or
+  /// max_prefill_tokens, or a bad token id.
+  void prefill_chunk(int seq, std::span<const int32_t> tokens, PrefillMode mode, std::span<float> logits);
+  /// A fresh sequence's whole prompt in chunks of `chunk` tokens (a multiple
+  /// of 64, ≤ max_prefill_tokens; the last chunk may be shorter) through
+  /// prefill_chunk. logits as prefill(). Error for a bad chunk size, a
+  /// non-empty sequence, or a prompt past the reservation.
+  void prefill_chunked(int seq, std::span<const int32_t> tokens, int64_t chunk, PrefillMode mode,
+                       std::span<float> logits);
+
   /// Appends n_tokens synthetic K/V (seeded, uniform in [−1, 1) per channel)
   /// to every layer of `seq` through the cache's write path (packed_prefill's
   /// quantizer, or the fp16 writer): a long context at benchmark scale without

@@ -14,12 +14,15 @@
 
 namespace ratekv::engine {
 
-/// Runs the protocol on `eng` (which needs max_prefill_tokens ≥ n_ctx and n_ctx
-/// free tokens). max_chunks ≤ 0: all full chunks. Throws Error as
+/// Runs the protocol on `eng` (which needs max_prefill_tokens ≥ n_ctx, or ≥
+/// prefill_chunk when prefill_chunk > 0: each window through
+/// Engine::prefill_chunked in chunks of that many tokens; and n_ctx free
+/// tokens). max_chunks ≤ 0: all full chunks. Throws Error as
 /// ratekv::perplexity does (too few tokens, n_ctx < 4, add_bos without BOS)
 /// and when n_ctx exceeds max_prefill_tokens or the free pool.
 PerplexityResult gpu_perplexity(Engine& eng, std::span<const int32_t> tokens, int64_t n_ctx, int64_t max_chunks,
                                 bool add_bos, int32_t bos_id, PrefillMode mode,
-                                const std::function<void(int64_t, const PerplexityResult&)>& on_chunk = {});
+                                const std::function<void(int64_t, const PerplexityResult&)>& on_chunk = {},
+                                int64_t prefill_chunk = 0);
 
 }  // namespace ratekv::engine
