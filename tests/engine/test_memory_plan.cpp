@@ -3,6 +3,8 @@
 // refuses and why, the memory plan's arithmetic, and the architecture check.
 #include <gtest/gtest.h>
 
+#include "ratekv/format/stored_bytes.h"
+
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
 #include "ratekv/engine/cache_format.h"
@@ -97,6 +99,22 @@ TEST(EngineCacheFormat, ServesGroupedPlansAndRefusesTheRest) {
   win.fp16_window = 32;
   refuse(win, "fp16_window 32");
   EXPECT_EQ(CacheFormat::unsupported_reason(*codecs(eval::cache_type_plan("tq4", "tq2", c), c)), "");
+}
+
+// The engine's pages store what the plan's accounting says it stores
+// (format/stored_bytes.h, plan_stored_bytes): uniform 2/3/4-bit plans of
+// Llama-3.1-8B (head_dim 128) and Qwen2.5-3B shapes, mixed K/V widths, and a
+// two-width Block-GTQ plan.
+TEST(EngineCacheFormat, PageBytesArePlanStoredBytes) {
+  for (const char* model : {"llama-3.1-8b", "qwen2.5-3b", "tiny-llama"}) {
+    const ModelConfig c = synthetic_config(model, 2);
+    for (const auto& [kt, vt] : {std::pair{"tq2", "tq2"}, std::pair{"tq3", "tq3"}, std::pair{"tq4", "tq4"},
+                                 std::pair{"tq4", "tq2"}}) {
+      const Plan p = eval::cache_type_plan(kt, vt, c);
+      const CacheFormat f = CacheFormat::packed(codecs(p, c));
+      EXPECT_DOUBLE_EQ(f.bytes_per_token(), plan_stored_bytes(p).bytes_per_token()) << model << " " << kt << vt;
+    }
+  }
 }
 
 // plan_memory: weights are every parameter at 2 bytes except the fp32 norms
