@@ -16,7 +16,12 @@
 #include "ratekv/common/log.h"
 #include "ratekv/model/chat_template.h"
 #ifdef RATEKV_HAVE_ENGINE
+#include <nlohmann/json.hpp>
+
+#include "cli/text_tokens.h"
 #include "ratekv/engine/engine.h"
+#include "ratekv/engine/engine_executor.h"
+#include "ratekv/engine/scheduler.h"
 #endif
 
 namespace ratekv::cli {
@@ -30,7 +35,84 @@ struct GenerateArgs {
   int top_k = 40;
   bool chat = false;
   int64_t chunk = 0;  // cuda: chunked prefill (0: one piece)
+  std::string prompts_file;  // cuda: many requests, continuous batching
+  double top_p = 1.0;
+  int max_batch = 16;
+  bool json = false;
 };
+
+#ifdef RATEKV_HAVE_ENGINE
+// One request of --prompts-file: a line of text, or a JSON object
+// {"prompt": "...", "n_predict": N, "temperature": T, "top_k": K, "top_p": P, "seed": S}
+// (every key but "prompt" optional; defaults from the flags).
+struct FileRequest {
+  std::string prompt;
+  int n_predict;
+  engine::SamplingParams sampling;
+};
+
+std::vector<FileRequest> read_prompts_file(const GenerateArgs& a) {
+  const std::string text = read_text_file(a.prompts_file, "--prompts-file");
+  std::vector<FileRequest> out;
+  size_t line_no = 0, start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) {
+      if (end == text.size()) break;
+      continue;
+    }
+    FileRequest r;
+    r.prompt = line;
+    r.n_predict = a.n_predict;
+    r.sampling.temperature = static_cast<float>(a.temp);
+    r.sampling.top_k = a.top_k;
+    r.sampling.top_p = static_cast<float>(a.top_p);
+    r.sampling.seed = a.seed + out.size();
+    if (line[line.find_first_not_of(" \t")] == '{') {
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const std::exception& e) {
+        fail("--prompts-file {} line {}: not a JSON object: {}", a.prompts_file, line_no, e.what());
+      }
+      check(j.is_object() && j.contains("prompt") && j["prompt"].is_string(),
+            "--prompts-file {} line {}: a JSON line needs a string \"prompt\"", a.prompts_file, line_no);
+      for (auto it = j.begin(); it != j.end(); ++it)
+        check(it.key() == "prompt" || it.key() == "n_predict" || it.key() == "temperature" || it.key() == "top_k" ||
+                  it.key() == "top_p" || it.key() == "seed",
+              "--prompts-file {} line {}: unknown key \"{}\" (expected prompt, n_predict, temperature, top_k, top_p, "
+              "seed)",
+              a.prompts_file, line_no, it.key());
+      try {
+        r.prompt = j["prompt"].get<std::string>();
+        if (j.contains("n_predict")) r.n_predict = j["n_predict"].get<int>();
+        if (j.contains("temperature")) r.sampling.temperature = j["temperature"].get<float>();
+        if (j.contains("top_k")) r.sampling.top_k = j["top_k"].get<int>();
+        if (j.contains("top_p")) r.sampling.top_p = j["top_p"].get<float>();
+        if (j.contains("seed")) r.sampling.seed = j["seed"].get<uint64_t>();
+      } catch (const nlohmann::json::exception& e) {
+        fail("--prompts-file {} line {}: a value of the wrong type: {}", a.prompts_file, line_no, e.what());
+      }
+      check(r.n_predict >= 0, "--prompts-file {} line {}: n_predict {} must be >= 0", a.prompts_file, line_no,
+            r.n_predict);
+    }
+    try {
+      r.sampling.validate();
+    } catch (const Error& e) {
+      fail("--prompts-file {} line {}: {}", a.prompts_file, line_no, e.what());
+    }
+    out.push_back(std::move(r));
+    if (end == text.size()) break;
+  }
+  check(!out.empty(), "--prompts-file {}: no prompt (one per line, or JSON lines with \"prompt\")", a.prompts_file);
+  return out;
+}
+#endif
 
 // Wraps the prompt in the model's ChatML template (the only one supported):
 // its default system turn, the user turn, then the assistant header
@@ -126,6 +208,85 @@ void run_cuda(const GenerateArgs& a, LoadedModel& lm, const std::vector<int32_t>
   std::fprintf(stderr, "KV cache (%s, GPU): %.1f bytes/token; fp16 K/V %lld bytes/token\n", fmt.label().c_str(),
                fmt.bytes_per_token(), static_cast<long long>(cfg.kv_bytes_per_token_fp16()));
 }
+
+// Many requests (--prompts-file) through the continuous-batching scheduler
+// (engine/scheduler.h): each completion printed as it finishes (text) or one
+// JSON report at the end (--json).
+void run_cuda_many(const GenerateArgs& a, LoadedModel& lm, const std::vector<FileRequest>& reqs,
+                   const std::vector<std::vector<int32_t>>& prompts, const engine::CacheFormat& fmt) {
+  const ModelConfig& cfg = lm.model->config();
+  int64_t longest = 1;
+  for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  engine::EngineOptions o;
+  o.max_batch = a.max_batch;
+  o.max_prefill_tokens = a.chunk > 0 ? a.chunk : std::min<int64_t>(longest, cfg.n_ctx_train);
+  o.prefill_score_bytes = size_t{256} << 20;
+  auto eng = engine::Engine::create(cfg, lm.model->weights(), fmt, o);
+  const engine::PrefillMode mode =
+      a.mode == "evaluation" ? engine::PrefillMode::evaluation : engine::PrefillMode::serving;
+  spdlog::info("GPU engine ({}): {} cache, prefill in {} mode, {} requests, batch <= {}; {}",
+               engine::cuda_device_name(), fmt.label(), engine::prefill_mode_name(mode), reqs.size(), a.max_batch,
+               eng->memory().summary());
+  const Tokenizer& tok = *lm.tokenizer;
+  engine::EngineExecutor ex(*eng, mode, a.chunk > 0);
+  engine::SchedulerOptions so;
+  so.prefill_chunk = a.chunk;
+  so.prefill_token_budget = a.chunk > 0 ? a.chunk : longest;
+  so.is_eog = [&](int32_t t) { return tok.is_eog(t); };
+  engine::Scheduler sch(ex, so);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    engine::Request r;
+    r.prompt = prompts[i];
+    r.n_predict = reqs[i].n_predict;
+    r.sampling = reqs[i].sampling;
+    sch.submit(std::move(r));
+  }
+  auto completion = [&](const engine::RequestResult& r) {
+    std::vector<int32_t> t = r.tokens;
+    if (!t.empty() && tok.is_eog(t.back())) t.pop_back();
+    return tok.decode(t, /*skip_special=*/false);
+  };
+  const auto res = sch.run([&](size_t i, const engine::RequestResult& r) {
+    if (a.json) return;
+    std::printf("=== request %zu (%s, %zu tokens, first token after %.3f s) ===\n", i, r.finish.c_str(),
+                r.tokens.size(), r.t_first_token);
+    if (r.finish == "error")
+      std::printf("error: %s\n", r.error.c_str());
+    else
+      std::printf("%s%s\n", a.chat ? "" : reqs[i].prompt.c_str(), completion(r).c_str());
+    std::fflush(stdout);
+  });
+  const engine::SchedulerStats& st = sch.stats();
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["model"] = a.model;
+    j["cache"] = fmt.label();
+    j["prefill_mode"] = engine::prefill_mode_name(mode);
+    j["chunk"] = a.chunk;
+    j["max_batch"] = a.max_batch;
+    for (size_t i = 0; i < res.size(); ++i) {
+      nlohmann::ordered_json r;
+      r["index"] = i;
+      r["prompt"] = reqs[i].prompt;
+      r["completion"] = res[i].finish == "error" ? "" : completion(res[i]);
+      r["tokens"] = res[i].tokens;
+      r["finish"] = res[i].finish;
+      if (!res[i].error.empty()) r["error"] = res[i].error;
+      r["ttft_s"] = res[i].t_first_token;
+      r["latency_s"] = res[i].t_done;
+      j["requests"].push_back(r);
+    }
+    j["stats"] = {{"seconds", st.seconds}, {"steps", st.steps}, {"decode_steps", st.decode_steps},
+                  {"max_concurrent", st.max_concurrent}, {"prompt_tokens", st.prompt_tokens},
+                  {"output_tokens", st.output_tokens},
+                  {"requests_per_s", st.seconds > 0 ? res.size() / st.seconds : 0.0},
+                  {"output_tokens_per_s", st.seconds > 0 ? st.output_tokens / st.seconds : 0.0}};
+    std::printf("%s\n", j.dump(2).c_str());
+  }
+  std::fprintf(stderr, "%zu requests in %.3f s: %.2f requests/s, %.1f output tokens/s, at most %d at once (%s cache)\n",
+               res.size(), st.seconds, st.seconds > 0 ? res.size() / st.seconds : 0.0,
+               st.seconds > 0 ? st.output_tokens / st.seconds : 0.0, st.max_concurrent, fmt.label().c_str());
+}
 #endif
 
 void run(const GenerateArgs& a) {
@@ -134,6 +295,13 @@ void run(const GenerateArgs& a) {
   check(a.chunk == 0 || (a.chunk >= 64 && a.chunk % 64 == 0),
         "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", a.chunk);
   check(a.chunk == 0 || a.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
+  check(a.top_p > 0 && a.top_p <= 1, "--top-p: {} must be in (0, 1]", a.top_p);
+  check(a.prompt.empty() != a.prompts_file.empty(), "generate: give one of -p (a prompt) or --prompts-file (many)");
+  check(a.prompts_file.empty() || a.device == "cuda",
+        "--prompts-file: many requests run with continuous batching on --device cuda only");
+  check(a.top_p == 1.0 || a.device == "cuda" || a.temp == 0,
+        "--top-p: on --device cpu only --top-k is applied (run --device cuda for top-p)");
+  check(a.max_batch >= 1, "--max-batch: {} must be >= 1", a.max_batch);
   require_engine(a.device);
   // Prompt, context and cache are settled from the model's header: an option
   // error (--chat template, -p/-n past the context, --cache/--plan/-ctk/-ctv,
@@ -144,7 +312,25 @@ void run(const GenerateArgs& a) {
 #ifdef RATEKV_HAVE_ENGINE
   std::optional<engine::CacheFormat> gpu_fmt;
 #endif
+#ifdef RATEKV_HAVE_ENGINE
+  std::vector<FileRequest> many;
+  std::vector<std::vector<int32_t>> many_tokens;
+  if (!a.prompts_file.empty()) many = read_prompts_file(a);
+#endif
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
+#ifdef RATEKV_HAVE_ENGINE
+    if (!many.empty()) {
+      for (const FileRequest& r : many) {
+        const std::string text = a.chat ? chat_prompt(h.file, r.prompt) : r.prompt;
+        many_tokens.push_back(h.tokenizer.encode(text, /*add_bos=*/true, /*parse_special=*/a.chat));
+        check(!many_tokens.back().empty(), "--prompts-file: prompt {} is empty after tokenization",
+              many_tokens.size() - 1);
+      }
+      const std::optional<Plan> types = cache_type_plan_or_empty(a.ctk, a.ctv, a.plan, h.config);
+      gpu_fmt = gpu_cache_format(types, a.ctk, a.ctv, a.cache, a.plan, h.config);
+      return;
+    }
+#endif
     const std::string text = a.chat ? chat_prompt(h.file, a.prompt) : a.prompt;
     prompt = h.tokenizer.encode(text, /*add_bos=*/true, /*parse_special=*/a.chat);
     check(!prompt.empty(), "-p: the prompt is empty after tokenization (and the model adds no BOS)");
@@ -165,6 +351,7 @@ void run(const GenerateArgs& a) {
     }
   });
 #ifdef RATEKV_HAVE_ENGINE
+  if (!many.empty()) return run_cuda_many(a, lm, many, many_tokens, *gpu_fmt);
   if (a.device == "cuda") return run_cuda(a, lm, prompt, *gpu_fmt);
 #endif
   Model& model = *lm.model;
@@ -213,7 +400,16 @@ Registrar reg("generate", [](CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand("generate", "Generate a continuation of a prompt (greedy unless --temp > 0)");
   cmd->add_option("-m,--model", args->model, "GGUF model file")->required()->check(CLI::ExistingFile);
-  cmd->add_option("-p,--prompt", args->prompt, "prompt text")->required();
+  cmd->add_option("-p,--prompt", args->prompt, "prompt text (or --prompts-file)");
+  cmd->add_option("--prompts-file", args->prompts_file,
+                  "--device cuda: many requests with continuous batching, one prompt per line or JSON lines "
+                  "{\"prompt\": ..., \"n_predict\": N, \"temperature\": T, \"top_k\": K, \"top_p\": P, \"seed\": S}")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--top-p", args->top_p, "sample within the smallest set of tokens holding this probability (1 = all)")
+      ->capture_default_str();
+  cmd->add_option("--max-batch", args->max_batch, "--prompts-file: sequences decoded together at most")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "--prompts-file: one JSON report (completions, times, throughput) on stdout");
   cmd->add_option("-n,--n-predict", args->n_predict, "tokens to generate (stops early at end-of-generation)")
       ->capture_default_str();
   cmd->add_option("--temp", args->temp, "sampling temperature; 0 = greedy")->capture_default_str();

@@ -309,6 +309,179 @@ __global__ void normalize_rows_kernel(float* __restrict__ O, int64_t o_ld, int H
   }
 }
 
+// ---- sampling (ratekv/engine/sampling.h's definition) -----------------------
+
+__device__ __forceinline__ uint32_t order_key(float f) {  // monotone float → uint32 (NaN: handled by the caller)
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Block-wide reductions for sample_kernel (1024 threads).
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op, T* sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    T a = sh[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) a = op(a, sh[w]);
+    sh[0] = a;
+  }
+  __syncthreads();
+  const T r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+// One block (1024 threads) per row.
+__global__ void __launch_bounds__(1024) sample_kernel(const float* __restrict__ logits, int V,
+                                                      const float* __restrict__ temp, const int32_t* __restrict__ topk,
+                                                      const float* __restrict__ topp, const double* __restrict__ uni,
+                                                      int32_t* __restrict__ out) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  __shared__ unsigned long long shu[32];
+  __shared__ float hist_w[256];
+  __shared__ int hist_c[256];
+  __shared__ uint32_t chosen;
+  __shared__ double seg_sum[1024];
+  const int row = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+  const float* x = logits + (size_t)row * V;
+  const float T = temp[row];
+  auto fmax_op = [](float a, float b) { return fmaxf(a, b); };
+  if (!(T > 0.f)) {  // greedy: max value, then the smallest index holding it
+    float m = -INFINITY;
+    for (int i = tid; i < V; i += nt)
+      if (!isnan(x[i])) m = fmaxf(m, x[i]);
+    m = block_reduce(m, fmax_op, shf);
+    unsigned long long best = ~0ull;
+    for (int i = tid; i < V; i += nt)
+      if (x[i] == m) best = min(best, (unsigned long long)i);
+    best = block_reduce(best, [](unsigned long long a, unsigned long long b) { return a < b ? a : b; }, shu);
+    if (tid == 0) out[row] = best == ~0ull ? 0 : (int32_t)best;
+    return;
+  }
+  auto zval = [&](int i) { const float v = x[i]; return isnan(v) ? -INFINITY : v / T; };
+  float zmax = -INFINITY;
+  for (int i = tid; i < V; i += nt) zmax = fmaxf(zmax, zval(i));
+  zmax = block_reduce(zmax, fmax_op, shf);
+  // top-k: the k-th largest key by a 4-pass radix select (exact).
+  uint32_t thr = 0;  // keep keys >= thr
+  const int k = topk[row];
+  if (k > 0 && k < V) {
+    uint32_t prefix = 0, mask = 0;
+    int remaining = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int b = tid; b < 256; b += nt) hist_c[b] = 0;
+      __syncthreads();
+      for (int i = tid; i < V; i += nt) {
+        const uint32_t key = order_key(zval(i));
+        if ((key & mask) == prefix) atomicAdd(&hist_c[(key >> shift) & 255], 1);
+      }
+      __syncthreads();
+      if (tid == 0) {
+        int cum = 0, b = 255;
+        for (; b > 0; --b) {
+          if (cum + hist_c[b] >= remaining) break;
+          cum += hist_c[b];
+        }
+        remaining -= cum;
+        chosen = (uint32_t)b;
+      }
+      __syncthreads();
+      prefix |= chosen << shift;
+      mask |= 255u << shift;
+      __syncthreads();
+    }
+    thr = prefix;
+  }
+  auto kept = [&](int i, float& w) {
+    const float z = zval(i);
+    if (z == -INFINITY || order_key(z) < thr) return false;
+    w = expf(z - zmax);
+    return true;
+  };
+  // top-p: the largest key tau with Σ_{key >= tau} w >= p · Σ w (weighted radix descent).
+  const float p = topp[row];
+  if (p < 1.f) {
+    double W = 0;
+    for (int i = tid; i < V; i += nt) {
+      float w;
+      if (kept(i, w)) W += w;
+    }
+    W = block_reduce(W, [](double a, double b) { return a + b; }, shd);
+    const double target = (double)p * W;
+    uint32_t prefix = 0, mask = 0;
+    double above = 0;  // weight of keys above the current prefix range
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int b = tid; b < 256; b += nt) hist_w[b] = 0.f;
+      __syncthreads();
+      for (int i = tid; i < V; i += nt) {
+        float w;
+        if (!kept(i, w)) continue;
+        const uint32_t key = order_key(zval(i));
+        if ((key & mask) == prefix) atomicAdd(&hist_w[(key >> shift) & 255], w);
+      }
+      __syncthreads();
+      if (tid == 0) {
+        int b = 255, last_nonzero = -1;
+        for (; b >= 0; --b) {
+          if (hist_w[b] > 0.f) last_nonzero = b;
+          if (above + hist_w[b] >= target) break;
+          above += hist_w[b];
+        }
+        if (b < 0) b = last_nonzero < 0 ? 0 : last_nonzero;  // rounding: the lowest non-empty bin
+        chosen = (uint32_t)b;
+      }
+      __syncthreads();
+      prefix |= chosen << shift;
+      mask |= 255u << shift;
+      __syncthreads();
+    }
+    thr = max(thr, prefix);
+  }
+  // Inverse CDF in index order: contiguous segments per thread, a block scan.
+  const int seg = (V + nt - 1) / nt, lo = min(V, tid * seg), hi = min(V, lo + seg);
+  double s = 0;
+  int last = -1;
+  for (int i = lo; i < hi; ++i) {
+    float w;
+    if (kept(i, w)) s += w, last = i;
+  }
+  seg_sum[tid] = s;
+  const int last_all = block_reduce(last, [](int a, int b) { return a > b ? a : b; }, reinterpret_cast<int*>(shf));
+  __syncthreads();
+  if (tid == 0) {
+    double c = 0;
+    for (int t = 0; t < nt; ++t) {
+      const double v = seg_sum[t];
+      seg_sum[t] = c;
+      c += v;
+    }
+    shd[0] = c;
+  }
+  __syncthreads();
+  const double total = shd[0], target = uni[row] * total, before = seg_sum[tid];
+  if (tid == 0) chosen = 0xffffffffu;
+  __syncthreads();
+  if (s > 0 && before <= target && target < before + s) {
+    double c = before;
+    for (int i = lo; i < hi; ++i) {
+      float w;
+      if (!kept(i, w)) continue;
+      c += w;
+      if (c > target) {
+        atomicMin(&chosen, (uint32_t)i);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) out[row] = chosen != 0xffffffffu ? (int32_t)chosen : (last_all >= 0 ? last_all : 0);
+}
+
 // Grid (n_tokens, Hkv, 2 sides), 128 threads: per group, the levels·norm of
 // the codes (y_j = n · c[idx_j]) then x̂[ch_i] = Σ_j Π[j][i] y_j.
 __global__ void __launch_bounds__(128) dequant_kernel(const detail::HeadTables* __restrict__ tables,
@@ -477,6 +650,12 @@ void normalize_rows(float* o, int64_t o_ld, int rows, int n_heads, int head_dim,
           "normalize_rows: bad arguments");
   normalize_rows_kernel<<<rows, 256, 0, (cudaStream_t)stream>>>(o, o_ld, n_heads, head_dim, l);
   check_launch("normalize_rows");
+}
+void sample_rows(const float* logits, int n, int V, const float* temperature, const int32_t* top_k,
+                 const float* top_p, const double* u, int32_t* out, void* stream) {
+  require(logits && temperature && top_k && top_p && u && out && n > 0 && V > 0, "sample_rows: bad arguments");
+  sample_kernel<<<n, 1024, 0, (cudaStream_t)stream>>>(logits, V, temperature, top_k, top_p, u, out);
+  check_launch("sample_rows");
 }
 void packed_dequantize(const PackedPlan& plan, const uint8_t* pool, const int32_t* page_table, int n_tokens,
                        uint16_t* k16, uint16_t* v16, void* stream) {

@@ -113,6 +113,7 @@ struct Engine::Impl {
   DevMem x, xn, qkv, q16, k32, v32, k16, v16, q32, o32, att16, tmp, gu, h16, tok, pos, logits;
   // decode state
   DevMem d_pos, d_lens, d_hist, d_count, d_pt, d_zero, d_start, attn_ws, probe_sink;
+  DevMem d_temp, d_topk, d_topp, d_uni;  // per-row sampling settings (decode_sample)
   std::vector<int> uploaded_batch;
   // prefill
   DevMem p_pt, scores, probs;
@@ -526,6 +527,10 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
   I->d_lens = DevMem(4 * size_t(B));
   I->d_hist = DevMem(4 * size_t(B) * detail::kHistorySteps);
   I->d_count = DevMem(4);
+  I->d_temp = DevMem(4 * size_t(B));
+  I->d_topk = DevMem(4 * size_t(B));
+  I->d_topp = DevMem(4 * size_t(B));
+  I->d_uni = DevMem(8 * size_t(B));
   I->d_zero = DevMem(4);
   I->d_start = DevMem(4);
   RATEKV_CUDA_OK(cudaMemset(I->d_zero.p, 0, 4));
@@ -931,6 +936,43 @@ void Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens, i
   if (!last_logits.empty())
     RATEKV_CUDA_OK(cudaMemcpy(last_logits.data(), I.logits.p, 4 * last_logits.size(), cudaMemcpyDeviceToHost));
   for (int id : ids) I.seq(id).len += n_steps;
+}
+
+void Engine::decode_sample(std::span<const int> ids, std::span<const int32_t> tokens,
+                           std::span<const SamplingParams> sp, std::span<const double> u, std::span<int32_t> next,
+                           std::span<float> last_logits) {
+  Impl& I = *impl_;
+  const size_t B0 = ids.size();
+  check(tokens.size() == B0 && sp.size() == B0 && u.size() == B0 && next.size() == B0,
+        "GPU engine: decode_sample of {} sequences with {} tokens, {} sampling settings, {} uniforms, {} outputs", B0,
+        tokens.size(), sp.size(), u.size(), next.size());
+  check(last_logits.empty() || last_logits.size() == B0 * size_t(I.cfg.n_vocab),
+        "GPU engine: last_logits holds {}, expected B·n_vocab = {}", last_logits.size(), B0 * size_t(I.cfg.n_vocab));
+  std::vector<float> temp(B0), topp(B0);
+  std::vector<int32_t> topk(B0);
+  for (size_t b = 0; b < B0; ++b) {
+    sp[b].validate();
+    check(u[b] >= 0.0 && u[b] < 1.0, "GPU engine: decode_sample: uniform {} of row {} outside [0, 1)", u[b], b);
+    temp[b] = sp[b].temperature, topk[b] = sp[b].top_k, topp[b] = sp[b].top_p;
+  }
+  const int B = I.prepare_batch(ids, 1);
+  I.upload_tokens(tokens);
+  const int64_t bound = I.bound_for(ids, 1);
+  cudaStream_t st = I.stream;
+  RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_temp.p, temp.data(), 4 * B0, cudaMemcpyHostToDevice, st));
+  RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_topk.p, topk.data(), 4 * B0, cudaMemcpyHostToDevice, st));
+  RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_topp.p, topp.data(), 4 * B0, cudaMemcpyHostToDevice, st));
+  RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_uni.p, u.data(), 8 * B0, cudaMemcpyHostToDevice, st));
+  // The step without its argmax / advance, then the sampler, then the advance.
+  I.run_step(B, bound, kAll & ~kAdvance, I.cfg.n_layers, I.opt.fp16_kernel);
+  cuda::sample_rows(I.logits.as<float>(), B, (int)I.dims.V, I.d_temp.as<float>(), I.d_topk.as<int32_t>(),
+                    I.d_topp.as<float>(), I.d_uni.as<double>(), I.tok.as<int32_t>(), st);
+  cuda::step_advance(I.d_pos.as<int32_t>(), I.tok.as<int32_t>(), nullptr, I.d_count.as<int32_t>(), 0, B, st);
+  RATEKV_CUDA_OK(cudaMemcpyAsync(next.data(), I.tok.p, 4 * B0, cudaMemcpyDeviceToHost, st));
+  if (!last_logits.empty())
+    RATEKV_CUDA_OK(cudaMemcpyAsync(last_logits.data(), I.logits.p, 4 * last_logits.size(), cudaMemcpyDeviceToHost, st));
+  I.sync();
+  for (int id : ids) I.seq(id).len += 1;
 }
 
 double Engine::time_decode(std::span<const int> ids, std::span<const int32_t> tokens, int warmup, int n_steps) {

@@ -51,6 +51,29 @@ TEST_F(OptionsBeforeWeights, Generate) {
   expect_error_before_weights(base + "-n 9000", {"-p/-n", "9000 new tokens", "8192"});
 }
 
+// Chunked prefill and many requests (engine issue 2 of 3): bad --chunk sizes,
+// --chunk / --prompts-file off the GPU, -p together with --prompts-file and
+// bad JSON lines are refused before the weights load.
+TEST_F(OptionsBeforeWeights, GenerateChunkAndPromptsFile) {
+  const std::string base = "generate -m " + q(smollm2_) + " ";
+  expect_error_before_weights(base + "-p hi -n 4 --chunk 100 --device cuda", {"--chunk 100", "multiple of 64"});
+  expect_error_before_weights(base + "-p hi -n 4 --chunk 64", {"--chunk", "--device cuda only"});
+  const fs::path good = dir_ / "p.txt", bad = dir_ / "p.jsonl";
+  std::ofstream(good) << "Hello there\n\n{\"prompt\": \"Once upon\", \"n_predict\": 3}\n";
+  std::ofstream(bad) << "Hello\n{\"prompt\": \"x\", \"n_predict\": 3, \"temp\": 1}\n";
+  expect_error_before_weights(base + "-n 4 --prompts-file " + q(good), {"--prompts-file", "--device cuda only"});
+  expect_error_before_weights(base + "-p hi -n 4 --prompts-file " + q(good) + " --device cuda",
+                              {"one of -p", "--prompts-file"});
+  expect_error_before_weights(base + "-n 4 --prompts-file " + q(good) + " --device cuda --top-p 0",
+                              {"--top-p", "(0, 1]"});
+#ifdef RATEKV_HAVE_ENGINE
+  expect_error_before_weights(base + "-n 4 --prompts-file " + q(bad) + " --device cuda",
+                              {"line 2", "unknown key \"temp\""});
+#endif
+  expect_error_before_weights("perplexity -m " + q(smollm2_) + " -f " + q(text_) + " --chunk 32 --device cuda",
+                              {"--chunk 32", "multiple of 64"});
+}
+
 TEST_F(OptionsBeforeWeights, GenerateChatNeedsChatMLTemplate) {
   if (!fs::exists(gemma3_)) GTEST_SKIP() << "model asset absent: " << gemma3_;
   expect_error_before_weights("generate -m " + q(gemma3_) + " -p hi -n 4 --chat", {"--chat", "ChatML"});

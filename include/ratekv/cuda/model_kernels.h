@@ -127,6 +127,17 @@ void prefill_tile_softmax(const float* S, int n_heads, int64_t stride, int rows,
 /// ≥ n_heads·hd, row stride o_ld) fp32, l (rows, n_heads).
 void normalize_rows(float* o, int64_t o_ld, int rows, int n_heads, int head_dim, const float* l, void* stream);
 
+/// Token sampling of n rows of logits (n, V) fp32 by the definition of
+/// ratekv/engine/sampling.h (its host reference: engine::sample_reference):
+/// per row temperature[i] (≤ 0: argmax, the smallest index among maxima),
+/// top_k[i] (0: all; the k-th largest by an exact radix select, ties kept),
+/// top_p[i] (1: all; τ by a weighted radix descent), u[i] uniform in
+/// [0, 1); out[i] the token. NaN logits are never picked. fp32 exp, double
+/// sums (in another order than the reference: a u within rounding of a
+/// boundary between two tokens may pick the neighbour).
+void sample_rows(const float* logits, int n, int V, const float* temperature, const int32_t* top_k,
+                 const float* top_p, const double* u, int32_t* out, void* stream);
+
 /// Read-bandwidth probe: reads `bytes` (a multiple of 16) of `buf` once with
 /// 16-byte loads; sink (2048 words) gets per-block XORs of the 32-bit words
 /// read, whose XOR is the XOR of the whole buffer (a check that every byte was

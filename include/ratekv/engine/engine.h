@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "ratekv/engine/cache_format.h"
+#include "ratekv/engine/sampling.h"
 #include "ratekv/model/model.h"
 
 namespace ratekv::engine {
@@ -186,6 +187,16 @@ class Engine {
   /// Throws Error (before any work) for a sequence past its reservation.
   void decode(std::span<const int> seqs, std::span<const int32_t> tokens, int n_steps,
               std::span<int32_t> out_tokens, std::span<float> last_logits = {});
+
+  /// One decode step of `seqs` (as decode with n_steps 1) whose next tokens
+  /// are sampled on the GPU (cuda::sample_rows, the definition of
+  /// engine/sampling.h) with sp[b] and uniform u[b] per sequence (greedy rows
+  /// take the argmax). next: (B) the picked tokens; last_logits: empty or
+  /// (B, n_vocab), the step's logits. Throws Error (before any work) for
+  /// spans of the wrong size, invalid settings, u outside [0, 1), or a
+  /// sequence past its reservation.
+  void decode_sample(std::span<const int> seqs, std::span<const int32_t> tokens, std::span<const SamplingParams> sp,
+                     std::span<const double> u, std::span<int32_t> next, std::span<float> last_logits = {});
 
   /// Times `n_steps` decode steps (graph replays) of `seqs` after `warmup`
   /// untimed steps; returns ms per step (events). The sequences grow by
