@@ -31,6 +31,8 @@
 
 #ifdef RATEKV_HAVE_ENGINE
 #include "ratekv/engine/engine.h"
+#include "ratekv/engine/engine_executor.h"
+#include "ratekv/engine/scheduler.h"
 #endif
 
 namespace ratekv::cli {
@@ -50,6 +52,10 @@ struct BenchArgs {
   bool profile = false, force = false;
   int fp16_kernel = 0;
   int64_t chunk = 0;  // cuda: chunked prefill in chunks of this many tokens (0: one piece)
+  // cuda request stream (continuous batching): requests, prompt / output tokens each, pool GiB, batch cap
+  int64_t requests = 0, req_prompt = 512, req_gen = 128;
+  double pool_gib = 0;
+  int stream_batch = 128;
 };
 
 struct Stat {
@@ -221,6 +227,84 @@ void run_cpu(const BenchArgs& a, Model& model, const std::string& model_name, co
 // ---- CUDA ----------------------------------------------------------------------
 
 #ifdef RATEKV_HAVE_ENGINE
+// A stream of `requests` requests (random prompts of req_prompt tokens,
+// req_gen greedy tokens each, all queued at t = 0) through the
+// continuous-batching scheduler on a pool of pool_gib GiB (0: all free
+// memory) with at most stream_batch sequences: one "stream" row with
+// requests/s, output tokens/s, the most sequences at once, time to first
+// token (mean, p50, p90) and latency.
+void run_stream(const BenchArgs& a, const ModelConfig& cfg, const Model* model, bool untied,
+                const std::string& model_name, const CacheSpec& s, const engine::CacheFormat& fmt,
+                engine::PrefillMode mode, std::vector<json>& rows) {
+  engine::EngineOptions o;
+  o.max_batch = a.stream_batch;
+  o.max_prefill_tokens = a.chunk > 0 ? a.chunk : a.req_prompt;
+  o.context_limit = a.ctx;
+  o.pool_bytes = static_cast<size_t>(a.pool_gib * 1073741824.0);
+  o.prefill_score_bytes = size_t{1} << 30;
+  json r = base_row(a, model_name, s.label, "stream");
+  r["requests"] = a.requests;
+  r["prompt_tokens_each"] = a.req_prompt;
+  r["output_tokens_each"] = a.req_gen;
+  r["pool_gib"] = a.pool_gib;
+  r["max_batch"] = a.stream_batch;
+  r["B"] = a.stream_batch;  // the cap; max_concurrent is what ran
+  r["depth"] = 0;
+  r["chunk"] = a.chunk;
+  r["prefill_mode"] = engine::prefill_mode_name(mode);
+  try {
+    std::unique_ptr<engine::Engine> eng = model ? engine::Engine::create(cfg, model->weights(), fmt, o)
+                                                : engine::Engine::create_synthetic(cfg, untied, a.seed, fmt, o);
+    spdlog::info("bench stream: {} {}", s.label, eng->memory().summary());
+    r["pool_tokens"] = eng->memory().capacity_tokens;
+    engine::EngineExecutor ex(*eng, mode, a.chunk > 0);
+    engine::SchedulerOptions so;
+    so.prefill_chunk = a.chunk;
+    so.prefill_token_budget = std::max<int64_t>(a.chunk > 0 ? a.chunk : a.req_prompt, 2048);
+    engine::Scheduler sch(ex, so);
+    for (int64_t i = 0; i < a.requests; ++i) {
+      engine::Request q;
+      q.prompt = random_tokens(a.req_prompt, cfg.n_vocab, a.seed + 1000 + i);
+      q.n_predict = static_cast<int>(a.req_gen);
+      sch.submit(std::move(q));
+    }
+    const auto res = sch.run();
+    const engine::SchedulerStats& st = sch.stats();
+    std::vector<double> ttft, lat;
+    int errors = 0;
+    for (const auto& x : res) {
+      if (x.finish == "error") {
+        ++errors;
+        r["error"] = x.error;
+        continue;
+      }
+      ttft.push_back(x.t_first_token);
+      lat.push_back(x.t_done);
+    }
+    std::sort(ttft.begin(), ttft.end());
+    std::sort(lat.begin(), lat.end());
+    auto pct = [](const std::vector<double>& v, double q) { return v.empty() ? 0.0 : v[size_t(q * (v.size() - 1))]; };
+    r["seconds"] = st.seconds;
+    r["requests_per_s"] = st.seconds > 0 ? (a.requests - errors) / st.seconds : 0.0;
+    r["output_tok_s"] = st.seconds > 0 ? st.output_tokens / st.seconds : 0.0;
+    r["max_concurrent"] = st.max_concurrent;
+    r["decode_steps"] = st.decode_steps;
+    r["ttft_s_mean"] = ttft.empty() ? 0.0 : std::accumulate(ttft.begin(), ttft.end(), 0.0) / ttft.size();
+    r["ttft_s_p50"] = pct(ttft, 0.5);
+    r["ttft_s_p90"] = pct(ttft, 0.9);
+    r["latency_s_p50"] = pct(lat, 0.5);
+    r["latency_s_max"] = lat.empty() ? 0.0 : lat.back();
+    r["failed_requests"] = errors;
+    spdlog::info("bench stream: {}: {} requests in {:.2f} s, {:.2f} req/s, {:.0f} output tok/s, at most {} at once",
+                 s.label, a.requests, st.seconds, r["requests_per_s"].get<double>(), r["output_tok_s"].get<double>(),
+                 st.max_concurrent);
+  } catch (const Error& e) {
+    r["error"] = e.what();
+    spdlog::warn("bench stream: {}: {}", s.label, e.what());
+  }
+  rows.push_back(r);
+}
+
 void run_cuda(const BenchArgs& a, const ModelConfig& cfg, const Model* model, bool untied,
               const std::string& model_name, const std::vector<CacheSpec>& specs, std::vector<json>& rows,
               json& meta) {
@@ -244,121 +328,126 @@ void run_cuda(const BenchArgs& a, const ModelConfig& cfg, const Model* model, bo
     else
       e.prefill(seq, toks, mode, {});
   };
+  const bool need_main = std::any_of(a.p.begin(), a.p.end(), [](int64_t v) { return v > 0; }) ||
+                         std::any_of(a.n.begin(), a.n.end(), [](int64_t v) { return v > 0; });
   for (const CacheSpec& s : specs) {
     const engine::CacheFormat fmt =
         s.fp16 ? engine::CacheFormat::fp16(cfg)
                : engine::CacheFormat::packed(std::make_shared<const cache::PlanCodecs>(*s.plan, cfg, s.label),
                                              s.label);
-    engine::EngineOptions o;
-    o.max_batch = max_b;
-    o.max_prefill_tokens = max_prefill;
-    o.context_limit = a.ctx;
-    o.fp16_kernel = a.fp16_kernel;
-    std::unique_ptr<engine::Engine> eng =
-        model ? engine::Engine::create(cfg, model->weights(), fmt, o)
-              : engine::Engine::create_synthetic(cfg, untied, a.seed, fmt, o);
-    spdlog::info("bench: {} {}", s.label, eng->memory().summary());
-    const double ceiling = eng->read_ceiling_gbps(size_t{4} << 30, 10);
-    spdlog::info("bench: read ceiling {:.0f} GB/s (read-only probe)", ceiling);
-    meta["read_ceiling_gbps"][s.label] = ceiling;
-    meta["memory"][s.label] = {{"weights", eng->memory().weights}, {"activations", eng->memory().activations},
-                               {"workspace", eng->memory().workspace}, {"pool", eng->memory().pool},
-                               {"capacity_tokens", eng->memory().capacity_tokens}};
-    const engine::MemoryPlan& mp = eng->memory();
-    const double fixed = static_cast<double>(mp.weights + mp.activations + mp.workspace);
-    const double page_all = static_cast<double>(fmt.page_bytes_all_layers());
-    for (int64_t p : a.p) {
-      if (p <= 0) continue;
-      json r = base_row(a, model_name, s.label, "pp" + std::to_string(p));
-      r["B"] = 1;
-      r["depth"] = 0;
-      r["prefill_mode"] = engine::prefill_mode_name(mode);
-      r["chunk"] = a.chunk;
-      std::vector<double> tps, ttft;
-      for (int rep = 0; rep <= a.reps; ++rep) {  // rep 0: warm-up
-        const int seq = eng->add_sequence(p);
-        const auto toks = random_tokens(p, V, a.seed + rep);
-        const auto t0 = clk::now();
-        std::vector<float> last(V);  // the first token's logits: time to first token
-        if (a.chunk > 0)
-          eng->prefill_chunked(seq, toks, a.chunk, mode, last);
-        else
-          eng->prefill(seq, toks, mode, last);
-        const double sec = std::chrono::duration<double>(clk::now() - t0).count();
-        if (rep > 0) tps.push_back(p / sec), ttft.push_back(sec * 1e3);
-        eng->remove_sequence(seq);
-      }
-      const Stat st = stat(tps);
-      r["prefill_tok_s"] = st.mean;
-      r["prefill_tok_s_sd"] = st.sd;
-      r["ttft_ms"] = stat(ttft).mean;
-      r["ttft_ms_sd"] = stat(ttft).sd;
-      rows.push_back(r);
-    }
-    for (int B : a.b)
-      for (int64_t depth : a.d)
-        for (int64_t n : a.n) {
-          if (n <= 0) continue;
-          json r = base_row(a, model_name, s.label, "tg" + std::to_string(n));
-          r["B"] = B;
-          r["depth"] = depth;
-          const int64_t d0 = std::max<int64_t>(depth, 1);
-          const bool real = real_prefill(d0);
-          r["synthetic_fill"] = !real;
-          r["prefill_mode"] = real ? engine::prefill_mode_name(mode) : "none";
-          const int warmup = 2;
-          const int64_t need = d0 + (a.reps + 1) * (n + warmup) + 2;
-          std::vector<int> seqs;
-          try {
-            for (int b = 0; b < B; ++b) seqs.push_back(eng->add_sequence(need));
-          } catch (const Error& e) {
-            for (int q : seqs) eng->remove_sequence(q);
-            r["error"] = e.what();
-            spdlog::warn("bench: {} B={} depth={}: {}", s.label, B, depth, e.what());
-            rows.push_back(r);
-            continue;
-          }
-          for (int b = 0; b < B; ++b) {
-            if (real)
-              do_prefill(*eng, seqs[b], random_tokens(d0, V, a.seed + 31 * b));
-            else
-              eng->fill_synthetic(seqs[b], d0, a.seed + 31 * b);
-          }
-          const std::vector<int32_t> start(B, 1);
-          eng->time_decode(seqs, start, warmup, n);  // graph capture, warm-up
-          std::vector<double> tps, step_ms;
-          const engine::StepBytes sb = eng->step_bytes(seqs);
-          for (int rep = 0; rep < a.reps; ++rep) {
-            const double ms = eng->time_decode(seqs, start, 0, static_cast<int>(n));
-            step_ms.push_back(ms);
-            tps.push_back(B * 1e3 / ms);
-          }
-          const Stat st = stat(tps), sm = stat(step_ms);
-          const double roof = sb.total() / (ceiling * 1e9) * 1e3;
-          r["decode_tok_s"] = st.mean;
-          r["decode_tok_s_sd"] = st.sd;
-          r["step_ms"] = sm.mean;
-          r["step_ms_sd"] = sm.sd;
-          r["read_ceiling_gbps"] = ceiling;
-          r["bytes_read_gb"] = sb.total() / 1e9;
-          r["weight_bytes_gb"] = sb.weights / 1e9;
-          r["cache_read_gb"] = sb.cache / 1e9;
-          r["roofline_ms"] = roof;
-          r["x_roofline"] = sm.mean / roof;
-          r["cache_bytes"] = static_cast<double>(B) * std::ceil(d0 / 64.0) * page_all;
-          r["peak_mem_gb"] = (fixed + static_cast<double>(B) * std::ceil(need / 64.0) * page_all) / 1e9;
-          r["attn_ms"] = eng->time_attention(seqs, 20);
-          if (s.fp16) r["attn_ms_rows16"] = eng->time_attention(seqs, 20, 1);
-          if (a.profile) {
-            const engine::DecodeProfile pr = eng->profile_decode(seqs, 10);
-            r["profile_ms"] = {{"step", pr.step}, {"gemm", pr.gemm}, {"attention", pr.attention},
-                               {"append", pr.append}, {"other", pr.other}};
-          }
-          rows.push_back(r);
-          spdlog::info("bench: {} B={} depth={} {}: {:.1f} tok/s, step {:.3f} ms, roofline {:.3f} ms ({:.2f}x)",
-                       s.label, B, depth, r["test"].get<std::string>(), st.mean, sm.mean, roof, sm.mean / roof);
-          for (int q : seqs) eng->remove_sequence(q);
+    if (need_main) {
+      engine::EngineOptions o;
+      o.max_batch = max_b;
+      o.max_prefill_tokens = max_prefill;
+      o.context_limit = a.ctx;
+      o.fp16_kernel = a.fp16_kernel;
+      std::unique_ptr<engine::Engine> eng =
+          model ? engine::Engine::create(cfg, model->weights(), fmt, o)
+                : engine::Engine::create_synthetic(cfg, untied, a.seed, fmt, o);
+      spdlog::info("bench: {} {}", s.label, eng->memory().summary());
+      const double ceiling = eng->read_ceiling_gbps(size_t{4} << 30, 10);
+      spdlog::info("bench: read ceiling {:.0f} GB/s (read-only probe)", ceiling);
+      meta["read_ceiling_gbps"][s.label] = ceiling;
+      meta["memory"][s.label] = {{"weights", eng->memory().weights}, {"activations", eng->memory().activations},
+                                 {"workspace", eng->memory().workspace}, {"pool", eng->memory().pool},
+                                 {"capacity_tokens", eng->memory().capacity_tokens}};
+      const engine::MemoryPlan& mp = eng->memory();
+      const double fixed = static_cast<double>(mp.weights + mp.activations + mp.workspace);
+      const double page_all = static_cast<double>(fmt.page_bytes_all_layers());
+      for (int64_t p : a.p) {
+        if (p <= 0) continue;
+        json r = base_row(a, model_name, s.label, "pp" + std::to_string(p));
+        r["B"] = 1;
+        r["depth"] = 0;
+        r["prefill_mode"] = engine::prefill_mode_name(mode);
+        r["chunk"] = a.chunk;
+        std::vector<double> tps, ttft;
+        for (int rep = 0; rep <= a.reps; ++rep) {  // rep 0: warm-up
+          const int seq = eng->add_sequence(p);
+          const auto toks = random_tokens(p, V, a.seed + rep);
+          const auto t0 = clk::now();
+          std::vector<float> last(V);  // the first token's logits: time to first token
+          if (a.chunk > 0)
+            eng->prefill_chunked(seq, toks, a.chunk, mode, last);
+          else
+            eng->prefill(seq, toks, mode, last);
+          const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+          if (rep > 0) tps.push_back(p / sec), ttft.push_back(sec * 1e3);
+          eng->remove_sequence(seq);
         }
+        const Stat st = stat(tps);
+        r["prefill_tok_s"] = st.mean;
+        r["prefill_tok_s_sd"] = st.sd;
+        r["ttft_ms"] = stat(ttft).mean;
+        r["ttft_ms_sd"] = stat(ttft).sd;
+        rows.push_back(r);
+      }
+      for (int B : a.b)
+        for (int64_t depth : a.d)
+          for (int64_t n : a.n) {
+            if (n <= 0) continue;
+            json r = base_row(a, model_name, s.label, "tg" + std::to_string(n));
+            r["B"] = B;
+            r["depth"] = depth;
+            const int64_t d0 = std::max<int64_t>(depth, 1);
+            const bool real = real_prefill(d0);
+            r["synthetic_fill"] = !real;
+            r["prefill_mode"] = real ? engine::prefill_mode_name(mode) : "none";
+            const int warmup = 2;
+            const int64_t need = d0 + (a.reps + 1) * (n + warmup) + 2;
+            std::vector<int> seqs;
+            try {
+              for (int b = 0; b < B; ++b) seqs.push_back(eng->add_sequence(need));
+            } catch (const Error& e) {
+              for (int q : seqs) eng->remove_sequence(q);
+              r["error"] = e.what();
+              spdlog::warn("bench: {} B={} depth={}: {}", s.label, B, depth, e.what());
+              rows.push_back(r);
+              continue;
+            }
+            for (int b = 0; b < B; ++b) {
+              if (real)
+                do_prefill(*eng, seqs[b], random_tokens(d0, V, a.seed + 31 * b));
+              else
+                eng->fill_synthetic(seqs[b], d0, a.seed + 31 * b);
+            }
+            const std::vector<int32_t> start(B, 1);
+            eng->time_decode(seqs, start, warmup, n);  // graph capture, warm-up
+            std::vector<double> tps, step_ms;
+            const engine::StepBytes sb = eng->step_bytes(seqs);
+            for (int rep = 0; rep < a.reps; ++rep) {
+              const double ms = eng->time_decode(seqs, start, 0, static_cast<int>(n));
+              step_ms.push_back(ms);
+              tps.push_back(B * 1e3 / ms);
+            }
+            const Stat st = stat(tps), sm = stat(step_ms);
+            const double roof = sb.total() / (ceiling * 1e9) * 1e3;
+            r["decode_tok_s"] = st.mean;
+            r["decode_tok_s_sd"] = st.sd;
+            r["step_ms"] = sm.mean;
+            r["step_ms_sd"] = sm.sd;
+            r["read_ceiling_gbps"] = ceiling;
+            r["bytes_read_gb"] = sb.total() / 1e9;
+            r["weight_bytes_gb"] = sb.weights / 1e9;
+            r["cache_read_gb"] = sb.cache / 1e9;
+            r["roofline_ms"] = roof;
+            r["x_roofline"] = sm.mean / roof;
+            r["cache_bytes"] = static_cast<double>(B) * std::ceil(d0 / 64.0) * page_all;
+            r["peak_mem_gb"] = (fixed + static_cast<double>(B) * std::ceil(need / 64.0) * page_all) / 1e9;
+            r["attn_ms"] = eng->time_attention(seqs, 20);
+            if (s.fp16) r["attn_ms_rows16"] = eng->time_attention(seqs, 20, 1);
+            if (a.profile) {
+              const engine::DecodeProfile pr = eng->profile_decode(seqs, 10);
+              r["profile_ms"] = {{"step", pr.step}, {"gemm", pr.gemm}, {"attention", pr.attention},
+                                 {"append", pr.append}, {"other", pr.other}};
+            }
+            rows.push_back(r);
+            spdlog::info("bench: {} B={} depth={} {}: {:.1f} tok/s, step {:.3f} ms, roofline {:.3f} ms ({:.2f}x)",
+                         s.label, B, depth, r["test"].get<std::string>(), st.mean, sm.mean, roof, sm.mean / roof);
+            for (int q : seqs) eng->remove_sequence(q);
+          }
+    }
+    if (a.requests > 0) run_stream(a, cfg, model, untied, model_name, s, fmt, mode, rows);
   }
 }
 #endif
@@ -378,8 +467,10 @@ std::string markdown(const std::vector<json>& rows) {
       "fill |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const json& r : rows) {
     const bool pp = r.contains("prefill_tok_s");
-    std::string ts = r.contains("error") ? "does not fit" : pp ? fmt_num(r, "prefill_tok_s", "prefill_tok_s_sd", 1)
-                                                                 : fmt_num(r, "decode_tok_s", "decode_tok_s_sd", 1);
+    std::string ts = r.contains("error")          ? "does not fit"
+                     : pp                         ? fmt_num(r, "prefill_tok_s", "prefill_tok_s_sd", 1)
+                     : r.contains("output_tok_s") ? fmt_num(r, "output_tok_s", nullptr, 1)
+                                                  : fmt_num(r, "decode_tok_s", "decode_tok_s_sd", 1);
     s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                      r["model"].get<std::string>(), r["cache"].get<std::string>(), r["device"].get<std::string>(),
                      r["B"].get<int>(), r["depth"].get<int64_t>(), r["test"].get<std::string>(), ts,
@@ -398,6 +489,7 @@ std::string csv(const std::vector<json>& rows) {
                                          "prefill_tok_s_sd", "decode_tok_s", "decode_tok_s_sd", "step_ms",
                                          "step_ms_sd", "roofline_ms", "x_roofline", "read_ceiling_gbps",
                                          "cache_bytes", "peak_mem_gb", "synthetic_fill", "prefill_mode", "attn_ms",
+                                         "chunk", "ttft_ms", "requests_per_s", "output_tok_s", "max_concurrent",
                                          "error"};
   std::string s;
   for (size_t i = 0; i < cols.size(); ++i) s.append(i ? "," : "").append(cols[i]);
@@ -453,6 +545,10 @@ void run(const BenchArgs& a, const std::string& command_line) {
   check(args.chunk == 0 || (args.chunk >= 64 && args.chunk % 64 == 0),
         "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", args.chunk);
   check(args.chunk == 0 || args.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
+  check(args.requests == 0 || args.device == "cuda", "--requests: the request stream runs on --device cuda only");
+  check(args.req_prompt >= 1 && args.req_gen >= 1 && args.stream_batch >= 1 && args.pool_gib >= 0,
+        "--req-prompt {} / --req-gen {} / --stream-batch {} must be >= 1 and --pool-gib {} >= 0", args.req_prompt,
+        args.req_gen, args.stream_batch, args.pool_gib);
   if (args.device == "cpu") {
     check(args.fill != "synthetic", "--fill synthetic: the CPU runtime has no synthetic fill (use prefill)");
     if (!a.synthetic.empty()) {
@@ -542,6 +638,15 @@ Registrar reg("bench", [](CLI::App& app) {
                   "cuda: chunked prefill in chunks of N tokens (a multiple of 64; 0 = one piece): activations for N "
                   "tokens whatever the prompt; pp rows report ttft_ms")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--requests", a->requests,
+                  "cuda: a stream of N requests through the continuous-batching scheduler (a 'stream' row per cache)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--req-prompt", a->req_prompt, "--requests: prompt tokens of each request")->capture_default_str();
+  cmd->add_option("--req-gen", a->req_gen, "--requests: tokens generated by each request")->capture_default_str();
+  cmd->add_option("--pool-gib", a->pool_gib, "--requests: page pool in GiB (0 = all free memory)")
+      ->capture_default_str();
+  cmd->add_option("--stream-batch", a->stream_batch, "--requests: most sequences decoded together")
+      ->capture_default_str();
   cmd->add_flag("--profile", a->profile, "cuda: time each part of a decode step (GEMMs, attention, append, rest)");
   cmd->add_option("--fp16-kernel", a->fp16_kernel, "cuda fp16 decode kernel: 0 automatic, 1 rows16, 2 n8")
       ->capture_default_str()
