@@ -90,7 +90,8 @@ void run(const PerplexityArgs& a) {
   if (a.device == "cuda") {
 #ifdef RATEKV_HAVE_ENGINE
     engine::EngineOptions o;
-    o.max_prefill_tokens = a.chunk > 0 ? std::min(a.chunk, n_ctx) : n_ctx;
+    const int64_t chunk = a.chunk > 0 && a.chunk < n_ctx ? a.chunk : 0;  // a chunk ≥ the window: one piece
+    o.max_prefill_tokens = chunk > 0 ? chunk : n_ctx;
     o.pool_bytes = gpu_fmt->page_bytes_all_layers() * static_cast<size_t>((n_ctx + 63) / 64 + 1);
     auto eng = engine::Engine::create(model.config(), model.weights(), *gpu_fmt, o);
     const engine::PrefillMode mode =
@@ -98,7 +99,7 @@ void run(const PerplexityArgs& a) {
     spdlog::info("GPU engine ({}): {} cache, {} mode; {}", engine::cuda_device_name(), gpu_fmt->label(),
                  engine::prefill_mode_name(mode), eng->memory().summary());
     r = engine::gpu_perplexity(*eng, tokens, n_ctx, a.chunks, lm.add_bos, lm.tokenizer->bos_id(), mode, on_chunk,
-                               a.chunk);
+                               chunk);
     cache_label = gpu_fmt->label();
     mode_name = engine::prefill_mode_name(mode);
     cache_tokens = n_ctx;

@@ -482,39 +482,57 @@ __global__ void __launch_bounds__(1024) sample_kernel(const float* __restrict__ 
   if (tid == 0) out[row] = chosen != 0xffffffffu ? (int32_t)chosen : (last_all >= 0 ? last_all : 0);
 }
 
-// Grid (n_tokens, Hkv, 2 sides), 128 threads: per group, the levels·norm of
-// the codes (y_j = n · c[idx_j]) then x̂[ch_i] = Σ_j Π[j][i] y_j.
+// Grid (⌈n_tokens/32⌉, Hkv, 2 sides), 128 threads: 32 tokens per block so
+// that each rotation is read once per 32 tokens (chunked prefill dequantizes
+// every earlier chunk again for each chunk). Per group: y_t,j = n_t ·
+// c[idx_t,j] for the block's tokens, then x̂_t[ch_i] = Σ_j Π[j][i] y_t,j
+// (fmaf over j ascending: the same arithmetic, hence bits, as one token per
+// block).
+constexpr int kDequantTokens = 32;
 __global__ void __launch_bounds__(128) dequant_kernel(const detail::HeadTables* __restrict__ tables,
                                                       const float* __restrict__ rot, const int32_t* __restrict__ chans,
                                                       const float* __restrict__ levels, const uint8_t* __restrict__ pool,
                                                       size_t page_bytes, const int32_t* __restrict__ page_table,
-                                                      int hd, uint16_t* __restrict__ k16, uint16_t* __restrict__ v16) {
-  __shared__ float y[256];
-  __shared__ float outv[256];
-  const int tok = blockIdx.x, h = blockIdx.y, s = blockIdx.z, Hkv = gridDim.y;
+                                                      int hd, int n_tokens, uint16_t* __restrict__ k16,
+                                                      uint16_t* __restrict__ v16) {
+  __shared__ float y[kDequantTokens * 256];
+  const int t0 = blockIdx.x * kDequantTokens, h = blockIdx.y, s = blockIdx.z, Hkv = gridDim.y;
+  const int nt = min(kDequantTokens, n_tokens - t0);
   const detail::HeadTables& T = tables[h];
-  const uint8_t* head = pool + (size_t)page_table[tok / packed::kPageTokens] * page_bytes + T.block_offset;
-  const int slot = tok % packed::kPageTokens;
-  for (int c = threadIdx.x; c < hd; c += blockDim.x) outv[c] = 0.f;
+  uint16_t* o = (s == 0 ? k16 : v16);
+  // Channels in no group are 0 (written first; the groups overwrite theirs after the barrier).
+  for (int idx = threadIdx.x; idx < nt * hd; idx += blockDim.x)
+    o[((size_t)(t0 + idx / hd) * Hkv + h) * hd + idx % hd] = 0;
   for (int g = 0; g < T.n_groups[s]; ++g) {
     const int dim = T.dim[s][g], bits = T.bits[s][g];
-    const float norm = __half2float(*reinterpret_cast<const __half*>(head + T.norm_offset[s][g] + 2 * slot));
     const float* lv = levels + T.lvl_offset[s][g];
-    __syncthreads();  // y free
-    for (int j = threadIdx.x; j < dim; j += blockDim.x)
-      y[j] = norm * lv[detail::read_code(head + T.code_offset[s][g], bits, s, slot, j)];
+    __syncthreads();  // y free; the zeros written
+    for (int idx = threadIdx.x; idx < kDequantTokens * dim; idx += blockDim.x) {
+      const int t = idx / dim, j = idx % dim;
+      float val = 0.f;
+      if (t < nt) {
+        const int tok = t0 + t, slot = tok % packed::kPageTokens;
+        const uint8_t* head = pool + (size_t)page_table[tok / packed::kPageTokens] * page_bytes + T.block_offset;
+        const float norm = __half2float(*reinterpret_cast<const __half*>(head + T.norm_offset[s][g] + 2 * slot));
+        val = norm * lv[detail::read_code(head + T.code_offset[s][g], bits, s, slot, j)];
+      }
+      y[t * 256 + j] = val;
+    }
     __syncthreads();
     const float* R = rot + T.rot_offset[s][g];
     const int32_t* ch = chans + T.chan_offset[s][g];
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-      float acc = 0.f;
-      for (int j = 0; j < dim; ++j) acc = fmaf(R[(size_t)j * dim + i], y[j], acc);
-      outv[ch[i]] = acc;
+      float acc[kDequantTokens];
+#pragma unroll
+      for (int t = 0; t < kDequantTokens; ++t) acc[t] = 0.f;
+      for (int j = 0; j < dim; ++j) {
+        const float r = R[(size_t)j * dim + i];
+#pragma unroll
+        for (int t = 0; t < kDequantTokens; ++t) acc[t] = fmaf(r, y[t * 256 + j], acc[t]);
+      }
+      for (int t = 0; t < nt; ++t) o[((size_t)(t0 + t) * Hkv + h) * hd + ch[i]] = f16_bits(acc[t]);
     }
   }
-  __syncthreads();
-  uint16_t* o = (s == 0 ? k16 : v16) + ((size_t)tok * Hkv + h) * hd;
-  for (int c = threadIdx.x; c < hd; c += blockDim.x) o[c] = f16_bits(outv[c]);
 }
 
 __global__ void __launch_bounds__(512) read_probe_kernel(const uint4* __restrict__ buf, size_t n, uint32_t* sink) {
@@ -662,9 +680,9 @@ void packed_dequantize(const PackedPlan& plan, const uint8_t* pool, const int32_
   require(pool && page_table && k16 && v16 && n_tokens > 0, "packed_dequantize: bad arguments");
   require(!plan.device().has_wide, "packed_dequantize: the plan has 5..8-bit groups (extension pages)");
   const auto& D = plan.device();
-  dequant_kernel<<<dim3(n_tokens, plan.layout().n_kv_heads(), 2), 128, 0, (cudaStream_t)stream>>>(
-      D.heads, D.rotations, D.channels, D.levels, pool, plan.layout().page_bytes(), page_table, plan.head_dim(), k16,
-      v16);
+  dequant_kernel<<<dim3((n_tokens + kDequantTokens - 1) / kDequantTokens, plan.layout().n_kv_heads(), 2), 128, 0,
+                   (cudaStream_t)stream>>>(D.heads, D.rotations, D.channels, D.levels, pool, plan.layout().page_bytes(),
+                                           page_table, plan.head_dim(), n_tokens, k16, v16);
   check_launch("packed_dequantize");
 }
 void read_probe(const void* buf, size_t bytes, uint32_t* sink, void* stream) {
