@@ -10,7 +10,10 @@
 #   4. write out/main_job/report.{md,json,png}
 # The K-only rows of the K2V2 / K3V3 plans are the K2 / K3 (V fp) results.
 #
-# usage: bash tools/main_job.sh [--seeds N] [--force] [--out DIR]
+# usage: bash tools/main_job.sh [--model NAME] [--seeds N] [--force] [--out DIR]
+#   --model NAME  smollm2 (default), gemma3, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b
+#               (the 1.5B needs tools/fetch_assets.sh --with-qwen-1.5b); the same
+#               steps, and the llama.cpp rows from tests/fixtures/<NAME>/perplexity.json
 #   --seeds N   rotation run seeds (default 1, env RATEKV_SEEDS); 3 for mean ± spread
 #   --force     overwrite an existing report in the output folder; without it an
 #               existing out/main_job is left alone and the run goes to out/main_job-<UTC time>
@@ -19,14 +22,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${RATEKV_SEEDS:-1}
+MODEL_NAME=smollm2
 FORCE=0
 OUT=out/main_job
 while (($#)); do
   case "$1" in
     --seeds) SEEDS=$2; shift 2 ;;
+    --model) MODEL_NAME=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
+    -h|--help) sed -n "2,/^set -euo/p" "$0" | grep "^#" | cut -c3-; exit 0 ;;
     *) echo "main_job.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -34,6 +39,14 @@ if [[ -e "$OUT/report.json" && $FORCE == 0 ]]; then
   OUT="$OUT-$(date -u +%Y%m%d-%H%M%S)"
   echo "main_job: a previous report exists; writing this run to $OUT (pass --force to overwrite)"
 fi
+A=${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}
+case "$MODEL_NAME" in
+  smollm2) MODEL=$A/models/SmolLM2-135M-Instruct.Q4_1.gguf ;;
+  gemma3) MODEL=$A/models/gemma-3-270m-q4_k_m.gguf ;;
+  qwen2.5-coder-0.5b) MODEL=$A/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ;;
+  qwen2.5-coder-1.5b) MODEL=$A/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf ;;
+  *) echo "main_job.sh: --model '$MODEL_NAME': expected smollm2, gemma3, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
 FORCE_FLAG=(); ((FORCE)) && FORCE_FLAG=(--force)
 
@@ -44,8 +57,7 @@ step "dependencies"
 bash tools/install_deps.sh
 step "assets"
 bash tools/fetch_assets.sh >/dev/null
-A=${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}
-MODEL=$A/models/SmolLM2-135M-Instruct.Q4_1.gguf
+[[ -f $MODEL ]] || { echo "main_job.sh: --model $MODEL_NAME: $MODEL is missing (tools/fetch_assets.sh fetches it)" >&2; exit 2; }
 CALIB=$A/text/calib.txt
 EVAL=$A/text/eval.txt
 B=${RATEKV_BUILD_DIR:-build}
@@ -86,6 +98,6 @@ cat "$OUT/eval_table.txt"
 
 step "report"
 python3 tools/plot_eval.py "$OUT/report.json" "$OUT/report.png"
-python3 tools/main_job_report.py "$OUT/report.json" tests/fixtures/smollm2/perplexity.json \
+python3 tools/main_job_report.py "$OUT/report.json" "tests/fixtures/$MODEL_NAME/perplexity.json" \
   "$(( t_done - t_job ))" >"$OUT/report.md"
 step "done: calibrate+plan+eval took $(( t_done - t_job )) s; wrote $OUT/report.md, $OUT/report.json, $OUT/report.png"

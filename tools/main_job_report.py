@@ -3,7 +3,7 @@
 
 usage: main_job_report.py EVAL_REPORT.json LLAMA_PERPLEXITY.json SECONDS > report.md
 
-LLAMA_PERPLEXITY.json is tests/fixtures/smollm2/perplexity.json (llama-perplexity on the same model and
+LLAMA_PERPLEXITY.json is tests/fixtures/<model>/perplexity.json (llama-perplexity on the same model and
 text); missing is fine. Its running PPL after the same number of windows of the same length is put
 beside ratekv's rows, so both score exactly the same tokens. SECONDS: wall time of calibrate+plan+eval.
 """
