@@ -5,8 +5,9 @@
 # Usage (from the tree's root on the GPU machine; carry .devdeps):
 #   DEPS=$PWD/.devdeps tools/device/run_serving.sh
 #   STAGES="tests sanitize" tools/device/run_serving.sh      (a subset; build already there)
-# Stages (default all, in this order; each has its own time limit and a
-# failing stage does not stop the next):
+# Stages (default all, in this order; each has its own time limit, all of
+# them DEADLINE seconds (470) together, and a failing stage does not stop the
+# next):
 #   build     tools/device/build.sh (ratekv_cli, test_engine)
 #   tests     test_engine (all but EngineSmolLM2): chunked = one-piece prefill,
 #             chunked vs the CPU runtime, continuous batch = alone, GPU
@@ -31,15 +32,19 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 B=${BUILD:-/tmp/ratekv-build}
 LOG=$OUT/all.log
 RK=$B/bin/ratekv
-say() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
-has() { [[ " $STAGES " == *" $1 "* ]]; }
+T0=$(date +%s)
+DEADLINE=${DEADLINE:-470}  # seconds for all stages (≤ 8 device minutes with the machine's start)
+# lim N: N, or the seconds left before DEADLINE when fewer (0: skip the stage).
+lim() { local left=$((DEADLINE - ($(date +%s) - T0))); [ $left -lt $1 ] && echo $((left > 1 ? left : 1)) || echo $1; }
+say() { echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)" | tee -a "$LOG"; }
+has() { [[ " $STAGES " == *" $1 "* ]] && { [ "$1" = collect ] || [ "$(lim 10)" -gt 5 ] || { say "skip $1: deadline"; false; }; }; }
 [ -f "$B/env.sh" ] && source "$B/env.sh"
 export PYTHONUNBUFFERED=1
 set +x
 
 if has build; then
   say "build"
-  TARGETS="ratekv_cli test_engine" timeout 240 "$ROOT/tools/device/build.sh" > /tmp/serving_build.log 2>&1
+  TARGETS="ratekv_cli test_engine" timeout $(lim 240) "$ROOT/tools/device/build.sh" > /tmp/serving_build.log 2>&1
   echo "build exit $?" | tee -a "$LOG"
   tail -15 /tmp/serving_build.log | tee -a "$LOG"
   source "$B/env.sh"
@@ -47,7 +52,7 @@ if has build; then
 fi
 if has tests; then
   say "test_engine"
-  timeout 200 "$B/tests/test_engine" --gtest_filter='-EngineSmolLM2.*' --gtest_output=json:"$OUT/test_engine.json" \
+  timeout $(lim 200) "$B/tests/test_engine" --gtest_filter='-EngineSmolLM2.*' --gtest_output=json:"$OUT/test_engine.json" \
     > /tmp/test_engine.log 2>&1
   echo "test_engine exit $?" | tee -a "$LOG"
   grep -E "^  |^\[  (PASSED|FAILED)|^\[  FAILED|^\[       OK|Failure|Expected|Which is|actual|error" /tmp/test_engine.log \
@@ -57,7 +62,7 @@ fi
 bench() {
   local out=$1 lim=$2
   shift 2
-  timeout "$lim" "$@" -o json --out "$out" --force 2>&1 | grep --line-buffered -E "bench|error" | tee -a "$LOG"
+  timeout "$(lim $lim)" "$@" -o json --out "$out" --force 2>&1 | grep --line-buffered -E "bench|error" | tee -a "$LOG"
   echo "bench exit ${PIPESTATUS[0]} -> $out" | tee -a "$LOG"
 }
 L="$RK bench --device cuda --synthetic llama-3.1-8b -ctk f16,tq3 -ctv f16,tq3 -r 1"
@@ -83,7 +88,8 @@ if has sanitize; then
            EngineKernels.Fp16ReaderReadsWhatTheWriterWrote EngineKernels.SampleRowsMatchesTheReference \
            Engine.ChunkedPrefillRefusals; do
     say "compute-sanitizer memcheck $t"
-    timeout 90 compute-sanitizer --tool memcheck --kernel-name kns=ratekv --error-exitcode 3 "$B/tests/test_engine" \
+    [ "$(lim 60)" -gt 5 ] || break
+    timeout $(lim 60) compute-sanitizer --tool memcheck --kernel-name kns=ratekv --error-exitcode 3 "$B/tests/test_engine" \
       --gtest_filter="$t" >> "$OUT/sanitize.log" 2>&1
     echo "exit $? $(tail -3 "$OUT/sanitize.log" | grep -E 'SUMMARY' | head -1)" | tee -a "$LOG"
   done
@@ -91,7 +97,8 @@ if has sanitize; then
   for t in EngineKernels.TiledOnlineSoftmaxEqualsWholeRowSoftmax EngineKernels.SampleRowsMatchesTheReference \
            EngineSanitize.TinyModelEager; do
     say "compute-sanitizer racecheck $t"
-    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 3 "$B/tests/test_engine" \
+    [ "$(lim 60)" -gt 5 ] || break
+    timeout $(lim 60) compute-sanitizer --tool racecheck --error-exitcode 3 "$B/tests/test_engine" \
       --gtest_filter="$t" >> "$OUT/sanitize.log" 2>&1
     echo "exit $? $(tail -3 "$OUT/sanitize.log" | grep -E 'SUMMARY' | head -1)" | tee -a "$LOG"
   done
