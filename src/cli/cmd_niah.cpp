@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/flag_names.h"
 #include "cli/loaded_model.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
@@ -90,8 +91,14 @@ void run(const NiahArgs& a) {
   eval::NiahConfig nc;
   // Contexts, plans (and whether --cache can serve them), the chat template and the haystack against the
   // model's header, before the weights load (and before the fp16 grid runs).
+  nc.context_lengths = a.ctx;
+  nc.n_depths = a.depths;
+  nc.trials = a.trials;
+  nc.max_new_tokens = a.max_new;
+  nc.seed = a.seed;
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
     nc.system_prompt = system_prompt(h.file);
+    eval::check_niah_answer_length(h.tokenizer, nc);
     check(max_ctx <= h.config.n_ctx_train, "--ctx: {} exceeds the model's context {}", max_ctx,
           h.config.n_ctx_train);
     if (!a.no_fp16)
@@ -111,12 +118,6 @@ void run(const NiahArgs& a) {
   });
   Model& model = *lm.model;
   const ModelConfig& cfg = model.config();
-
-  nc.context_lengths = a.ctx;
-  nc.n_depths = a.depths;
-  nc.trials = a.trials;
-  nc.max_new_tokens = a.max_new;
-  nc.seed = a.seed;
 
   nlohmann::ordered_json out;
   out["model"] = a.model;
@@ -207,7 +208,7 @@ Registrar reg("niah", [](CLI::App& app) {
   cmd->add_flag("--no-fp16", args->no_fp16, "skip the fp16 baseline grid");
   cmd->add_option("--json", args->json, "write all grids and trials as JSON");
   cmd->add_flag("--force", args->force, "overwrite --json if it exists");
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args] { with_flag_names({{"NiahConfig.max_new_tokens", "--max-new"}}, [&] { run(*args); }); });
 });
 
 }  // namespace

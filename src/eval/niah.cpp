@@ -9,6 +9,7 @@
 #include <typeinfo>
 
 #include "ratekv/cache/fake_quant_cache.h"
+#include "ratekv/common/param_error.h"
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/common/error.h"
 
@@ -59,6 +60,26 @@ std::pair<std::string, std::string> niah_needle(uint64_t seed, int64_t ctx, int 
   h = splitmix64(h);
   const uint64_t code = 1000000 + h % 9000000;
   return {city, std::to_string(code)};
+}
+
+int64_t niah_answer_tokens(const Tokenizer& tok, const NiahConfig& cfg) {
+  int64_t most = 0;
+  for (int64_t ctx : cfg.context_lengths)
+    for (int di = 0; di < cfg.n_depths; ++di)
+      for (int tr = 0; tr < cfg.trials; ++tr) {
+        std::string answer(1, ' ');  // appended, not " " + code: GCC 12 draws a false -Wrestrict on that
+        answer += niah_needle(cfg.seed, ctx, di, tr).second;
+        most = std::max(most, static_cast<int64_t>(tok.encode(answer, false).size()));
+      }
+  return most;
+}
+
+void check_niah_answer_length(const Tokenizer& tok, const NiahConfig& cfg) {
+  const int64_t need = niah_answer_tokens(tok, cfg);
+  check_param(cfg.max_new_tokens >= need, "NiahConfig.max_new_tokens",
+              "{}: the 7-digit answers take up to {} tokens with this model's tokenizer; a shorter cap cuts every "
+              "answer and scores every trial wrong (need ≥ {})",
+              cfg.max_new_tokens, need, need);
 }
 
 bool niah_correct(const std::string& answer, const std::string& code) {
@@ -113,6 +134,7 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
   check(cfg.n_depths >= 2, "niah: {} depths (need ≥ 2)", cfg.n_depths);
   check(cfg.trials >= 1, "niah: {} trials per cell (need ≥ 1)", cfg.trials);
   check(cfg.max_new_tokens >= 1, "niah: max_new_tokens {} must be ≥ 1", cfg.max_new_tokens);
+  check_niah_answer_length(tok, cfg);
   const auto t_start = std::chrono::steady_clock::now();
   NiahGrid grid;
   grid.name = name;

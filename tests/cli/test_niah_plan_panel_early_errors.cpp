@@ -3,6 +3,7 @@
 // grid had run) or as an internal exception:
 //  - niah --plan with a codec the packed cache cannot serve (--cache packed),
 //  - niah on a model without a ChatML chat template, and an empty --haystack,
+//  - niah --max-new shorter than the answer in the model's tokens (Qwen2.5: 8),
 //  - plan --method tasq --ctx outside 1..the model's context,
 //  - panel --out under a regular file (was std::filesystem::filesystem_error,
 //    "internal: unexpected exception", exit 2).
@@ -58,6 +59,13 @@ TEST_F(EarlyErrors, NiahChatTemplateAndHaystack) {
   const std::string gemma = ratekv_test::gemma3_path();
   if (!fs::exists(gemma)) GTEST_SKIP() << "Gemma 3 asset missing: " << gemma;
   expect_error_before_weights("niah -m " + q(gemma) + " --depths 2 --trials 1 --ctx 128", {"chat_template", "ChatML"});
+}
+
+TEST_F(EarlyErrors, NiahAnswerCapShorterThanTheAnswer) {
+  const std::string qwen = ratekv_test::qwen05_path();
+  if (!fs::exists(qwen)) GTEST_SKIP() << "Qwen2.5-Coder-0.5B asset missing: " << qwen;
+  expect_error_before_weights("niah -m " + q(qwen) + " --depths 2 --trials 1 --ctx 256 --max-new 4",
+                              {"--max-new 4", "up to 8 tokens"});
 }
 
 TEST_F(EarlyErrors, PlanTasqContextOutOfRange) {

@@ -4,12 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <set>
 
+#include "../support/assets.h"
 #include "../support/tiny_model.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
+#include "ratekv/io/gguf.h"
+#include "ratekv/model/tokenizer.h"
 #include "ratekv/eval/niah.h"
 
 using namespace ratekv;
@@ -38,6 +43,32 @@ TEST(Niah, NeedlesAreDeterministicAndVaried) {
   EXPECT_EQ(codes.size(), 10u);
   EXPECT_GE(cities.size(), 5u);
   EXPECT_NE(niah_needle(0, 1024, 3, 0), niah_needle(1, 1024, 3, 0));
+}
+
+// Qwen2.5's qwen2 pre-tokenizer splits digits one per token: " 2945386" is 8
+// tokens (a space, then 7 digits), so a cap of --max-new 4 cut every answer to
+// " 294" and scored a model that had retrieved the code 0 % (found running
+// `ratekv niah --max-new 4` on Qwen2.5-Coder-0.5B). The cap is now checked.
+TEST(Niah, AnswerCapShorterThanTheAnswerIsAnError) {
+  const std::string path = ratekv_test::qwen05_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "Qwen2.5-Coder-0.5B GGUF not found at " << path;
+  const Tokenizer tok = Tokenizer::from_gguf(GgufFile::open(path));
+  EXPECT_EQ(tok.encode(" 2945386", false).size(), 8u);
+  NiahConfig cfg;
+  cfg.context_lengths = {256, 1024};
+  cfg.n_depths = 3;
+  cfg.trials = 4;
+  EXPECT_EQ(niah_answer_tokens(tok, cfg), 8);
+  cfg.max_new_tokens = 8;
+  EXPECT_NO_THROW(check_niah_answer_length(tok, cfg));
+  cfg.max_new_tokens = 7;
+  try {
+    check_niah_answer_length(tok, cfg);
+    ADD_FAILURE() << "max_new_tokens 7 < 8 accepted";
+  } catch (const ParamError& e) {
+    EXPECT_EQ(e.param(), "NiahConfig.max_new_tokens");
+    EXPECT_NE(std::string(e.what()).find("up to 8 tokens"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Niah, MissingHaystackIsAnError) {

@@ -77,6 +77,18 @@ std::pair<std::string, std::string> niah_needle(uint64_t seed, int64_t ctx, int 
 /// True iff the first run of ASCII digits in `answer` equals `code`.
 bool niah_correct(const std::string& answer, const std::string& code);
 
+/// The longest answer, in tokens of `tok`, among the needles `cfg` asks for
+/// (every context length × depth × trial): the code as it follows the prompt's
+/// "... is", i.e. the encoding of " <7 digits>". Tokenizers that split digits
+/// one per token (Qwen2.5's qwen2 pre-tokenizer, SmolLM2) need 8.
+int64_t niah_answer_tokens(const Tokenizer& tok, const NiahConfig& cfg);
+
+/// Throws ParamError "NiahConfig.max_new_tokens" when cfg.max_new_tokens is
+/// below niah_answer_tokens(tok, cfg): the greedy answer would be cut before
+/// the code ends and every trial scored wrong (a silent 0 %). run_niah calls it;
+/// a front end may call it before loading the weights.
+void check_niah_answer_length(const Tokenizer& tok, const NiahConfig& cfg);
+
 /// A copy of `cache` that continues exactly as the original would after a
 /// chunked prefill: DenseKVCache, PackedKVCache and FakeQuantKVCache with no
 /// fp16 window and only per-vector codecs (a window or KIVI's per-channel
@@ -89,7 +101,9 @@ std::unique_ptr<KVCache> clone_cache(const KVCache& cache);
 /// Trials run trial-major (round k visits every depth once), so a partial
 /// grid is uniform; progress(done, total, grid so far) after each trial (may
 /// be empty). Throws Error for an
-/// invalid config or a context too short for the prompt scaffolding.
+/// invalid config or a context too short for the prompt scaffolding, and
+/// ParamError "NiahConfig.max_new_tokens" for an answer cap shorter than the
+/// answer (check_niah_answer_length).
 NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
                   const std::function<std::unique_ptr<KVCache>(int64_t)>& make_cache, const NiahConfig& cfg,
                   const std::string& name,
