@@ -56,6 +56,7 @@ struct BenchArgs {
   int64_t requests = 0, req_prompt = 512, req_gen = 128;
   double pool_gib = 0;
   int stream_batch = 128;
+  int pp_warmup = 1;  // cuda pp rows: an untimed prefill first (0: none, for prompts that take long)
 };
 
 struct Stat {
@@ -362,7 +363,7 @@ void run_cuda(const BenchArgs& a, const ModelConfig& cfg, const Model* model, bo
         r["prefill_mode"] = engine::prefill_mode_name(mode);
         r["chunk"] = a.chunk;
         std::vector<double> tps, ttft;
-        for (int rep = 0; rep <= a.reps; ++rep) {  // rep 0: warm-up
+        for (int rep = a.pp_warmup > 0 ? 0 : 1; rep <= a.reps; ++rep) {  // rep 0: warm-up
           const int seq = eng->add_sequence(p);
           const auto toks = random_tokens(p, V, a.seed + rep);
           const auto t0 = clk::now();
@@ -638,6 +639,9 @@ Registrar reg("bench", [](CLI::App& app) {
                   "cuda: chunked prefill in chunks of N tokens (a multiple of 64; 0 = one piece): activations for N "
                   "tokens whatever the prompt; pp rows report ttft_ms")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--pp-warmup", a->pp_warmup, "cuda pp rows: untimed prefills first (0 or 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1));
   cmd->add_option("--requests", a->requests,
                   "cuda: a stream of N requests through the continuous-batching scheduler (a 'stream' row per cache)")
       ->check(CLI::NonNegativeNumber);
