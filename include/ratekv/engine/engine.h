@@ -1,7 +1,9 @@
 // ratekv/engine/engine.h — whole models on one NVIDIA Hopper GPU with the
-// packed (or fp16) KV cache (docs/design.md §10, issue 17): one page pool for
-// all sequences, one-piece prefill in evaluation or serving mode, decode of a
-// batch of sequences of unequal lengths, the step in a CUDA graph.
+// packed (or fp16) KV cache (docs/design.md §10, issues 17 and 18): one page
+// pool for all sequences, one-piece or chunked prefill in evaluation or
+// serving mode, decode of a batch of sequences of unequal lengths (the step in
+// a CUDA graph), greedy or sampled on the GPU. Continuous batching over it:
+// ratekv/engine/scheduler.h with engine_executor.h.
 //
 // One configuration-driven forward pass (ModelConfig): arch "llama"
 // (interleaved RoPE) and "qwen2" (Q/K/V biases, NeoX RoPE); other
