@@ -7,7 +7,8 @@ A thin face over the C++ core (no second implementation of any method):
   allocators), :func:`uniform_plan`;
 * :func:`fake_quantize` — quantize → dequantize K/V with a plan;
 * :class:`PackedKVCache` and the ``torch.ops.ratekv.*`` custom ops — the packed
-  cache (prefill, append, decode attention from the codes);
+  cache (prefill, append, decode attention from the codes); on CUDA tensors over
+  the GPU engine's page pool, :class:`PagePool`;
 * :func:`calibrate` — statistics of any transformers model (Q/K/V by hooks,
   ∂L/∂K, ∂L/∂V by autograd), the same file as ``ratekv calibrate``;
 * :mod:`ratekv.hf` — ``PackedCache`` for ``model.generate``.
@@ -15,7 +16,7 @@ A thin face over the C++ core (no second implementation of any method):
 Torch and transformers are imported only by the modules that need them.
 """
 
-from ._core import has_cuda  # noqa: F401
+from ._core import PagePool, has_cuda  # noqa: F401
 from .core import (  # noqa: F401
     HF_ARCHES,
     CalibStats,

@@ -534,6 +534,83 @@ class PackedBatch:
     def page_bytes(self) -> int:
         """bytes of the allocated code pages"""
 
+class PagePool:
+    """
+    Pages of a paged KV cache (engine/page_pool.h): the same number of pages in every layer, a free list (lowest id first, or highest with pages_descending), sequences reserving ceil(max_tokens / 64) pages up front, page-table rows (int32, stride max_seq_pages) and 64-bit page offsets. The memory is the caller's: bind_layer(l, tensor.data_ptr(), tensor.numel()) for a uint8 tensor of layer_bytes(l) bytes.
+    """
+
+    def __init__(self, page_bytes: Sequence[int], label: str, pages: int, max_seq_pages: int, pages_descending: bool = False, owner: str = 'page pool') -> None:
+        """
+        page_bytes: bytes of one page per layer; pages: pages per layer; max_seq_pages: page-table row stride. Raises RatekvError for empty/zero page sizes or sizes out of range.
+        """
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def pages(self) -> int: ...
+
+    @property
+    def max_seq_pages(self) -> int: ...
+
+    @property
+    def free_pages(self) -> int: ...
+
+    @property
+    def free_tokens(self) -> int: ...
+
+    @property
+    def n_sequences(self) -> int: ...
+
+    @property
+    def bound(self) -> bool: ...
+
+    def page_bytes(self, layer: int) -> int: ...
+
+    def layer_bytes(self, layer: int) -> int:
+        """pages · page_bytes(layer)"""
+
+    def total_bytes(self) -> int: ...
+
+    def page_offset(self, layer: int, page: int) -> int:
+        """Byte offset of a page in its layer's memory (64-bit)."""
+
+    def bind_layer(self, layer: int, base: int, nbytes: int) -> None:
+        """
+        Binds a layer's memory (an address, e.g. tensor.data_ptr()); the caller keeps it alive. Raises when nbytes < layer_bytes(layer).
+        """
+
+    def layer_base(self, layer: int) -> int: ...
+
+    def add_sequence(self, max_tokens: int) -> int:
+        """
+        Reserves ceil(max_tokens / 64) pages; returns the sequence id. Raises RatekvError, reserving nothing, when they are not free (naming the request and what is free) or exceed max_seq_pages.
+        """
+
+    def remove_sequence(self, seq: int) -> None: ...
+
+    def has_sequence(self, seq: int) -> bool: ...
+
+    def sequence_ids(self) -> list[int]: ...
+
+    def seq_pages(self, seq: int) -> list[int]: ...
+
+    def capacity(self, seq: int) -> int: ...
+
+    def length(self, seq: int) -> int: ...
+
+    def set_length(self, seq: int, tokens: int) -> None: ...
+
+    def check_room(self, seq: int, extra: int) -> None: ...
+
+    def page_table(self, seqs: Sequence[int], rows: Annotated[NDArray[numpy.int32], dict(order='C', device='cpu')]) -> None:
+        """
+        Writes the page-table rows of `seqs` into rows (len(seqs), max_seq_pages) int32: page ids, then zeros.
+        """
+
 class CudaPackedLayers:
     """
     The CUDA kernels' tables of every layer of a plan (engine/cache_format.h): tq-mse / Block-GTQ / RateQuant plans with 1..4-bit groups, no window/sink. Present only in an extension built with CUDA and the GPU engine (has_cuda).
@@ -550,10 +627,15 @@ class CudaPackedLayers:
 
     def page_bytes(self, layer: int) -> int: ...
 
+    def make_pool(self, pages: int, max_seq_pages: int) -> PagePool:
+        """
+        The engine's page pool (ratekv.PagePool) for this plan's pages; bind each layer's memory to it.
+        """
+
     def workspace_bytes(self, batch: int, max_seq_len: int) -> int: ...
 
-    def append(self, layer: int, pool: int, page_table: int, max_pages: int, seq_lens: int, batch: int, max_seq_len: int, k: int, v: int, n: int, f16: bool, stream: int) -> None: ...
+    def append(self, layer: int, pool: PagePool, page_table: int, seq_lens: int, batch: int, max_seq_len: int, k: int, v: int, n: int, f16: bool, stream: int) -> None: ...
 
-    def decode(self, layer: int, pool: int, page_table: int, max_pages: int, seq_lens: int, batch: int, max_seq_len: int, q: int, f16: bool, scale: float, out: int, workspace: int, workspace_bytes: int, stream: int) -> None: ...
+    def decode(self, layer: int, pool: PagePool, page_table: int, seq_lens: int, batch: int, max_seq_len: int, q: int, f16: bool, scale: float, out: int, workspace: int, workspace_bytes: int, stream: int) -> None: ...
 
 has_cuda: bool = False

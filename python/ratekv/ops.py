@@ -17,8 +17,10 @@ Ops (namespace ``ratekv``; each has a fake/meta implementation, so
 and scalars only). CPU tensors run the C++ packed cache
 (include/ratekv/cache/packed_kv_cache.h, docs/design.md §6) with OpenMP. CUDA
 tensors run the kernels of src/cuda (packed_append / packed_prefill /
-packed_decode_attention) over pages in torch device memory, with the GPU
-engine's per-layer tables (engine/cache_format.h), on torch's current stream;
+packed_decode_attention) over the GPU engine's page pool (:class:`ratekv.PagePool`,
+engine/page_pool.h: the engine's free list, page tables and 64-bit page offsets)
+whose pages are torch device tensors, with the engine's per-layer tables
+(engine/cache_format.h), on torch's current stream;
 they need an extension built with CUDA and the engine (``ratekv.has_cuda``),
 else a clear RatekvError — there is no silent fallback. The GPU path serves
 tq-mse / Block-GTQ / RateQuant plans with 1..4-bit groups (what the engine
@@ -90,23 +92,39 @@ class _CpuStore:
 
 
 class _CudaStore:
-    """Pages of every layer in torch device memory, the kernels of src/cuda over them.
+    """The GPU engine's page pool (``_core.PagePool``, engine/page_pool.h) over torch device
+    memory, the kernels of src/cuda over its pages.
 
-    Per layer one uint8 tensor of batch · ceil(max_tokens / 64) pages (the plan's page bytes
-    for that layer, engine/cache_format.h), a fixed page table (sequence b owns pages
-    b·P … b·P + P − 1) and the (B,) int32 lengths: nothing is allocated after construction and
-    every launch goes to torch's current stream, so steps can be captured in CUDA graphs. The
-    kernels' max_seq_len bound is the capacity (a constant across steps, as a graph needs)."""
+    The pool has batch · ceil(max_tokens / 64) pages per layer; each of the B sequences
+    reserves ceil(max_tokens / 64) of them (``add_sequence``: lowest ids first, so sequence b
+    holds pages b·P … b·P + P − 1) and the pool writes their page-table rows. Per layer one
+    uint8 tensor of ``pool.layer_bytes(l)`` bytes (the plan's page bytes for that layer,
+    engine/cache_format.h) is bound to the pool; the page table (B, P) and the (B,) int32
+    lengths are tensors too. Nothing is allocated after construction (torch's allocator, so
+    CUDA graphs and torch.compile see every buffer) and every launch goes to torch's current
+    stream, so steps can be captured in CUDA graphs. The kernels' max_seq_len bound is the
+    capacity (a constant across steps, as a graph needs).
+
+    Appends are checked on the host against the capacity (RatekvError before any launch); a
+    replayed CUDA graph runs no Python, so its caller must stay inside max_tokens."""
 
     def __init__(self, codecs: PlanCodecs, batch: int, max_tokens: int, device: torch.device) -> None:
+        import numpy as np
+
         self.tables = _core.CudaPackedLayers(codecs)
         self.batch = batch
         self.max_tokens = max_tokens
         self.pages_per_seq = -(-max_tokens // 64)
-        n_pages = batch * self.pages_per_seq
-        self.pools = [torch.zeros(n_pages, self.tables.page_bytes(l), dtype=torch.uint8, device=device)
+        self.pool = self.tables.make_pool(batch * self.pages_per_seq, self.pages_per_seq)
+        self.pages = [torch.zeros(self.pool.layer_bytes(l), dtype=torch.uint8, device=device)
                       for l in range(self.tables.n_layers)]
-        self.page_table = torch.arange(n_pages, dtype=torch.int32, device=device).view(batch, self.pages_per_seq)
+        for l, t in enumerate(self.pages):
+            self.pool.bind_layer(l, t.data_ptr(), t.numel())
+        self.seqs = [self.pool.add_sequence(max_tokens) for _ in range(batch)]
+        rows = np.empty((batch, self.pages_per_seq), dtype=np.int32)
+        self.pool.page_table(self.seqs, rows)
+        self.page_table = torch.from_numpy(rows).to(device)
+        self.host_lens = [0] * self.tables.n_layers
         self.ws_bytes = int(self.tables.workspace_bytes(batch, max_tokens))
         self.workspace = torch.empty(self.ws_bytes, dtype=torch.uint8, device=device)
         self.device = device
@@ -116,29 +134,35 @@ class _CudaStore:
 
     def append(self, layer: int, seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         n = k.shape[1]
+        if not 0 <= layer < len(self.host_lens):
+            raise RatekvError(f"PackedKVCache.append: layer {layer} outside 0..{len(self.host_lens) - 1}")
+        if self.host_lens[layer] + n > self.max_tokens:
+            raise RatekvError(f"PackedKVCache.append: layer {layer}: {self.host_lens[layer]} cached + {n} new tokens "
+                              f"exceed capacity max_tokens = {self.max_tokens}")
         f16 = k.dtype != torch.float32
         k = (k.to(torch.float16) if f16 else k).contiguous()
         v = (v.to(torch.float16) if f16 else v.float()).contiguous()
-        self.tables.append(layer, self.pools[layer].data_ptr(), self.page_table.data_ptr(), self.pages_per_seq,
-                           seq_lens.data_ptr(), self.batch, self.max_tokens, k.data_ptr(), v.data_ptr(), n, f16,
-                           self._stream())
+        self.tables.append(layer, self.pool, self.page_table.data_ptr(), seq_lens.data_ptr(), self.batch,
+                           self.max_tokens, k.data_ptr(), v.data_ptr(), n, f16, self._stream())
         seq_lens.add_(n)
+        self.host_lens[layer] += n
 
     def attend(self, layer: int, seq_lens: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
         f16 = q.dtype != torch.float32
         qc = (q.to(torch.float16) if f16 else q).contiguous()
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        self.tables.decode(layer, self.pools[layer].data_ptr(), self.page_table.data_ptr(), self.pages_per_seq,
-                           seq_lens.data_ptr(), self.batch, self.max_tokens, qc.data_ptr(), f16, float(scale),
-                           out.data_ptr(), self.workspace.data_ptr(), self.ws_bytes, self._stream())
+        self.tables.decode(layer, self.pool, self.page_table.data_ptr(), seq_lens.data_ptr(), self.batch,
+                           self.max_tokens, qc.data_ptr(), f16, float(scale), out.data_ptr(),
+                           self.workspace.data_ptr(), self.ws_bytes, self._stream())
         return out.to(q.dtype)
 
     def clear(self) -> None:
-        pass  # the lengths (reset by the owner) say what is stored; pages are overwritten bit-exactly
+        # The lengths (reset by the owner) say what is stored; pages are overwritten bit-exactly.
+        self.host_lens = [0] * len(self.host_lens)
 
     @property
     def nbytes(self) -> int:
-        return sum(p.numel() for p in self.pools)
+        return sum(p.numel() for p in self.pages)
 
 
 def _check_device(what: str, t: torch.Tensor, store: Any) -> None:

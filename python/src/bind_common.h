@@ -29,6 +29,7 @@ namespace nb = nanobind;
 using F32In = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 using F32Out = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
 using I32In = nb::ndarray<const int32_t, nb::c_contig, nb::device::cpu>;
+using I32Out = nb::ndarray<int32_t, nb::c_contig, nb::device::cpu>;
 using F64Out = nb::ndarray<double, nb::c_contig, nb::device::cpu>;
 
 inline std::string shape_str(size_t ndim, const int64_t* s) {

@@ -24,6 +24,7 @@ void bind_config(nb::module_& m);
 void bind_plan(nb::module_& m);
 void bind_stats(nb::module_& m);
 void bind_cache(nb::module_& m);
+void bind_page_pool(nb::module_& m);
 void bind_cuda(nb::module_& m);
 }  // namespace ratekv::py
 
@@ -34,5 +35,6 @@ NB_MODULE(_core, m) {
   ratekv::py::bind_plan(m);
   ratekv::py::bind_stats(m);
   ratekv::py::bind_cache(m);
+  ratekv::py::bind_page_pool(m);
   ratekv::py::bind_cuda(m);
 }

@@ -143,3 +143,22 @@ def test_cuda_refuses_what_the_gpu_path_does_not_serve():
     c = PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 1, 64, device="cuda")
     with pytest.raises(ratekv.RatekvError, match="cache lives on cuda"):
         c.append(0, torch.zeros(1, 1, 2, 64), torch.zeros(1, 1, 2, 64))
+
+
+def test_cuda_store_pages_come_from_the_engine_page_pool():
+    """The CUDA store's pages are the GPU engine's PagePool (engine/page_pool.h) over torch tensors:
+    3 sequences of 130 tokens hold 3 pages each, in the pool's order; the page table is the pool's
+    rows; appending past the capacity raises before any launch (lengths unchanged)."""
+    cfg = small_config(head_dim=64, n_heads=4, n_kv=2)
+    c = PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 3, 130, device="cuda")
+    st = c._impl
+    assert st.pool.n_sequences == 3 and st.pool.free_pages == 0 and st.pool.label == "K3V3"
+    assert st.page_table.cpu().tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    for l, t in enumerate(st.pages):
+        assert t.is_cuda and t.numel() == st.pool.layer_bytes(l) == 9 * st.tables.page_bytes(l)
+        assert st.pool.layer_base(l) == t.data_ptr()
+    k = torch.randn(3, 130, 2, 64, device="cuda")
+    c.append(0, k, k)
+    with pytest.raises(ratekv.RatekvError, match="130 cached \\+ 1 new tokens exceed capacity max_tokens = 130"):
+        c.append(0, k[:, :1], k[:, :1])
+    assert c.seq_lens[0].tolist() == [130] * 3

@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "buffer_sizes.h"
 #include "ratekv/common/error.h"
 #include "ratekv/cuda/decode_attention.h"
 #include "ratekv/cuda/model_kernels.h"
+#include "ratekv/engine/page_pool.h"
 #include "ratekv/model/synthetic.h"
 
 #define RATEKV_CUDA_OK(expr)                                                                                     \
@@ -98,15 +100,13 @@ struct Engine::Impl {
 
   // cache
   std::vector<std::unique_ptr<cuda::PackedPlan>> plans;
-  std::vector<DevMem> pools;
-  std::vector<int32_t> free_pages;
-  struct Seq {
-    std::vector<int32_t> pages;
-    int64_t len = 0, cap = 0;
-  };
-  std::map<int, Seq> seqs;
-  int next_id = 0;
-  int max_pages = 0;  // page-table row stride: ⌈context limit / 64⌉
+  // The page pool (engine/page_pool.h: free list, sequences, page-table
+  // rows) over device memory the engine allocates, one block per layer.
+  std::optional<PagePool> pool;
+  std::vector<DevMem> pool_mem;
+  int max_pages = 0;  // page-table row stride: ⌈context limit / 64⌉ (pool->max_seq_pages())
+  uint8_t* pages(int l) const { return pool->layer_base(l); }
+  uint16_t* fp16_pages(int l) const { return reinterpret_cast<uint16_t*>(pool->layer_base(l)); }
 
   // activations (rows = max(prefill tokens, batch))
   int64_t rows = 0, lrows = 0;
@@ -167,11 +167,11 @@ struct Engine::Impl {
     const cuda::DecodeBatch db = batch_view(d_lens.as<int32_t>(), B, bound);
     const float scale = cfg.attention_scale();
     if (fmt.is_fp16()) {
-      cuda::fp16_decode_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, db, pools[l].as<uint16_t>(), q32.p,
+      cuda::fp16_decode_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, db, fp16_pages(l), q32.p,
                                   cuda::DType::f32, scale, o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream,
                                   fp16_variant(fp16_kernel));
     } else {
-      cuda::packed_decode_attention(*plans[l], db, pools[l].as<uint8_t>(), q32.p, cuda::DType::f32, scale,
+      cuda::packed_decode_attention(*plans[l], db, pages(l), q32.p, cuda::DType::f32, scale,
                                     o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream);
     }
   }
@@ -200,10 +200,10 @@ struct Engine::Impl {
       if (mask & kAppend) {
         const cuda::DecodeBatch before = batch_view(d_pos.as<int32_t>(), B, bound);
         if (fmt.is_fp16())
-          cuda::fp16_write_tokens(pools[l].as<uint16_t>(), cfg.n_kv_heads, cfg.head_dim, d_pt.as<int32_t>(), max_pages,
+          cuda::fp16_write_tokens(fp16_pages(l), cfg.n_kv_heads, cfg.head_dim, d_pt.as<int32_t>(), max_pages,
                                   d_pos.as<int32_t>(), k32.as<float>(), v32.as<float>(), 1, B, stream);
         else
-          cuda::packed_append(*plans[l], before, pools[l].as<uint8_t>(), k32.p, v32.p, cuda::DType::f32, stream);
+          cuda::packed_append(*plans[l], before, pages(l), k32.p, v32.p, cuda::DType::f32, stream);
       }
       if (mask & kAttn) attention(l, B, bound, fp16_kernel);
       if (other) cuda::f32_to_bf16(o32.as<float>(), att16.as<uint16_t>(), B * m.qd, stream);
@@ -259,17 +259,6 @@ struct Engine::Impl {
       enqueue_step(B, bound, mask, n_layers, fp16_kernel);
   }
 
-  Seq& seq(int id) {
-    auto it = seqs.find(id);
-    check(it != seqs.end(), "GPU engine: unknown sequence id {}", id);
-    return it->second;
-  }
-  const Seq& seq(int id) const {
-    auto it = seqs.find(id);
-    check(it != seqs.end(), "GPU engine: unknown sequence id {}", id);
-    return it->second;
-  }
-
   // Uploads the page tables and lengths of a decode batch; returns B.
   int prepare_batch(std::span<const int> ids, int64_t extra) {
     const int B = static_cast<int>(ids.size());
@@ -278,19 +267,14 @@ struct Engine::Impl {
     std::vector<int32_t> lens(B);
     for (int b = 0; b < B; ++b) {
       for (int c = 0; c < b; ++c) check(ids[c] != ids[b], "GPU engine: sequence {} appears twice in a batch", ids[b]);
-      const Seq& s = seq(ids[b]);
-      check(s.len >= 1, "GPU engine: sequence {} is empty (prefill or fill it before decoding)", ids[b]);
-      check(s.len + extra <= s.cap,
-            "GPU engine: sequence {} has {} tokens and room for {}; {} more do not fit its reservation", ids[b], s.len,
-            s.cap, extra);
-      lens[b] = static_cast<int32_t>(s.len);
+      const int64_t len = pool->length(ids[b]);
+      check(len >= 1, "GPU engine: sequence {} is empty (prefill or fill it before decoding)", ids[b]);
+      pool->check_room(ids[b], extra);
+      lens[b] = static_cast<int32_t>(len);
     }
     if (uploaded_batch != std::vector<int>(ids.begin(), ids.end())) {
-      std::vector<int32_t> pt(static_cast<size_t>(B) * max_pages, 0);
-      for (int b = 0; b < B; ++b) {
-        const auto& pg = seq(ids[b]).pages;
-        std::copy(pg.begin(), pg.end(), pt.begin() + static_cast<size_t>(b) * max_pages);
-      }
+      std::vector<int32_t> pt(static_cast<size_t>(B) * max_pages);
+      pool->page_table(ids, pt);
       RATEKV_CUDA_OK(cudaMemcpyAsync(d_pt.p, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice, stream));
       uploaded_batch.assign(ids.begin(), ids.end());
     }
@@ -302,7 +286,7 @@ struct Engine::Impl {
 
   int64_t bound_for(std::span<const int> ids, int64_t extra) const {
     int64_t mx = 1;
-    for (int id : ids) mx = std::max(mx, seq(id).len + extra);
+    for (int id : ids) mx = std::max(mx, pool->length(id) + extra);
     // Coarse steps (a new bound is a new graph): 256 tokens, 4096 past 16K.
     const int64_t q = mx > 16384 ? 4096 : 256;
     const int64_t b = (mx + q - 1) / q * q;
@@ -316,8 +300,11 @@ struct Engine::Impl {
     RATEKV_CUDA_OK(cudaMemcpyAsync(tok.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice, stream));
   }
 
-  void upload_seq_pages(const Seq& s) {
-    RATEKV_CUDA_OK(cudaMemcpyAsync(p_pt.p, s.pages.data(), s.pages.size() * 4, cudaMemcpyHostToDevice, stream));
+  // Page-table row of one sequence (prefill, fill_synthetic); the pool's
+  // page list outlives the copy.
+  void upload_seq_pages(int id) {
+    const std::vector<int32_t>& pg = pool->seq_pages(id);
+    RATEKV_CUDA_OK(cudaMemcpyAsync(p_pt.p, pg.data(), pg.size() * 4, cudaMemcpyHostToDevice, stream));
   }
 
   // Causal attention of the prompt's n queries (q16) over k16/v16 → o32.
@@ -374,10 +361,10 @@ struct Engine::Impl {
         if (pages_end > t0) {
           const int32_t* tpt = pt + t0 / packed::kPageTokens;
           if (fmt.is_fp16())
-            cuda::fp16_read_tokens(pools[l].as<uint16_t>(), Hkv, hd, tpt, (int)(pages_end - t0),
+            cuda::fp16_read_tokens(fp16_pages(l), Hkv, hd, tpt, (int)(pages_end - t0),
                                    tile_k.as<uint16_t>(), tile_v.as<uint16_t>(), stream);
           else
-            cuda::packed_dequantize(*plans[l], pools[l].as<uint8_t>(), tpt, (int)(pages_end - t0),
+            cuda::packed_dequantize(*plans[l], pages(l), tpt, (int)(pages_end - t0),
                                     tile_k.as<uint16_t>(), tile_v.as<uint16_t>(), stream);
         }
         if (pages_end < t0 + nk) {
@@ -522,7 +509,7 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
   I->pos = DevMem(4 * R);
   I->logits = DevMem(4 * size_t(I->lrows) * m.V);
   const int B = opt.max_batch;
-  I->max_pages = static_cast<int>((I->ctx_limit + packed::kPageTokens - 1) / packed::kPageTokens);
+  I->max_pages = static_cast<int>(PagePool::pages_for(I->ctx_limit));
   I->d_pos = DevMem(4 * size_t(B));
   I->d_lens = DevMem(4 * size_t(B));
   I->d_hist = DevMem(4 * size_t(B) * detail::kHistorySteps);
@@ -572,12 +559,18 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
     ws = std::max(ws, cuda::decode_workspace_bytes(b, cfg.n_heads, cfg.head_dim, splits + 8));
   }
   I->attn_ws = DevMem(ws);
-  // Page pools: the same number of pages in every layer.
-  I->pools.reserve(cfg.n_layers);
-  for (int l = 0; l < cfg.n_layers; ++l) I->pools.emplace_back(static_cast<size_t>(I->mem.pages) * I->fmt.page_bytes(l));
-  I->free_pages.resize(I->mem.pages);
-  for (int64_t i = 0; i < I->mem.pages; ++i)  // pop_back hands out ascending (or descending) ids
-    I->free_pages[i] = static_cast<int32_t>(opt.pages_descending ? i : I->mem.pages - 1 - i);
+  // The page pool: the same number of pages in every layer, its memory ours.
+  PagePoolOptions po;
+  po.pages = I->mem.pages;
+  po.max_seq_pages = I->max_pages;
+  po.pages_descending = opt.pages_descending;
+  po.owner = "GPU engine";
+  I->pool.emplace(PagePool::for_format(I->fmt, po));
+  I->pool_mem.reserve(cfg.n_layers);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    I->pool_mem.emplace_back(I->pool->layer_bytes(l));
+    I->pool->bind_layer(l, I->pool_mem.back().p, I->pool_mem.back().bytes);
+  }
   return I;
 }
 
@@ -655,7 +648,7 @@ const CacheFormat& Engine::format() const { return impl_->fmt; }
 const MemoryPlan& Engine::memory() const { return impl_->mem; }
 const EngineOptions& Engine::options() const { return impl_->opt; }
 int64_t Engine::context_limit() const { return impl_->ctx_limit; }
-int64_t Engine::free_tokens() const { return static_cast<int64_t>(impl_->free_pages.size()) * packed::kPageTokens; }
+int64_t Engine::free_tokens() const { return impl_->pool->free_tokens(); }
 
 int Engine::add_sequence(int64_t max_tokens) {
   Impl& I = *impl_;
@@ -664,43 +657,26 @@ int Engine::add_sequence(int64_t max_tokens) {
         "GPU engine: a request of {} tokens exceeds the context limit {} (the model's trained context is {}; raise "
         "the limit explicitly to extrapolate RoPE)",
         max_tokens, I.ctx_limit, I.cfg.n_ctx_train);
-  const int64_t need = (max_tokens + packed::kPageTokens - 1) / packed::kPageTokens;
-  check(need <= static_cast<int64_t>(I.free_pages.size()),
-        "GPU engine: a request of {} tokens needs {} pages ({} cache); {} pages ({} tokens) are free of {} ({} tokens, "
-        "{:.2f} GiB of pages)",
-        max_tokens, need, I.fmt.label(), I.free_pages.size(), I.free_pages.size() * packed::kPageTokens, I.mem.pages,
-        I.mem.capacity_tokens, I.mem.pool / 1073741824.0);
-  Impl::Seq s;
-  s.cap = max_tokens;
-  s.pages.resize(need);
-  for (int64_t i = 0; i < need; ++i) {
-    s.pages[i] = I.free_pages.back();
-    I.free_pages.pop_back();
-  }
-  const int id = I.next_id++;
-  I.seqs.emplace(id, std::move(s));
-  return id;
+  return I.pool->add_sequence(max_tokens);  // Error, nothing reserved, when the pages are not free
 }
 
 void Engine::remove_sequence(int id) {
   Impl& I = *impl_;
-  Impl::Seq& s = I.seq(id);
-  for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) I.free_pages.push_back(*it);
-  I.seqs.erase(id);
+  I.pool->remove_sequence(id);
   I.uploaded_batch.clear();
 }
 
-int64_t Engine::seq_length(int id) const { return impl_->seq(id).len; }
+int64_t Engine::seq_length(int id) const { return impl_->pool->length(id); }
 
 void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, std::span<float> logits) {
   Impl& I = *impl_;
-  Impl::Seq& s = I.seq(id);
+  const int64_t len = I.pool->length(id), cap = I.pool->capacity(id);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const detail::Dims& m = I.dims;
-  check(s.len == 0, "GPU engine: prefill needs a fresh sequence (sequence {} holds {} tokens; chunked prefill is engine "
-        "issue 2 of 3)", id, s.len);
+  check(len == 0, "GPU engine: prefill needs a fresh sequence (sequence {} holds {} tokens; chunked prefill is engine "
+        "issue 2 of 3)", id, len);
   check(n >= 1, "GPU engine: prefill of an empty prompt");
-  check(n <= s.cap, "GPU engine: a prompt of {} tokens exceeds sequence {}'s reservation of {}", n, id, s.cap);
+  check(n <= cap, "GPU engine: a prompt of {} tokens exceeds sequence {}'s reservation of {}", n, id, cap);
   check(n <= I.opt.max_prefill_tokens, "GPU engine: a prompt of {} tokens exceeds max_prefill_tokens {}", n,
         I.opt.max_prefill_tokens);
   check(logits.empty() || logits.size() == size_t(m.V) || logits.size() == size_t(n * m.V),
@@ -709,7 +685,7 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
   std::vector<int32_t> iota(n);
   for (int64_t i = 0; i < n; ++i) iota[i] = static_cast<int32_t>(i);
   RATEKV_CUDA_OK(cudaMemcpyAsync(I.pos.p, iota.data(), 4 * n, cudaMemcpyHostToDevice, I.stream));
-  I.upload_seq_pages(s);
+  I.upload_seq_pages(id);
   cudaStream_t st = I.stream;
   const bool packed_cache = !I.fmt.is_fp16();
   const bool own_kv = mode == PrefillMode::serving || !packed_cache;  // attend to the fp16 K/V of the prompt
@@ -737,12 +713,12 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
                         I.cfg.n_kv_heads, I.cfg.head_dim, I.cfg.rope_layout == RopeLayout::NeoX,
                         I.inv_freq.as<double>(), o, st);
     if (packed_cache) {
-      cuda::packed_prefill(*I.plans[l], db, I.pools[l].as<uint8_t>(), I.k32.p, I.v32.p, (int)n, cuda::DType::f32, st);
+      cuda::packed_prefill(*I.plans[l], db, I.pages(l), I.k32.p, I.v32.p, (int)n, cuda::DType::f32, st);
       if (mode == PrefillMode::evaluation)
-        cuda::packed_dequantize(*I.plans[l], I.pools[l].as<uint8_t>(), I.p_pt.as<int32_t>(), (int)n,
+        cuda::packed_dequantize(*I.plans[l], I.pages(l), I.p_pt.as<int32_t>(), (int)n,
                                 I.k16.as<uint16_t>(), I.v16.as<uint16_t>(), st);
     } else {
-      cuda::fp16_write_tokens(I.pools[l].as<uint16_t>(), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
+      cuda::fp16_write_tokens(I.fp16_pages(l), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
                               I.max_pages, I.d_zero.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1, st);
     }
     I.prefill_attention(n);
@@ -767,21 +743,20 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
     }
   }
   I.sync();
-  s.len = n;
+  I.pool->set_length(id, n);
 }
 
 void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode mode, std::span<float> logits) {
   Impl& I = *impl_;
-  Impl::Seq& s = I.seq(id);
-  const int64_t n = static_cast<int64_t>(tokens.size()), p0 = s.len;
+  const int64_t n = static_cast<int64_t>(tokens.size()), p0 = I.pool->length(id), cap = I.pool->capacity(id);
   const detail::Dims& m = I.dims;
   check(p0 % packed::kPageTokens == 0,
         "GPU engine: a prefill chunk continues a sequence at a page boundary (a multiple of {} tokens); sequence {} "
         "holds {}",
         packed::kPageTokens, id, p0);
   check(n >= 1, "GPU engine: prefill of an empty chunk");
-  check(p0 + n <= s.cap, "GPU engine: sequence {} holds {} tokens and room for {}; a chunk of {} does not fit", id, p0,
-        s.cap, n);
+  check(p0 + n <= cap, "GPU engine: sequence {} holds {} tokens and room for {}; a chunk of {} does not fit", id, p0,
+        cap, n);
   check(n <= I.opt.max_prefill_tokens, "GPU engine: a chunk of {} tokens exceeds max_prefill_tokens {}", n,
         I.opt.max_prefill_tokens);
   check(logits.empty() || logits.size() == size_t(m.V) || logits.size() == size_t(n * m.V),
@@ -793,7 +768,7 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
   cudaStream_t st = I.stream;
   RATEKV_CUDA_OK(cudaMemcpyAsync(I.pos.p, posv.data(), 4 * n, cudaMemcpyHostToDevice, st));
   RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_start.p, &start, 4, cudaMemcpyHostToDevice, st));
-  I.upload_seq_pages(s);
+  I.upload_seq_pages(id);
   const bool packed_cache = !I.fmt.is_fp16();
   const bool own_kv = mode == PrefillMode::serving && packed_cache;
   cuda::embed_rows(I.embd.as<uint16_t>(), I.tok.as<int32_t>(), (int)n, (int)m.d, I.x.as<float>(), st);
@@ -820,9 +795,9 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
                         I.cfg.n_kv_heads, I.cfg.head_dim, I.cfg.rope_layout == RopeLayout::NeoX,
                         I.inv_freq.as<double>(), o, st);
     if (packed_cache)
-      cuda::packed_prefill(*I.plans[l], db, I.pools[l].as<uint8_t>(), I.k32.p, I.v32.p, (int)n, cuda::DType::f32, st);
+      cuda::packed_prefill(*I.plans[l], db, I.pages(l), I.k32.p, I.v32.p, (int)n, cuda::DType::f32, st);
     else
-      cuda::fp16_write_tokens(I.pools[l].as<uint16_t>(), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
+      cuda::fp16_write_tokens(I.fp16_pages(l), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
                               I.max_pages, I.d_start.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1,
                               st);
     I.chunk_attention(l, p0, n, own_kv);
@@ -847,7 +822,7 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
     }
   }
   I.sync();
-  s.len = p0 + n;
+  I.pool->set_length(id, p0 + n);
 }
 
 void Engine::prefill_chunked(int id, std::span<const int32_t> tokens, int64_t chunk, PrefillMode mode,
@@ -858,10 +833,10 @@ void Engine::prefill_chunked(int id, std::span<const int32_t> tokens, int64_t ch
         "GPU engine: prefill chunk of {} tokens; expected a multiple of {} (the page) in [{}, max_prefill_tokens {}]",
         chunk, packed::kPageTokens, packed::kPageTokens, I.opt.max_prefill_tokens);
   check(n >= 1, "GPU engine: prefill of an empty prompt");
-  check(I.seq(id).len == 0, "GPU engine: prefill_chunked needs a fresh sequence (sequence {} holds {} tokens)", id,
-        I.seq(id).len);
-  check(n <= I.seq(id).cap, "GPU engine: a prompt of {} tokens exceeds sequence {}'s reservation of {}", n, id,
-        I.seq(id).cap);
+  check(I.pool->length(id) == 0,
+        "GPU engine: prefill_chunked needs a fresh sequence (sequence {} holds {} tokens)", id, I.pool->length(id));
+  check(n <= I.pool->capacity(id), "GPU engine: a prompt of {} tokens exceeds sequence {}'s reservation of {}", n, id,
+        I.pool->capacity(id));
   check(logits.empty() || logits.size() == size_t(V) || logits.size() == size_t(n * V),
         "GPU engine: logits span of {} floats; expected 0, n_vocab {} or n·n_vocab {}", logits.size(), V, n * V);
   const bool all = logits.size() == size_t(n * V) && n > 1;
@@ -876,11 +851,10 @@ void Engine::prefill_chunked(int id, std::span<const int32_t> tokens, int64_t ch
 
 void Engine::fill_synthetic(int id, int64_t n_tokens, uint64_t seed) {
   Impl& I = *impl_;
-  Impl::Seq& s = I.seq(id);
   check(n_tokens >= 1, "GPU engine: fill_synthetic of {} tokens", n_tokens);
-  check(s.len + n_tokens <= s.cap, "GPU engine: sequence {} has {} tokens and room for {}; {} more do not fit", id,
-        s.len, s.cap, n_tokens);
-  I.upload_seq_pages(s);
+  I.pool->check_room(id, n_tokens);
+  const int64_t len = I.pool->length(id);
+  I.upload_seq_pages(id);
   const detail::Dims& m = I.dims;
   cuda::DecodeBatch db;
   db.page_table = I.p_pt.as<int32_t>();
@@ -893,7 +867,7 @@ void Engine::fill_synthetic(int id, int64_t n_tokens, uint64_t seed) {
   float* vf = kf + chunk * m.kvd;
   for (int64_t c0 = 0; c0 < n_tokens; c0 += chunk) {
     const int64_t cnt = std::min(chunk, n_tokens - c0);
-    const int32_t start = static_cast<int32_t>(s.len + c0);
+    const int32_t start = static_cast<int32_t>(len + c0);
     RATEKV_CUDA_OK(cudaMemcpyAsync(I.d_start.p, &start, 4, cudaMemcpyHostToDevice, I.stream));
     const int lin = static_cast<int>(SyntheticKind::linear);
     cuda::synthetic_fill_f32(kf, cnt * m.kvd, seed, 0x70000000u, lin, 0, uint64_t(start) * m.kvd, I.stream);
@@ -901,14 +875,14 @@ void Engine::fill_synthetic(int id, int64_t n_tokens, uint64_t seed) {
     db.max_seq_len = (int)(start + cnt);
     for (int l = 0; l < I.cfg.n_layers; ++l) {
       if (I.fmt.is_fp16())
-        cuda::fp16_write_tokens(I.pools[l].as<uint16_t>(), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
+        cuda::fp16_write_tokens(I.fp16_pages(l), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
                                 I.max_pages, I.d_start.as<int32_t>(), kf, vf, (int)cnt, 1, I.stream);
       else
-        cuda::packed_prefill(*I.plans[l], db, I.pools[l].as<uint8_t>(), kf, vf, (int)cnt, cuda::DType::f32, I.stream);
+        cuda::packed_prefill(*I.plans[l], db, I.pages(l), kf, vf, (int)cnt, cuda::DType::f32, I.stream);
     }
     I.sync();  // `start` is read by the copy
   }
-  s.len += n_tokens;
+  I.pool->set_length(id, len + n_tokens);
 }
 
 void Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens, int n_steps,
@@ -935,7 +909,7 @@ void Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens, i
   }
   if (!last_logits.empty())
     RATEKV_CUDA_OK(cudaMemcpy(last_logits.data(), I.logits.p, 4 * last_logits.size(), cudaMemcpyDeviceToHost));
-  for (int id : ids) I.seq(id).len += n_steps;
+  for (int id : ids) I.pool->set_length(id, I.pool->length(id) + n_steps);
 }
 
 void Engine::decode_sample(std::span<const int> ids, std::span<const int32_t> tokens,
@@ -972,7 +946,7 @@ void Engine::decode_sample(std::span<const int> ids, std::span<const int32_t> to
   if (!last_logits.empty())
     RATEKV_CUDA_OK(cudaMemcpyAsync(last_logits.data(), I.logits.p, 4 * last_logits.size(), cudaMemcpyDeviceToHost, st));
   I.sync();
-  for (int id : ids) I.seq(id).len += 1;
+  for (int id : ids) I.pool->set_length(id, I.pool->length(id) + 1);
 }
 
 double Engine::time_decode(std::span<const int> ids, std::span<const int32_t> tokens, int warmup, int n_steps) {
@@ -992,7 +966,7 @@ double Engine::time_decode(std::span<const int> ids, std::span<const int32_t> to
   RATEKV_CUDA_OK(cudaEventSynchronize(I.ev1));
   float ms = 0;
   RATEKV_CUDA_OK(cudaEventElapsedTime(&ms, I.ev0, I.ev1));
-  for (int id : ids) I.seq(id).len += warmup + n_steps;
+  for (int id : ids) I.pool->set_length(id, I.pool->length(id) + warmup + n_steps);
   return ms / n_steps;
 }
 
@@ -1032,7 +1006,7 @@ StepBytes Engine::step_bytes(std::span<const int> ids) const {
   b.weights = static_cast<double>(detail::weight_bytes(I.cfg, I.untied)) - (I.untied ? embd : 0.0) +
               2.0 * m.d * static_cast<double>(ids.size());
   for (int id : ids) {
-    const int64_t pages = (I.seq(id).len + 1 + packed::kPageTokens - 1) / packed::kPageTokens;
+    const int64_t pages = PagePool::pages_for(I.pool->length(id) + 1);
     b.cache += static_cast<double>(pages) * static_cast<double>(I.fmt.page_bytes_all_layers());
   }
   return b;
@@ -1040,8 +1014,8 @@ StepBytes Engine::step_bytes(std::span<const int> ids) const {
 
 double Engine::read_ceiling_gbps(size_t bytes, int reps) {
   Impl& I = *impl_;
-  const DevMem* buf = &I.pools[0];
-  for (const DevMem& p : I.pools)
+  const DevMem* buf = &I.pool_mem[0];
+  for (const DevMem& p : I.pool_mem)
     if (p.bytes > buf->bytes) buf = &p;
   if (I.scores.bytes > buf->bytes) buf = &I.scores;
   bytes = std::min(bytes, buf->bytes) / 16 * 16;
@@ -1066,8 +1040,9 @@ size_t Engine::device_bytes_in_use() const {
 }
 
 void* Engine::stream() const { return impl_->stream; }
-uint8_t* Engine::layer_pool(int layer) const { return impl_->pools.at(layer).as<uint8_t>(); }
+uint8_t* Engine::layer_pool(int layer) const { return impl_->pool->layer_base(layer); }
 size_t Engine::page_bytes(int layer) const { return impl_->fmt.page_bytes(layer); }
-std::vector<int32_t> Engine::seq_pages(int id) const { return impl_->seq(id).pages; }
+std::vector<int32_t> Engine::seq_pages(int id) const { return impl_->pool->seq_pages(id); }
+const PagePool& Engine::page_pool() const { return *impl_->pool; }
 
 }  // namespace ratekv::engine

@@ -26,8 +26,9 @@
 //
 // Memory (EngineOptions, plan_memory): weights, activations for max_batch
 // decode rows and a max_prefill_tokens prompt, workspaces, a reserve; the rest
-// is the page pool — the same number of pages in every layer, one page table
-// per sequence for all layers. add_sequence reserves the pages of a request's
+// is the page pool (engine/page_pool.h, the bookkeeping the Python CUDA cache
+// shares) — the same number of pages in every layer, one page table per
+// sequence for all layers. add_sequence reserves the pages of a request's
 // whole length up front: a request past the pool or past the context limit
 // (the model's trained context unless raised explicitly) is an Error before
 // any work. Device memory is never allocated after construction except for
@@ -45,6 +46,7 @@
 #include <vector>
 
 #include "ratekv/engine/cache_format.h"
+#include "ratekv/engine/page_pool.h"
 #include "ratekv/engine/sampling.h"
 #include "ratekv/model/model.h"
 
@@ -226,6 +228,9 @@ class Engine {
   size_t page_bytes(int layer) const;
   /// Physical page ids of `seq` (logical page i → element i).
   std::vector<int32_t> seq_pages(int seq) const;
+  /// The page pool: free list, sequences, page-table rows, layer memory
+  /// (layer_base(l) = layer_pool(l)).
+  const PagePool& page_pool() const;
 
   struct Impl;
 
