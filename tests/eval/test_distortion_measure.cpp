@@ -115,3 +115,76 @@ TEST(DistortionMeasure, ArgumentErrors) {
   opt.bits = {1, 2};
   EXPECT_THROW(eval::measure_distortion_curves(m, {}, st, opt), Error);
 }
+
+// The accumulator on K/V given one token at a time (the Python package feeds it
+// from transformers' hooks) equals the runtime's chunks of 9: TQ-MSE and
+// Block-GTQ quantize each token on its own, so the split must not matter.
+TEST(DistortionAccumulator, TokenByTokenEqualsRuntimeChunks) {
+  Model m = ratekv_test::tiny_model(3);
+  const ModelConfig& cfg = m.config();
+  const CalibStats st = calib::calibrate(m, kTokens, 9).to_alloc_stats();
+  eval::CurveMeasureOptions opt;
+  opt.quantizers = {"tq-mse", "block-gtq"};
+  opt.bits = {1, 2, 4};
+  opt.ctx = 9;
+  opt.seed = 2;
+  const auto want = eval::measure_distortion_curves(m, kTokens, st, opt);
+
+  eval::DistortionAccumulator acc(cfg, st, opt);
+  const int64_t row = int64_t{cfg.n_kv_heads} * cfg.head_dim;
+  ForwardHooks hooks;
+  hooks.on_layer = [&](const LayerActivations& a) {
+    for (int64_t t = 0; t < a.n; ++t) acc.add(a.layer, a.k_post + t * row, a.v + t * row, 1);
+  };
+  for (int64_t s = 0; s < (int64_t)kTokens.size(); s += 9) {
+    const int64_t n = std::min<int64_t>(9, (int64_t)kTokens.size() - s);
+    DenseKVCache kv = m.make_dense_cache(n);
+    m.forward(std::span<const int32_t>(kTokens).subspan(s, n), 0, kv, nullptr, false, &hooks);
+  }
+  EXPECT_EQ(acc.tokens(0), (int64_t)kTokens.size());
+  const auto got = acc.finish();
+  for (const std::string q : {"tq-mse", "block-gtq"}) {
+    const auto &a = got.at(q), &b = want.at(q);
+    ASSERT_EQ(a.mse_k.size(), b.mse_k.size());
+    for (size_t i = 0; i < a.mse_k.size(); ++i) {
+      EXPECT_NEAR(a.mse_k[i], b.mse_k[i], 1e-12 * b.mse_k[i]) << q << " " << i;
+      EXPECT_NEAR(a.mse_v[i], b.mse_v[i], 1e-12 * b.mse_v[i]) << q << " " << i;
+    }
+    EXPECT_NEAR(a.fit.beta_k, b.fit.beta_k, 1e-9 * b.fit.beta_k);
+  }
+}
+
+TEST(DistortionAccumulator, BadInputNamed) {
+  Model m = ratekv_test::tiny_model(3);
+  const ModelConfig& cfg = m.config();
+  const CalibStats st = calib::calibrate(m, kTokens, 9).to_alloc_stats();
+  eval::CurveMeasureOptions opt;
+  opt.quantizers = {"tq-mse"};
+  opt.bits = {1, 2};
+  eval::DistortionAccumulator acc(cfg, st, opt);
+  const size_t n = static_cast<size_t>(cfg.n_kv_heads) * cfg.head_dim;
+  std::vector<float> k(n), v(n);
+  for (size_t i = 0; i < n; ++i) {
+    k[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+    v[i] = 0.125f * static_cast<float>(i % 5) + 0.1f;
+  }
+  auto msg = [&](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg([&] { acc.finish(); }).find("no activations"), std::string::npos);
+  EXPECT_NE(msg([&] { acc.add(cfg.n_layers, k.data(), v.data(), 1); }).find("outside"), std::string::npos);
+  EXPECT_NE(msg([&] { acc.add(0, k.data(), v.data(), 0); }).find("chunk of 0"), std::string::npos);
+  v[3] = std::nanf("");
+  EXPECT_NE(msg([&] { acc.add(1, k.data(), v.data(), 1); }).find("layer 1: value element 3"), std::string::npos);
+  v[3] = 0.5f;
+  acc.add(0, k.data(), v.data(), 1);  // layer 1 has none: finish names it
+  EXPECT_NE(msg([&] { acc.finish(); }).find("layer 1 received 0 tokens"), std::string::npos);
+  CalibStats other = st;
+  other.model.n_layers += 1;
+  EXPECT_THROW(eval::DistortionAccumulator(cfg, other, opt), Error);
+}

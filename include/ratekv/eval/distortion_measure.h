@@ -5,6 +5,12 @@
 // quantizer uses (cache/plan_codecs.h), then the fit D_i(b) = α_i β^(−b)
 // (calib/distortion_curves.h).
 //
+// One measurement, two sources of activations: DistortionAccumulator takes
+// captured K/V per layer (the Python package's transformers hooks feed it,
+// python/ratekv/calibration.py); measure_distortion_curves runs the C++ model
+// runtime and feeds the same accumulator from its ForwardHooks (`ratekv
+// calibrate --curves`).
+//
 // Quantizers and the plans measured at width b (alloc/make_plan.h, code unit):
 //   tq-mse, kivi, quarot  uniform K b / V b, that quantizer (kivi/quarot:
 //                         group_size channels or tokens per scale group)
@@ -15,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,16 +40,50 @@ struct CurveMeasureOptions {
   uint64_t seed = 0;                        ///< plan seed (rotations)
 };
 
-/// Runs `model` over `tokens` in chunks of opt.ctx (positions 0.. each) and,
-/// through ForwardHooks, quantizes every chunk's K (post-RoPE) and V with each
-/// (quantizer, width) plan, accumulating Σ‖x − x̂‖² per component; returns
-/// mse = Σ / (N·head_dim) and the fitted curves per quantizer. `stats` gives
-/// the model identity and the Block-GTQ block energies. Work per layer is
-/// spread over OpenMP threads; the result does not depend on their number.
-/// Throws ParamError naming the CurveMeasureOptions field for unknown or
-/// repeated quantizers, widths outside 1..8, fewer than two distinct widths or
-/// a bad ctx; Error for empty tokens, stats that do not match the model, or a
-/// zero measured distortion (a component with all-zero K or V cannot be fitted).
+/// The distortion of every (quantizer, width) plan of a CurveMeasureOptions
+/// on activations given chunk by chunk: for each chunk of each layer, the
+/// post-RoPE keys and the values go through the plan's codec
+/// (cache::fake_quant_sequence: no fp16 window, no sink), Σ‖x − x̂‖² summed in
+/// double per (layer, KV head, side). finish() divides by N·head_dim and fits
+/// D = α β^(−b) (calib::fit_curves). Work per chunk is spread over OpenMP
+/// threads; the result does not depend on their number.
+class DistortionAccumulator {
+ public:
+  /// The codecs of every plan of opt (opt.ctx is not used here), made by
+  /// alloc::make_plan from `stats` (model identity, Block-GTQ block energies)
+  /// for `cfg`. Throws ParamError naming the CurveMeasureOptions field for
+  /// unknown or repeated quantizers, widths outside 1..8 or fewer than two
+  /// distinct widths; Error when stats do not match cfg (layers, KV heads,
+  /// head_dim).
+  DistortionAccumulator(const ModelConfig& cfg, const CalibStats& stats, const CurveMeasureOptions& opt);
+  ~DistortionAccumulator();
+  DistortionAccumulator(DistortionAccumulator&&) noexcept;
+  DistortionAccumulator& operator=(DistortionAccumulator&&) noexcept;
+
+  /// One chunk of T ≥ 1 tokens of `layer`, positions 0.. within the chunk:
+  /// k_post, v (T, n_kv_heads, head_dim) row-major float32 — the keys
+  /// attention reads (after RoPE) and the values. Throws Error for a layer
+  /// outside 0..n_layers−1, T < 1 or a non-finite element (naming the layer
+  /// and side).
+  void add(int layer, const float* k_post, const float* v, int64_t T);
+  /// Tokens added to `layer` so far.
+  int64_t tokens(int layer) const;
+  /// The measured mse (L, Hkv, nb) = Σ / (N·head_dim) and fitted curves per
+  /// quantizer, N the tokens every layer received. Throws Error when no tokens
+  /// were added, layers received different numbers of tokens, or a measured
+  /// distortion is zero (a component with all-zero K or V cannot be fitted).
+  std::map<std::string, calib::QuantizerCurves> finish() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Runs `model` over `tokens` in chunks of opt.ctx (positions 0.. each) and
+/// feeds every chunk's K (post-RoPE) and V, through ForwardHooks, to a
+/// DistortionAccumulator; returns its finish(). Throws as the accumulator
+/// does, ParamError (CurveMeasureOptions.ctx) for a ctx outside the model's
+/// positions, and Error for empty tokens.
 std::map<std::string, calib::QuantizerCurves> measure_distortion_curves(Model& model, std::span<const int32_t> tokens,
                                                                         const CalibStats& stats,
                                                                         const CurveMeasureOptions& opt);
