@@ -10,7 +10,9 @@ include/ratekv/cache/fake_quant_cache.h (fake quantization).
 
 from __future__ import annotations
 
+import atexit
 import os
+import weakref
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -31,6 +33,31 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 #: HF transformers model types whose attention ratekv's HF cache serves.
 HF_ARCHES = ("llama", "qwen2")
+
+# Python objects holding nanobind instances (caches: their C++ stores, codecs, plans,
+# configs) that something outside Python's reach may keep alive until the interpreter has
+# shut down: torch's operator registry and torch.compile's code caches hold Python
+# functions (and, through their closures and globals, whatever those reference) forever.
+# nanobind then finds our instances alive after shutdown and reports them as leaked
+# (docs: nanobind "Reference leaks", "Interactions with other tools"). At exit, before
+# the interpreter tears down, each tracked object drops its C++ objects
+# (``_release_native``), so nothing of ours outlives Python whoever still references
+# the Python shell. Held weakly: tracking keeps nothing alive.
+_native_holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _track_native(obj: Any) -> None:
+    """Registers ``obj`` (with a ``_release_native()`` method) for release at exit."""
+    _native_holders.add(obj)
+
+
+@atexit.register
+def _release_all_native() -> None:
+    for obj in list(_native_holders):
+        try:
+            obj._release_native()
+        except Exception:  # noqa: BLE001  (at exit: release what can be released)
+            pass
 
 
 def load_plan(path: PathLike) -> Plan:

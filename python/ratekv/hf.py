@@ -32,7 +32,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .core import HF_ARCHES, Plan, PlanCodecs, RatekvError, fake_quantize, model_config
+from .core import HF_ARCHES, Plan, PlanCodecs, RatekvError, _track_native, fake_quantize, model_config
 from .ops import PackedKVCache
 
 #: The name under which the attention function is registered.
@@ -44,6 +44,23 @@ class _Active(threading.local):
 
 
 _active = _Active()
+
+
+class _TracedActive:
+    layer: Optional["PackedLayer"] = None
+
+
+# Under torch.compile the hand-over goes through a plain object: dynamo does not follow
+# attribute writes of a threading.local, so the attention function traced right after
+# update() would read the previous value (the prefill/SDPA branch) — a compile error at
+# best. Dynamo specializes on the branch taken and replays the writes after the graph.
+# A compiled forward therefore shares one slot among threads: compile-mode decode steps
+# of PackedCaches must not run concurrently in several threads of one process.
+_traced_active = _TracedActive()
+
+
+def _slot() -> Any:
+    return _traced_active if torch.compiler.is_compiling() else _active
 
 
 def packed_attention_forward(
@@ -64,8 +81,9 @@ def packed_attention_forward(
     decode_attention``); every other call (the prompt's prefill in serving mode,
     other caches) is PyTorch SDPA over the given K/V. Raises RatekvError for a
     padded batch in a packed decode step (sequences must have equal lengths)."""
-    layer = _active.layer
-    _active.layer = None
+    slot = _slot()
+    layer = slot.layer
+    slot.layer = None
     if layer is None or layer.layer_idx != getattr(module, "layer_idx", None) or layer.mode != "decode":
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
@@ -73,11 +91,18 @@ def packed_attention_forward(
         raise RatekvError(f"PackedCache: layer {layer.layer_idx}: decode attention takes one query per sequence, "
                           f"got {query.shape[2]}")
     if attention_mask is not None and not layer.owner._mask_checked:
-        ok = bool(attention_mask.all()) if attention_mask.dtype == torch.bool else bool((attention_mask == 0).all())
-        if not ok:
-            raise RatekvError("PackedCache: the attention mask hides cached tokens (a padded batch); PackedCache "
-                              "serves batches of equal-length prompts only")
-        layer.owner._mask_checked = True
+        ok = attention_mask.all() if attention_mask.dtype == torch.bool else (attention_mask == 0).all()
+        msg = ("PackedCache: the attention mask hides cached tokens (a padded batch); PackedCache serves batches "
+               "of equal-length prompts only")
+        if torch.compiler.is_compiling():
+            # No host read under torch.compile (it would break the graph inside the layer loop,
+            # and dynamo then runs the whole decoder eagerly): an asynchronous device-side
+            # assertion, checked on every step, that fails the step loudly.
+            torch._assert_async(ok, msg)
+        else:
+            if not bool(ok):
+                raise RatekvError(msg)
+            layer.owner._mask_checked = True
     scale = float(scaling) if scaling is not None else float(query.shape[-1]) ** -0.5
     out = layer.owner.store.decode_attention(layer.layer_idx, query[:, :, 0, :], scale)  # (B, H, d)
     return out.unsqueeze(1), None
@@ -122,7 +147,7 @@ class PackedLayer(CacheLayerMixin):
         self.owner.store.append(self.layer_idx, key_states.transpose(1, 2), value_states.transpose(1, 2))
         self.mode = "prefill" if self.length == 0 else "decode"
         self.length += n
-        _active.layer = self
+        _slot().layer = self
         return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -196,6 +221,13 @@ class PackedCache(Cache):
         register()
         config._attn_implementation = ATTENTION_NAME
         super().__init__(layers=[PackedLayer(self, i) for i in range(self.rk_config.n_layers)])
+        _track_native(self)
+
+    def _release_native(self) -> None:
+        """At interpreter exit (ratekv.core): drops the store, plan and config (C++ objects)."""
+        if self.store is not None:
+            self.store._release_native()
+        self.store = self.plan = self.rk_config = None
 
     def _ensure_store(self, key_states: torch.Tensor) -> None:
         b = key_states.shape[0]
@@ -247,3 +279,8 @@ class FakeQuantCache(Cache):
         self.rk_config = model_config(config)
         self.codecs = PlanCodecs(plan, self.rk_config, "plan")
         super().__init__(layers=[FakeQuantLayer(self, i) for i in range(self.rk_config.n_layers)])
+        _track_native(self)
+
+    def _release_native(self) -> None:
+        """At interpreter exit (ratekv.core): drops the codecs and config (C++ objects)."""
+        self.codecs = self.rk_config = None

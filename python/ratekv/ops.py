@@ -31,14 +31,18 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Dict, Optional
+import weakref
+from typing import Any, Optional
 
 import torch
 
 from . import _core
-from .core import ModelConfig, Plan, PlanCodecs, RatekvError
+from .core import ModelConfig, Plan, PlanCodecs, RatekvError, _track_native
 
-_registry: Dict[int, Any] = {}
+# handle -> store, held weakly: the store belongs to its PackedKVCache; this module's
+# globals are reachable from torch's operator registry (the op functions below) for the
+# life of the process, so a strong entry here would keep a store alive after its cache.
+_registry: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 _next_handle = itertools.count(1)
 _lock = threading.Lock()
 
@@ -233,11 +237,21 @@ class PackedKVCache:
         self.handle = _register(self._impl)
         self.seq_lens = [torch.zeros(self.batch_size, dtype=torch.int32, device=self.device)
                          for _ in range(config.n_layers)]
+        _track_native(self)
 
     def __del__(self) -> None:
         h = getattr(self, "handle", None)
         if h is not None:
             _release(h)
+
+    def _release_native(self) -> None:
+        """At interpreter exit (ratekv.core): drops the C++ store, codecs, plan and config, so
+        none outlives Python when something (torch's op registry, a torch.compile cache)
+        still holds this object; the cache is unusable afterwards."""
+        if getattr(self, "handle", None) is not None:
+            _release(self.handle)
+            self.handle = None
+        self._impl = self.codecs = self.plan = self.config = None
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Stores n new tokens: k, v (B, n, n_kv_heads, head_dim), post-RoPE keys."""

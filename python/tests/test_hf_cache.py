@@ -156,3 +156,34 @@ def test_padded_batch_and_second_prompt_are_refused():
         m(ids, past_key_values=cache, use_cache=True)
         with pytest.raises(ratekv.RatekvError, match="one prompt"):
             m(nxt[:, :3], past_key_values=cache, use_cache=True)
+
+
+def test_packed_cache_under_torch_compile():
+    """model.forward under torch.compile (dynamo, dynamic shapes; the 'eager' backend runs the
+    traced graph with the same kernels, so the logits must equal the eager PackedCache's). The
+    decode steps must trace without a graph break: a break inside the decoder's layer loop makes
+    dynamo run the whole decoder eagerly (the hand-over from update() to the attention function
+    through a threading.local, and the padded-batch check's host read, each did that). The
+    prefill breaks where it builds the C++ store (once per cache)."""
+    from torch._dynamo.utils import counters
+
+    m = tiny_model("llama", 64, 4, 2)
+    plan = ratekv.uniform_plan(ratekv.model_config(m.config), 3, 3)
+    ids, nxt = inputs(2, 37)
+    ref = teacher_forced(m, ratekv.hf.PackedCache(plan, m.config), ids, nxt)
+    torch._dynamo.reset()
+    counters.clear()
+    fwd = torch.compile(m.forward, dynamic=True, backend="eager")
+    cache = ratekv.hf.PackedCache(plan, m.config)
+    outs = []
+    with torch.no_grad():
+        outs.append(fwd(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1])
+        counters.clear()
+        for t in range(nxt.shape[1]):
+            mask = torch.ones(2, ids.shape[1] + t + 1, dtype=torch.long)
+            outs.append(fwd(input_ids=nxt[:, t:t + 1], attention_mask=mask, past_key_values=cache,
+                            use_cache=True).logits[:, -1])
+    torch.testing.assert_close(torch.stack(outs), ref, rtol=0, atol=1e-5)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert cache.layers[0].length == 37 + 8
+    torch._dynamo.reset()
