@@ -12,6 +12,15 @@ own write path (DynamicCache.update; PackedCache's prefill op), not by a prefill
 comes from ratekv.calibrate() of the random model on random tokens (its statistics are those of the
 random weights: the point is speed and memory, not quality).
 
+torch.compile rows (--compile compiled): model.forward compiled with dynamic shapes (inductor); the
+first warmup step's time is the compile (``compile_s``), and the row records what dynamo did over all
+steps (``graphs``, ``graph_breaks``, ``recompiles`` from torch._dynamo's counters), so a "compiled" row
+that mostly ran eager is visible as such. A point that fails to compile records the reason in "error".
+
+The output JSON is rewritten after every row (a run stopped by a time limit keeps what it measured;
+the row in progress is written first with "error": "not finished ..." so the reason is in the file).
+--append adds the rows to an existing file (one table from an eager and a compiled process).
+
     python bench/hf_decode.py --out bench/results/hf_h200.json          # GPU machine, full table
     python bench/hf_decode.py --config tiny --device cpu --depths 96,200  # logic check on a CPU
 """
@@ -19,7 +28,7 @@ random weights: the point is speed and memory, not quality).
 import argparse
 import gc
 import json
-import math
+import os
 import statistics
 import time
 
@@ -96,7 +105,9 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_steps(fwd, model, cache, B, T, steps, warmup, device):
+def time_steps(fwd, model, cache, B, T, steps, warmup, device, first=None):
+    """Median ms of `steps` decode steps after `warmup`; `first` (a list) receives the first
+    step's ms (with torch.compile: the compile)."""
     tok = torch.zeros(B, 1, dtype=torch.long, device=device)
     times = []
     for i in range(warmup + steps):
@@ -114,9 +125,50 @@ def time_steps(fwd, model, cache, B, T, steps, warmup, device):
             with torch.no_grad():
                 fwd(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
             ms = (time.perf_counter() - t0) * 1e3
+        if i == 0 and first is not None:
+            first.append(ms)
         if i >= warmup:
             times.append(ms)
     return statistics.median(times)
+
+
+def dynamo_counts():
+    """Graphs compiled, graph breaks and recompiles so far (torch._dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "recompiles": int(counters["recompiles"].get("total", 0)) if "recompiles" in counters else None}
+
+
+class Output:
+    """The JSON file, rewritten after every row (with --append: added to the file's rows)."""
+
+    def __init__(self, path, append, meta):
+        """meta: this run's; with append, it goes to the file's meta["appended_runs"]."""
+        self.path, self.meta, self.rows, self.meta_run = path, meta, [], meta
+        if path and append and os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            self.rows = old.get("rows", [])
+            self.meta = old.get("meta", {})
+            self.meta.setdefault("appended_runs", []).append(meta)
+
+    def write(self):
+        if self.path:
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"meta": self.meta, "rows": self.rows}, f, indent=1)
+            os.replace(tmp, self.path)
+
+    def start(self, row):
+        self.rows.append(dict(row, error="not finished: the process was stopped (time limit) during this point"))
+        self.write()
+
+    def finish(self, row):
+        self.rows[-1] = row
+        self.write()
+        print(json.dumps(row), flush=True)
 
 
 def largest_batch(per_seq_bytes, device, reserve_gb):
@@ -138,6 +190,9 @@ def main():
     ap.add_argument("--batches", default="1,max", help="batch sizes; 'max' = the largest an fp16 cache fits")
     ap.add_argument("--reserve-gb", type=float, default=6.0, help="memory kept free for activations")
     ap.add_argument("--out", default="")
+    ap.add_argument("--append", action="store_true", help="add the rows to --out's existing rows")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend (inductor; 'eager' = dynamo only)")
+    ap.add_argument("--no-capacity", action="store_true", help="skip the capacity measurements and rows")
     a = ap.parse_args()
     device = torch.device(a.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -150,14 +205,18 @@ def main():
         st = ratekv.calibrate(model, token_ids=torch.randint(0, cfg.vocab_size, (1024,), generator=g), ctx=512)
         plans["gtq-K3V3"] = ratekv.make_plan(st, "block-gtq", k_bits=3, v_bits=3, budget_unit="code")
     fp16_per_token = rc.kv_bytes_per_token_fp16()
-    rows = []
     meta = {"config": a.config, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "dtype": str(dtype), "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup,
             "fill": "random K/V through each cache's write path (synthetic_fill)",
             "plans": {k: p.achieved for k, p in plans.items()}}
+    meta["compile"] = a.compile
+    if "compiled" in a.compile:
+        meta["compile_backend"] = a.backend
+    out = Output(a.out, a.append, meta)
+    meta = out.meta_run
     fwds = {"eager": model.forward} if "eager" in a.compile else {}
     if "compiled" in a.compile:
-        fwds["compiled"] = torch.compile(model.forward, dynamic=True)
+        fwds["compiled"] = torch.compile(model.forward, dynamic=True, backend=a.backend)
     for T in [int(x) for x in a.depths.split(",")]:
         b_fp16 = largest_batch(fp16_per_token * (T + a.warmup + a.steps + 64), device, a.reserve_gb)
         batches = sorted({b_fp16 if x == "max" else int(x) for x in a.batches.split(",")})
@@ -166,11 +225,19 @@ def main():
                 for mode, fwd in fwds.items():
                     row = {"cache": kind if kind != "dynamic" else "dynamic-sdpa", "B": B, "depth": T,
                            "compiled": mode == "compiled"}
+                    out.start(row)
                     try:
                         cache = make_cache(kind, plans, model, B, T, device, dtype)
                         row["kv_gb"] = kv_bytes(cache) / 1e9
-                        ms = time_steps(fwd, model, cache, B, T, a.steps, a.warmup, device)
+                        first = []
+                        before = dynamo_counts() if mode == "compiled" else None
+                        ms = time_steps(fwd, model, cache, B, T, a.steps, a.warmup, device, first)
                         row.update(step_ms=ms, decode_tok_s=B * 1e3 / ms)
+                        if mode == "compiled":
+                            after = dynamo_counts()
+                            row["compile_s"] = first[0] / 1e3
+                            row.update({k: (None if after[k] is None else after[k] - (before[k] or 0))
+                                        for k in after})
                     except Exception as e:  # a point that fails (OOM, compile error) is recorded, not hidden
                         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     finally:
@@ -178,10 +245,9 @@ def main():
                         gc.collect()
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+                    out.finish(row)
         # Capacity at this depth: the largest batch each cache's K/V fits (K/V bytes per sequence).
-        for kind in [k for k in a.caches.split(",") if k != "dynamic"]:
+        for kind in [k for k in a.caches.split(",") if k != "dynamic" and not a.no_capacity]:
             per_seq = None
             try:
                 c = make_cache(kind, plans, model, 1, T, device, dtype)
@@ -203,6 +269,7 @@ def main():
             continue
         B = largest_batch(cap["bytes_per_seq"] * (T + 64 + a.warmup + a.steps) / T, device, a.reserve_gb)
         row = {"cache": kind, "B": B, "depth": T, "compiled": False, "largest_batch": True}
+        out.start(row)
         try:
             cache = make_cache(kind, plans, model, B, T, device, dtype)
             row["kv_gb"] = kv_bytes(cache) / 1e9
@@ -214,14 +281,10 @@ def main():
             cache = None
             gc.collect()
             torch.cuda.empty_cache()
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+        out.finish(row)
     meta["fp16_largest_batch"] = {str(T): largest_batch(fp16_per_token * T, device, a.reserve_gb)
                                   for T in [int(x) for x in a.depths.split(",")]}
-    out = {"meta": meta, "rows": rows}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
+    out.write()
     print(json.dumps(meta, indent=1))
 
 

@@ -1,48 +1,90 @@
 #!/usr/bin/env bash
-# The Python package on the GPU machine (issue 23): builds the extension there (Python 3.12; an
-# extension built here does not import there) with tools/device/build.sh, runs the Python tests on
-# CUDA (python/tests/test_cuda.py: ops vs the CPU packed cache, CUDA graphs, torch.compile, HF
-# PackedCache vs FakeQuantCache; the CPU tests that need no assets), compute-sanitizer memcheck
-# and racecheck on the ops (tools/device/python_ops_smoke.py), then bench/hf_decode.py
-# (transformers, Llama-3.1-8B shapes, random bf16 weights) into $OUT/hf_h200.json.
+# The Python package on the GPU machine (issue 23), one call, ≤ ~7.5 min of wall time in all.
+# Stages (STAGES, default "build test sanitize bench"), each under its own time limit and
+# printing its wall time; a failing stage does not stop the later ones (exit 1 at the end):
+#   build     tools/device/build.sh: the extension ratekv._core (Python 3.12 there; an extension
+#             built here does not import there), the CLI, test_engine_host, test_engine (≤ 200 s)
+#   test      test_engine_host + test_engine (the engine over engine::PagePool) as gtest JSON, then
+#             pytest on CUDA: python/tests/test_cuda.py (ops vs the CPU packed cache, the pool's
+#             store-from-pool test, CUDA graphs, torch.compile, HF PackedCache vs FakeQuantCache),
+#             test_exit_leaks.py (no nanobind instance outlives the interpreter, CPU and CUDA)
+#             (≤ 120 s; the CPU-only Python tests run in CI)
+#   sanitize  compute-sanitizer memcheck (SANITIZE_TOOLS) on the ops (tools/device/python_ops_smoke.py;
+#             ≤ 90 s)
+#   bench     bench/hf_decode.py (transformers, Llama-3.1-8B shapes, random bf16 weights) into
+#             $OUT/hf_h200.json: first eager vs torch.compile (inductor) at 4K and 128K, B = 1,
+#             DynamicCache and K3V3 (≤ COMPILE_TIMEOUT s), then the eager table appended (all
+#             depths, B = 1 and the largest fp16 batch, K3V3 / K2V2 / Block-GTQ, capacity rows)
+#             with what is left of BUDGET_S. The JSON is rewritten after every row: a stage stopped
+#             by its limit keeps its rows, the interrupted point says so in "error".
 # Usage there, from the tree's root (the call carries .devdeps):
-#   OUT=... tools/device/python_h200.sh            # STAGES="build test sanitize bench" by default
-# Each stage prints its wall time; a failing stage does not stop the later ones (exit 1 at the end).
+#   OUT=... tools/device/python_h200.sh
+# Outputs under $OUT: test_engine_host.json, test_engine.json, pytest.xml, pytest.txt,
+# sanitizer_memcheck.txt, hf_h200.json, stages.txt (stage, status, seconds).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ratekv-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-build test sanitize bench}
+BUDGET_S=${BUDGET_S:-460}
+COMPILE_TIMEOUT=${COMPILE_TIMEOUT:-200}
 PY=$(command -v python3)
+B=/tmp/ratekv-build
 rc=0
-stage() { local t0=$SECONDS; echo "=== $1"; shift; "$@" || { echo "=== FAILED"; rc=1; }; echo "=== $((SECONDS - t0)) s"; }
+T0=$SECONDS
+stage() {  # stage NAME LIMIT_S cmd...: runs cmd under `timeout LIMIT_S`
+  local name=$1 lim=$2 t0=$SECONDS st=ok; shift 2
+  echo "=== $name (limit $lim s)"
+  if [ "$lim" -le 5 ]; then echo "=== SKIPPED (no time left)"; echo "$name skipped 0" >> "$OUT/stages.txt"; rc=1; return; fi
+  timeout --kill-after=10 "$lim" "$@"; local r=$?
+  if [ $r -ne 0 ]; then st="failed($r)"; [ $r -eq 124 ] && st="timeout"; echo "=== FAILED: $st"; rc=1; fi
+  echo "=== $name: $((SECONDS - t0)) s"
+  echo "$name $st $((SECONDS - t0))" >> "$OUT/stages.txt"
+}
+left() { echo $((BUDGET_S - (SECONDS - T0))); }
+pytests() {
+  env PYTHONPATH=$B/python:python/tests RATEKV_CLI=$B/bin/ratekv "$PY" -m pytest -q -p no:cacheprovider -rs \
+    python/tests/test_cuda.py python/tests/test_exit_leaks.py --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.txt"
+  return "${PIPESTATUS[0]}"
+}
+engine_tests() {
+  local r=0
+  "$B/tests/test_engine_host" --gtest_output=json:"$OUT/test_engine_host.json" | tail -3 || r=1
+  "$B/tests/test_engine" --gtest_output=json:"$OUT/test_engine.json" | tail -5 || r=1
+  return $r
+}
+sanitize() {
+  local r=0
+  for tool in ${SANITIZE_TOOLS:-memcheck}; do
+    env PYTHONPATH=$B/python compute-sanitizer --tool "$tool" --error-exitcode 3 --target-processes all \
+      "$PY" tools/device/python_ops_smoke.py > "$OUT/sanitizer_$tool.txt" 2>&1 || r=$?
+    tail -3 "$OUT/sanitizer_$tool.txt"
+  done
+  return $r
+}
+bench() {  # bench EXTRA_ARGS...
+  env PYTHONPATH=$B/python "$PY" bench/hf_decode.py --out "$OUT/hf_h200.json" --steps 4 --warmup 2 "$@"
+}
+: > "$OUT/stages.txt"
 for s in $STAGES; do
   case $s in
     build)
-      stage build env CMAKE_ARGS="-DRATEKV_PYTHON=ON -DPython_EXECUTABLE=$PY -DRATEKV_BENCH=OFF" \
-        TARGETS="ratekv_python ratekv_cli" DEPS="$PWD/.devdeps" tools/device/build.sh ;;
+      stage build 200 env CMAKE_ARGS="-DRATEKV_PYTHON=ON -DPython_EXECUTABLE=$PY -DRATEKV_BENCH=OFF" \
+        TARGETS="ratekv_python ratekv_cli test_engine_host test_engine" DEPS="$PWD/.devdeps" tools/device/build.sh ;;
     test)
       # shellcheck disable=SC1091
-      source /tmp/ratekv-build/env.sh
-      stage test env PYTHONPATH=/tmp/ratekv-build/python RATEKV_CLI=/tmp/ratekv-build/bin/ratekv \
-        "$PY" -m pytest -q -p no:cacheprovider python/tests/test_cuda.py python/tests/test_core.py \
-        python/tests/test_hf_cache.py --junitxml="$OUT/pytest.xml" ;;
+      source $B/env.sh
+      stage engine-tests 60 engine_tests
+      stage pytest 120 pytests ;;
     sanitize)
-      source /tmp/ratekv-build/env.sh
-      for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-        stage "compute-sanitizer $tool" env PYTHONPATH=/tmp/ratekv-build/python \
-          compute-sanitizer --tool "$tool" --error-exitcode 3 --target-processes all \
-          "$PY" tools/device/python_ops_smoke.py > "$OUT/sanitizer_$tool.txt" 2>&1
-        tail -3 "$OUT/sanitizer_$tool.txt"
-      done ;;
+      source $B/env.sh
+      stage "compute-sanitizer" 90 sanitize ;;
     bench)
-      source /tmp/ratekv-build/env.sh
-      # The eager table, then torch.compile at one point (an 8B model's compile takes minutes).
-      stage bench env PYTHONPATH=/tmp/ratekv-build/python "$PY" bench/hf_decode.py --out "$OUT/hf_h200.json" \
-        --compile eager ${BENCH_ARGS:-}
-      stage bench-compiled timeout "${COMPILE_TIMEOUT:-150}" env PYTHONPATH=/tmp/ratekv-build/python "$PY" \
-        bench/hf_decode.py --out "$OUT/hf_h200_compiled.json" --compile compiled --depths 4096 --batches 1 \
-        --caches dynamic,K3V3 ;;
+      source $B/env.sh
+      stage bench-compiled "$COMPILE_TIMEOUT" bench --compile eager,compiled --depths 4096,131072 --batches 1 \
+        --caches dynamic,K3V3 --no-capacity
+      stage bench-eager "$(left)" bench --append --compile eager ${BENCH_ARGS:-} ;;
   esac
 done
+echo "total $((SECONDS - T0)) s"
 exit $rc
