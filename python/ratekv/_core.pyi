@@ -499,6 +499,29 @@ class KVStatsAccumulator:
     def finish(self, ctx: int) -> KVStats:
         """Means over everything added (raises if a layer missed a chunk)."""
 
+class DistortionAccumulator:
+    """
+    RateQuant distortion curves measured on captured K/V (include/ratekv/eval/distortion_measure.h): the accumulator `ratekv calibrate --curves` feeds from the C++ runtime.
+    """
+
+    def __init__(self, config: ModelConfig, stats: KVStats, quantizers: Sequence[str], bits: Sequence[int], group_size: int = 32, seed: int = 0) -> None:
+        """
+        The codecs of every (quantizer, width) plan, made from `stats` (model identity, Block-GTQ block energies). Raises RatekvError naming CurveMeasureOptions.quantizers/bits for unknown or repeated quantizers, widths outside 1..8 or fewer than two distinct widths, or stats of another model.
+        """
+
+    def add(self, config: ModelConfig, layer: int, k_post: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)]) -> None:
+        """
+        Adds one chunk of `layer` (positions 0.. within the chunk): k_post (post-RoPE keys), v, each (T, n_kv_heads, head_dim) float32 C-contiguous. Raises RatekvError for a wrong shape, a layer out of range or a non-finite element.
+        """
+
+    def tokens(self, layer: int) -> int:
+        """Tokens added to `layer` so far."""
+
+    def finish_into(self, stats: KVStats) -> None:
+        """
+        Stores the measured mse and fitted curves of every quantizer in `stats` (replacing curves of the same name). Raises RatekvError when nothing was added, layers received different token counts, or a measured distortion is zero.
+        """
+
 class PackedBatch:
     """
     A batch of CPU packed KV caches (include/ratekv/cache/packed_kv_cache.h): codes in the packed format, attention from the codes, never the whole cache expanded.
@@ -637,5 +660,7 @@ class CudaPackedLayers:
     def append(self, layer: int, pool: PagePool, page_table: int, seq_lens: int, batch: int, max_seq_len: int, k: int, v: int, n: int, f16: bool, stream: int) -> None: ...
 
     def decode(self, layer: int, pool: PagePool, page_table: int, seq_lens: int, batch: int, max_seq_len: int, q: int, f16: bool, scale: float, out: int, workspace: int, workspace_bytes: int, stream: int) -> None: ...
+
+has_cuda: bool = False
 
 has_cuda: bool = False

@@ -132,35 +132,16 @@ def _rows(x: torch.Tensor, n: int, heads: int, d: int, what: str, layer: int,
     return x
 
 
-def _curve_plan(stats: KVStats, quantizer: str, bits: int) -> Any:
-    """The plan whose codec measures `quantizer` at `bits` code bits: what
-    eval/distortion_measure.cpp's plan_at builds (uniform K b / V b; block-gtq: Block-GTQ keys
-    at b·d + 16 bits per head with widths 0..8, TQ-MSE values), through the C++ allocator."""
-    from .core import make_plan
-
-    if quantizer == "block-gtq":
-        return make_plan(stats, "block-gtq", k_bits=bits, v_bits=bits, budget_unit="code", b_min=0, b_max=8)
-    return make_plan(stats, "uniform", k_bits=bits, v_bits=bits, budget_unit="code", quantizer=quantizer,
-                     group_size=32)
-
-
 def _measure_curves(model, cfg, stats, ids, ctx, quantizers, bits, cap, dev) -> None:
     """RateQuant distortion curves of a transformers model (docs/calibration_stats.md, "Distortion
-    curves"): per chunk of `ctx` tokens, each layer's post-RoPE K and V go through the C++
-    fake-quant path of every (quantizer, width) plan (cache::fake_quant_sequence, no window, no
-    sink), D = Σ‖x − x̂‖² / (N·head_dim) per (layer, KV head, side), fitted by calib::fit_curves —
-    the steps of eval::measure_distortion_curves, whose own entry point needs the C++ model
-    runtime; the SmolLM2 test checks both agree."""
-    for q in quantizers:
-        if q not in ("kivi", "quarot", "tq-mse", "block-gtq"):
-            raise RatekvError(f"calibrate: curves '{q}': expected kivi, quarot, tq-mse or block-gtq")
-    if len(set(quantizers)) != len(quantizers):
-        raise RatekvError("calibrate: curves: a quantizer is given twice")
-    if len(bits) < 2 or bits[0] < 1 or bits[-1] > 8:
-        raise RatekvError(f"calibrate: curve_bits {bits}: need ≥ 2 distinct widths in 1..8")
+    curves"): per chunk of `ctx` tokens, each layer's post-RoPE K and V (as the attention function
+    reads them) go to the C++ DistortionAccumulator (eval/distortion_measure.h) — the code
+    `ratekv calibrate --curves` runs on the C++ runtime's activations: every (quantizer, width)
+    plan's fake-quant codec (no window, no sink), D = Σ‖x − x̂‖² / (N·head_dim) per (layer,
+    KV head, side), fitted D = α β^(−b) by calib::fit_curves. A second pass over the tokens:
+    Block-GTQ's plans need the block energies of the finished statistics."""
     L, Hk, d = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
-    codecs = {(q, b): _core.PlanCodecs(_curve_plan(stats, q, b), cfg, q) for q in quantizers for b in bits}
-    sq = {key: np.zeros((2, L, Hk)) for key in codecs}
+    acc = _core.DistortionAccumulator(cfg, stats, list(quantizers), list(bits))
     N = int(ids.numel())
     with torch.no_grad():
         for start in range(0, N, ctx):
@@ -169,18 +150,9 @@ def _measure_curves(model, cfg, stats, ids, ctx, quantizers, bits, cap, dev) -> 
             model(input_ids=ids[start:start + m].to(dev).unsqueeze(0),
                   position_ids=torch.arange(m, device=dev).unsqueeze(0), use_cache=False, logits_to_keep=1)
             for li in range(L):
-                for side, name in ((0, "k"), (1, "v")):
-                    x = _rows(cap.post[(li, name)], m, Hk, d, name, li, True).numpy()
-                    xhat = np.empty_like(x)
-                    for key, c in codecs.items():
-                        _core.fake_quant_sequence(c, li, side, x, xhat, None, None, 0, 0)
-                        e = (x.astype(np.float64) - xhat) ** 2
-                        sq[key][side, li] += e.sum(axis=(0, 2))
-    for q in quantizers:
-        mse = np.stack([sq[(q, b)] for b in bits], axis=-1) / (N * d)  # (2, L, Hk, nb)
-        if not (mse > 0).all():
-            raise RatekvError(f"calibrate: curves: {q} has zero error on some component (cannot fit ln D)")
-        stats.set_curves(q, [float(b) for b in bits], np.ascontiguousarray(mse[0]), np.ascontiguousarray(mse[1]))
+                acc.add(cfg, li, _rows(cap.post[(li, "k")], m, Hk, d, "k (post-RoPE)", li, True),
+                        _rows(cap.post[(li, "v")], m, Hk, d, "v", li, True))
+    acc.finish_into(stats)
 
 
 def _sha256(path: str) -> str:
@@ -292,7 +264,7 @@ def calibrate(
                             _rows(cap.post[(li, "v")], m, Hk, d, "v", li, True))
         stats = acc.finish(ctx)
         if curves:
-            _measure_curves(model, cfg, stats, ids[:N], ctx, list(curves), sorted(set(int(b) for b in curve_bits)),
+            _measure_curves(model, cfg, stats, ids[:N], ctx, list(curves), [int(b) for b in curve_bits],
                             cap, dev)
 
         if sensitivity:

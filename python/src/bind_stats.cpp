@@ -1,6 +1,7 @@
-// Bindings: calibration statistics (calib/kv_stats.h, format/calib_stats.h)
-// and their accumulator (calib/accumulator.h), used by ratekv.calibrate() to
-// write the same statistics file as `ratekv calibrate`.
+// Bindings: calibration statistics (calib/kv_stats.h, format/calib_stats.h),
+// their accumulator (calib/accumulator.h) and the distortion-curve accumulator
+// (eval/distortion_measure.h), used by ratekv.calibrate() to write the same
+// statistics file as `ratekv calibrate`.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
@@ -12,6 +13,7 @@
 #include "bind_common.h"
 #include "ratekv/calib/accumulator.h"
 #include "ratekv/calib/kv_stats.h"
+#include "ratekv/eval/distortion_measure.h"
 #include "ratekv/format/calib_stats.h"
 
 namespace ratekv::py {
@@ -226,6 +228,55 @@ void bind_stats(nb::module_& m) {
             return s;
           },
           nb::arg("ctx"), "Means over everything added (raises if a layer missed a chunk).");
+
+  nb::class_<eval::DistortionAccumulator>(
+      m, "DistortionAccumulator",
+      "RateQuant distortion curves measured on captured K/V (include/ratekv/eval/distortion_measure.h): the "
+      "accumulator `ratekv calibrate --curves` feeds from the C++ runtime.")
+      .def(
+          "__init__",
+          [](eval::DistortionAccumulator* self, const ModelConfig& cfg, const calib::KVStats& stats,
+             const std::vector<std::string>& quantizers, const std::vector<int>& bits, int group_size,
+             uint64_t seed) {
+            eval::CurveMeasureOptions opt;
+            opt.quantizers = quantizers;
+            opt.bits = bits;
+            opt.group_size = group_size;
+            opt.seed = seed;
+            new (self) eval::DistortionAccumulator(cfg, stats.to_alloc_stats(), opt);
+          },
+          nb::arg("config"), nb::arg("stats"), nb::arg("quantizers"), nb::arg("bits"), nb::arg("group_size") = 32,
+          nb::arg("seed") = 0,
+          "The codecs of every (quantizer, width) plan, made from `stats` (model identity, Block-GTQ block "
+          "energies). Raises RatekvError naming CurveMeasureOptions.quantizers/bits for unknown or repeated "
+          "quantizers, widths outside 1..8 or fewer than two distinct widths, or stats of another model.")
+      .def(
+          "add",
+          [](eval::DistortionAccumulator& acc, const ModelConfig& cfg, int layer, F32In k_post, F32In v) {
+            check(k_post.ndim() == 3, "distortion curves: k_post must be (T, n_kv_heads, head_dim)");
+            const int64_t T = static_cast<int64_t>(k_post.shape(0));
+            check_shape(k_post, "distortion curves: k_post", {T, cfg.n_kv_heads, cfg.head_dim});
+            check_shape(v, "distortion curves: v", {T, cfg.n_kv_heads, cfg.head_dim});
+            nb::gil_scoped_release rel;
+            acc.add(layer, k_post.data(), v.data(), T);
+          },
+          nb::arg("config"), nb::arg("layer"), nb::arg("k_post"), nb::arg("v"),
+          "Adds one chunk of `layer` (positions 0.. within the chunk): k_post (post-RoPE keys), v, each "
+          "(T, n_kv_heads, head_dim) float32 C-contiguous. Raises RatekvError for a wrong shape, a layer out of "
+          "range or a non-finite element.")
+      .def("tokens", &eval::DistortionAccumulator::tokens, nb::arg("layer"), "Tokens added to `layer` so far.")
+      .def(
+          "finish_into",
+          [](const eval::DistortionAccumulator& acc, calib::KVStats& s) {
+            auto curves = acc.finish();
+            const size_t n = static_cast<size_t>(s.model.n_layers) * s.model.n_kv_heads;
+            calib::validate_curves(curves, n, "stats");
+            for (auto& [q, c] : curves) s.curves[q] = std::move(c);
+          },
+          nb::arg("stats"),
+          "Stores the measured mse and fitted curves of every quantizer in `stats` (replacing curves of the same "
+          "name). Raises RatekvError when nothing was added, layers received different token counts, or a "
+          "measured distortion is zero.");
 }
 
 }  // namespace ratekv::py

@@ -119,6 +119,55 @@ def test_calibrate_bad_input(tmp_path):
     assert m.config._attn_implementation == "sdpa"  # restored after the error
 
 
+def test_curves_on_a_tiny_model_match_a_per_head_reference():
+    """calibrate(curves=...) feeds the attention's post-RoPE K and V to the C++ DistortionAccumulator.
+    Reference, independent of its capture and sums: K/V recomputed here from the model's weights
+    (hidden states → input_layernorm → k_proj/v_proj → RoPE), each chunk quantized by
+    ratekv.fake_quantize with the plan the curve stands for (uniform, code bits), and
+    Σ‖x − x̂‖² / (N·head_dim) per (layer, KV head). Chunks of 40 + 40 + 17 tokens, GQA 4/2."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    m = tiny_model("llama", 64, 4, 2)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 320, (97,), generator=g)
+    st = ratekv.calibrate(m, token_ids=ids, ctx=40, curves=["tq-mse", "kivi"], curve_bits=[2, 1, 3])
+    rc = ratekv.model_config(m.config)
+    L, Hk, d = rc.n_layers, rc.n_kv_heads, rc.head_dim
+    sq = {(q, b): np.zeros((2, L, Hk)) for q in ("tq-mse", "kivi") for b in (1, 2, 3)}
+    codecs = {(q, b): ratekv.codecs(ratekv.uniform_plan(rc, b, b, quantizer=q), rc)
+              for q in ("tq-mse", "kivi") for b in (1, 2, 3)}
+    with torch.no_grad():
+        for s in range(0, 97, 40):
+            chunk = ids[s:s + 40].unsqueeze(0)
+            n = chunk.shape[1]
+            pos = torch.arange(n).unsqueeze(0)
+            hs = m(input_ids=chunk, position_ids=pos, output_hidden_states=True).hidden_states
+            for li, layer in enumerate(m.model.layers):
+                x = layer.input_layernorm(hs[li])
+                att = layer.self_attn
+                k = att.k_proj(x).view(1, n, Hk, d).transpose(1, 2)
+                v = att.v_proj(x).view(1, n, Hk, d).transpose(1, 2)
+                cos, sin = m.model.rotary_emb(x, pos)
+                _, k = apply_rotary_pos_emb(k, k, cos, sin)
+                for side, t in ((0, k), (1, v)):
+                    rows = t[0].transpose(0, 1).contiguous().numpy()  # (n, Hk, d)
+                    for (q, b), c in codecs.items():
+                        xh = ratekv.fake_quantize(rows, c, li, "key" if side == 0 else "value")
+                        sq[(q, b)][side, li] += ((rows.astype(np.float64) - xh) ** 2).sum(axis=(0, 2))
+    for q in ("tq-mse", "kivi"):
+        cur = st.curve(q)
+        assert cur["bits"] == [1, 2, 3]
+        for j, b in enumerate((1, 2, 3)):
+            want = sq[(q, b)] / (97 * d)
+            np.testing.assert_allclose(cur["mse_k"][..., j], want[0], rtol=2e-4, err_msg=f"{q} K b{b}")
+            np.testing.assert_allclose(cur["mse_v"][..., j], want[1], rtol=2e-4, err_msg=f"{q} V b{b}")
+        assert cur["beta_k"] > 1 and cur["beta_v"] > 1
+    with pytest.raises(ratekv.RatekvError, match="CurveMeasureOptions.bits"):
+        ratekv.calibrate(m, token_ids=ids, ctx=40, curves=["tq-mse"], curve_bits=[2, 2, 3])
+    with pytest.raises(ratekv.RatekvError, match="CurveMeasureOptions.quantizers"):
+        ratekv.calibrate(m, token_ids=ids, ctx=40, curves=["tq-prod"])
+
+
 def test_calibrate_texts_with_hf_tokenizer_matches_token_ids():
     class Tok:  # stands for a transformers tokenizer: __call__ → {"input_ids": [...]}
         def __call__(self, text, add_special_tokens=True):
