@@ -18,7 +18,7 @@
 #             with what is left of BUDGET_S. The JSON is rewritten after every row: a stage stopped
 #             by its limit keeps its rows, the interrupted point says so in "error".
 # Usage there, from the tree's root (the call carries .devdeps):
-#   OUT=... tools/device/python_h200.sh
+#   OUT=... tools/device/python_h200.sh     (DEPS=<dir> when .devdeps is elsewhere, e.g. from a .devtree copy)
 # Outputs under $OUT: test_engine_host.json, test_engine.json, pytest.xml, pytest.txt,
 # sanitizer_memcheck.txt, hf_h200.json, stages.txt (stage, status, seconds).
 set -uo pipefail
@@ -70,7 +70,7 @@ for s in $STAGES; do
   case $s in
     build)
       stage build 200 env CMAKE_ARGS="-DRATEKV_PYTHON=ON -DPython_EXECUTABLE=$PY -DRATEKV_BENCH=OFF" \
-        TARGETS="ratekv_python ratekv_cli test_engine_host test_engine" DEPS="$PWD/.devdeps" tools/device/build.sh ;;
+        TARGETS="ratekv_python ratekv_cli test_engine_host test_engine" DEPS="${DEPS:-$PWD/.devdeps}" tools/device/build.sh ;;
     test)
       # shellcheck disable=SC1091
       source $B/env.sh
