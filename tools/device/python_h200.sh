@@ -29,7 +29,10 @@ STAGES=${STAGES:-build test sanitize bench}
 BUDGET_S=${BUDGET_S:-460}
 COMPILE_TIMEOUT=${COMPILE_TIMEOUT:-200}
 PY=$(command -v python3)
-B=/tmp/ratekv-build
+# Its own build directory: /tmp/ratekv-build may hold a build of another source tree (CMake refuses
+# to reuse a build directory for a different source directory).
+B=${BUILD:-/tmp/ratekv-build-py}
+export BUILD=$B
 rc=0
 T0=$SECONDS
 stage() {  # stage NAME LIMIT_S cmd...: runs cmd under `timeout LIMIT_S`
