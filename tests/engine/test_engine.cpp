@@ -165,11 +165,17 @@ TEST(Engine, ChunkedPrefillMatchesCpuRuntime) {
 // relative per probability, so ≈ 1e-3 on the attention output; bound 1e-2
 // (the same class as prefill(n)+decode vs prefill(n+1), measured 4.6e-3).
 // K3V3 evaluation mode — the same codes read back, except where the layer
-// input's rounding differences flip a code (tests above): bound 5e-2
-// (prefill(n)+decode vs prefill(n+1): 6.6e-3). Serving mode: the first
-// chunk's rows attend only to their own fp16 K/V in both (bound 1e-2); later
-// rows read the earlier chunks from codes (one piece: fp16), so they sit
-// between serving and evaluation — only printed.
+// input's rounding differences (the fp16 case's ~5e-3) flip a code in the
+// next layer: the K4V4 estimate above with 3-bit levels (Δ ≈ 0.6σ):
+// √(3e-3 · 0.6) ≈ 4e-2 of K̂, V̂, up to twice that in the logits: bound 0.1.
+// (A first bound of 5e-2, set before any GPU run, failed once on the H200 at
+// 5.19e-2 — tiny-llama, head_dim 64, 300/128 — with the other 8 K3 cases at
+// 1.4e-2 … 4.1e-2.) Serving mode: the first chunk's rows attend only to their
+// own fp16 K/V in both (bound 1e-2; measured ≤ 5.7e-3); later rows read the
+// earlier chunks from codes where the one-piece prefill reads fp16, so they
+// differ by the quantization itself (measured 0.04–0.26, as far as
+// evaluation is from serving in PrefillModesAndDecodeAgreeWithPrefill) —
+// printed, not bounded: no independent reference of that mix exists yet.
 TEST(Engine, ChunkedPrefillEqualsOnePiece) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   struct Case {
@@ -209,7 +215,7 @@ TEST(Engine, ChunkedPrefillEqualsOnePiece) {
           if (mode == PrefillMode::serving) {
             EXPECT_LT(worst_first, 1e-2) << cs.model << " " << n << "/" << chunk;
           } else {
-            EXPECT_LT(worst, type == "f16" ? 1e-2 : 5e-2) << cs.model << " " << type << " " << n << "/" << chunk;
+            EXPECT_LT(worst, type == "f16" ? 1e-2 : 0.1) << cs.model << " " << type << " " << n << "/" << chunk;
           }
           // Decoding continues from the chunked cache as from the one-piece one.
           const int32_t t = argmax(a.data() + size_t(n - 1) * V, V);
@@ -218,7 +224,7 @@ TEST(Engine, ChunkedPrefillEqualsOnePiece) {
           one->decode(std::span<const int>(&s1, 1), std::span<const int32_t>(&t, 1), 1, std::span<int32_t>(&na, 1), la);
           chk->decode(std::span<const int>(&s2, 1), std::span<const int32_t>(&t, 1), 1, std::span<int32_t>(&nb, 1), lb);
           const double ed = rel_l2(lb, la, 0, V);
-          if (mode == PrefillMode::evaluation) EXPECT_LT(ed, type == "f16" ? 1e-2 : 5e-2) << "decode after prefill";
+          if (mode == PrefillMode::evaluation) EXPECT_LT(ed, type == "f16" ? 1e-2 : 0.1) << "decode after prefill";
         }
       }
   }
