@@ -21,6 +21,7 @@
 #   OUT=... tools/device/python_h200.sh     (DEPS=<dir> when .devdeps is elsewhere, e.g. from a .devtree copy)
 # Outputs under $OUT: test_engine_host.json, test_engine.json, pytest.xml, pytest.txt,
 # sanitizer_memcheck.txt, hf_h200.json, stages.txt (stage, status, seconds).
+set -a
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ratekv-out}
@@ -39,7 +40,13 @@ stage() {  # stage NAME LIMIT_S cmd...: runs cmd under `timeout LIMIT_S`
   local name=$1 lim=$2 t0=$SECONDS st=ok; shift 2
   echo "=== $name (limit $lim s)"
   if [ "$lim" -le 5 ]; then echo "=== SKIPPED (no time left)"; echo "$name skipped 0" >> "$OUT/stages.txt"; rc=1; return; fi
-  timeout --kill-after=10 "$lim" "$@"; local r=$?
+  # timeout runs programs, not shell functions: a function stage runs in a
+  # child bash that gets the functions (declare -f) and, by set -a, the variables.
+  if declare -F "$1" >/dev/null; then
+    timeout --kill-after=10 "$lim" bash -c "$(declare -f); $(printf '%q ' "$@")"
+  else
+    timeout --kill-after=10 "$lim" "$@"
+  fi; local r=$?
   if [ $r -ne 0 ]; then st="failed($r)"; [ $r -eq 124 ] && st="timeout"; echo "=== FAILED: $st"; rc=1; fi
   echo "=== $name: $((SECONDS - t0)) s"
   echo "$name $st $((SECONDS - t0))" >> "$OUT/stages.txt"
