@@ -57,13 +57,19 @@ SEEDS = 3
 # cache's activations: no forward pass). Every row states its seeds and windows.
 PROTOCOL = {
     "smollm2": {"calib_tokens": CALIB_TOKENS, "sens_seqs": SENS_SEQS, "curves": "tq-mse,block-gtq,kivi",
-                "ppl_seeds": SEEDS, "ratequant": True},
+                "ppl_seeds": SEEDS, "ratequant": True,
+                # issue 21's Block-GTQ vs uniform and issue 22's RateQuant-over-KIVI target first
+                "order": ["calibrate", "plan/", "eval/gtq+off-K3", "eval/uniform-K3", "eval/gtq-K3", "mae/",
+                          "eval/ratequant-kivi", "eval/uniform-kivi", "eval/uniform-K2", "eval/gtq-K2",
+                          "eval/gtq+off-K4", "eval/gtq+off-K2", "eval/uniform-K4", "eval/q4_0", "eval/q8_0",
+                          "eval/kivi", "eval/ratequant", "eval/uniform+off", "eval/gtq-K4", "llama/", "fit/",
+                          "eval/tasq", "eval/cq"]},
     "qwen05": {"calib_tokens": CALIB_TOKENS, "sens_seqs": SENS_SEQS, "curves": "tq-mse,block-gtq,kivi",
                "ppl_seeds": SEEDS, "ratequant": True},
     "qwen15": {"calib_tokens": 1024, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
                "llama": False, "tasq": False,
                # rows re-run at SEEDS seeds once every 1-seed row is done (eval3/<row>.json replaces eval/<row>.json)
-               "seeds3": ["gtq+off-K3V3", "gtq+off-K4V4", "gtq+off-K2V2", "uniform-K3V3", "gtq-K3V3"],
+               "seeds3": ["gtq+off-full-4.25", "gtq+off-K3V3", "gtq+off-K4V4", "gtq+off-K2V2", "uniform-K3V3", "gtq-K3V3"],
                # per-layer MAE cell: these plans only (18 plans x 3 seeds of d=128 attention is slow here)
                "mae_plans": ["uniform-K2V2", "gtq-K2V2", "uniform+off-K2V2", "gtq+off-K2V2",
                              "uniform-K3V3", "gtq-K3V3", "uniform+off-K3V3", "gtq+off-K3V3", "uniform+nc-K3V3",
@@ -130,6 +136,12 @@ def plan_rows(model, d):
                                            "--norm-correction"] + code, "mae"))
         rows.append((f"gtq+offonly-{tag}", ["--method", "block-gtq", "--kbits", str(b), "--vbits", str(b),
                                             "--key-offset", "mean"] + code, "mae"))
+        # The whole stored budget b + 1/4 (mean over K and V): keys b + 3/8 with Block-GTQ (5-bit blocks
+        # allowed at b = 4), values b + 1/8 (uniform b-bit TQ-MSE and its norm), key offsets and norm correction.
+        if d == 128:  # (the split b + 3/8, b + 1/8 is d = 128's: TQ-MSE's fp16 norm is 1/8 bit there)
+          rows.append((f"gtq+off-full-{b}.25", ["--method", "block-gtq", "--kbits", f"{b}.375", "--vbits", f"{b}.125",
+                                              "--key-offset", "mean", "--norm-correction"]
+                       + (["--bmax", "5"] if b == 4 else []), "kv"))
         # Which tokens: the first token (the attention sink) kept in fp16, charged per sequence (not a target row).
         rows.append((f"gtq+off+sink1-{tag}", ["--method", "block-gtq", "--kbits", str(b), "--vbits", str(b),
                                               "--key-offset", "mean", "--norm-correction", "--sink-tokens", "1"]
@@ -161,16 +173,17 @@ VQ_FIT = ["--group", "4", "--centroids", "32", "--tokens", "8192", "--ctx", "512
 
 
 # Evaluation order within a model (cheap prerequisites first, then the rows the targets need).
-ORDER = ["calibrate", "plan/", "eval/gtq+off-K3", "eval/gtq+off-K4", "eval/gtq+off-K2", "eval/uniform-K3",
-         "eval/gtq-K3", "mae/", "eval/q4_0", "eval/uniform-K4", "eval/uniform-K2", "eval/gtq-K2", "eval/q8_0",
-         "eval/kivi", "evalk/gtq+off-K3", "eval3/gtq+off-K3", "evalk/", "eval3/uniform-K3", "eval3/gtq-K3", "eval3/gtq+off-K4", "eval3/gtq+off-K2",
+ORDER = ["calibrate", "plan/", "eval/gtq+off-K3", "eval/gtq+off-K4", "eval/gtq+off-K2", "eval/gtq+off-full-4",
+         "eval/uniform-K3", "eval/gtq-K3", "mae/", "eval/q4_0", "eval/gtq+off-full-3", "eval/gtq+off-full-2",
+         "eval/uniform-K4", "evalk/gtq+off-K3", "eval/kivi", "eval3/gtq+off-full-4", "eval/uniform-K2", "eval/gtq-K2",
+         "eval/q8_0", "eval3/gtq+off-K3", "evalk/", "eval3/uniform-K3", "eval3/gtq-K3", "eval3/gtq+off-K4", "eval3/gtq+off-K2",
          "eval/uniform+off", "eval/gtq-K4", "llama/f16", "llama/q4_0", "llama/", "eval/ratequant-kivi",
          "eval/uniform-kivi", "eval/ratequant", "fit/", "eval/tasq", "eval/cq"]
 
 
 def priority(c):
     rest = c["id"].split("/", 1)[1]
-    for i, prefix in enumerate(ORDER):
+    for i, prefix in enumerate(PROTOCOL[c["model"]].get("order", ORDER)):
         if rest.startswith(prefix):
             return i
     return len(ORDER)
@@ -207,7 +220,8 @@ def model_cells(m):
             out.append({"id": f"{m}/plan/{name}", "kind": "plan", "model": m, "out": plan, "after": [stats],
                         "cmd": [RATEKV, "plan", "--stats", stats, "-o", plan, "--force", "-q"] + args,
                         "params": {"args": args}})
-            if "--quantizer" not in args and name in pr.get("mae_plans", [name]):
+            default_mae = [] if "+sink" in name else [name]  # sink rows only where listed
+            if "--quantizer" not in args and name in pr.get("mae_plans", default_mae):
                 mae_plans.append(plan)
             if mode != "mae" and name not in pr.get("skip_eval", []):
                 evals.append((name, ["--plan", plan], mode, plan))
@@ -291,6 +305,8 @@ def full_params(c, root):
     if c.get("plan"):
         p["plan_sha256"] = sha256_file(os.path.join(root, c["plan"]))
     if c.get("plans"):
+        if not all(os.path.exists(os.path.join(root, x)) for x in c["plans"]):
+            return None
         p["plans_sha256"] = [sha256_file(os.path.join(root, x)) for x in c["plans"]]
     return p
 
@@ -382,6 +398,11 @@ def cmd_status(a):
 # Report
 # --------------------------------------------------------------------------------------------
 
+def clean_cmd(cmd):
+    """A cell's command as a reader re-runs it: `ratekv` for the binary, $RATEKV_ASSETS for the assets."""
+    return cmd.replace(RATEKV, "ratekv").replace(ASSETS, "$RATEKV_ASSETS")
+
+
 def mean(v):
     return sum(v) / len(v) if v else float("nan")
 
@@ -425,7 +446,7 @@ def rows_of(root, m):
             "first_window_measured_bytes": st.get("first_window", {}).get("measured_bytes"),
             "first_window_measured_by": st.get("first_window", {}).get("measured_by"),
             "fp32_ppl": rep["fp"]["ppl"], "tokens": rep["n_tokens"], "scored_tokens": rep["ppl_scored_tokens"],
-            "seconds": doc["seconds"], "command": doc["command"],
+            "seconds": doc["seconds"], "command": clean_cmd(doc["command"]),
         })
     # The fp16 row: the reference of every report (K and V rounded to fp16), the same windows.
     fp16 = None
@@ -457,7 +478,7 @@ def rows_of(root, m):
                 r = {"plan": name, "method": p["method"], "mode": "MAE only (keys)", "ppl": None, "kld_mean": None,
                      "top1": None, "seeds": 0, "stored_bits_k": st["k_bits_per_element"],
                      "stored_bits_v": st["v_bits_per_element"], "windows": mrep["n_chunks"],
-                     "command": mdoc["command"]}
+                     "command": clean_cmd(mdoc["command"])}
                 rows.append(r)
             r["mae"] = p["mae"]["mean"]
             r["mae_sd"] = p["mae"]["mean_sd"]
@@ -466,7 +487,7 @@ def rows_of(root, m):
             r["attn_kl"] = p["kl"]["mean"]
             r["mae_seeds"] = 1 if p["deterministic"] else mrep["seeds"]
             r["mae_query_stride"] = mrep["query_stride"]
-            r["mae_command"] = mdoc["command"]
+            r["mae_command"] = clean_cmd(mdoc["command"])
     for name, bits, ppl, kld, top1 in ISSUE_LLAMA.get(m, []):
         rows.append({"plan": name, "method": "llama.cpp (numbers from issue 22, not re-run)", "mode": "K+V (llama.cpp)",
                      "stored_bits_k": bits, "stored_bits_v": bits, "ppl": ppl, "ppl_sd": 0.0, "kld_mean": kld,
@@ -485,7 +506,7 @@ def rows_of(root, m):
                      "stored_bits_k": bits, "stored_bits_v": bits, "ppl": r["ppl"], "ppl_sd": 0.0,
                      "kld_mean": r.get("kld_mean", 0.0 if t == "f16" else None), "kld_p99": r.get("kld_p99"),
                      "top1": r.get("top1", 1.0 if t == "f16" else None), "mae": None, "seeds": 1,
-                     "seconds": doc["seconds"], "command": doc["command"] + (
+                     "seconds": doc["seconds"], "command": clean_cmd(doc["command"]) + (
                          " (LLAMA_ATTN_ROT_DISABLE=1)" if doc["params"]["no_rotation"] else "")})
     return rows
 
@@ -517,17 +538,24 @@ def cmd_report(a):
     doc = {"format": "ratekv-quality-panel", "version": 1,
            "settings": {"eval_text": "eval.txt", "calib_text": "calib.txt", "eval_tokens": EVAL_TOKENS, "ctx": CTX,
                         "windows": EVAL_TOKENS // CTX, "scored_tokens": (EVAL_TOKENS // CTX) * (CTX - CTX // 2 - 1),
-                        "seeds": SEEDS, "calib_tokens": CALIB_TOKENS, "sensitivity_sequences": SENS_SEQS,
+                        "seeds": "per row ('seeds': perplexity/KLD, 'mae_seeds': per-layer MAE); per model: 'protocol'",
                         "mode": "evaluation mode (every cached K/V quantized before attention, no fp16 window/sink)"},
            "models": {}}
-    md = []
+    md = ["# Quality panel (issue 22): ratekv's plans and the caches users run, at equal stored bytes\n",
+          f"`tools/quality_panel.py report`; eval.txt, {EVAL_TOKENS} tokens = {EVAL_TOKENS // CTX} windows of {CTX}, "
+          "the second half of each scored; evaluation mode (every cached K/V quantized before attention, no fp16 "
+          "window/sink unless named); KLD/top-1 of the next token against the fp16 cache. Seeds per row (PPL / "
+          "per-layer MAE); each model's protocol and every row's exact command are in the JSON. Rows not listed "
+          "were not run. Stored bits: format/stored_bytes.h (key offsets: fixed bytes per plan, not per token).\n"]
     for m in a.models.split(","):
         rows = rows_of(root, m)
         if not rows:
             continue
         fp16 = next((r for r in rows if r["plan"] == "fp16"), None)
-        for r in rows:
-            r["ppl_rel"] = (r["ppl"] / fp16["ppl"] - 1) if fp16 and r["ppl"] and "issue 22" not in r["plan"] else None
+        llama16 = next((r for r in rows if r["plan"] == "llama.cpp f16 (issue 22)"), None)
+        for r in rows:  # llama.cpp's rows against llama.cpp's own f16 cache
+            base = llama16 if "issue 22" in r["plan"] else fp16
+            r["ppl_rel"] = (r["ppl"] / base["ppl"] - 1) if base and r["ppl"] else None
         cmps = []
         for b in (2, 3, 4):
             for x, y in [(f"gtq-K{b}V{b}", f"uniform-K{b}V{b}"), (f"gtq+off-K{b}V{b}", f"uniform+off-K{b}V{b}"),
@@ -536,7 +564,9 @@ def cmd_report(a):
                 c = mae_comparison(rows, x, y)
                 if c:
                     cmps.append(c)
-        doc["models"][m] = {"file": MODELS[m][0], "head_dim": MODELS[m][1], "rows": rows, "mae_comparisons": cmps}
+        doc["models"][m] = {"file": MODELS[m][0], "head_dim": MODELS[m][1],
+                            "protocol": {k: v for k, v in PROTOCOL[m].items() if k != "order"},
+                            "rows": rows, "mae_comparisons": cmps}
         md.append(f"## {MODELS[m][0]} (head_dim {MODELS[m][1]})\n")
         if fp16:
             md.append(f"fp16 cache PPL {fp16['ppl']:.4f}, fp32 cache {fp16['fp32_ppl']:.4f}; "
@@ -592,7 +622,7 @@ def plot(doc, path):
         for fam, rs in sorted(fams.items()):
             rs = sorted(rs, key=lambda r: r["stored_bits_k"] + r["stored_bits_v"])
             xs = [(r["stored_bits_k"] + r["stored_bits_v"]) / 2 for r in rs]
-            ys = [100 * (r["ppl"] / fp16["ppl"] - 1) if fp16 else r["ppl"] for r in rs]
+            ys = [100 * r["ppl_rel"] if r.get("ppl_rel") is not None else r["ppl"] for r in rs]
             ax.plot(xs, ys, "o-" if len(rs) > 1 else "s", label=fam)
         ax.set_xlabel("stored bits per element (mean of K and V)")
         ax.set_ylabel("PPL above the fp16 cache (%)")
