@@ -6,6 +6,7 @@
 
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
+#include "ratekv/common/parallel_errors.h"
 
 namespace ratekv::cache {
 
@@ -65,15 +66,18 @@ void FakeQuantKVCache::append(int layer, int64_t n, const int32_t* pos, const fl
       std::copy(buf.begin(), buf.end(), dst.begin() + a * row);
       continue;
     }
+    // A quantizer's error (an fp16 overflow of a norm or a scale) is carried out of the region: thrown inside
+    // it, it would std::terminate the process.
+    FirstError err;
 #pragma omp parallel for schedule(static) if (Hkv > 1 && (end - prev) * d >= 4096)
-    for (int h = 0; h < Hkv; ++h) {
+    for (int h = 0; h < Hkv; ++h) err.run([&] {
       const quant::Quantizer* q = codecs_->quantizer(layer, h, side);
       int64_t a = std::max<int64_t>(sink_, prev);
       if (q && q->scope() == quant::QuantScope::per_channel_tokens) {
         const int64_t g = q->tokens_per_group();
         a = sink_ + (std::max<int64_t>(prev - sink_, 0) / g) * g;
       }
-      if (end <= a) continue;
+      if (end <= a) return;
       const int64_t m = end - a;
       std::vector<float> buf(m * d);
       for (int64_t t = 0; t < m; ++t)
@@ -81,7 +85,8 @@ void FakeQuantKVCache::append(int layer, int64_t n, const int32_t* pos, const fl
       codecs_->fake_quant(layer, h, side, buf.data(), L.pos.data() + a, m, buf.data());
       for (int64_t t = 0; t < m; ++t)
         std::memcpy(dst.data() + (a + t) * row + int64_t{h} * d, buf.data() + t * d, sizeof(float) * d);
-    }
+    });
+    err.rethrow();
   }
   O.done = std::max(prev, end);
 }

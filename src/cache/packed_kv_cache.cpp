@@ -16,6 +16,7 @@
 #include "ratekv/cache/vq_page_codec.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
+#include "ratekv/common/parallel_errors.h"
 #include "ratekv/quant/grouped_tq_mse.h"
 
 namespace ratekv::cache {
@@ -181,8 +182,9 @@ void PackedKVCache::quantize_vq_rows(Layer& L, const float* k, const float* k_pr
     if (kind == packed::VqSideKind::vq)
       for (int64_t t = 0; t < n; ++t) sc[t] = vq_token_scale(heads, src + t * row);
     const int64_t p0 = c0 / kPageTokens, p1 = (c0 + n - 1) / kPageTokens + 1;
+    FirstError err;
 #pragma omp parallel for schedule(static) if (p1 - p0 > 1 && n * row >= 4096)
-    for (int64_t pg = p0; pg < p1; ++pg) {
+    for (int64_t pg = p0; pg < p1; ++pg) err.run([&] {
       std::span<uint8_t> page(L.vq_pages[pg]);
       std::vector<uint16_t> h16(d);
       for (int64_t c = std::max(c0, pg * kPageTokens); c < std::min(c0 + n, (pg + 1) * kPageTokens); ++c) {
@@ -197,7 +199,8 @@ void PackedKVCache::quantize_vq_rows(Layer& L, const float* k, const float* k_pr
           }
         }
       }
-    }
+    });
+    err.rethrow();
   }
 }
 
@@ -214,8 +217,10 @@ void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const flo
     if (L.vq_layout) L.vq_pages.emplace_back(L.vq_layout->page_bytes(), uint8_t{0});
   }
   if (L.vq_layout) quantize_vq_rows(L, k, k_pre, v, c0, n);
+  // An fp16 overflow of a norm throws inside the loop: carried out of the region (FirstError).
+  FirstError err;
 #pragma omp parallel for schedule(static) if (Hkv > 1 && n * d >= 4096)
-  for (int h = 0; h < Hkv; ++h) {
+  for (int h = 0; h < Hkv; ++h) err.run([&] {
     std::vector<float> xg(d);
     std::vector<uint8_t> idx(d), hi(d);
     for (int s = 0; s < 2; ++s) {
@@ -244,7 +249,8 @@ void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const flo
         }
       }
     }
-  }
+  });
+  err.rethrow();
   L.n_codes = c1;
 }
 
@@ -262,6 +268,60 @@ void PackedKVCache::append(int layer, int64_t n, const int32_t* pos, const float
     check(pos[i] > prev, "PackedKVCache::append: layer {}: position {} is not greater than the previous {}", layer,
           pos[i], prev);
   }
+  check_rows(L, layer, n, k_post, v);
+  // Strong guarantee: when quantizing fails (a norm or a vq scale that overflows fp16), the layer is left
+  // as it was before the call — no positions without codes, no half-written window.
+  const size_t n_sink = L.sink_k.size(), n_win_k = L.win_k.size(), n_win_kpre = L.win_kpre.size(),
+               n_win_v = L.win_v.size(), n_pages = L.pages.size(), n_ext = L.ext_pages.size(),
+               n_vq = L.vq_pages.size();
+  const int64_t win_start = L.win_start, n_codes = L.n_codes;
+  try {
+    append_rows(L, layer, T0, n, pos, k_pre, k_post, v);
+  } catch (...) {
+    L.sink_k.resize(n_sink);
+    L.sink_v.resize(n_sink);
+    L.win_k.resize(n_win_k);
+    L.win_kpre.resize(n_win_kpre);
+    L.win_v.resize(n_win_v);
+    L.pos.resize(static_cast<size_t>(T0));
+    L.pages.resize(n_pages);
+    L.ext_pages.resize(n_ext);
+    L.vq_pages.resize(n_vq);
+    L.win_start = win_start;
+    L.n_codes = n_codes;  // code slots past n_codes are rewritten (not OR-ed) by the next append
+    throw;
+  }
+}
+
+void PackedKVCache::check_rows(const Layer& L, int layer, int64_t n, const float* k_post, const float* v) const {
+  const int Hkv = shape_.n_kv_heads, d = shape_.head_dim;
+  const int64_t row = int64_t{Hkv} * d;
+  for (int s = 0; s < 2; ++s) {
+    const char* side = s == 0 ? "key" : "value";
+    const float* src = s == 0 ? k_post : v;
+    for (int64_t i = 0; i < n * row; ++i)
+      check(std::isfinite(src[i]), "PackedKVCache::append: layer {}: {} of token {}, KV head {}, channel {} is {} "
+            "(K/V must be finite)", layer, side, i / row, (i % row) / d, i % d, src[i]);
+    for (int h = 0; h < Hkv; ++h)
+      for (size_t g = 0; g < L.heads[h].side[s].size(); ++g) {
+        const Group& G = L.heads[h].side[s][g];
+        if (G.bits == 0) continue;  // stores nothing
+        for (int64_t t = 0; t < n; ++t) {
+          const float* x = src + t * row + int64_t{h} * d;
+          double acc = 0.0;
+          for (int c : G.channels) acc += double{x[c]} * x[c];
+          const float norm = static_cast<float>(std::sqrt(acc));
+          check(std::isfinite(fp16_to_fp32(fp32_to_fp16(norm))),
+                "PackedKVCache::append: layer {}: {} of token {}, KV head {}: channel group {} has norm {}, beyond "
+                "the fp16 norm the packed format stores (at most 65504)", layer, side, t, h, g, norm);
+        }
+      }
+  }
+}
+
+void PackedKVCache::append_rows(Layer& L, int layer, int64_t T0, int64_t n, const int32_t* pos, const float* k_pre,
+                                const float* k_post, const float* v) {
+  const int64_t T = T0 + n;
   const int64_t row = int64_t{shape_.n_kv_heads} * shape_.head_dim;
   int64_t t = T0;
   // Sink rows: fp16 forever.

@@ -133,6 +133,30 @@ TEST(FakeQuantCache, StoresExactlyTheQuantizerOutput) {
   EXPECT_EQ(seq, std::vector<float>(cache.keys(1).begin(), cache.keys(1).end()));
 }
 
+// A row whose norm overflows the codec's fp16 norm is an Error naming the
+// quantizer, on the serial path (one token) and the parallel one (128 tokens ×
+// 2 heads × 32 channels): it used to be thrown inside the OpenMP region
+// (std::terminate, the process aborted).
+TEST(FakeQuantCache, NormOverflowIsAnErrorNotAnAbort) {
+  const ModelConfig cfg = config(32);
+  const int d = 32, Hkv = 2;
+  const int64_t row = int64_t{Hkv} * d;
+  auto codecs = std::make_shared<const PlanCodecs>(make_plan(cfg, grouped(d), Codec::tq_mse(3, d, 0)), cfg);
+  for (const int64_t n : {1, 128}) {
+    FakeQuantKVCache cache(cfg.kv_shape(128), codecs);
+    auto k = randn(n * row, 1), v = randn(n * row, 2);
+    v[(n - 1) * row + d + 3] = 1e30f;  // last token, KV head 1
+    std::vector<int32_t> pos(n);
+    for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(t);
+    try {
+      cache.append(0, n, pos.data(), k.data(), k.data(), v.data());
+      ADD_FAILURE() << "no error for n = " << n;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("overflows"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(FakeQuantCache, BlocksMapToTheLayoutsChannelPairs) {
   const auto j = PlanCodecs::quantizer_json(grouped(8), KVSide::key, 8, RopeLayout::NeoX, "k");
   // NeoX: block i = channels (i, i + 4). Group 0 = blocks {0, 3} → (0, 4, 3, 7).

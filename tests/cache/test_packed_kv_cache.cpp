@@ -508,6 +508,66 @@ TEST(PackedKVCache, BytesPerTokenFromAllocations) {
   EXPECT_EQ(packed.bytes(), 0u);
 }
 
+// K/V the format cannot hold — a NaN / inf element, a group whose norm is
+// beyond the fp16 norm (|x| ~ 1e30) — are errors naming the layer, side, token
+// and head, raised before anything is stored: the cache then attends and
+// appends exactly like a twin that never saw the bad call. (The norm check
+// used to throw inside the OpenMP region of the quantizer: std::terminate,
+// which aborted a Python interpreter appending a large activation.)
+TEST(PackedKVCache, UnrepresentableRowsAreErrorsAndLeaveTheCacheUnchanged) {
+  const int Hkv = 2, ratio = 3, d = 64, H = Hkv * ratio;
+  const ModelConfig cfg = config(d, Hkv, ratio, 1);
+  for (const PlanKind kind : {PlanKind::uniform, PlanKind::block_gtq})
+    for (const int window : {0, 8}) {
+      SCOPED_TRACE(fmt::format("{} window {}", kind_name(kind), window));
+      PackedCacheOptions po;
+      po.fp16_window = window;
+      po.sink_tokens = window > 0 ? 4 : 0;
+      const auto codecs = make_codecs(cfg, kind);
+      PackedKVCache good(cfg.kv_shape(300), codecs, po), bad(cfg.kv_shape(300), codecs, po);
+      std::vector<int32_t> pos(300);
+      for (int t = 0; t < 300; ++t) pos[t] = t;
+      const auto K = kv_data(300, Hkv, d, 7), V = kv_data(300, Hkv, d, 8);
+      good.append(0, 70, pos.data(), K.data(), K.data(), V.data());
+      bad.append(0, 70, pos.data(), K.data(), K.data(), V.data());
+      const size_t row = static_cast<size_t>(Hkv) * d;
+      auto expect_error = [&](int64_t n, size_t at, float value, bool key, const std::string& what) {
+        std::vector<float> k(K.begin() + 70 * row, K.begin() + (70 + n) * row);
+        std::vector<float> v(V.begin() + 70 * row, V.begin() + (70 + n) * row);
+        (key ? k : v)[at] = value;
+        try {
+          bad.append(0, n, pos.data() + 70, k.data(), k.data(), v.data());
+          ADD_FAILURE() << "no error for " << what;
+        } catch (const Error& e) {
+          const std::string m = e.what();
+          EXPECT_NE(m.find("layer 0"), std::string::npos) << m;
+          EXPECT_NE(m.find(key ? "key" : "value"), std::string::npos) << m;
+          EXPECT_NE(m.find(what), std::string::npos) << m;
+        }
+      };
+      // 80 tokens × 2 heads × 64: the parallel path; 1 token: the serial one.
+      expect_error(80, 50 * row + d, 1e30f, true, "token 50, KV head 1");  // channel 0: block 0, 4 bits
+      expect_error(1, 3, 1e30f, false, "beyond the fp16 norm");
+      expect_error(80, 79 * row, std::nanf(""), true, "is nan");
+      expect_error(1, row - 1, INFINITY, false, "is inf");
+      EXPECT_EQ(bad.n_tokens(), 70);
+      EXPECT_EQ(bad.bytes(), good.bytes());
+      // Both continue identically: the same 30 tokens, then attention of the last one.
+      good.append(0, 30, pos.data() + 70, K.data() + 70 * row, K.data() + 70 * row, V.data() + 70 * row);
+      bad.append(0, 30, pos.data() + 70, K.data() + 70 * row, K.data() + 70 * row, V.data() + 70 * row);
+      std::vector<float> q(static_cast<size_t>(H) * d), a(q.size()), b(q.size());
+      std::mt19937 rng(3);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& x : q) x = nd(rng);
+      AttnParams ap;
+      ap.scale = 0.125f;
+      good.attend(0, 1, &pos[99], q.data(), a.data(), ap);
+      bad.attend(0, 1, &pos[99], q.data(), b.data(), ap);
+      EXPECT_EQ(a, b);
+      EXPECT_GT(std::abs(a[0]) + std::abs(a[1]), 0.0f);
+    }
+}
+
 TEST(PackedKVCache, UnsupportedCodecsAreErrors) {
   const int Hkv = 2, d = 64;
   const ModelConfig cfg = config(d, Hkv, 1, 1);

@@ -122,6 +122,9 @@ class PackedKVCache final : public KVCache {
   const KVCacheShape& shape() const override { return shape_; }
   /// Quantizes the n new tokens of every KV head (prefill: the whole chunk in
   /// one call, OpenMP over KV heads) and writes codes + fp16 norms into pages.
+  /// Throws Error for a bad layer, n, position order or capacity, and when a
+  /// group's norm (or a vq scale) overflows fp16 (|x| too large for the format);
+  /// after an error the layer holds exactly what it held before the call.
   void append(int layer, int64_t n, const int32_t* pos, const float* k_pre, const float* k_post,
               const float* v) override;
   /// Causal attention of n queries over the cached tokens, from the codes
@@ -195,6 +198,11 @@ class PackedKVCache final : public KVCache {
   bool vq_side(const Layer& L, int s) const {
     return L.vq_layout && L.vq_layout->side(static_cast<packed::Side>(s)).kind != packed::VqSideKind::none;
   }
+  // Throws Error for a non-finite K/V element or a group norm beyond fp16 in the n new rows (nothing stored yet).
+  void check_rows(const Layer& L, int layer, int64_t n, const float* k_post, const float* v) const;
+  // append() after its argument checks: sink rows, window, quantization of the rows leaving the window.
+  void append_rows(Layer& L, int layer, int64_t T0, int64_t n, const int32_t* pos, const float* k_pre,
+                   const float* k_post, const float* v);
   void quantize_rows(Layer& L, int layer, const float* k, const float* k_pre, const float* v, int64_t n);
   void quantize_vq_rows(Layer& L, const float* k, const float* k_pre, const float* v, int64_t c0, int64_t n);
   // Codes of slots [0, n_slots) of group g of side s of head hk in logical
