@@ -11,6 +11,7 @@
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
 #include "ratekv/common/error.h"
+#include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/plan_eval.h"
 #include "ratekv/eval/reference_cache.h"
 #include "ratekv/io/sha256.h"
@@ -106,7 +107,8 @@ const Registrar reg("eval", [](CLI::App& app) {
   c->add_option("-m,--model", a->model, "GGUF model")->required()->check(CLI::ExistingFile);
   c->add_option("--plan", a->plans, "plan file (repeatable); rows are named by the file name without .json / .plan")
       ->check(CLI::ExistingFile);
-  c->add_option("--baseline", a->baselines, "built-in baseline cache: fp16, q8_0, q4_0, kivi2, kivi4 (repeatable)");
+  c->add_option("--baseline", a->baselines, "built-in baseline cache: fp16, q8_0, q4_0, kivi2, kivi4 (repeatable)")
+      ->check(CLI::IsMember(eval::baseline_names()));  // before the weights load
   c->add_option("-f,--file", a->text, "evaluation text (UTF-8)")->required()->check(CLI::ExistingFile);
   c->add_option("--tokens", a->tokens, "evaluation tokens (the first N of the text)")->capture_default_str();
   c->add_option("--ctx", a->ctx, "window length (perplexity and MAE/KL windows)")->capture_default_str();

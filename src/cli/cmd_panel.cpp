@@ -36,6 +36,7 @@
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/kv_stats.h"
 #include "ratekv/common/error.h"
+#include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/plan_eval.h"
 #include "ratekv/common/log.h"
 
@@ -332,7 +333,9 @@ const Registrar reg("panel", [](CLI::App& app) {
   c->add_option("--seeds", a->seeds, "rotation run seeds")->capture_default_str();
   c->add_option("--bits", a->code_bits, "code-bit budgets (uniform K{b}V{b} and Block-GTQ at its effective bits)")
       ->capture_default_str();
-  c->add_option("--baseline", a->baselines, "baselines (fp16, q8_0, q4_0, kivi2, kivi4)")->capture_default_str();
+  c->add_option("--baseline", a->baselines, "baselines (fp16, q8_0, q4_0, kivi2, kivi4)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(eval::baseline_names()));  // before minutes of calibration, not after
   c->add_flag("--reuse", a->reuse, "reuse a model's report.json already in its subfolder (resume a panel)");
   c->add_flag("--force", a->force, "overwrite panel.json / panel.md");
   c->add_flag("--plot", a->plot, "draw panel.png with tools/plot_panel.py (matplotlib)");

@@ -31,6 +31,15 @@ TEST(PanelFlags, BadValuesNameTheFlagBeforeLoading) {
     EXPECT_NE(r.output.find(std::string("error: ") + flag), std::string::npos) << args << ": " << r.output;
     EXPECT_EQ(r.output.find("GGUF"), std::string::npos) << args << ": " << r.output;  // model never read
   }
+  // An unknown --baseline used to be found only at the eval step, after the calibration (minutes); eval
+  // refused it only after loading the weights.
+  for (const std::string cmd : {base, "eval -m '" + (dir / "m.gguf").string() + "' -f '" + (dir / "t.txt").string() +
+                                          "' "}) {
+    const Result r = run_cli(cmd + "--baseline fp16 --baseline nope");
+    EXPECT_EQ(r.status, 2) << cmd << r.output;
+    EXPECT_NE(r.output.find("--baseline: nope not in {fp16,q8_0,q4_0,kivi2,kivi4}"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("GGUF"), std::string::npos) << r.output;  // model never read
+  }
   const Result missing = run_cli("panel -o '" + (dir / "out").string() + "' -m '" + (dir / "m.gguf").string() +
                                  "' --calib '" + (dir / "none.txt").string() + "'");
   EXPECT_EQ(missing.status, 1) << missing.output;
