@@ -312,6 +312,19 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
         p.layers[l][h].value = whole_head_codec(vquant, vb, d, rq.group_size, seed_of(l, h, 1));
       }
   } else if (rq.method == "block-gtq") {
+    // Block-GTQ is TQ-MSE keys (per RoPE block) and TQ-MSE values at k_bits / v_bits: a request naming another
+    // codec, an average budget or curves would be silently ignored.
+    check_param(rq.quantizer == "tq-mse", "PlanRequest.quantizer",
+                "\"{}\": block-gtq quantizes with tq-mse only (other codecs: method uniform or ratequant)",
+                rq.quantizer);
+    check_param(rq.v_quantizer.empty() || rq.v_quantizer == "tq-mse", "PlanRequest.v_quantizer",
+                "\"{}\": block-gtq stores values with tq-mse only", rq.v_quantizer);
+    check_param(!rq.avg_bits, "PlanRequest.avg_bits",
+                "{}: block-gtq takes separate key and value budgets (k_bits, v_bits); an average budget is for "
+                "ratequant and the uniform baseline", rq.avg_bits.value_or(0.0));
+    check_param(rq.curves_from.empty(), "PlanRequest.curves_from",
+                "\"{}\": block-gtq allocates from the RoPE block energies, not from distortion curves (ratequant "
+                "does)", rq.curves_from);
     BlockGtqOptions opt;  // the packed format's prices (format/stored_bytes.h)
     opt.b_min = rq.b_min < 0 ? 0 : rq.b_min;
     opt.b_max = rq.b_max < 0 ? 4 : rq.b_max;
@@ -353,6 +366,9 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     const bool composed = rq.method == "ratequant+block-gtq";
     check_param(rq.v_quantizer.empty() || rq.v_quantizer == rq.quantizer, "PlanRequest.v_quantizer",
                 "{}: ratequant uses one quantizer for both sides (the key quantizer, {})", rq.v_quantizer,
+                rq.quantizer);
+    check_param(!composed || rq.quantizer == "tq-mse", "PlanRequest.quantizer",
+                "\"{}\": ratequant+block-gtq quantizes with tq-mse only (Block-GTQ keys, TQ-MSE values)",
                 rq.quantizer);
     const std::string quantizer = composed ? "block-gtq" : rq.quantizer;
     if (!composed) check_quantizer(quantizer);

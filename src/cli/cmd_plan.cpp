@@ -29,7 +29,8 @@ namespace {
 struct PlanArgs {
   alloc::PlanRequest rq;
   std::string stats, out;
-  double avg_bits = -1.0;
+  double avg_bits = 0.0;
+  bool avg_given = false;  // --bits was given (any value, NaN and negatives included: make_plan checks it)
   bool force = false, json = false, quiet = false;
   // --method tasq | cq (docs/design.md §5)
   std::string model, text;
@@ -170,7 +171,7 @@ void run(PlanArgs& a) {
   check_output_path(a.out, a.force, "-o");
   CalibStats st = calib::load_alloc_stats(a.stats);  // safetensors or JSON
   a.rq.stats_file = std::filesystem::path(a.stats).filename().string();
-  if (a.avg_bits >= 0) a.rq.avg_bits = a.avg_bits;
+  if (a.avg_given) a.rq.avg_bits = a.avg_bits;
   alloc::PlanDiagnostics dg;
   const Plan plan = alloc::make_plan(st, a.rq, &dg);
   plan.save(a.out);
@@ -242,16 +243,18 @@ const Registrar reg("plan", [](CLI::App& app) {
       ->check(CLI::IsMember({"uniform", "block-gtq", "ratequant", "ratequant+block-gtq", "tasq", "cq"}));
   c->add_option("--kbits", a->rq.k_bits, "key budget, bits per element")->capture_default_str();
   c->add_option("--vbits", a->rq.v_bits, "value budget, bits per element")->capture_default_str();
-  c->add_option("--bits", a->avg_bits,
+  CLI::Option* bits = c->add_option("--bits", a->avg_bits,
                 "ratequant: average budget per component (default (kbits+vbits)/2); uniform: the RateQuant "
                 "baseline, better of K⌈b⌉V⌊b⌋ and K⌊b⌋V⌈b⌉ under the fitted curves");
   c->add_option("--budget-unit", a->rq.budget_unit, "effective | code")
       ->capture_default_str()
       ->check(CLI::IsMember({"effective", "code"}));
   c->add_option("--bmin", a->rq.b_min,
-                "lowest width (default: block-gtq 0, uniform 1, ratequant the bottom of its curves' fitted widths)");
+                "lowest width (default: block-gtq 0, uniform 1, ratequant the bottom of its curves' fitted widths)")
+      ->check(CLI::Range(0, 8));
   c->add_option("--bmax", a->rq.b_max,
-                "highest width (default: block-gtq 4, uniform 8, ratequant the top of its curves' fitted widths)");
+                "highest width (default: block-gtq 4, uniform 8, ratequant the top of its curves' fitted widths)")
+      ->check(CLI::Range(0, 8));
   c->add_option("--stats", a->stats,
                 "statistics from `ratekv calibrate` (.safetensors) or the JSON form (format/calib_stats.h); required "
                 "except for tasq/cq")
@@ -306,7 +309,10 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_flag("--force", a->force, "overwrite the output file");
   c->add_flag("--json", a->json, "print the achieved bits and the allocator diagnostics as JSON on stdout");
   c->add_flag("-q,--quiet", a->quiet, "print nothing on success");
-  c->callback([a] { with_flag_names(kPlanFlags, [&] { run(*a); }); });
+  c->callback([a, bits] {
+    a->avg_given = bits->count() > 0;
+    with_flag_names(kPlanFlags, [&] { run(*a); });
+  });
 });
 
 }  // namespace

@@ -136,6 +136,37 @@ TEST(MakePlan, RejectsNonFiniteOrOutOfRangeBudgets) {
   }
 }
 
+// Options a method does not use are errors naming them, not silently ignored
+// (`ratekv plan --method block-gtq --quantizer kivi` used to write a TQ-MSE plan).
+TEST(MakePlan, OptionsTheMethodIgnoresAreErrors) {
+  const CalibStats st = synthetic_stats();
+  auto req = [](const char* method) {
+    PlanRequest rq;
+    rq.method = method;
+    return rq;
+  };
+  PlanRequest rq = req("block-gtq");
+  EXPECT_NO_THROW(make_plan(st, rq));
+  rq.quantizer = "kivi";
+  EXPECT_EQ(param_of([&] { make_plan(st, rq); }), "PlanRequest.quantizer");
+  EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+            "PlanRequest.quantizer \"kivi\": block-gtq quantizes with tq-mse only (other codecs: method uniform or "
+            "ratequant)");
+  rq = req("block-gtq");
+  rq.v_quantizer = "quarot";
+  EXPECT_EQ(param_of([&] { make_plan(st, rq); }), "PlanRequest.v_quantizer");
+  rq = req("block-gtq");
+  rq.avg_bits = 2.5;
+  EXPECT_EQ(param_of([&] { make_plan(st, rq); }), "PlanRequest.avg_bits");
+  rq = req("block-gtq");
+  rq.curves_from = "kivi";
+  EXPECT_EQ(param_of([&] { make_plan(st, rq); }), "PlanRequest.curves_from");
+  rq = req("ratequant+block-gtq");
+  rq.quantizer = "kivi";
+  rq.avg_bits = 2.5;
+  EXPECT_EQ(param_of([&] { make_plan(st, rq); }), "PlanRequest.quantizer");
+}
+
 TEST(MakePlan, LlamaCppAndFp16Baselines) {
   CalibStats st = synthetic_stats();
   // q8_0 / q4_0 need head_dim divisible by 32: widen the synthetic model.

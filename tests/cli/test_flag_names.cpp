@@ -88,8 +88,24 @@ TEST_F(CliFlagNames, LibraryErrorsNameTheFlag) {
   expect_error("plan --method uniform --quantizer kivi --group-size 3",
                "--group-size 3: expected a divisor of head_dim 4 for kivi");
   expect_error("plan --method uniform --fp16-window -1", "--fp16-window -1: expected >= 0");
+  // --bits NaN / negative used to be dropped silently (the plan took (kbits+vbits)/2).
+  expect_error("plan --method ratequant --bits nan", "--bits nan: expected a finite number of bits per element in 0..64");
+  expect_error("plan --method ratequant --bits -2", "--bits -2: expected a finite number of bits per element in 0..64");
+  // Options block-gtq does not use used to be ignored silently.
+  expect_error("plan --method block-gtq --quantizer kivi",
+               "--quantizer \"kivi\": block-gtq quantizes with tq-mse only (other codecs: method uniform or ratequant)");
+  expect_error("plan --method block-gtq --bits 2",
+               "--bits 2: block-gtq takes separate key and value budgets (k_bits, v_bits); an average budget is for "
+               "ratequant and the uniform baseline");
   expect_error("--log-level loud plan --method uniform",
                "--log-level 'loud': unknown level (expected trace, debug, info, warn, error, off)");
+  // A negative --bmin / --bmax used to select the method's default silently.
+  for (const char* flag : {"--bmin -2", "--bmax -1"}) {
+    const auto u = run_cli(std::string("plan --method block-gtq ") + flag + " --stats " +
+                           shell_quote((dir_ / "stats.json").string()) + " -o " + shell_quote((dir_ / "p.json").string()));
+    EXPECT_EQ(u.status, 2) << flag << "\n" << u.output;
+    EXPECT_NE(u.output.find(std::string(flag).substr(0, 6) + ": Value"), std::string::npos) << u.output;
+  }
   // The same statistics make a plan when the flags are right (the errors above are the flags').
   // (head_dim 4: the packed format pads a group to a 16-channel tile, so 2-bit values store 16·2 + 16 = 48
   // bits, 12 per element, and 8 bits per element of keys (32 bits) afford one 1-bit tile with its norm.)
