@@ -86,6 +86,7 @@ void run(const CalibrateArgs& a) {
     if (!a.curves_json.empty()) {
       std::ofstream out(a.curves_json);
       out << calib::curves_to_json(s.curves, n).dump(1) << "\n";
+      out.close();  // a full disk shows at close, not at <<
       check(out.good(), "--curves-json '{}': write failed", a.curves_json);
     }
   }

@@ -78,6 +78,7 @@ void run(const EvalArgs& a) {
     std::ofstream out(a.json_out);
     check(out.good(), "--json '{}': cannot open for writing", a.json_out);
     out << rep.dump(2) << "\n";
+    out.close();  // a full disk shows at close, not at <<
     check(out.good(), "--json '{}': write failed", a.json_out);
     spdlog::info("wrote {}", a.json_out);
   }

@@ -113,6 +113,7 @@ void run(const InspectArgs& a) {
     std::ofstream out(a.output);
     check(static_cast<bool>(out), "--output: cannot open '{}' for writing", a.output);
     out << text;
+    out.close();  // a full disk shows at close, not at <<
     check(static_cast<bool>(out), "--output: failed writing '{}'", a.output);
   } else {
     std::cout << text;

@@ -162,6 +162,7 @@ void run(const NiahArgs& a) {
       std::ofstream f(a.json);
       check(static_cast<bool>(f), "--json: cannot open '{}' for writing", a.json);
       f << rep.dump(2) << "\n";
+      f.close();  // a full disk shows at close, not at <<
       check(static_cast<bool>(f), "--json: failed writing '{}'", a.json);
     };
     // After every round of trials (all depths once more) the partial grid is

@@ -140,8 +140,10 @@ nlohmann::json run_model(const PanelArgs& a, const std::string& model_path, cons
   nlohmann::json rep = evaluate_and_print(lm, ids, entries, opt, model_path, a.eval);
   rep["panel_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::ofstream out(report_path);
-  check(out.good(), "panel: cannot write {}", report_path.string());
+  check(out.good(), "--out: cannot write {}", report_path.string());
   out << rep.dump(2) << "\n";
+  out.close();  // a full disk shows at close, not at <<
+  check(out.good(), "--out: failed writing {}", report_path.string());
   return rep;
 }
 
@@ -297,8 +299,12 @@ void run(const PanelArgs& a) {
     // Rewritten after every model: an interrupted panel keeps the finished ones.
     std::ofstream js(out / "panel.json");
     js << panel.dump(1) << "\n";
+    js.close();
+    check(js.good(), "--out: failed writing {}", (out / "panel.json").string());
     std::ofstream md(out / "panel.md");
     md << markdown(panel);
+    md.close();
+    check(md.good(), "--out: failed writing {}", (out / "panel.md").string());
   }
   spdlog::info("wrote {} and {}", (out / "panel.json").string(), (out / "panel.md").string());
   if (a.plot) {

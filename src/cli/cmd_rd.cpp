@@ -202,6 +202,7 @@ void run_rd(const RdOptions& o) {
     std::ofstream f(o.json_path);
     check((bool)f, "--json: cannot write '{}'", o.json_path);
     f << out.dump(2) << "\n";
+    f.close();  // a full disk shows at close, not at <<
     check((bool)f, "--json: write to '{}' failed", o.json_path);
   }
 }

@@ -284,6 +284,7 @@ void save_stats_json(const CalibStats& s, const std::string& path) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   check((bool)out, "{}: cannot open for writing", path);
   out << stats_to_json(s).dump(1) << '\n';
+  out.close();  // a full disk shows at close, not at <<
   check((bool)out, "{}: write failed", path);
 }
 

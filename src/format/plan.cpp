@@ -583,6 +583,7 @@ void Plan::save(const std::string& path) const {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   check((bool)out, "{}: cannot open for writing", path);
   out << to_json().dump(1) << '\n';
+  out.close();  // a full disk shows at close, not at <<
   check((bool)out, "{}: write failed", path);
 }
 

@@ -93,4 +93,12 @@ TEST_F(RdBadInput, WellFormedNpyStillLoads) {
   EXPECT_NE(r.output.find("m = 4, N = 3 vectors"), std::string::npos) << r.output;
 }
 
+// A report that fails only when the file is closed (a full disk) used to exit 0 with nothing written.
+TEST_F(RdBadInput, JsonOnAFullDiskIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const Result r = run_cli("rd --n 64 --bits 1,2 --quantizers tq_mse --n-seeds 1 --json /dev/full --force");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("error: --json: write to '/dev/full' failed"), std::string::npos) << r.output;
+}
+
 }  // namespace

@@ -114,6 +114,18 @@ TEST(Plan, RoundTripThroughAFile) {
   std::filesystem::remove(path);
 }
 
+// A write that fails only when the file is closed (a full disk: /dev/full
+// accepts the open and fails the flush) is an error, not a plan silently lost.
+TEST(Plan, SaveOnAFullDiskIsAnError) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  try {
+    small_plan().save("/dev/full");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "/dev/full: write failed");
+  }
+}
+
 TEST(Plan, BadFieldsAreNamed) {
   expect_error([](json& j) { j["layers"][1]["heads"][1]["value"]["groups"][0]["bits"] = 9; },
                "plan.json: layers[1].heads[1].value.groups[0].bits = 9: expected 1..8");
