@@ -92,7 +92,7 @@ TEST_F(CliFlagNames, LibraryErrorsNameTheFlag) {
   expect_error("plan --method ratequant --bits nan", "--bits nan: expected a finite number of bits per element in 0..64");
   expect_error("plan --method ratequant --bits -2", "--bits -2: expected a finite number of bits per element in 0..64");
   // Options block-gtq does not use used to be ignored silently.
-  expect_error("plan --method block-gtq --quantizer kivi",
+  expect_error("plan --method block-gtq --quantizer kivi --group-size 4",  // 4: a divisor of head_dim 4
                "--quantizer \"kivi\": block-gtq quantizes with tq-mse only (other codecs: method uniform or ratequant)");
   expect_error("plan --method block-gtq --bits 2",
                "--bits 2: block-gtq takes separate key and value budgets (k_bits, v_bits); an average budget is for "
