@@ -299,8 +299,11 @@ void run(const GenerateArgs& a) {
   check(a.prompt.empty() != a.prompts_file.empty(), "generate: give one of -p (a prompt) or --prompts-file (many)");
   check(a.prompts_file.empty() || a.device == "cuda",
         "--prompts-file: many requests run with continuous batching on --device cuda only");
-  check(a.top_p == 1.0 || a.device == "cuda" || a.temp == 0,
-        "--top-p: on --device cpu only --top-k is applied (run --device cuda for top-p)");
+  // top-p is applied by the GPU sampler of the continuous-batching path only;
+  // a single -p prompt samples on the host with --temp / --top-k (both devices).
+  check(a.top_p == 1.0 || a.temp == 0 || !a.prompts_file.empty(),
+        "--top-p: applied only with --prompts-file on --device cuda (the GPU sampler); a single -p prompt samples "
+        "on the host with --temp and --top-k only");
   check(a.max_batch >= 1, "--max-batch: {} must be >= 1", a.max_batch);
   require_engine(a.device);
   // Prompt, context and cache are settled from the model's header: an option

@@ -66,6 +66,11 @@ TEST_F(OptionsBeforeWeights, GenerateChunkAndPromptsFile) {
                               {"one of -p", "--prompts-file"});
   expect_error_before_weights(base + "-n 4 --prompts-file " + q(good) + " --device cuda --top-p 0",
                               {"--top-p", "(0, 1]"});
+  // A single prompt samples on the host (temperature, top-k): top-p there
+  // would be silently ignored, on either device.
+  for (const char* dev : {"cpu", "cuda"})
+    expect_error_before_weights(base + "-p hi -n 4 --temp 0.8 --top-p 0.9 --device " + dev,
+                                {"--top-p", "only with --prompts-file"});
 #ifdef RATEKV_HAVE_ENGINE
   expect_error_before_weights(base + "-n 4 --prompts-file " + q(bad) + " --device cuda",
                               {"line 2", "unknown key \"temp\""});
