@@ -52,11 +52,10 @@ def main():
         nb = f'{p["stored"]["bytes_per_token"]:g}' if "stored" in p else "-"
         row = (f'| {p["name"]} | {b["k"]:.4f} | {b["k"] - b["k_code"]:.4f} | {b["v"]:.4f} | {nb} | '
                f'{p["mae"]["mean"]:.4f} ± {p["mae"]["mean_sd"]:.4f} | {p["kl"]["mean"]:.5f} ± {p["kl"]["mean_sd"]:.5f} | ')
-        if "ppl_k" in p:
-            row += (f'{pm(p["ppl_k"])} | {pm(p["ppl_kv"])} | {p["ppl_k"]["mean"] - fp:+.4f} | '
-                    f'{p["ppl_kv"]["mean"] - fp:+.4f} |')
-        else:
-            row += "- | - | - | - |"
+        # An eval run with --no-ppl-k (or --no-ppl-kv) has one of the two.
+        k, kv = p.get("ppl_k"), p.get("ppl_kv")
+        ppl = [pm(x) if x else "-" for x in (k, kv)] + [f'{x["mean"] - fp:+.4f}' if x else "-" for x in (k, kv)]
+        row += " | ".join(ppl) + " |"
         w(row)
     if any("next_token" in p for p in r["plans"]):
         w("\n## Next-token distribution against the fp16-cache model\n")
@@ -126,6 +125,9 @@ def main():
         w(f'- mean per-layer MAE reduction 1 − MAE_gtq/MAE_uniform: {100 * red:.1f} %'
           f'{" ± %.1f %% (sd over seeds)" % (100 * c["mae_reduction"]["sd"]) if r["seeds"] > 1 else ""}'
           f' — target ≥ 30 %: **{"met" if red >= 0.3 else "not met"}**')
+        if ppl_ok is None and "ppl_kv" in gtq and "ppl_kv" in uni:
+            w(f'- PPL K+V (no K-only pass in this run): Block-GTQ {pm(gtq["ppl_kv"])}, uniform {pm(uni["ppl_kv"])}, '
+              f'fp32 {fp:.4f}')
         if ppl_ok is not None:
             w(f'- PPL K-only: Block-GTQ {pm(gtq["ppl_k"])}, uniform {pm(uni["ppl_k"])}, fp32 {fp:.4f} — '
               f'closer to fp32: **{"yes" if ppl_ok else "no"}**; K+V: {pm(gtq["ppl_kv"])} vs {pm(uni["ppl_kv"])}')
