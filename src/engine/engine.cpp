@@ -147,6 +147,40 @@ struct Engine::Impl {
     return l + 1 < cfg.n_layers ? layers[l + 1].attn_norm.as<float>() : out_norm.as<float>();
   }
 
+  // The rest of layer l for n prompt rows after their attention output o32
+  // (n, n_heads·head_dim): output projection + residual + RMSNorm, SwiGLU MLP +
+  // residual, then the next layer's (or the output) RMSNorm into xn. Shared by
+  // the one-piece and the chunked prefill.
+  void prefill_layer_tail(int l, int64_t n) {
+    const Layer& L = layers[l];
+    const detail::Dims& m = dims;
+    cuda::f32_to_bf16(o32.as<float>(), att16.as<uint16_t>(), n * m.qd, stream);
+    gemm(att16.as<uint16_t>(), L.wo.as<uint16_t>(), tmp.as<float>(), n, m.qd, m.d);
+    cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), L.ffn_norm.as<float>(), (int)n, (int)m.d, cfg.rms_eps,
+                       xn.as<uint16_t>(), stream);
+    gemm(xn.as<uint16_t>(), L.wgu.as<uint16_t>(), gu.as<float>(), n, m.d, 2 * m.dff);
+    cuda::swiglu(gu.as<float>(), (int)n, (int)m.dff, h16.as<uint16_t>(), stream);
+    gemm(h16.as<uint16_t>(), L.wdown.as<uint16_t>(), tmp.as<float>(), n, m.dff, m.d);
+    cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), next_norm(l), (int)n, (int)m.d, cfg.rms_eps,
+                       xn.as<uint16_t>(), stream);
+  }
+
+  // The LM head over the final normed rows xn of a prefill of n rows into
+  // `logits` (host): n_vocab floats = the last row only, n·n_vocab = every row;
+  // lrows rows per GEMM. Empty: nothing.
+  void prefill_logits(int64_t n, std::span<float> logits) {
+    if (logits.empty()) return;
+    const detail::Dims& m = dims;
+    const int64_t first = logits.size() == size_t(m.V) ? n - 1 : 0;
+    for (int64_t r = first; r < n; r += lrows) {
+      const int64_t nr = std::min(lrows, n - r);
+      gemm(xn.as<uint16_t>() + r * m.d, lm_head, this->logits.as<float>(), nr, m.d, m.V);
+      RATEKV_CUDA_OK(cudaMemcpyAsync(logits.data() + (r - first) * m.V, this->logits.p, 4 * nr * m.V,
+                                     cudaMemcpyDeviceToHost, stream));
+      sync();
+    }
+  }
+
   cuda::DecodeBatch batch_view(const int32_t* lens, int B, int64_t bound) const {
     cuda::DecodeBatch db;
     db.page_table = d_pt.as<int32_t>();
@@ -722,26 +756,9 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
                               I.max_pages, I.d_zero.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1, st);
     }
     I.prefill_attention(n);
-    cuda::f32_to_bf16(I.o32.as<float>(), I.att16.as<uint16_t>(), n * m.qd, st);
-    I.gemm(I.att16.as<uint16_t>(), L.wo.as<uint16_t>(), I.tmp.as<float>(), n, m.qd, m.d);
-    cuda::add_rms_norm(I.x.as<float>(), I.tmp.as<float>(), L.ffn_norm.as<float>(), (int)n, (int)m.d, I.cfg.rms_eps,
-                       I.xn.as<uint16_t>(), st);
-    I.gemm(I.xn.as<uint16_t>(), L.wgu.as<uint16_t>(), I.gu.as<float>(), n, m.d, 2 * m.dff);
-    cuda::swiglu(I.gu.as<float>(), (int)n, (int)m.dff, I.h16.as<uint16_t>(), st);
-    I.gemm(I.h16.as<uint16_t>(), L.wdown.as<uint16_t>(), I.tmp.as<float>(), n, m.dff, m.d);
-    cuda::add_rms_norm(I.x.as<float>(), I.tmp.as<float>(), I.next_norm(l), (int)n, (int)m.d, I.cfg.rms_eps,
-                       I.xn.as<uint16_t>(), st);
+    I.prefill_layer_tail(l, n);
   }
-  if (!logits.empty()) {
-    const int64_t first = logits.size() == size_t(m.V) ? n - 1 : 0;
-    for (int64_t r = first; r < n; r += I.lrows) {
-      const int64_t nr = std::min(I.lrows, n - r);
-      I.gemm(I.xn.as<uint16_t>() + r * m.d, I.lm_head, I.logits.as<float>(), nr, m.d, m.V);
-      RATEKV_CUDA_OK(cudaMemcpyAsync(logits.data() + (r - first) * m.V, I.logits.p, 4 * nr * m.V,
-                                     cudaMemcpyDeviceToHost, st));
-      I.sync();
-    }
-  }
+  I.prefill_logits(n, logits);
   I.sync();
   I.pool->set_length(id, n);
 }
@@ -801,26 +818,9 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
                               I.max_pages, I.d_start.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1,
                               st);
     I.chunk_attention(l, p0, n, own_kv);
-    cuda::f32_to_bf16(I.o32.as<float>(), I.att16.as<uint16_t>(), n * m.qd, st);
-    I.gemm(I.att16.as<uint16_t>(), L.wo.as<uint16_t>(), I.tmp.as<float>(), n, m.qd, m.d);
-    cuda::add_rms_norm(I.x.as<float>(), I.tmp.as<float>(), L.ffn_norm.as<float>(), (int)n, (int)m.d, I.cfg.rms_eps,
-                       I.xn.as<uint16_t>(), st);
-    I.gemm(I.xn.as<uint16_t>(), L.wgu.as<uint16_t>(), I.gu.as<float>(), n, m.d, 2 * m.dff);
-    cuda::swiglu(I.gu.as<float>(), (int)n, (int)m.dff, I.h16.as<uint16_t>(), st);
-    I.gemm(I.h16.as<uint16_t>(), L.wdown.as<uint16_t>(), I.tmp.as<float>(), n, m.dff, m.d);
-    cuda::add_rms_norm(I.x.as<float>(), I.tmp.as<float>(), I.next_norm(l), (int)n, (int)m.d, I.cfg.rms_eps,
-                       I.xn.as<uint16_t>(), st);
+    I.prefill_layer_tail(l, n);
   }
-  if (!logits.empty()) {
-    const int64_t first = logits.size() == size_t(m.V) ? n - 1 : 0;
-    for (int64_t r = first; r < n; r += I.lrows) {
-      const int64_t nr = std::min(I.lrows, n - r);
-      I.gemm(I.xn.as<uint16_t>() + r * m.d, I.lm_head, I.logits.as<float>(), nr, m.d, m.V);
-      RATEKV_CUDA_OK(cudaMemcpyAsync(logits.data() + (r - first) * m.V, I.logits.p, 4 * nr * m.V,
-                                     cudaMemcpyDeviceToHost, st));
-      I.sync();
-    }
-  }
+  I.prefill_logits(n, logits);
   I.sync();
   I.pool->set_length(id, p0 + n);
 }
