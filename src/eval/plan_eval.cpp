@@ -524,7 +524,6 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
 
 std::string format_eval_report(const json& r) {
   std::string out;
-  const bool ppl = !r["plans"].empty() && (r["plans"][0].contains("ppl_k") || r["plans"][0].contains("ppl_kv"));
   out += fmt::format("ratekv eval: {} tokens, {} windows of {} (perplexity: {} scored tokens, llama.cpp convention), "
                      "{} run seed(s), MAE/KL query stride {}\n",
                      r["n_tokens"].get<int64_t>(), r["n_chunks"].get<int64_t>(), r["ctx"].get<int64_t>(),
