@@ -164,16 +164,13 @@ RateQuantRelaxation ratequant_relaxation(const RateQuantProblem& p) {
   return r;
 }
 
-RateQuantResult allocate_ratequant(const RateQuantProblem& p) {
-  check_problem(p);
+namespace {
+
+// The diagnostics of a RateQuantResult at p's code-bit total: the continuous
+// relaxation, the distortion of the uniform split b̄ = total_bits / m
+// (Σ w_i α_i β_i^−b̄) and the AM/GM ratio of w_i α_i.
+void set_diagnostics(const RateQuantProblem& p, RateQuantResult& out) {
   const size_t m = p.weight.size();
-  RateQuantResult out;
-  const Allocation a = allocate_separable_convex(
-      p.b_min, p.b_max,
-      [&](int i, int b) { return p.weight[i] * p.alpha[i] * std::pow(p.beta[i], -(double)b); }, p.total_bits,
-      BudgetMode::Exact, "ratequant");
-  out.bits = a.bits;
-  out.distortion = a.cost;
   out.relaxed = ratequant_relaxation(p);
   const double bbar = (double)p.total_bits / m;
   std::vector<double> av(m);
@@ -182,6 +179,20 @@ RateQuantResult allocate_ratequant(const RateQuantProblem& p) {
     out.uniform_distortion += av[i] * std::pow(p.beta[i], -bbar);
   }
   out.am_gm = am_gm_ratio(av);
+}
+
+}  // namespace
+
+RateQuantResult allocate_ratequant(const RateQuantProblem& p) {
+  check_problem(p);
+  RateQuantResult out;
+  const Allocation a = allocate_separable_convex(
+      p.b_min, p.b_max,
+      [&](int i, int b) { return p.weight[i] * p.alpha[i] * std::pow(p.beta[i], -(double)b); }, p.total_bits,
+      BudgetMode::Exact, "ratequant");
+  out.bits = a.bits;
+  out.distortion = a.cost;
+  set_diagnostics(p, out);
   return out;
 }
 
@@ -255,14 +266,7 @@ RateQuantResult allocate_ratequant_priced(const RateQuantProblem& p0, const std:
   // Diagnostics of the code-bit problem at the same code total.
   p.total_bits = 0;
   for (int b : out.bits) p.total_bits += b;
-  out.relaxed = ratequant_relaxation(p);
-  const double bbar = (double)p.total_bits / m;
-  std::vector<double> av(m);
-  for (size_t i = 0; i < m; ++i) {
-    av[i] = p.weight[i] * p.alpha[i];
-    out.uniform_distortion += av[i] * std::pow(p.beta[i], -bbar);
-  }
-  out.am_gm = am_gm_ratio(av);
+  set_diagnostics(p, out);
   return out;
 }
 
