@@ -19,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "../support/cuda_test.h"
 #include "../support/packed_plans.h"
 #include "ratekv/common/fp16.h"
 #include "ratekv/cuda/decode_attention.h"
@@ -32,31 +33,6 @@ using namespace ratekv_test;
 using ratekv::cuda::DType;
 
 namespace {
-
-#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  DevBuf(const std::vector<T>& v) : DevBuf(v.size()) {
-    if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DevBuf() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return v;
-  }
-};
 
 // A layer whose every group is a CPU TurboQuant-MSE quantizer.
 struct CpuQuantizerPlan {
