@@ -1,4 +1,5 @@
-// tests/engine/gpu_util.h — device buffers and the GPU check for the engine tests.
+// tests/engine/gpu_util.h — what the engine tests add to tests/support/cuda_test.h (its DevBuf as Dev,
+// have_gpu): bf16 decoding and the relative L2 error.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,32 +9,15 @@
 #include <cstring>
 #include <vector>
 
+#include "../support/cuda_test.h"
+
 namespace engine_test {
 
-inline bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using ratekv_test::have_gpu;
 
-/// A device copy of a host vector (or `count` uninitialised elements).
+/// A device array owned by the test (tests/support/cuda_test.h's DevBuf).
 template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-    if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return v;
-  }
-};
+using Dev = ratekv_test::DevBuf<T>;
 
 inline float bf16_to_f32(uint16_t u) {
   const uint32_t w = uint32_t{u} << 16;
