@@ -22,37 +22,7 @@ namespace {
 
 using ratekv_test::randn;
 
-// 2 layers, 4 query / 2 KV heads, head_dim 32 (so q8_0 / kivi apply), d_model 24.
-Model tiny_model() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 32;
-  c.d_model = 24;
-  c.d_ff = 19;
-  c.n_vocab = 41;
-  c.n_ctx_train = 128;
-  c.rope_theta = 100.0;
-  c.rms_eps = 1e-5f;
-  std::mt19937 g(3);
-  ModelWeights w;
-  const size_t d = 24, qd = 128, kvd = 64;
-  w.token_embd = randn(41 * d, g, 1.0f);
-  w.output_norm = randn(d, g, 0.1f, 1.0f);
-  for (int l = 0; l < 2; ++l) {
-    LayerWeights L;
-    L.attn_norm = randn(d, g, 0.1f, 1.0f);
-    L.ffn_norm = randn(d, g, 0.1f, 1.0f);
-    L.wqkv = randn((qd + 2 * kvd) * d, g, 0.4f);
-    L.wo = randn(d * qd, g, 0.1f);
-    L.w_gate_up = randn(2 * 19 * d, g, 0.3f);
-    L.w_down = randn(d * 19, g, 0.3f);
-    w.layers.push_back(std::move(L));
-  }
-  return Model::from_weights(c, std::move(w));
-}
+Model tiny_model() { return ratekv_test::eval_tiny_model(); }
 
 std::vector<int32_t> tokens(size_t n) {
   std::vector<int32_t> t(n);

@@ -93,4 +93,39 @@ inline ratekv::Model tiny_model(uint32_t seed = 1, ratekv::RopeLayout layout = r
   return tiny_model(seed, s, layout);
 }
 
+/// The evaluation tests' model (tests/eval): 2 layers, 4 query / 2 KV heads,
+/// head_dim 32 (so q8_0 / KIVI groups apply), d_model 24, d_ff 19, vocab 41,
+/// context 128, θ = 100, tied head; weights from seed 3 in tiny_model()'s
+/// order, wo σ 0.1.
+inline ratekv::Model eval_tiny_model() {
+  ratekv::ModelConfig c;
+  c.arch = "llama";
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 32;
+  c.d_model = 24;
+  c.d_ff = 19;
+  c.n_vocab = 41;
+  c.n_ctx_train = 128;
+  c.rope_theta = 100.0;
+  c.rms_eps = 1e-5f;
+  std::mt19937 g(3);
+  ratekv::ModelWeights w;
+  const size_t d = 24, qd = 128, kvd = 64;
+  w.token_embd = randn(41 * d, g, 1.0f);
+  w.output_norm = randn(d, g, 0.1f, 1.0f);
+  for (int l = 0; l < 2; ++l) {
+    ratekv::LayerWeights L;
+    L.attn_norm = randn(d, g, 0.1f, 1.0f);
+    L.ffn_norm = randn(d, g, 0.1f, 1.0f);
+    L.wqkv = randn((qd + 2 * kvd) * d, g, 0.4f);
+    L.wo = randn(d * qd, g, 0.1f);
+    L.w_gate_up = randn(2 * 19 * d, g, 0.3f);
+    L.w_down = randn(d * 19, g, 0.3f);
+    w.layers.push_back(std::move(L));
+  }
+  return ratekv::Model::from_weights(c, std::move(w));
+}
+
 }  // namespace ratekv_test
