@@ -1,5 +1,5 @@
-// `ratekv niah -m MODEL [--plan PLAN ...] [--ctx 1024,2048] [--depths 11]
-// [--trials 10] [--json OUT]`: needle-in-a-haystack accuracy grids
+// `ratekv niah -m MODEL [--plan PLAN ...] [--ctx 1024,2048] [--depths 11 |
+// --depth-list 0.5,0.75] [--trials 10] [--json OUT]`: needle-in-a-haystack accuracy grids
 // (ratekv/eval/niah.h) for an fp16 KV cache and each plan (packed cache by
 // default), printed as tables; --json writes every grid and trial.
 #include <cstdio>
@@ -26,6 +26,7 @@ struct NiahArgs {
   std::string model, haystack, json, cache = "packed";
   std::vector<std::string> plans;
   std::vector<int64_t> ctx{1024};
+  std::vector<double> depth_list;
   int depths = 11, trials = 10, max_new = 10;
   uint64_t seed = 0;
   bool no_fp16 = false, force = false;
@@ -93,6 +94,7 @@ void run(const NiahArgs& a) {
   // model's header, before the weights load (and before the fp16 grid runs).
   nc.context_lengths = a.ctx;
   nc.n_depths = a.depths;
+  nc.depth_fractions = a.depth_list;
   nc.trials = a.trials;
   nc.max_new_tokens = a.max_new;
   nc.seed = a.seed;
@@ -123,7 +125,8 @@ void run(const NiahArgs& a) {
   out["model"] = a.model;
   out["haystack"] = hay_dir;
   out["context_lengths"] = a.ctx;
-  out["n_depths"] = a.depths;
+  out["depths"] = eval::niah_depths(nc);
+  out["n_depths"] = out["depths"].size();
   out["trials"] = a.trials;
   out["max_new_tokens"] = a.max_new;
   out["seed"] = a.seed;
@@ -200,6 +203,10 @@ Registrar reg("niah", [](CLI::App& app) {
   cmd->add_option("--depths", args->depths, "needle depths 0..100% in this many steps (2..101)")
       ->capture_default_str()
       ->check(CLI::Range(2, 101));
+  cmd->add_option("--depth-list", args->depth_list,
+                  "needle depths as fractions 0..1, strictly increasing (comma-separated; instead of --depths)")
+      ->delimiter(',')
+      ->excludes("--depths");
   cmd->add_option("--trials", args->trials, "trials per cell (different needles; 1..1000)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
@@ -209,7 +216,9 @@ Registrar reg("niah", [](CLI::App& app) {
   cmd->add_flag("--no-fp16", args->no_fp16, "skip the fp16 baseline grid");
   cmd->add_option("--json", args->json, "write all grids and trials as JSON");
   cmd->add_flag("--force", args->force, "overwrite --json if it exists");
-  cmd->callback([args] { with_flag_names({{"NiahConfig.max_new_tokens", "--max-new"}}, [&] { run(*args); }); });
+  cmd->callback([args] { with_flag_names({{"NiahConfig.max_new_tokens", "--max-new"},
+                                            {"NiahConfig.depth_fractions", "--depth-list"},
+                                            {"NiahConfig.n_depths", "--depths"}}, [&] { run(*args); }); });
 });
 
 }  // namespace

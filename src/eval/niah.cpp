@@ -62,10 +62,27 @@ std::pair<std::string, std::string> niah_needle(uint64_t seed, int64_t ctx, int 
   return {city, std::to_string(code)};
 }
 
+std::vector<double> niah_depths(const NiahConfig& cfg) {
+  std::vector<double> d;
+  if (!cfg.depth_fractions.empty()) {
+    for (size_t i = 0; i < cfg.depth_fractions.size(); ++i) {
+      const double x = cfg.depth_fractions[i];
+      check_param(x >= 0.0 && x <= 1.0, "NiahConfig.depth_fractions", "{}: a depth is a fraction in [0, 1]", x);
+      check_param(i == 0 || x > cfg.depth_fractions[i - 1], "NiahConfig.depth_fractions",
+                  "{} after {}: depths must be strictly increasing", x, cfg.depth_fractions[i - 1]);
+    }
+    return cfg.depth_fractions;
+  }
+  check_param(cfg.n_depths >= 2, "NiahConfig.n_depths", "{} depths: need ≥ 2 (0 and 1)", cfg.n_depths);
+  for (int i = 0; i < cfg.n_depths; ++i) d.push_back(static_cast<double>(i) / (cfg.n_depths - 1));
+  return d;
+}
+
 int64_t niah_answer_tokens(const Tokenizer& tok, const NiahConfig& cfg) {
   int64_t most = 0;
+  const int n_depths = static_cast<int>(niah_depths(cfg).size());
   for (int64_t ctx : cfg.context_lengths)
-    for (int di = 0; di < cfg.n_depths; ++di)
+    for (int di = 0; di < n_depths; ++di)
       for (int tr = 0; tr < cfg.trials; ++tr) {
         std::string answer(1, ' ');  // appended, not " " + code: GCC 12 draws a false -Wrestrict on that
         answer += niah_needle(cfg.seed, ctx, di, tr).second;
@@ -131,7 +148,6 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
                   const std::function<std::unique_ptr<KVCache>(int64_t)>& make_cache, const NiahConfig& cfg,
                   const std::string& name, const std::function<void(int, int, const NiahGrid&)>& progress) {
   check(!cfg.context_lengths.empty(), "niah: no context lengths");
-  check(cfg.n_depths >= 2, "niah: {} depths (need ≥ 2)", cfg.n_depths);
   check(cfg.trials >= 1, "niah: {} trials per cell (need ≥ 1)", cfg.trials);
   check(cfg.max_new_tokens >= 1, "niah: max_new_tokens {} must be ≥ 1", cfg.max_new_tokens);
   check_niah_answer_length(tok, cfg);
@@ -139,8 +155,9 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
   NiahGrid grid;
   grid.name = name;
   grid.context_lengths = cfg.context_lengths;
-  for (int d = 0; d < cfg.n_depths; ++d) grid.depths.push_back(static_cast<double>(d) / (cfg.n_depths - 1));
-  grid.accuracy.assign(cfg.context_lengths.size(), std::vector<double>(cfg.n_depths, 0.0));
+  grid.depths = niah_depths(cfg);
+  const int n_depths = static_cast<int>(grid.depths.size());
+  grid.accuracy.assign(cfg.context_lengths.size(), std::vector<double>(n_depths, 0.0));
 
   std::string head;
   if (!cfg.system_prompt.empty()) head += "<|im_start|>system\n" + cfg.system_prompt + "<|im_end|>\n";
@@ -149,7 +166,7 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
 
   const int V = model.config().n_vocab;
   std::vector<float> logits(V);
-  const int total = static_cast<int>(cfg.context_lengths.size()) * cfg.n_depths * cfg.trials;
+  const int total = static_cast<int>(cfg.context_lengths.size()) * n_depths * cfg.trials;
   int done = 0;
   for (size_t ci = 0; ci < cfg.context_lengths.size(); ++ci) {
     const int64_t ctx = cfg.context_lengths[ci];
@@ -163,9 +180,9 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
       std::vector<int32_t> tokens;
       int64_t needle_at = 0;
     };
-    std::vector<std::vector<Prompt>> prompts(cfg.n_depths, std::vector<Prompt>(cfg.trials));
+    std::vector<std::vector<Prompt>> prompts(n_depths, std::vector<Prompt>(cfg.trials));
     for (int tr = 0; tr < cfg.trials; ++tr)
-      for (int di = 0; di < cfg.n_depths; ++di) {
+      for (int di = 0; di < n_depths; ++di) {
         const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
         const std::vector<int32_t> needle = tok.encode(" The secret code for " + city + " is " + code + ". ", false);
         const std::vector<int32_t> tail =
@@ -204,17 +221,17 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
     // and its prefilled cache, built on first use and kept for later rounds.
     bool share = cfg.share_prefix;
     if (share) share = clone_cache(*make_cache(ctx + cfg.max_new_tokens)) != nullptr;
-    std::vector<int64_t> shared(cfg.n_depths, 0);
-    for (int di = 0; di < cfg.n_depths; ++di) {
+    std::vector<int64_t> shared(n_depths, 0);
+    for (int di = 0; di < n_depths; ++di) {
       shared[di] = prompts[di][0].needle_at;
       for (const Prompt& P : prompts[di]) shared[di] = std::min(shared[di], P.needle_at);
     }
-    std::vector<std::unique_ptr<KVCache>> prefix(cfg.n_depths);
+    std::vector<std::unique_ptr<KVCache>> prefix(n_depths);
 
     // Trial-major order: after k rounds every depth has k trials, so a run
     // stopped early (progress callback output) is still a full, coarser grid.
     for (int tr = 0; tr < cfg.trials; ++tr)
-      for (int di = 0; di < cfg.n_depths; ++di) {
+      for (int di = 0; di < n_depths; ++di) {
         const Prompt& P = prompts[di][tr];
         const std::string& city = P.city;
         const std::string& code = P.code;

@@ -68,6 +68,16 @@ TEST_F(EarlyErrors, NiahAnswerCapShorterThanTheAnswer) {
                               {"--max-new 4", "up to 8 tokens"});
 }
 
+TEST_F(EarlyErrors, NiahDepthListOutOfRangeOrNotIncreasing) {
+  expect_error_before_weights("niah -m " + q(smollm2_) + " --depth-list 0.5,1.5 --trials 1 --ctx 128",
+                              {"--depth-list 1.5", "[0, 1]"});
+  expect_error_before_weights("niah -m " + q(smollm2_) + " --depth-list 0.5,0.25 --trials 1 --ctx 128",
+                              {"--depth-list 0.25 after 0.5", "strictly increasing"});
+  const Result both = run_cli("niah -m " + q(smollm2_) + " --depth-list 0.5 --depths 3 --trials 1 --ctx 128");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+}
+
 TEST_F(EarlyErrors, PlanTasqContextOutOfRange) {
   const fs::path text = dir_ / "t.txt";
   {

@@ -71,6 +71,52 @@ TEST(Niah, AnswerCapShorterThanTheAnswerIsAnError) {
   }
 }
 
+// Depths: n_depths evenly spaced from 0 to 1, or an explicit strictly increasing list in [0, 1]
+// (--depth-list: one cell of a long context costs its shared prefix once plus each trial's
+// suffix, so a grid at a deep needle fits where 0 % does not).
+TEST(Niah, DepthsEvenlySpacedOrAnExplicitList) {
+  NiahConfig cfg;
+  cfg.n_depths = 5;
+  EXPECT_EQ(niah_depths(cfg), (std::vector<double>{0.0, 0.25, 0.5, 0.75, 1.0}));
+  cfg.n_depths = 2;
+  EXPECT_EQ(niah_depths(cfg), (std::vector<double>{0.0, 1.0}));
+  cfg.depth_fractions = {0.5};
+  EXPECT_EQ(niah_depths(cfg), (std::vector<double>{0.5}));  // n_depths is ignored with a list
+  cfg.depth_fractions = {0.0, 0.3, 1.0};
+  EXPECT_EQ(niah_depths(cfg), (std::vector<double>{0.0, 0.3, 1.0}));
+  auto param_of = [](const NiahConfig& c) -> std::string {
+    try {
+      (void)niah_depths(c);
+    } catch (const ParamError& e) {
+      return e.param() + ": " + e.what();
+    }
+    return "accepted";
+  };
+  for (const std::vector<double>& bad : {std::vector<double>{1.5}, std::vector<double>{-0.1, 0.5},
+                                         std::vector<double>{0.5, 0.25}, std::vector<double>{0.5, 0.5},
+                                         std::vector<double>{std::nan("")}}) {
+    NiahConfig c;
+    c.depth_fractions = bad;
+    EXPECT_EQ(param_of(c).rfind("NiahConfig.depth_fractions", 0), 0u) << param_of(c);
+  }
+  NiahConfig one;
+  one.n_depths = 1;
+  EXPECT_EQ(param_of(one).rfind("NiahConfig.n_depths", 0), 0u) << param_of(one);
+}
+
+// Needles are drawn per depth index, so the list {0.5} asks the same needles as
+// the first depth of any grid at that context (paired across caches and runs).
+TEST(Niah, ExplicitDepthsDrawTheirNeedlesPerIndex) {
+  const std::string path = ratekv_test::qwen05_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "Qwen2.5-Coder-0.5B GGUF not found at " << path;
+  const Tokenizer tok = Tokenizer::from_gguf(GgufFile::open(path));
+  NiahConfig cfg;
+  cfg.context_lengths = {2048};
+  cfg.depth_fractions = {0.5, 0.9};
+  cfg.trials = 3;
+  EXPECT_EQ(niah_answer_tokens(tok, cfg), 8);  // all 6 needles' codes, one digit per token plus the space
+}
+
 TEST(Niah, MissingHaystackIsAnError) {
   EXPECT_THROW(load_haystack("/nonexistent/haystack"), Error);
 }

@@ -29,7 +29,10 @@ namespace ratekv::eval {
 
 struct NiahConfig {
   std::vector<int64_t> context_lengths;  ///< prompt lengths in tokens (each ≤ model position limit)
-  int n_depths = 11;                     ///< depths 0, 1/(n−1), …, 1 (≥ 2)
+  int n_depths = 11;                     ///< depths 0, 1/(n−1), …, 1 (≥ 2); unused with depth_fractions
+  /// Explicit needle depths (fractions of the haystack, each in [0, 1], strictly increasing, ≥ 1 of them)
+  /// instead of n_depths evenly spaced ones; empty = evenly spaced. Needles are drawn per depth index.
+  std::vector<double> depth_fractions;
   int trials = 10;                       ///< trials per (length, depth) cell, different needles (≥ 1)
   int max_new_tokens = 10;               ///< greedy answer length cap
   uint64_t seed = 0;                     ///< needle seed
@@ -52,6 +55,12 @@ struct NiahTrial {
   int64_t needle_token = 0;  ///< token index where the needle starts
   bool correct = false;
 };
+
+/// The needle depths of `cfg`: depth_fractions when given, else n_depths evenly
+/// spaced from 0 to 1. Throws ParamError "NiahConfig.depth_fractions" for a
+/// depth outside [0, 1] (or NaN) or a list that is not strictly increasing, and
+/// "NiahConfig.n_depths" for fewer than 2 evenly spaced depths.
+std::vector<double> niah_depths(const NiahConfig& cfg);
 
 /// Accuracy grid of one cache: accuracy[c][d] for context_lengths[c], depth d.
 struct NiahGrid {
