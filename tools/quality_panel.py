@@ -69,11 +69,15 @@ PROTOCOL = {
     "qwen15": {"calib_tokens": 1024, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
                "llama": False, "tasq": False,
                # rows re-run at SEEDS seeds once every 1-seed row is done (eval3/<row>.json replaces eval/<row>.json)
+               # (cells the grid left unrun; run seeds 1.. of a finished 1-seed row with "seeds_more" instead)
                "seeds3": ["gtq+off-full-4.25", "gtq+off-K3V3", "gtq+off-K4V4", "gtq+off-K2V2", "uniform-K3V3", "gtq-K3V3"],
                # per-layer MAE cell: these plans only (18 plans x 3 seeds of d=128 attention is slow here)
                "mae_plans": ["uniform-K2V2", "gtq-K2V2", "uniform+off-K2V2", "gtq+off-K2V2",
                              "uniform-K3V3", "gtq-K3V3", "uniform+off-K3V3", "gtq+off-K3V3", "uniform+nc-K3V3",
                              "gtq+offonly-K3V3", "gtq+off+sink1-K3V3", "uniform-K4V4", "gtq+off-K4V4"],
+               # run seeds 1..SEEDS-1 of these 1-seed rows as their own cells (evalr/<row>.r<s>.json, one
+               # reseeded plan each, as `eval --seeds` re-mixes seed r); the report merges them with eval/<row>.json
+               "seeds_more": ["gtq+off-full-3.25", "gtq+off-full-2.25"],
                "skip_eval": ["gtq-K4V4"],
                # keys vs values: K-only perplexity (V fp32) of these rows (evalk/<row>.json)
                "k_only": ["gtq+off-K3V3", "uniform-K3V3"]},  # Block-GTQ at K4V4 allocates 4 bits to every block: uniform-K4V4
@@ -173,7 +177,7 @@ VQ_FIT = ["--group", "4", "--centroids", "32", "--tokens", "8192", "--ctx", "512
 
 
 # Evaluation order within a model (cheap prerequisites first, then the rows the targets need).
-ORDER = ["calibrate", "plan/", "eval/gtq+off-K3", "eval/gtq+off-K4", "eval/gtq+off-K2", "eval/gtq+off-full-4",
+ORDER = ["calibrate", "plan/", "reseed/", "evalr/gtq+off-full-3", "evalr/gtq+off-full-2", "eval/gtq+off-K3", "eval/gtq+off-K4", "eval/gtq+off-K2", "eval/gtq+off-full-4",
          "eval/uniform-K3", "eval/gtq-K3", "mae/", "eval/q4_0", "eval/gtq+off-full-3", "eval/gtq+off-full-2",
          "eval/uniform-K4", "evalk/gtq+off-K3", "eval/kivi", "eval3/gtq+off-full-4", "eval/uniform-K2", "eval/gtq-K2",
          "eval/q8_0", "eval3/gtq+off-K3", "evalk/", "eval3/uniform-K3", "eval3/gtq-K3", "eval3/gtq+off-K4", "eval3/gtq+off-K2",
@@ -241,6 +245,19 @@ def model_cells(m):
         for name, mode, plan in vq_plans(m) if pr.get("tasq", True) else []:
             evals.append((name, ["--plan", plan], mode, plan))
         evals3 = [(n, a, mo, pl) for n, a, mo, pl in evals if n in pr.get("seeds3", [])]
+        for n, a, mo, pl in evals:
+            for r in range(1, SEEDS) if n in pr.get("seeds_more", []) else []:
+                rplan = f"{m}/plans/{n}.r{r}.json"
+                out.append({"id": f"{m}/reseed/{n}.r{r}", "kind": "reseed", "model": m, "out": rplan, "after": [pl],
+                            "plan": pl, "run_seed": r, "params": {"plan": pl, "run_seed": r}})
+                out.append({"id": f"{m}/evalr/{n}.r{r}", "kind": "eval", "model": m, "row": n, "run_seed": r,
+                            "out": f"{m}/evalr/{n}.r{r}.json", "plan": rplan, "after": [rplan],
+                            "cmd": [RATEKV, "eval", "-m", mpath, "-f", evalt, "--tokens", str(EVAL_TOKENS),
+                                    "--ctx", str(CTX), "--seeds", "1", "--reference-cache", f"{m}/reference",
+                                    "--json", f"{m}/evalr/{n}.r{r}.json.report", "--force", "--plan", rplan]
+                                   + (["--no-ppl-k"] if mo == "kv" else ["--no-ppl-kv"]),
+                            "params": {"tokens": EVAL_TOKENS, "ctx": CTX, "seeds": 1, "run_seed": r, "mode": mo,
+                                       "args": ["--plan", rplan]}})
         evalsk = [(n, a, "k", pl) for n, a, mo, pl in evals if n in pr.get("k_only", [])]
         for (name, args, mode, plan), edir in ([(e, "eval") for e in evals] + [(e, "eval3") for e in evals3]
                                                + [(e, "evalk") for e in evalsk]):
@@ -285,8 +302,47 @@ def vq_plans(m):
 # Running
 # --------------------------------------------------------------------------------------------
 
+def mix32(seed, run):
+    """cache/plan_codecs.cpp mix32: the run seed r's re-mix of a rotation seed (reseeded_plan)."""
+    M = (1 << 64) - 1
+    z = (seed ^ (run * 0x9e3779b97f4a7c15)) & M
+    z = (z + 0x9e3779b97f4a7c15) & M
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M
+    return ((z ^ (z >> 31)) >> 32) & 0xFFFFFFFF
+
+
+def reseed_plan(src, dst, run):
+    """The plan file `src` as `ratekv eval` runs it at run seed `run` (cache::reseeded_plan: every TQ-MSE /
+    grouped TQ-MSE / QuaRot group with bits > 0 gets seed mix32(seed, run)), written to `dst`."""
+    with open(src) as f:
+        plan = json.load(f)
+    n = 0
+    for layer in plan["layers"]:
+        for h in layer["heads"]:
+            for side in ("key", "value"):
+                c = h[side]
+                if c.get("kind") not in ("tq-mse", "tq-mse-grouped", "quarot"):
+                    continue
+                for g in c.get("groups", []):
+                    if g.get("bits", 0) > 0:
+                        g["seed"] = mix32(g["seed"], run)
+                        n += 1
+    if n == 0:
+        raise SystemExit(f"reseed: {src}: no rotation seed to re-mix (a deterministic plan needs no more seeds)")
+    tmp = dst + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(plan, f, indent=1)
+    os.replace(tmp, dst)
+
+
 def cell_done(c, root):
-    meta = os.path.join(root, c["out"] + ".params.json") if c["kind"] in ("calibrate", "plan") else None
+    meta = os.path.join(root, c["out"] + ".params.json") if c["kind"] in ("calibrate", "plan", "reseed") else None
+    if c["kind"] == "reseed":
+        if not os.path.exists(os.path.join(root, c["out"])) or not os.path.exists(meta):
+            return False
+        with open(meta) as f:
+            return json.load(f).get("params") == dict(c["params"], plan_sha256=sha256_file(os.path.join(root, c["plan"])))
     if c["kind"] in ("calibrate", "plan"):
         if not os.path.exists(os.path.join(root, c["out"])) or not os.path.exists(meta):
             return False
@@ -334,6 +390,14 @@ def run_cell(c, root, dry):
     if missing:
         print(f"[skip] {c['id']}: waits for {', '.join(os.path.relpath(a, root) for a in missing)}", flush=True)
         return False
+    if c["kind"] == "reseed":
+        print(f"[run ] {c['id']}: reseed {c['plan']} run seed {c['run_seed']}", flush=True)
+        if dry:
+            return False
+        reseed_plan(os.path.join(root, c["plan"]), os.path.join(root, c["out"]), c["run_seed"])
+        atomic_json(os.path.join(root, c["out"] + ".params.json"),
+                    {"params": dict(c["params"], plan_sha256=sha256_file(os.path.join(root, c["plan"])))})
+        return True
     cmd = ["nice", "-n", NICE] + c["cmd"]
     print(f"[run ] {c['id']}: {' '.join(c['cmd'])}", flush=True)
     if dry:
@@ -448,6 +512,7 @@ def rows_of(root, m):
             "fp32_ppl": rep["fp"]["ppl"], "tokens": rep["n_tokens"], "scored_tokens": rep["ppl_scored_tokens"],
             "seconds": doc["seconds"], "command": clean_cmd(doc["command"]),
         })
+    merge_run_seeds(root, m, rows)
     # The fp16 row: the reference of every report (K and V rounded to fp16), the same windows.
     fp16 = None
     for fn in sorted(os.listdir(edir)) if os.path.isdir(edir) else []:
@@ -509,6 +574,47 @@ def rows_of(root, m):
                      "seconds": doc["seconds"], "command": clean_cmd(doc["command"]) + (
                          " (LLAMA_ATTN_ROT_DISABLE=1)" if doc["params"]["no_rotation"] else "")})
     return rows
+
+
+def merge_run_seeds(root, m, rows):
+    """Rows with run seeds 1.. in their own cells (evalr/<row>.r<s>.json, seeds_more): seed 0 is eval/<row>.json;
+    the per-seed values are joined and the mean / sample sd taken as `eval --seeds` reports them."""
+    rdir = os.path.join(root, m, "evalr")
+    if not os.path.isdir(rdir):
+        return
+    for r in rows:
+        if r["mode"] != "K+V" or r["seeds"] != 1 or len(r.get("ppl_per_seed") or []) != 1:
+            continue
+        extra = []
+        for s in range(1, 1000):
+            path = os.path.join(rdir, f"{r['plan']}.r{s}.json")
+            if not os.path.exists(path):
+                break
+            with open(path) as f:
+                extra.append(json.load(f))
+        if not extra:
+            continue
+        per = {"ppl": list(r["ppl_per_seed"]), "kld": list(r["kld_per_seed"]), "p99": [r["kld_p99"]],
+               "top1": [r["top1"]], "mae": [r["mae"]], "layers": [r["mae_layers"]]}
+        for doc in extra:
+            p = doc["report"]["plans"][0]
+            nt = p["next_token"]["kv"]
+            assert abs(p["stored"]["k_bits_per_element"] - r["stored_bits_k"]) < 1e-12, r["plan"]
+            per["ppl"] += p["ppl_kv"]["per_seed"]
+            per["kld"] += nt["kld_mean"]["per_seed"]
+            per["p99"] += nt["kld_p99"]["per_seed"]
+            per["top1"] += nt["top1"]["per_seed"]
+            per["mae"].append(p["mae"]["mean"])
+            per["layers"].append(p["mae"]["layers_mean"])
+        n = len(per["ppl"])
+        mu = mean(per["ppl"])
+        r.update({"ppl": mu, "ppl_sd": math.sqrt(sum((x - mu) ** 2 for x in per["ppl"]) / (n - 1)),
+                  "ppl_per_seed": per["ppl"], "kld_mean": mean(per["kld"]), "kld_per_seed": per["kld"],
+                  "kld_p99": mean(per["p99"]), "top1": mean(per["top1"]), "mae": mean(per["mae"]),
+                  "mae_per_seed": per["mae"], "mae_layers": [mean(v) for v in zip(*per["layers"])],
+                  "seeds": n, "mae_seeds": n,
+                  "seed_commands": [r["command"]] + [clean_cmd(d["command"]) for d in extra],
+                  "seconds": r["seconds"] + sum(d["seconds"] for d in extra)})
 
 
 def mae_comparison(rows, a, b):
