@@ -64,8 +64,16 @@ PROTOCOL = {
                           "eval/gtq+off-K4", "eval/gtq+off-K2", "eval/uniform-K4", "eval/q4_0", "eval/q8_0",
                           "eval/kivi", "eval/ratequant", "eval/uniform+off", "eval/gtq-K4", "llama/", "fit/",
                           "eval/tasq", "eval/cq"]},
-    "qwen05": {"calib_tokens": CALIB_TOKENS, "sens_seqs": SENS_SEQS, "curves": "tq-mse,block-gtq,kivi",
-               "ppl_seeds": SEEDS, "ratequant": True},
+    # Qwen2.5-Coder-0.5B (head_dim 64: Block-GTQ + offset at b bits stores b + 1/4, the whole budget): cut like
+    # qwen15's — 2048 calibration tokens without the gradient sensitivity and curves (no RateQuant rows), one
+    # seed per cell and seeds 1..2 of the key-offset rows in their own cells (seeds_more); TaSQ / CQ K-only rows.
+    "qwen05": {"calib_tokens": 2048, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
+               "llama": False, "tasq": True,
+               "seeds_more": ["gtq+off-K3V3", "gtq+off-K2V2", "gtq+off-K4V4"],
+               "order": ["calibrate", "plan/", "eval/gtq+off-K3", "fit/", "eval/tasq-s0", "eval/cq-s0", "eval/tasq-s1",
+                         "eval/cq-s1", "eval/tasq-s2", "eval/cq-s2", "eval/gtq+off-K2", "eval/gtq+off-K4",
+                         "eval/uniform-K3", "eval/uniform-K2", "eval/uniform-K4", "reseed/", "evalr/gtq+off-K3",
+                         "evalr/gtq+off-K2", "evalr/gtq+off-K4", "eval/gtq-K3", "eval/q4_0", "eval/kivi", "eval/q8_0"]},
     "qwen15": {"calib_tokens": 1024, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
                "llama": False, "tasq": False,
                # rows re-run at SEEDS seeds once every 1-seed row is done (eval3/<row>.json replaces eval/<row>.json)
@@ -464,6 +472,7 @@ def cmd_status(a):
 
 def clean_cmd(cmd):
     """A cell's command as a reader re-runs it: `ratekv` for the binary, $RATEKV_ASSETS for the assets."""
+    cmd = re.sub(r"^\S*/ratekv(-v\d+)?(?= )", "ratekv", cmd)  # whichever build ran the cell (RATEKV_BIN)
     return cmd.replace(RATEKV, "ratekv").replace(ASSETS, "$RATEKV_ASSETS")
 
 
