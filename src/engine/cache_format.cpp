@@ -40,10 +40,14 @@ SideGroups side_groups(const cache::PlanCodecs& codecs, int l, int h, int s) {
   const int d = codecs.config().head_dim;
   auto add = [&](const quant::TQMSE& tq, std::vector<int> ch) {
     if (!r.error.empty()) return;
+    // A 0-bit group stores nothing: its channels are in no group of the
+    // layout and reconstruct as 0, as in the CPU packed cache
+    // (docs/packed_format.md §6; the GPU writers skip them, the readers write 0).
+    if (tq.bits() == 0) return;
     if (tq.bits() < packed::kMinBits || tq.bits() > packed::kMaxBits) {
       r.error = fmt::format(
-          "GPU engine: {}: a {}-bit group; the GPU quantizers write 1..4-bit groups only (0-bit and 5..8-bit "
-          "groups: engine issue 2 of 3)",
+          "GPU engine: {}: a {}-bit group; the GPU quantizers write 0..4-bit groups only (5..8-bit groups, the "
+          "extension pages of the CPU packed cache: not on the GPU yet, engine issue 2 of 3)",
           field, tq.bits());
       return;
     }

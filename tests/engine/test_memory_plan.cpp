@@ -5,6 +5,7 @@
 
 #include "ratekv/format/stored_bytes.h"
 
+#include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
 #include "ratekv/engine/cache_format.h"
@@ -89,9 +90,29 @@ TEST(EngineCacheFormat, ServesGroupedPlansAndRefusesTheRest) {
   };
   refuse(eval::cache_type_plan("q8_0", "q8_0", c), "layers[0].heads[0].key: codec kind 'q8_0'");
   refuse(eval::cache_type_plan("f16", "tq3", c), "codec kind 'fp16'");
-  Plan zero = p;  // a key group at 0 bits
+  // A key group at 0 bits is served (since issue 18 item 4): it stores
+  // nothing, so the head's keys are the 4-bit group alone (32 channels: 16
+  // bytes + a norm), as in the CPU packed cache's layout; a whole side at 0
+  // bits stores nothing at all.
+  Plan zero = p;
   zero.layers[1][3].key.groups[1].bits = 0;
-  refuse(zero, "layers[1].heads[3].key: a 0-bit group");
+  {
+    Codec none;  // layer 0, head 1: every value block at 0 bits (a zero-budget RateQuant + Block-GTQ head)
+    none.kind = CodecKind::TqMseGrouped;
+    none.norm = NormStorage::FP16;
+    CodecGroup z;
+    z.bits = 0;
+    for (int b = 0; b < 64; ++b) z.blocks.push_back(b);
+    none.groups = {z};
+    zero.layers[0][1].value = none;
+  }
+  const CacheFormat zf = CacheFormat::packed(codecs(zero, c));
+  EXPECT_EQ(zf.layout(1).head(3).block_bytes, size_t{64} * (16 + 2 + 48 + 2));
+  EXPECT_EQ(zf.layout(0).head(1).block_bytes, size_t{64} * (40 + 4));
+  EXPECT_TRUE(zf.layout(0).head(1).value.empty());
+  const cache::PackedKVCache cpu(c.kv_shape(64), codecs(zero, c));
+  for (int l = 0; l < c.n_layers; ++l) EXPECT_EQ(zf.page_bytes(l), cpu.layout(l).page_bytes()) << "layer " << l;
+  EXPECT_DOUBLE_EQ(zf.bytes_per_token(), plan_stored_bytes(zero).bytes_per_token());
   Plan wide = eval::cache_type_plan("tq3", "tq3", c);
   wide.layers[0][2].value = Codec::tq_mse(6, c.head_dim, 5);
   refuse(wide, "layers[0].heads[2].value: a 6-bit group");
