@@ -1,7 +1,11 @@
-// `ratekv niah -m MODEL [--plan PLAN ...] [--ctx 1024,2048] [--depths 11 |
-// --depth-list 0.5,0.75] [--trials 10] [--json OUT]`: needle-in-a-haystack accuracy grids
+// `ratekv niah -m MODEL [--plan PLAN ...] [-ctk T -ctv T] [--ctx 1024,2048]
+// [--depths 11 | --depth-list 0.5,0.75] [--trials 10] [--json OUT] [--device cpu|cuda [--chunk N]
+// [--prefill-mode evaluation|serving]]`: needle-in-a-haystack accuracy grids
 // (ratekv/eval/niah.h) for an fp16 KV cache and each plan (packed cache by
-// default), printed as tables; --json writes every grid and trial.
+// default), printed as tables; --json writes every grid and trial. With
+// --device cuda every grid runs on the GPU engine (ratekv/engine/niah.h): the
+// same prompts, needles and scoring; plans the engine cannot serve are
+// refused, naming the flag, before the weights load.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -11,6 +15,7 @@
 
 #include "cli/command.h"
 #include "cli/flag_names.h"
+#include "cli/gpu_cache.h"
 #include "cli/loaded_model.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
@@ -18,13 +23,17 @@
 #include "ratekv/eval/niah.h"
 #include "ratekv/common/log.h"
 #include "ratekv/model/chat_template.h"
+#ifdef RATEKV_HAVE_ENGINE
+#include "ratekv/engine/niah.h"
+#endif
 
 namespace ratekv::cli {
 namespace {
 
 struct NiahArgs {
-  std::string model, haystack, json, cache = "packed";
+  std::string model, haystack, json, cache = "packed", ctk, ctv, device = "cpu", mode = "evaluation";
   std::vector<std::string> plans;
+  int64_t chunk = 0;  // cuda: chunked prefill (0: one piece)
   std::vector<int64_t> ctx{1024};
   std::vector<double> depth_list;
   int depths = 11, trials = 10, max_new = 10;
@@ -69,7 +78,17 @@ std::string table(const eval::NiahGrid& g) {
 }
 
 void run(const NiahArgs& a) {
-  check(!a.no_fp16 || !a.plans.empty(), "--no-fp16: nothing left to evaluate (give --plan)");
+  const bool cuda = a.device == "cuda";
+  check(!a.no_fp16 || !a.plans.empty() || !a.ctk.empty() || !a.ctv.empty(),
+        "--no-fp16: nothing left to evaluate (give --plan or -ctk/-ctv)");
+  check(a.chunk == 0 || (a.chunk >= 64 && a.chunk % 64 == 0),
+        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", a.chunk);
+  check(a.chunk == 0 || cuda, "--chunk: chunked prefill runs on --device cuda only");
+  check(cuda || a.mode == "evaluation",
+        "--prefill-mode {}: the CPU caches always quantize before attention (evaluation); serving runs on --device "
+        "cuda only", a.mode);
+  check(!cuda || a.cache == "packed", "--cache {}: the fake-quant cache runs on the CPU only (--device cpu)", a.cache);
+  require_engine(a.device);
   if (!a.json.empty()) check_output_path(a.json, a.force, "--json");
   std::string hay_dir = a.haystack;
   if (hay_dir.empty()) {
@@ -86,6 +105,9 @@ void run(const NiahArgs& a) {
     std::string name, plan_file;
     std::shared_ptr<const cache::PlanCodecs> codecs;
     bool packed;
+#ifdef RATEKV_HAVE_ENGINE
+    std::optional<engine::CacheFormat> gpu = std::nullopt;  // --device cuda
+#endif
   };
   std::vector<Entry> entries;
   std::vector<int32_t> hay_tok;
@@ -103,14 +125,38 @@ void run(const NiahArgs& a) {
     eval::check_niah_answer_length(h.tokenizer, nc);
     check(max_ctx <= h.config.n_ctx_train, "--ctx: {} exceeds the model's context {}", max_ctx,
           h.config.n_ctx_train);
-    if (!a.no_fp16)
+    const std::string where = cuda ? "cuda " : "";
+    if (!a.no_fp16) {
       entries.push_back(
           {"fp16", "", std::make_shared<const cache::PlanCodecs>(fp16_plan(h.config), h.config, "fp16"), false});
+#ifdef RATEKV_HAVE_ENGINE
+      if (cuda) entries.back().gpu = engine::CacheFormat::fp16(h.config);
+#endif
+    }
     for (const auto& p : a.plans) {
       auto codecs = std::make_shared<const cache::PlanCodecs>(Plan::load(p), h.config, p);
+      if (cuda) {
+#ifdef RATEKV_HAVE_ENGINE
+        std::string base = p.substr(p.find_last_of('/') + 1);
+        entries.push_back({base + " (cuda packed)", p, codecs, true});
+        entries.back().gpu = gpu_cache_format(std::nullopt, "", "", "packed", p, h.config);  // names --plan
+#endif
+        continue;
+      }
       if (a.cache == "packed") (void)make_packed_cache(h.config.kv_shape(1), codecs);  // throws: no packed form
       std::string base = p.substr(p.find_last_of('/') + 1);
       entries.push_back({base + " (" + a.cache + ")", p, codecs, a.cache == "packed"});
+    }
+    // -ctk/-ctv: one more grid, the plan those cache types stand for (both flags or neither).
+    if (const std::optional<Plan> types = cache_type_plan_or_empty(a.ctk, a.ctv, "", h.config)) {
+      const std::string name = fmt::format("-ctk {} -ctv {}", a.ctk, a.ctv);
+      auto codecs = std::make_shared<const cache::PlanCodecs>(*types, h.config, "cache types");
+      std::string kind = "packed";
+      if (!cuda) (void)make_cache_for_plan(*types, h.config, 1, kind);  // packed, or fake for q8_0/q4_0/...
+      entries.push_back({name + " (" + where + kind + ")", name, codecs, kind == "packed"});
+#ifdef RATEKV_HAVE_ENGINE
+      if (cuda) entries.back().gpu = gpu_cache_format(types, a.ctk, a.ctv, "packed", "", h.config);  // names -ctk/-ctv
+#endif
     }
     // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×).
     std::string hay = eval::load_haystack(hay_dir);
@@ -127,9 +173,18 @@ void run(const NiahArgs& a) {
   out["context_lengths"] = a.ctx;
   out["depths"] = eval::niah_depths(nc);
   out["n_depths"] = out["depths"].size();
+  const int n_depths = static_cast<int>(out["depths"].size());
   out["trials"] = a.trials;
   out["max_new_tokens"] = a.max_new;
   out["seed"] = a.seed;
+  out["device"] = a.device;
+  out["prefill_mode"] = a.mode;  // cpu: always evaluation (K/V quantized before attention reads them)
+  if (cuda) {
+    out["chunk"] = a.chunk;
+#ifdef RATEKV_HAVE_ENGINE
+    out["gpu"] = engine::cuda_device_name();
+#endif
+  }
   out["fp16_bytes_per_token"] = cfg.kv_bytes_per_token_fp16();
   out["grids"] = nlohmann::ordered_json::array();
   for (const Entry& e : entries) {
@@ -137,7 +192,7 @@ void run(const NiahArgs& a) {
       if (e.packed) return make_packed_cache(cfg.kv_shape(n_ctx), e.codecs);
       return std::make_unique<cache::FakeQuantKVCache>(cfg.kv_shape(n_ctx), e.codecs);
     };
-    Progress progress("niah " + e.name, static_cast<int64_t>(a.ctx.size()) * a.depths * a.trials);
+    Progress progress("niah " + e.name, static_cast<int64_t>(a.ctx.size()) * n_depths * a.trials);
     // Writes the report with this grid (partial or complete) appended.
     // The fp16 baseline runs through a fake-quant cache that also keeps fp32
     // copies; it reports the bytes of a real fp16 K/V cache (what it models),
@@ -149,12 +204,13 @@ void run(const NiahArgs& a) {
       gj["complete"] = complete;
       gj["plan"] = e.plan_file;
       if (fp16_entry) {
-        gj["cache"] = "fp16 (K/V rounded to fp16; evaluated with a fake-quant cache of an all-fp16 plan)";
+        gj["cache"] = cuda ? "fp16 (the GPU engine's fp16 pages)"
+                           : "fp16 (K/V rounded to fp16; evaluated with a fake-quant cache of an all-fp16 plan)";
         gj["cache_bytes_per_token"] = fp16_bytes;
         gj["evaluation_cache_bytes_per_token"] = g.cache_bytes_per_token;
         gj["effective_bits"] = {{"k", 16.0}, {"v", 16.0}, {"total", 16.0}};
       } else {
-        gj["cache"] = a.cache;
+        gj["cache"] = cuda ? "cuda packed" : e.packed ? "packed" : "fake";
         const auto ach = e.codecs->plan().achieved();
         gj["effective_bits"] = {{"k", ach.k}, {"v", ach.v}, {"total", ach.total}};
       }
@@ -170,16 +226,32 @@ void run(const NiahArgs& a) {
     };
     // After every round of trials (all depths once more) the partial grid is
     // written: an interrupted run leaves a uniform grid with fewer trials.
-    const eval::NiahGrid g = eval::run_niah(
-        model, *lm.tokenizer, lm.add_bos, hay_tok, make, nc, e.name,
-        [&](int done, int, const eval::NiahGrid& partial) {
-          progress.update(done);
-          if (done % a.depths == 0 && done < static_cast<int>(a.ctx.size()) * a.depths * a.trials) {
-            nlohmann::ordered_json rep = out;
-            rep["grids"].push_back(grid_json(partial, false));
-            write(rep);
-          }
-        });
+    const auto on_trial = [&](int done, int, const eval::NiahGrid& partial) {
+      progress.update(done);
+      if (done % n_depths == 0 && done < static_cast<int>(a.ctx.size()) * n_depths * a.trials) {
+        nlohmann::ordered_json rep = out;
+        rep["grids"].push_back(grid_json(partial, false));
+        write(rep);
+      }
+    };
+    eval::NiahGrid g;
+    if (cuda) {
+#ifdef RATEKV_HAVE_ENGINE
+      // One engine per grid: its cache format, a pool for the longest prompt and its answer.
+      engine::EngineOptions o;
+      o.max_prefill_tokens = a.chunk > 0 ? a.chunk : max_ctx;
+      o.pool_bytes = e.gpu->page_bytes_all_layers() * static_cast<size_t>((max_ctx + a.max_new + 63) / 64 + 1);
+      auto eng = engine::Engine::create(cfg, model.weights(), *e.gpu, o);
+      const engine::PrefillMode mode =
+          a.mode == "serving" ? engine::PrefillMode::serving : engine::PrefillMode::evaluation;
+      spdlog::info("GPU engine ({}): {} cache, {} mode, chunk {}; {}", engine::cuda_device_name(), e.gpu->label(),
+                   engine::prefill_mode_name(mode), a.chunk, eng->memory().summary());
+      engine::EngineNiahAnswerer gpu(*eng, mode, a.chunk);
+      g = eval::run_niah(gpu, *lm.tokenizer, lm.add_bos, hay_tok, nc, e.name, on_trial);
+#endif
+    } else {
+      g = eval::run_niah(model, *lm.tokenizer, lm.add_bos, hay_tok, make, nc, e.name, on_trial);
+    }
     progress.finish();
     eval::NiahGrid shown = g;
     if (fp16_entry) shown.cache_bytes_per_token = fp16_bytes;  // fp16 K/V, not the evaluation copies
@@ -216,6 +288,16 @@ Registrar reg("niah", [](CLI::App& app) {
   cmd->add_flag("--no-fp16", args->no_fp16, "skip the fp16 baseline grid");
   cmd->add_option("--json", args->json, "write all grids and trials as JSON");
   cmd->add_flag("--force", args->force, "overwrite --json if it exists");
+  add_cache_type_options(cmd, args->ctk, args->ctv);
+  add_device_option(cmd, args->device);
+  cmd->add_option("--chunk", args->chunk,
+                  "--device cuda: prefill each prompt in chunks of N tokens (a multiple of 64; 0 = one piece)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--prefill-mode", args->mode,
+                  "--device cuda: evaluation (every K/V quantized before attention reads it, as the CPU caches do) "
+                  "or serving (the prompt attends to its own fp16 K/V); docs/design.md §9.2")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->callback([args] { with_flag_names({{"NiahConfig.max_new_tokens", "--max-new"},
                                             {"NiahConfig.depth_fractions", "--depth-list"},
                                             {"NiahConfig.n_depths", "--depths"}}, [&] { run(*args); }); });

@@ -144,9 +144,122 @@ nlohmann::json NiahGrid::to_json() const {
   return j;
 }
 
-NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
-                  const std::function<std::unique_ptr<KVCache>(int64_t)>& make_cache, const NiahConfig& cfg,
-                  const std::string& name, const std::function<void(int, int, const NiahGrid&)>& progress) {
+namespace {
+
+std::vector<int32_t> niah_head_tokens(const Tokenizer& tok, bool add_bos, const NiahConfig& cfg) {
+  std::string head;
+  if (!cfg.system_prompt.empty()) head += "<|im_start|>system\n" + cfg.system_prompt + "<|im_end|>\n";
+  head += "<|im_start|>user\nRead the document below. Somewhere in it is a secret code; remember it.\n\n";
+  return tok.encode(head, add_bos, /*parse_special=*/true);
+}
+
+}  // namespace
+
+std::vector<std::vector<NiahPrompt>> niah_prompts(const Tokenizer& tok, bool add_bos,
+                                                  const std::vector<int32_t>& haystack, const NiahConfig& cfg,
+                                                  int64_t ctx) {
+  check(cfg.trials >= 1, "niah: {} trials per cell (need ≥ 1)", cfg.trials);
+  const std::vector<double> depths = niah_depths(cfg);
+  const int n_depths = static_cast<int>(depths.size());
+  const std::vector<int32_t> head_tok = niah_head_tokens(tok, add_bos, cfg);
+  std::vector<std::vector<NiahPrompt>> prompts(n_depths, std::vector<NiahPrompt>(cfg.trials));
+  for (int tr = 0; tr < cfg.trials; ++tr)
+    for (int di = 0; di < n_depths; ++di) {
+      const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
+      const std::vector<int32_t> needle = tok.encode(" The secret code for " + city + " is " + code + ". ", false);
+      const std::vector<int32_t> tail =
+          tok.encode("\n\nWhat is the secret code for " + city +
+                         "? Answer with the 7-digit number only.<|im_end|>\n<|im_start|>assistant\n"
+                         "The secret code for " + city + " is",
+                     false, /*parse_special=*/true);
+      const int64_t fixed = static_cast<int64_t>(head_tok.size() + needle.size() + tail.size());
+      const int64_t n_hay = ctx - fixed;
+      check(n_hay >= 16, "niah: context {} is too short for the prompt scaffolding ({} tokens)", ctx, fixed);
+      check(n_hay <= static_cast<int64_t>(haystack.size()), "niah: haystack has {} tokens, context {} needs {}",
+            haystack.size(), ctx, n_hay);
+      // Insertion point: depth · n_hay, moved back to just after a sentence end.
+      int64_t at = static_cast<int64_t>(depths[di] * static_cast<double>(n_hay) + 0.5);
+      if (at > 0 && at < n_hay) {
+        for (int64_t k = at; k > 0 && at - k < 256; --k) {
+          const std::string& s = tok.token_text(haystack[k - 1]);
+          if (s.find('.') != std::string::npos || s.find('\n') != std::string::npos ||
+              s.find("\xc4\x8a") != std::string::npos) {  // byte-level BPE renders '\n' as U+010A
+            at = k;
+            break;
+          }
+        }
+      }
+      NiahPrompt& P = prompts[di][tr];
+      P.city = city;
+      P.code = code;
+      P.tokens = head_tok;
+      P.tokens.insert(P.tokens.end(), haystack.begin(), haystack.begin() + at);
+      P.needle_at = static_cast<int64_t>(P.tokens.size());
+      P.tokens.insert(P.tokens.end(), needle.begin(), needle.end());
+      P.tokens.insert(P.tokens.end(), haystack.begin() + at, haystack.begin() + n_hay);
+      P.tokens.insert(P.tokens.end(), tail.begin(), tail.end());
+    }
+  return prompts;
+}
+
+CpuNiahAnswerer::CpuNiahAnswerer(Model& model, std::function<std::unique_ptr<KVCache>(int64_t)> make_cache,
+                                 const NiahConfig& cfg, std::vector<float>* answer_logits)
+    : model_(model), make_cache_(std::move(make_cache)), cfg_(cfg), answer_logits_(answer_logits) {}
+
+int64_t CpuNiahAnswerer::position_limit() const { return model_.position_limit(); }
+
+void CpuNiahAnswerer::begin_context(int64_t ctx, const std::vector<std::vector<NiahPrompt>>& prompts) {
+  // Shared prefix per depth (identical tokens in every trial of the cell)
+  // and its prefilled cache, built on first use and kept for later rounds.
+  ctx_ = ctx;
+  share_ = cfg_.share_prefix && clone_cache(*make_cache_(ctx + cfg_.max_new_tokens)) != nullptr;
+  shared_.assign(prompts.size(), 0);
+  for (size_t di = 0; di < prompts.size(); ++di) {
+    shared_[di] = prompts[di].at(0).needle_at;
+    for (const NiahPrompt& P : prompts[di]) shared_[di] = std::min(shared_[di], P.needle_at);
+  }
+  prefix_.clear();
+  prefix_.resize(prompts.size());
+}
+
+std::vector<int32_t> CpuNiahAnswerer::answer(int di, int, const NiahPrompt& P, int max_new,
+                                             const std::function<bool(int32_t)>& is_eog) {
+  const std::vector<int32_t>& prompt = P.tokens;
+  const int V = model_.config().n_vocab;
+  std::vector<float> logits(V);
+  std::unique_ptr<KVCache> cache;
+  int64_t start = 0;
+  const size_t d = static_cast<size_t>(di);
+  if (share_ && d < shared_.size() && shared_[d] > 0) {
+    if (!prefix_[d]) {
+      prefix_[d] = make_cache_(ctx_ + cfg_.max_new_tokens);
+      model_.forward(std::span<const int32_t>(prompt.data(), shared_[d]), 0, *prefix_[d], nullptr, false);
+    }
+    cache = clone_cache(*prefix_[d]);
+    start = shared_[d];
+  } else {
+    cache = make_cache_(static_cast<int64_t>(prompt.size()) + max_new);
+  }
+  model_.forward(std::span<const int32_t>(prompt.data() + start, prompt.size() - start), start, *cache,
+                 logits.data(), false);
+  if (answer_logits_) answer_logits_->clear();
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_new; ++i) {
+    if (answer_logits_) answer_logits_->insert(answer_logits_->end(), logits.begin(), logits.end());
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (is_eog(next)) break;
+    out.push_back(next);
+    if (i + 1 == max_new) break;
+    model_.forward(std::span<const int32_t>(&next, 1), static_cast<int64_t>(prompt.size()) + i, *cache,
+                   logits.data(), false);
+  }
+  bytes_per_token_ = static_cast<double>(cache->bytes()) / static_cast<double>(cache->n_tokens());
+  return out;
+}
+
+NiahGrid run_niah(NiahAnswerer& answerer, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
+                  const NiahConfig& cfg, const std::string& name,
+                  const std::function<void(int, int, const NiahGrid&)>& progress) {
   check(!cfg.context_lengths.empty(), "niah: no context lengths");
   check(cfg.trials >= 1, "niah: {} trials per cell (need ≥ 1)", cfg.trials);
   check(cfg.max_new_tokens >= 1, "niah: max_new_tokens {} must be ≥ 1", cfg.max_new_tokens);
@@ -158,117 +271,34 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
   grid.depths = niah_depths(cfg);
   const int n_depths = static_cast<int>(grid.depths.size());
   grid.accuracy.assign(cfg.context_lengths.size(), std::vector<double>(n_depths, 0.0));
+  const auto is_eog = [&tok](int32_t t) { return tok.is_eog(t); };
 
-  std::string head;
-  if (!cfg.system_prompt.empty()) head += "<|im_start|>system\n" + cfg.system_prompt + "<|im_end|>\n";
-  head += "<|im_start|>user\nRead the document below. Somewhere in it is a secret code; remember it.\n\n";
-  std::vector<int32_t> head_tok = tok.encode(head, add_bos, /*parse_special=*/true);
-
-  const int V = model.config().n_vocab;
-  std::vector<float> logits(V);
   const int total = static_cast<int>(cfg.context_lengths.size()) * n_depths * cfg.trials;
   int done = 0;
   for (size_t ci = 0; ci < cfg.context_lengths.size(); ++ci) {
     const int64_t ctx = cfg.context_lengths[ci];
-    check(ctx + cfg.max_new_tokens <= model.position_limit(),
+    check(ctx + cfg.max_new_tokens <= answerer.position_limit(),
           "niah: context {} + {} answer tokens exceed the model's position limit {}", ctx, cfg.max_new_tokens,
-          model.position_limit());
+          answerer.position_limit());
     // All prompts of this context first (tokenization only), so each depth's
     // shared prefix (up to its earliest needle) is known.
-    struct Prompt {
-      std::string city, code;
-      std::vector<int32_t> tokens;
-      int64_t needle_at = 0;
-    };
-    std::vector<std::vector<Prompt>> prompts(n_depths, std::vector<Prompt>(cfg.trials));
-    for (int tr = 0; tr < cfg.trials; ++tr)
-      for (int di = 0; di < n_depths; ++di) {
-        const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
-        const std::vector<int32_t> needle = tok.encode(" The secret code for " + city + " is " + code + ". ", false);
-        const std::vector<int32_t> tail =
-            tok.encode("\n\nWhat is the secret code for " + city +
-                           "? Answer with the 7-digit number only.<|im_end|>\n<|im_start|>assistant\n"
-                           "The secret code for " + city + " is",
-                       false, /*parse_special=*/true);
-        const int64_t fixed = static_cast<int64_t>(head_tok.size() + needle.size() + tail.size());
-        const int64_t n_hay = ctx - fixed;
-        check(n_hay >= 16, "niah: context {} is too short for the prompt scaffolding ({} tokens)", ctx, fixed);
-        check(n_hay <= static_cast<int64_t>(haystack.size()), "niah: haystack has {} tokens, context {} needs {}",
-              haystack.size(), ctx, n_hay);
-        // Insertion point: depth · n_hay, moved back to just after a sentence end.
-        int64_t at = static_cast<int64_t>(grid.depths[di] * static_cast<double>(n_hay) + 0.5);
-        if (at > 0 && at < n_hay) {
-          for (int64_t k = at; k > 0 && at - k < 256; --k) {
-            const std::string& s = tok.token_text(haystack[k - 1]);
-            if (s.find('.') != std::string::npos || s.find('\n') != std::string::npos ||
-                s.find("\xc4\x8a") != std::string::npos) {  // byte-level BPE renders '\n' as U+010A
-              at = k;
-              break;
-            }
-          }
-        }
-        Prompt& P = prompts[di][tr];
-        P.city = city;
-        P.code = code;
-        P.tokens = head_tok;
-        P.tokens.insert(P.tokens.end(), haystack.begin(), haystack.begin() + at);
-        P.needle_at = static_cast<int64_t>(P.tokens.size());
-        P.tokens.insert(P.tokens.end(), needle.begin(), needle.end());
-        P.tokens.insert(P.tokens.end(), haystack.begin() + at, haystack.begin() + n_hay);
-        P.tokens.insert(P.tokens.end(), tail.begin(), tail.end());
-      }
-    // Shared prefix per depth (identical tokens in every trial of the cell)
-    // and its prefilled cache, built on first use and kept for later rounds.
-    bool share = cfg.share_prefix;
-    if (share) share = clone_cache(*make_cache(ctx + cfg.max_new_tokens)) != nullptr;
-    std::vector<int64_t> shared(n_depths, 0);
-    for (int di = 0; di < n_depths; ++di) {
-      shared[di] = prompts[di][0].needle_at;
-      for (const Prompt& P : prompts[di]) shared[di] = std::min(shared[di], P.needle_at);
-    }
-    std::vector<std::unique_ptr<KVCache>> prefix(n_depths);
-
+    const std::vector<std::vector<NiahPrompt>> prompts = niah_prompts(tok, add_bos, haystack, cfg, ctx);
+    answerer.begin_context(ctx, prompts);
     // Trial-major order: after k rounds every depth has k trials, so a run
     // stopped early (progress callback output) is still a full, coarser grid.
     for (int tr = 0; tr < cfg.trials; ++tr)
       for (int di = 0; di < n_depths; ++di) {
-        const Prompt& P = prompts[di][tr];
-        const std::string& city = P.city;
-        const std::string& code = P.code;
-        const std::vector<int32_t>& prompt = P.tokens;
-        const int64_t needle_at = P.needle_at;
-        std::unique_ptr<KVCache> cache;
-        int64_t start = 0;
-        if (share && shared[di] > 0) {
-          if (!prefix[di]) {
-            prefix[di] = make_cache(ctx + cfg.max_new_tokens);
-            model.forward(std::span<const int32_t>(prompt.data(), shared[di]), 0, *prefix[di], nullptr, false);
-          }
-          cache = clone_cache(*prefix[di]);
-          start = shared[di];
-        } else {
-          cache = make_cache(ctx + cfg.max_new_tokens);
-        }
-        model.forward(std::span<const int32_t>(prompt.data() + start, prompt.size() - start), start, *cache,
-                      logits.data(), false);
-        std::vector<int32_t> out;
-        for (int i = 0; i < cfg.max_new_tokens; ++i) {
-          const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-          if (tok.is_eog(next)) break;
-          out.push_back(next);
-          if (i + 1 == cfg.max_new_tokens) break;
-          model.forward(std::span<const int32_t>(&next, 1), static_cast<int64_t>(prompt.size()) + i, *cache,
-                        logits.data(), false);
-        }
+        const NiahPrompt& P = prompts[di][tr];
+        const std::vector<int32_t> out = answerer.answer(di, tr, P, cfg.max_new_tokens, is_eog);
         NiahTrial t;
         t.context_length = ctx;
         t.depth = grid.depths[di];
         t.trial = tr;
-        t.city = city;
-        t.code = code;
+        t.city = P.city;
+        t.code = P.code;
         t.answer = tok.decode(out, /*skip_special=*/true);
-        t.needle_token = needle_at;
-        t.correct = niah_correct(t.answer, code);
+        t.needle_token = P.needle_at;
+        t.correct = niah_correct(t.answer, P.code);
         grid.trials.push_back(std::move(t));
         // Accuracy of the cell over the trials done so far.
         int n_cell = 0, n_ok = 0;
@@ -279,13 +309,20 @@ NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::v
           }
         grid.accuracy[ci][di] = static_cast<double>(n_ok) / n_cell;
         grid.trials_done = tr + 1;
-        grid.cache_bytes_per_token = static_cast<double>(cache->bytes()) / static_cast<double>(cache->n_tokens());
+        grid.cache_bytes_per_token = answerer.cache_bytes_per_token();
         grid.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         if (progress) progress(++done, total, grid);
       }
   }
   grid.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return grid;
+}
+
+NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
+                  const std::function<std::unique_ptr<KVCache>(int64_t)>& make_cache, const NiahConfig& cfg,
+                  const std::string& name, const std::function<void(int, int, const NiahGrid&)>& progress) {
+  CpuNiahAnswerer cpu(model, make_cache, cfg);
+  return run_niah(cpu, tok, add_bos, haystack, cfg, name, progress);
 }
 
 }  // namespace ratekv::eval

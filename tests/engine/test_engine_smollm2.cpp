@@ -18,11 +18,15 @@
 
 #include "../support/assets.h"
 #include "gpu_util.h"
+#include "niah_compare.h"
 #include "ratekv/cache/packed_kv_cache.h"
+#include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/engine/engine.h"
+#include "ratekv/engine/niah.h"
 #include "ratekv/engine/perplexity.h"
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/io/gguf.h"
+#include "ratekv/model/chat_template.h"
 #include "ratekv/model/perplexity.h"
 #include "ratekv/model/tokenizer.h"
 
@@ -171,6 +175,90 @@ TEST(EngineSmolLM2, EvaluationPerplexityMatchesCpuPackedCache) {
               (long long)chunks, cpu[0], cpu[1], cpu[2], spread, g, serving, c32, g16);
   EXPECT_LT(std::fabs(g - cpu[0]), std::max(spread, 0.01 * cpu[0]));
   EXPECT_LT(std::fabs(g16 - c32), 0.01 * c32);
+}
+
+// NIAH on the GPU (engine::EngineNiahAnswerer, `niah --device cuda`) against
+// the CPU (eval::CpuNiahAnswerer, `niah`) on SmolLM2: the prompts of
+// eval::niah_prompts at context 512 (3 depths × 2 trials; the haystack is the
+// eval text, the essays are not on the GPU machine), ChatML system turn of the
+// model's template, 10 answer tokens, evaluation mode, fp16 and K3V3 (one
+// piece) and K3V3 in chunks of 128. Per trial: answer logits within 0.1 (fp16:
+// the bound of LogitsAndGreedyContinuationsMatchCpu) or 0.3 (K3V3: code flips
+// in each of 30 layers, ≈ √30 · 4e-2 ≈ 0.22 from the synthetic tests'
+// per-layer estimate), compared while the answers agree; a divergence only
+// at a CPU top-2 margin below 0.5 (as that test); and the NIAH verdicts equal
+// wherever the answers did not diverge.
+TEST(EngineSmolLM2, NiahAnswersAndVerdictsMatchCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  Smol* s = smol();
+  if (!s) GTEST_SKIP() << "SmolLM2 not found at " << ratekv_test::smollm2_path();
+  const std::string text_path = ratekv_test::assets_dir() + "/text/eval.txt";
+  if (!std::filesystem::exists(text_path)) GTEST_SKIP() << "eval text not found at " << text_path;
+  std::ifstream in(text_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::vector<int32_t> hay = s->tok.encode(ss.str().substr(0, 8000), false);
+  const ModelConfig& c = s->model.config();
+  const int V = c.n_vocab;
+  eval::NiahConfig nc;
+  nc.context_lengths = {512};
+  nc.n_depths = 3;
+  nc.trials = 2;
+  nc.max_new_tokens = 10;
+  nc.system_prompt = chatml_default_system(s->file.get_string("tokenizer.chat_template", ""));
+  eval::check_niah_answer_length(s->tok, nc);
+  const auto prompts = eval::niah_prompts(s->tok, s->add_bos, hay, nc, 512);
+  const auto is_eog = [&](int32_t t) { return s->tok.is_eog(t); };
+  Plan f16;
+  static_cast<PlanTarget&>(f16.model) = cache::plan_target(c);
+  f16.method = "fp16";
+  f16.budget_k = f16.budget_v = 16;
+  f16.layers.assign(c.n_layers, std::vector<HeadPlan>(c.n_kv_heads, HeadPlan{Codec::fp16(), Codec::fp16()}));
+  struct Case {
+    const char* name;
+    Plan plan;
+    int64_t chunk;
+  };
+  int verdicts = 0, agree = 0;
+  for (const Case& k : {Case{"fp16", f16, 0}, Case{"K3V3", eval::cache_type_plan("tq3", "tq3", c, 7), 0},
+                        Case{"K3V3 chunk 128", eval::cache_type_plan("tq3", "tq3", c, 7), 128}}) {
+    const bool fp16 = std::string(k.name) == "fp16";
+    auto codecs = std::make_shared<const cache::PlanCodecs>(k.plan, c);
+    std::vector<float> cl, gl;
+    eval::CpuNiahAnswerer cpu(
+        s->model,
+        [&](int64_t n) -> std::unique_ptr<KVCache> {
+          if (fp16) return std::make_unique<cache::FakeQuantKVCache>(c.kv_shape(n), codecs);
+          return std::make_unique<cache::PackedKVCache>(c.kv_shape(n), codecs);
+        },
+        nc, &cl);
+    cpu.begin_context(512, prompts);
+    auto eng = gpu(*s, fp16 ? CacheFormat::fp16(c) : CacheFormat::packed(codecs), 512);
+    engine::EngineNiahAnswerer g(*eng, PrefillMode::evaluation, k.chunk, &gl);
+    for (int tr = 0; tr < nc.trials; ++tr)
+      for (int di = 0; di < nc.n_depths; ++di) {
+        const eval::NiahPrompt& P = prompts[di][tr];
+        const std::vector<int32_t> ct = cpu.answer(di, tr, P, nc.max_new_tokens, is_eog);
+        const std::vector<int32_t> gt = g.answer(di, tr, P, nc.max_new_tokens, is_eog);
+        const std::string ca = s->tok.decode(ct, true), ga = s->tok.decode(gt, true);
+        const engine_test::AnswerComparison r = engine_test::compare_answers(cl, gl, V);
+        std::printf("  %s depth %d trial %d (code %s): CPU '%s' GPU '%s'; %d rows, worst rel L2 %.3e%s\n", k.name,
+                    di, tr, P.code.c_str(), ca.c_str(), ga.c_str(), r.rows, r.worst,
+                    r.diverge < 0 ? "" : (", diverge at " + std::to_string(r.diverge) + " margin " +
+                                          std::to_string(r.margin)).c_str());
+        EXPECT_LT(r.worst, fp16 ? 0.1 : 0.3) << k.name << " depth " << di << " trial " << tr;
+        if (r.diverge < 0) {
+          EXPECT_EQ(ct, gt);
+          ++verdicts;
+          agree += eval::niah_correct(ca, P.code) == eval::niah_correct(ga, P.code);
+        } else {
+          EXPECT_LT(r.margin, 0.5) << k.name << " depth " << di << " trial " << tr;
+        }
+      }
+  }
+  std::printf("  SmolLM2 NIAH at 512: verdicts equal in %d of %d trials whose answers did not diverge\n", agree,
+              verdicts);
+  EXPECT_EQ(agree, verdicts);
 }
 
 }  // namespace

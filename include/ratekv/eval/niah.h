@@ -105,6 +105,79 @@ void check_niah_answer_length(const Tokenizer& tok, const NiahConfig& cfg);
 /// same call). nullptr for any other cache.
 std::unique_ptr<KVCache> clone_cache(const KVCache& cache);
 
+/// One NIAH prompt (the layout in the file comment): exactly the context
+/// length in tokens, ending with the answer prefix "... is".
+struct NiahPrompt {
+  std::string city, code;        ///< the needle (niah_needle)
+  std::vector<int32_t> tokens;   ///< the whole prompt
+  int64_t needle_at = 0;         ///< token index where the needle starts
+};
+
+/// Every prompt of context length `ctx`: prompts[depth index][trial], from
+/// `haystack` (tokens, no BOS) and cfg's needles, system prompt and depths.
+/// Throws Error for a context too short for the scaffolding (< 16 haystack
+/// tokens) or a haystack shorter than the context needs.
+std::vector<std::vector<NiahPrompt>> niah_prompts(const Tokenizer& tok, bool add_bos,
+                                                  const std::vector<int32_t>& haystack, const NiahConfig& cfg,
+                                                  int64_t ctx);
+
+/// Produces the greedy answers of a NIAH grid on some runtime (the CPU model
+/// with a KVCache below; the GPU engine: ratekv/engine/niah.h).
+class NiahAnswerer {
+ public:
+  virtual ~NiahAnswerer() = default;
+  /// Prompt positions the runtime can hold (prompt + answer tokens).
+  virtual int64_t position_limit() const = 0;
+  /// Called once per context length before its trials, with all its prompts
+  /// (prompts[depth][trial]); a runtime may prefill shared prefixes.
+  virtual void begin_context(int64_t ctx, const std::vector<std::vector<NiahPrompt>>& prompts) {
+    (void)ctx;
+    (void)prompts;
+  }
+  /// The greedy answer to prompts[depth][trial] of the current context: the
+  /// argmax token after the prompt, then after each answer token, at most
+  /// max_new tokens, stopping before the first token is_eog accepts.
+  virtual std::vector<int32_t> answer(int depth, int trial, const NiahPrompt& prompt, int max_new,
+                                      const std::function<bool(int32_t)>& is_eog) = 0;
+  /// Cache bytes per cached token after the last answer.
+  virtual double cache_bytes_per_token() const = 0;
+};
+
+/// The CPU runtime as a NiahAnswerer: a fresh cache from make_cache(ctx +
+/// max_new) per trial, the prompt through Model::forward (with
+/// cfg.share_prefix: the prefix shared by a cell's trials prefilled once and
+/// cloned, clone_cache()), greedy decode on the host. When `answer_logits` is
+/// set, each answer() leaves there the logits (n_answer, n_vocab) from which
+/// its answer tokens were picked.
+class CpuNiahAnswerer : public NiahAnswerer {
+ public:
+  CpuNiahAnswerer(Model& model, std::function<std::unique_ptr<KVCache>(int64_t)> make_cache, const NiahConfig& cfg,
+                  std::vector<float>* answer_logits = nullptr);
+  int64_t position_limit() const override;
+  void begin_context(int64_t ctx, const std::vector<std::vector<NiahPrompt>>& prompts) override;
+  std::vector<int32_t> answer(int depth, int trial, const NiahPrompt& prompt, int max_new,
+                              const std::function<bool(int32_t)>& is_eog) override;
+  double cache_bytes_per_token() const override { return bytes_per_token_; }
+
+ private:
+  Model& model_;
+  std::function<std::unique_ptr<KVCache>(int64_t)> make_cache_;
+  NiahConfig cfg_;
+  std::vector<float>* answer_logits_;
+  int64_t ctx_ = 0;
+  bool share_ = false;
+  std::vector<int64_t> shared_;
+  std::vector<std::unique_ptr<KVCache>> prefix_;
+  double bytes_per_token_ = 0;
+};
+
+/// Runs the grid with `answerer` (any runtime): every prompt of
+/// niah_prompts, trial-major, scored with niah_correct on the decoded answer.
+/// Errors as run_niah below.
+NiahGrid run_niah(NiahAnswerer& answerer, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
+                  const NiahConfig& cfg, const std::string& name,
+                  const std::function<void(int, int, const NiahGrid&)>& progress = {});
+
 /// Runs the grid. haystack: its tokens (no BOS), at least as many as the
 /// largest context needs. make_cache(n_ctx) builds a fresh cache per trial.
 /// Trials run trial-major (round k visits every depth once), so a partial
