@@ -8,8 +8,10 @@
 // refused, naming the flag, before the weights load.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -216,13 +218,19 @@ void run(const NiahArgs& a) {
       }
       return gj;
     };
+    // Written beside the file and renamed over it: a run stopped mid-write
+    // (a time limit) leaves the last complete report, never a cut one.
     auto write = [&](const nlohmann::ordered_json& rep) {
       if (a.json.empty()) return;
-      std::ofstream f(a.json);
-      check(static_cast<bool>(f), "--json: cannot open '{}' for writing", a.json);
+      const std::string tmp = a.json + ".part";
+      std::ofstream f(tmp);
+      check(static_cast<bool>(f), "--json: cannot open '{}' for writing", tmp);
       f << rep.dump(2) << "\n";
       f.close();  // a full disk shows at close, not at <<
-      check(static_cast<bool>(f), "--json: failed writing '{}'", a.json);
+      check(static_cast<bool>(f), "--json: failed writing '{}'", tmp);
+      std::error_code ec;
+      std::filesystem::rename(tmp, a.json, ec);
+      check(!ec, "--json: cannot rename '{}' to '{}': {}", tmp, a.json, ec.message());
     };
     // After every round of trials (all depths once more) the partial grid is
     // written: an interrupted run leaves a uniform grid with fewer trials.

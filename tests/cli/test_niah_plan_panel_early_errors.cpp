@@ -99,3 +99,31 @@ TEST_F(EarlyErrors, PanelOutputUnderAFile) {
 }
 
 }  // namespace
+
+// niah --device cuda (issue 18): what the GPU engine cannot serve is refused
+// from the header, naming the flag — a 5..8-bit group (--plan), q8_0
+// (-ctk/-ctv) — and the GPU-only flags on the CPU (--chunk, --prefill-mode
+// serving) and the CPU-only --cache fake on the GPU. A build without the
+// engine refuses --device cuda itself.
+TEST_F(EarlyErrors, NiahOnTheGpuRefusesWhatItCannotServe) {
+  const std::string base = "niah -m " + q(smollm2_) + " --depths 2 --trials 1 --ctx 128";
+  expect_error_before_weights(base + " --chunk 64", {"--chunk", "--device cuda only"});
+  expect_error_before_weights(base + " --prefill-mode serving", {"--prefill-mode serving", "--device cuda only"});
+  expect_error_before_weights(base + " --device cuda --cache fake --no-fp16 -ctk tq3 -ctv tq3",
+                              {"--cache fake", "CPU only"});
+  expect_error_before_weights(base + " -ctk tq3", {"-ctv"});
+#ifdef RATEKV_HAVE_ENGINE
+  expect_error_before_weights(base + " --device cuda --no-fp16 -ctk q8_0 -ctv q8_0",
+                              {"-ctk q8_0 -ctv q8_0 with --device cuda", "'q8_0' is not served on the GPU"});
+  // A uniform plan at --vbits 6 (value groups of 5 code bits): the GPU writes 0..4-bit groups only.
+  const std::string stats = std::string(RATEKV_SOURCE_DIR) + "/bench/results/niah_plans/ratequant-2.25.stats.json";
+  if (!fs::exists(stats)) GTEST_SKIP() << "stats fixture missing: " << stats;
+  const fs::path plan = dir_ / "k6.plan.json";
+  const Result made = run_cli("plan --method uniform --kbits 3 --vbits 6 --stats " + q(stats) + " -o " + q(plan));
+  ASSERT_EQ(made.status, 0) << made.output;
+  expect_error_before_weights(base + " --device cuda --no-fp16 --plan " + q(plan),
+                              {"--plan", "with --device cuda", "value: a 5-bit group", "0..4-bit groups only"});
+#else
+  expect_error_before_weights(base + " --device cuda", {"--device cuda", "no GPU engine"});
+#endif
+}

@@ -6,6 +6,7 @@
 #   STAGES="build tests sanitize bench_llama bench_qwen sdpa pybuild" DEPS=<.devdeps> tools/device/run_engine.sh
 #   STAGES="hf" tools/device/run_engine.sh
 #   STAGES="smollm2 hf" tools/device/run_engine.sh   (after /tmp/smolparts holds smollm2.part* + eval.txt)
+#   STAGES="build niah_smollm2" DEPS=<.devdeps> SMOL_PARTS=<dir> tools/device/run_engine.sh
 # Stages:
 #   build     tools/device/build.sh (ratekv_cli, test_cuda, test_engine)
 #   tests     test_cuda (fp16 kernels, append/prefill, small packed) + test_engine
@@ -17,8 +18,21 @@
 #             generate and perplexity with --device cuda
 #   pybuild   the Python extension (ratekv_python) in the same build directory
 #   hf        tools/device/e2e_peers.py hf (transformers eager / static+compile)
+#   niah_smollm2  NIAH on SmolLM2 on the GPU (issue 18): the GPU-vs-CPU NIAH
+#             tests, then `ratekv niah --device cuda` at 8K (8182 prompt + 10
+#             answer tokens = the trained 8192) and 512 (paired with the CPU
+#             grid of bench/results/niah_smollm2.json), 11 depths × NIAH_TRIALS
+#             (20) trials, one process per cache: fp16, uniform K3V3, uniform
+#             K2V2, Block-GTQ K3V3 (the committed plans of
+#             bench/results/niah_plans; NIAH_PLANS overrides), evaluation mode
+#             (NIAH_MODES="evaluation serving" adds serving), each grid cut at
+#             NIAH_GRID_TIMEOUT (30 s; a cut grid keeps its complete rounds
+#             of trials, marked partial). Haystack: SMOL_PARTS/haystack/*.txt
+#             (the essays, tools/fetch_assets.sh), else the eval text (named
+#             in the report).
 # Files: all.log, test_engine.json, sanitize.log, bench_llama.json,
-# bench_qwen.json, sdpa.json, smollm2.json, hf.json.
+# bench_qwen.json, sdpa.json, smollm2.json, hf.json; niah_smollm2_h200.json
+# and niah_smollm2_h200.md (niah_smollm2 stage).
 set -uo pipefail
 OUT=${OUT:-/tmp/ratekv_engine_out}
 mkdir -p "$OUT"
@@ -129,23 +143,79 @@ if has bench_qwen; then
   bench /tmp/q2.json $Q --plan /tmp/gtq_qwen.plan.json -d 32768 -b ${QWEN_B:-1,32} -n ${NGEN:-32}
   merge "$OUT/bench_qwen.json" /tmp/q1.json /tmp/q2.json
 fi
-if has smollm2; then
-  say "SmolLM2 (real weights)"
-  # The GGUF arrives in parts over consecutive calls (each copied to
-  # /tmp/smolparts, which persists while the machine stays warm), with eval.txt.
-  A=/tmp/assets
+# The GGUF arrives in parts over consecutive calls (each copied to
+# SMOL_PARTS, default /tmp/smolparts, which persists while the machine stays
+# warm), with eval.txt (and, for NIAH, haystack/*.txt).
+SMOL_PARTS=${SMOL_PARTS:-/tmp/smolparts}
+A=/tmp/assets
+M=$A/models/SmolLM2-135M-Instruct.Q4_1.gguf
+smol_assets() {
   mkdir -p $A/models $A/text
-  cat /tmp/smolparts/smollm2.part* > $A/models/SmolLM2-135M-Instruct.Q4_1.gguf
-  cp /tmp/smolparts/eval.txt $A/text/eval.txt
-  (cd $A/models && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf; ls -la /tmp/smolparts) | tee -a "$LOG"
+  if ! ls "$SMOL_PARTS"/smollm2.part* > /dev/null 2>&1; then
+    echo "no $SMOL_PARTS/smollm2.part*: the SmolLM2 GGUF is not on this machine" | tee -a "$LOG"
+    return 1
+  fi
+  cat "$SMOL_PARTS"/smollm2.part* > $M
+  cp "$SMOL_PARTS"/eval.txt $A/text/eval.txt
+  (cd $A/models && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf; ls -la "$SMOL_PARTS") | tee -a "$LOG"
   export RATEKV_ASSETS=$A
-  M=$A/models/SmolLM2-135M-Instruct.Q4_1.gguf
+}
+if has smollm2 && smol_assets; then
+  say "SmolLM2 (real weights)"
   "$B/tests/test_engine" --gtest_filter='EngineSmolLM2.*' 2>&1 | grep -E "^  |PASSED|FAILED|Failure|Expected|Which|actual" | tee -a "$LOG"
   $RK bench -m $M -ctk f16,tq3,tq4 -ctv f16,tq3,tq4 -p 512 -n 128 -d 0,4096 -b 1,8 -r 3 -o json --device cuda \
     --out "$OUT/smollm2.json" --force 2>&1 | grep --line-buffered -E "bench:|error" | tee -a "$LOG"
   $RK generate -m $M -p "The capital of France is" -n 32 --device cuda -ctk tq3 -ctv tq3 2>&1 | tail -5 | tee -a "$LOG"
   $RK perplexity -m $M -f $A/text/eval.txt -c 512 --chunks 4 --device cuda -ctk tq3 -ctv tq3 2>&1 | tail -3 | tee -a "$LOG"
   $RK perplexity -m $M -f $A/text/eval.txt -c 512 --chunks 4 -ctk tq3 -ctv tq3 2>&1 | tail -3 | tee -a "$LOG"
+fi
+if has niah_smollm2 && smol_assets; then
+  say "NIAH on SmolLM2 on the GPU: tests"
+  "$B/tests/test_engine" --gtest_filter='Engine.NiahAnswersMatchCpu:EngineSmolLM2.NiahAnswersAndVerdictsMatchCpu' \
+    2>&1 | grep -E "^  |PASSED|FAILED|Failure|Expected|Which|actual" | tee -a "$LOG"
+  if ls "$SMOL_PARTS"/haystack/*.txt > /dev/null 2>&1; then
+    HAY=$SMOL_PARTS/haystack
+  else
+    HAY=$A/text/hay_eval && mkdir -p $HAY && cp $A/text/eval.txt $HAY/eval.txt
+    echo "haystack: $SMOL_PARTS/haystack/*.txt not found, the eval text stands in ($HAY)" | tee -a "$LOG"
+  fi
+  P=$ROOT/bench/results/niah_plans
+  PLANS=${NIAH_PLANS:-"$P/uniform-k3v3.plan.json $P/uniform-k2v2.plan.json $P/block-gtq-k3v3.plan.json"}
+  G=/tmp/niah_grids && rm -rf $G && mkdir -p $G
+  for mode in ${NIAH_MODES:-evaluation}; do
+    i=0
+    for plan in fp16 $PLANS; do
+      i=$((i + 1))
+      if [ $plan = fp16 ]; then sel=(); else sel=(--no-fp16 --plan $plan); fi
+      say "niah --device cuda $mode ${plan##*/}"
+      timeout -s INT ${NIAH_GRID_TIMEOUT:-30} $RK niah -m $M --device cuda --prefill-mode $mode --haystack $HAY \
+        --ctx ${NIAH_CTX:-512,8182} --depths 11 --trials ${NIAH_TRIALS:-20} "${sel[@]}" \
+        --json $G/$mode.$i.json --force 2>&1 | grep -E "GPU engine|cache bytes|^ +[0-9]+ |error" | tee -a "$LOG"
+    done
+  done
+  # One report: every grid (partial ones marked), then the table.
+  python3 - "$OUT/niah_smollm2_h200.json" $G/*.json <<'PY'
+import json, sys
+rep = None
+for f in sys.argv[2:]:
+    try:
+        r = json.load(open(f))
+    except (OSError, ValueError) as e:
+        print(f"skipped {f}: {e}")
+        continue
+    for g in r["grids"]:
+        g["prefill_mode"] = r["prefill_mode"]
+        g["name"] = f"{g['name']} [{r['prefill_mode']}]"
+    if rep is None:
+        rep = r
+    else:
+        rep["grids"] += r["grids"]
+if rep:
+    rep["command"] = "STAGES=niah_smollm2 tools/device/run_engine.sh (one ratekv niah --device cuda per grid)"
+    json.dump(rep, open(sys.argv[1], "w"), indent=1)
+PY
+  python3 "$ROOT/tools/niah_table.py" "$OUT/niah_smollm2_h200.json" "$OUT/niah_smollm2_h200.md" && \
+    cat "$OUT/niah_smollm2_h200.md" | tee -a "$LOG"
 fi
 if has hf; then
   say "HF transformers peers (Llama-3.1-8B shapes, random bf16 weights, depth 128K)"
