@@ -23,8 +23,13 @@
 #             answer tokens = the trained 8192) and 512 (paired with the CPU
 #             grid of bench/results/niah_smollm2.json), 11 depths × NIAH_TRIALS
 #             (20) trials, one process per cache: fp16, uniform K3V3, uniform
-#             K2V2, Block-GTQ K3V3 (the committed plans of
-#             bench/results/niah_plans; NIAH_PLANS overrides), evaluation mode
+#             K2V2, Block-GTQ at K3V3's stored bits (the committed plans of
+#             bench/results/niah_plans; NIAH_PLANS overrides; block-gtq-k3v3-
+#             equal.plan.json stores 3.2375 bits per element against uniform
+#             K3V3's 3.25, made by `ratekv plan --method block-gtq --stats
+#             bench/results/niah_plans/ratequant-2.25.stats.json --kbits 3.25
+#             --vbits 3.25` — the older block-gtq-k3v3.plan.json stores 3.50,
+#             not a fair pair; both have 0-bit key groups), evaluation mode
 #             (NIAH_MODES="evaluation serving" adds serving), each grid cut at
 #             NIAH_GRID_TIMEOUT (30 s; a cut grid keeps its complete rounds
 #             of trials, marked partial). Haystack: SMOL_PARTS/haystack/*.txt
@@ -180,7 +185,7 @@ if has niah_smollm2 && smol_assets; then
     echo "haystack: $SMOL_PARTS/haystack/*.txt not found, the eval text stands in ($HAY)" | tee -a "$LOG"
   fi
   P=$ROOT/bench/results/niah_plans
-  PLANS=${NIAH_PLANS:-"$P/uniform-k3v3.plan.json $P/uniform-k2v2.plan.json $P/block-gtq-k3v3.plan.json"}
+  PLANS=${NIAH_PLANS:-"$P/uniform-k3v3.plan.json $P/uniform-k2v2.plan.json $P/block-gtq-k3v3-equal.plan.json"}
   G=/tmp/niah_grids && rm -rf $G && mkdir -p $G
   for mode in ${NIAH_MODES:-evaluation}; do
     i=0
