@@ -20,8 +20,9 @@
 #   hf        tools/device/e2e_peers.py hf (transformers eager / static+compile)
 #   niah_smollm2  NIAH on SmolLM2 on the GPU (issue 18): the GPU-vs-CPU NIAH
 #             tests, then `ratekv niah --device cuda` at 8K (8182 prompt + 10
-#             answer tokens = the trained 8192) and 512 (paired with the CPU
-#             grid of bench/results/niah_smollm2.json), 11 depths × NIAH_TRIALS
+#             answer tokens = the trained 8192; first, so a time cut falls on
+#             the next row) and 512 (paired with the CPU grid of
+#             bench/results/niah_smollm2.json), 11 depths × NIAH_TRIALS
 #             (20) trials, one process per cache: fp16, uniform K3V3, uniform
 #             K2V2, Block-GTQ at K3V3's stored bits (the committed plans of
 #             bench/results/niah_plans; NIAH_PLANS overrides; block-gtq-k3v3-
@@ -194,7 +195,7 @@ if has niah_smollm2 && smol_assets; then
       if [ $plan = fp16 ]; then sel=(); else sel=(--no-fp16 --plan $plan); fi
       say "niah --device cuda $mode ${plan##*/}"
       timeout -s INT ${NIAH_GRID_TIMEOUT:-30} $RK niah -m $M --device cuda --prefill-mode $mode --haystack $HAY \
-        --ctx ${NIAH_CTX:-512,8182} --depths 11 --trials ${NIAH_TRIALS:-20} "${sel[@]}" \
+        --ctx ${NIAH_CTX:-8182,512} --depths 11 --trials ${NIAH_TRIALS:-20} "${sel[@]}" \
         --json $G/$mode.$i.json --force 2>&1 | grep -E "GPU engine|cache bytes|^ +[0-9]+ |error" | tee -a "$LOG"
     done
   done
