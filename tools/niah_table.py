@@ -27,8 +27,11 @@ def main():
         bits = g.get("effective_bits", {}).get("total", 16.0)
         for c, row in zip(g["context_lengths"], g["accuracy"]):
             mean = 100.0 * sum(row) / len(row)
+            # Trials per cell of this row (a grid cut at a time limit has fewer in its last row).
+            done = [t for t in g.get("trials", []) if t["context_length"] == c]
+            per_cell = len(done) // len(row) if done else g["trials_per_cell"]
             out.append(f"| {g['name']} | {bits:.2f} | {g['cache_bytes_per_token']:.0f} | {c} | " +
-                       " | ".join(f"{100 * a:.0f}" for a in row) + f" | **{mean:.1f}** | {g['trials_per_cell']}"
+                       " | ".join(f"{100 * a:.0f}" for a in row) + f" | **{mean:.1f}** | {per_cell}"
                        + ("" if g.get("complete", True) else " (partial)") + " |")
     open(sys.argv[2], "w").write("\n".join(out) + "\n")
 
