@@ -155,9 +155,16 @@ void run(const NiahArgs& a) {
       auto codecs = std::make_shared<const cache::PlanCodecs>(*types, h.config, "cache types");
       std::string kind = "packed";
       if (!cuda) (void)make_cache_for_plan(*types, h.config, 1, kind);  // packed, or fake for q8_0/q4_0/...
+#ifdef RATEKV_HAVE_ENGINE
+      std::optional<engine::CacheFormat> gf;
+      if (cuda) {
+        gf = gpu_cache_format(types, a.ctk, a.ctv, "packed", "", h.config);  // names -ctk/-ctv
+        if (gf->is_fp16()) kind = "fp16";                                     // -ctk f16 -ctv f16: fp16 pages
+      }
+#endif
       entries.push_back({name + " (" + where + kind + ")", name, codecs, kind == "packed"});
 #ifdef RATEKV_HAVE_ENGINE
-      if (cuda) entries.back().gpu = gpu_cache_format(types, a.ctk, a.ctv, "packed", "", h.config);  // names -ctk/-ctv
+      entries.back().gpu = gf;
 #endif
     }
     // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×).
@@ -212,7 +219,10 @@ void run(const NiahArgs& a) {
         gj["evaluation_cache_bytes_per_token"] = g.cache_bytes_per_token;
         gj["effective_bits"] = {{"k", 16.0}, {"v", 16.0}, {"total", 16.0}};
       } else {
-        gj["cache"] = cuda ? "cuda packed" : e.packed ? "packed" : "fake";
+#ifdef RATEKV_HAVE_ENGINE
+        if (cuda) gj["cache"] = e.gpu->is_fp16() ? "cuda fp16" : "cuda packed";
+#endif
+        if (!cuda) gj["cache"] = e.packed ? "packed" : "fake";
         const auto ach = e.codecs->plan().achieved();
         gj["effective_bits"] = {{"k", ach.k}, {"v", ach.v}, {"total", ach.total}};
       }
