@@ -540,6 +540,25 @@ void run(const BenchArgs& a, const std::string& command_line) {
     model_name = std::filesystem::path(a.model).filename().string();
   }
   const std::vector<CacheSpec> specs = cache_specs(args, cfg);  // plans checked before the weights load
+  // Token counts against the context, in the flags' words, before the weights load (a prompt past it used to fail
+  // in Model::forward after the load, naming Model::set_position_limit).
+  const int64_t limit = args.ctx > 0 ? args.ctx : cfg.n_ctx_train;
+  const std::string limit_src = args.ctx > 0 ? "-c/--ctx-size" : "the model's context_length; -c/--ctx-size raises it";
+  for (int64_t p : args.p)
+    check(p <= limit, "-p/--n-prompt {}: exceeds the context of {} tokens ({}); expected 0..{}", p, limit,
+          limit_src, limit);
+  for (int64_t d : args.d)
+    for (int64_t n : args.n) {
+      if (n <= 0) continue;
+      // The CPU rows prefill max(d, 1) tokens, then decode n.
+      const int64_t d0 = args.device == "cpu" ? std::max<int64_t>(d, 1) : d;
+      check(d0 + n <= limit, "-d/--n-depth {} + -n/--n-gen {}: {} tokens exceed the context of {} tokens ({})", d, n,
+            d0 + n, limit, limit_src);
+    }
+  if (args.requests > 0)
+    check(args.req_prompt + args.req_gen <= limit,
+          "--req-prompt {} + --req-gen {}: {} tokens exceed the context of {} tokens ({})", args.req_prompt,
+          args.req_gen, args.req_prompt + args.req_gen, limit, limit_src);
   std::vector<json> rows;
   json meta;
   meta["command"] = command_line;
@@ -634,7 +653,7 @@ Registrar reg("bench", [](CLI::App& app) {
                   "as llama.cpp's -c)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "seed of synthetic weights, prompts, fills and plan rotations")
-      ->capture_default_str();
+      ->capture_default_str()->check(seed_validator());
   cmd->add_option("--chunk", a->chunk,
                   "cuda: chunked prefill in chunks of N tokens (a multiple of 64; 0 = one piece): activations for N "
                   "tokens whatever the prompt; pp rows report ttft_ms")

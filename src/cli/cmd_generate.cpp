@@ -94,7 +94,13 @@ std::vector<FileRequest> read_prompts_file(const GenerateArgs& a) {
         if (j.contains("temperature")) r.sampling.temperature = j["temperature"].get<float>();
         if (j.contains("top_k")) r.sampling.top_k = j["top_k"].get<int>();
         if (j.contains("top_p")) r.sampling.top_p = j["top_p"].get<float>();
-        if (j.contains("seed")) r.sampling.seed = j["seed"].get<uint64_t>();
+        if (j.contains("seed")) {
+          // get<uint64_t> would turn -1 into 2^64-1 (and 1.5 into 1).
+          check(j["seed"].is_number_unsigned(),
+                "--prompts-file {} line {}: \"seed\" {}: expected an integer in 0..18446744073709551615",
+                a.prompts_file, line_no, j["seed"].dump());
+          r.sampling.seed = j["seed"].get<uint64_t>();
+        }
       } catch (const nlohmann::json::exception& e) {
         fail("--prompts-file {} line {}: a value of the wrong type: {}", a.prompts_file, line_no, e.what());
       }
@@ -416,7 +422,7 @@ Registrar reg("generate", [](CLI::App& app) {
   cmd->add_option("-n,--n-predict", args->n_predict, "tokens to generate (stops early at end-of-generation)")
       ->capture_default_str();
   cmd->add_option("--temp", args->temp, "sampling temperature; 0 = greedy")->capture_default_str();
-  cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str()->check(seed_validator());
   cmd->add_option("--top-k", args->top_k, "sample among the top-k logits (0 = all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

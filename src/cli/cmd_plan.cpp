@@ -260,7 +260,9 @@ const Registrar reg("plan", [](CLI::App& app) {
                 "except for tasq/cq")
       ->check(CLI::ExistingFile);
   c->add_option("-o,--output", a->out, "output plan (.json)")->required();
-  c->add_option("--seed", a->rq.seed, "seed of the per-group rotation seeds")->capture_default_str();
+  c->add_option("--seed", a->rq.seed, "seed of the per-group rotation seeds")
+      ->capture_default_str()
+      ->check(seed_validator());
   c->add_option("--quantizer", a->rq.quantizer,
                 "codec: tq-mse | kivi | quarot; uniform also q8_0 | q4_0 | fp16 (llama.cpp cache types, fp16 cache)")
       ->capture_default_str();

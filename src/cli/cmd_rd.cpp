@@ -119,6 +119,16 @@ void run_rd(const RdOptions& o) {
   check(!o.bits.empty(), "--bits: give at least one bit width");
   for (int b : o.bits) check(b >= 1 && b <= 8, "--bits: {} is out of range (expected 1..8)", b);
   if (!o.json_path.empty() && o.json_path != "-") check_output_path(o.json_path, o.force, "--json");
+  check(!o.quantizers.empty(), "--quantizers: give at least one quantizer");
+  auto has = [&](const char* q) { return std::find(o.quantizers.begin(), o.quantizers.end(), q) != o.quantizers.end(); };
+  for (const auto& q : o.quantizers) (void)describe(q, 2, 32, 0, o);  // unknown names, before any data is made
+  const bool kivi = has("kivi_key") || has("kivi_value");
+  check(!kivi || (o.group_size >= 1 && o.group_size <= 65536),
+        "--group-size {}: expected 1..65536 (the KIVI group: tokens for kivi_key, channels for kivi_value)",
+        o.group_size);
+  check(o.rotation == "haar" || o.rotation == "hadamard" || o.rotation == "identity",
+        "--rotation '{}': expected haar, hadamard or identity", o.rotation);
+  check(o.side == "key" || o.side == "value" || o.side == "any", "--side '{}': expected key, value or any", o.side);
 
   int m = o.dim;
   int64_t n = o.n;
@@ -140,6 +150,24 @@ void run_rd(const RdOptions& o) {
     check(n >= 0, "--n: {} is out of range (a file: 0 = all rows, or at most this many rows)", n);
     x = load_vectors(o.data, m, n, o.dim_given);
   }
+
+  // The data's shape against the quantizers, in the flags' words (the quantizers' own errors name their
+  // description fields: "q4_0: dim 100 …", "rotation: randomized Hadamard …").
+  const bool tq = has("tq_mse") || has("tq_prod");
+  check(!tq || o.rotation != "hadamard" || (m & (m - 1)) == 0,
+        "--rotation hadamard: the randomized Hadamard transform needs a power-of-two dimension, --dim / the data has "
+        "{} (use --rotation haar)", m);
+  for (const char* g : {"q4_0", "q8_0"})
+    check(!has(g) || m % 32 == 0,
+          "--quantizers {}: llama.cpp's blocks hold 32 values; --dim / the data has {} (a multiple of 32 needed)", g,
+          m);
+  // KIVI key groups: kivi_key quantizes groups of --group-size tokens and keeps the rest (N mod group) in fp16;
+  // with fewer than one group of vectors nothing is quantized and the "fit" is one of fp16 rounding. (kivi_value
+  // groups channels; a group wider than the vector is the whole vector, quant/kivi.h.)
+  check(!has("kivi_key") || o.group_size <= n,
+        "--group-size {}: kivi_key quantizes groups of that many vectors (tokens), and there are only {} (--n / the "
+        "data's rows): nothing would be quantized; expected --group-size ≤ {} (or leave kivi_key out of "
+        "--quantizers)", o.group_size, n, n);
 
   json points = json::array(), fits = json::array();
   std::string table = fmt::format("{:<11} {:>4} {:>9} {:>12} {:>12} {:>12}\n", "quantizer", "bits", "eff_bits",
@@ -225,8 +253,10 @@ const Registrar reg{"rd", [](CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--group-size", opt->group_size, "KIVI group size (keys: tokens, values: channels)")
       ->capture_default_str();
-  sub->add_option("--rotation", opt->rotation, "TQ rotation: haar | hadamard")->capture_default_str();
-  sub->add_option("--seed", opt->seed, "seed of the data and of the quantizer seeds")->capture_default_str();
+  sub->add_option("--rotation", opt->rotation, "TQ rotation: haar | hadamard | identity")->capture_default_str();
+  sub->add_option("--seed", opt->seed, "seed of the data and of the quantizer seeds")
+      ->capture_default_str()
+      ->check(seed_validator());
   sub->add_option("--n-seeds", opt->n_seeds, "quantizer seeds averaged per point (seeded kinds)")
       ->capture_default_str();
   sub->add_option("--side", opt->side, "label for the data: key | value | any")->capture_default_str();

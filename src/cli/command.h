@@ -29,10 +29,20 @@ struct Registrar {
   Registrar(std::string name, SetupFn fn) { command_registry().push_back({std::move(name), std::move(fn)}); }
 };
 
+/// CLI11 check of a `--seed` value: an unsigned decimal integer in 0..2^64-1.
+/// CLI11 parses "-1" into a uint64_t as 2^64-1 and accepts it; with this check
+/// a negative, fractional or out-of-range seed is a usage error (exit 2)
+/// "--seed: a seed is an integer in 0..18446744073709551615, got '-1'".
+/// Add it to every option that reads a seed.
+CLI::Validator seed_validator();
+
 /// Validates an output path before any work is done: throws ratekv::Error
 /// naming the flag and the path when it is empty, its directory does not
-/// exist, it is a directory, or it exists and `force` is not set. Call it for
-/// every output path at the start of a command.
+/// exist, it is a directory, it exists and `force` is not set, or nothing can
+/// be written in its directory (probed by creating and removing an empty
+/// hidden file there, so a read-only file system or a missing permission fails
+/// now, not after a long run; an existing file with --force must also be
+/// writable). Call it for every output path at the start of a command.
 void check_output_path(const std::string& path, bool force, const std::string& flag);
 
 /// Whether the output directory `dir` exists. Throws ratekv::Error naming the

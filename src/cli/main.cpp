@@ -1,6 +1,12 @@
 // ratekv — command-line entry point. Subcommands live in cmd_*.cpp.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "cli/command.h"
@@ -17,6 +23,19 @@ std::vector<CommandEntry>& command_registry() {
   return r;
 }
 
+CLI::Validator seed_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::string bad = fmt::format("a seed is an integer in 0..18446744073709551615, got '{}'", s);
+        if (s.empty() || s.size() > 20) return bad;
+        for (char c : s)
+          if (c < '0' || c > '9') return bad;
+        if (s.size() == 20 && s > "18446744073709551615") return bad;
+        return "";
+      },
+      "SEED", "seed");
+}
+
 void check_output_path(const std::string& path, bool force, const std::string& flag) {
   namespace fs = std::filesystem;
   check(!path.empty(), "{}: empty output path", flag);
@@ -31,6 +50,24 @@ void check_output_path(const std::string& path, bool force, const std::string& f
   if (!force && fs::exists(fs::symlink_status(path, ec))) {
     fail("{}: '{}' already exists; refusing to overwrite it (pass --force to replace it)", flag, path);
   }
+  // Writable? An existing file (--force) must open for writing (without truncating it yet); other existing
+  // entries (devices such as /dev/null, FIFOs: opening one could block) are left to the write. A new file is
+  // probed by creating and removing an empty file beside it (access(2) would not do: root passes every
+  // permission check, and a read-only file system shows only on creation).
+  if (fs::exists(path, ec)) {
+    if (fs::is_regular_file(path, ec)) {
+      const int f = ::open(path.c_str(), O_WRONLY);
+      check(f >= 0, "{}: cannot write '{}' ({})", flag, path, std::strerror(errno));
+      ::close(f);
+    }
+    return;
+  }
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  std::string probe = (fs::path(dir) / ".ratekv-write-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  check(fd >= 0, "{}: cannot write '{}': cannot create a file in '{}' ({})", flag, path, dir, std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 bool output_dir_exists(const std::string& dir, const std::string& flag) {

@@ -1,0 +1,138 @@
+// Bad flag values an adversarial pass found (session 6), each now refused before any work with an
+// error naming the flag and what was expected:
+//  - bench -p / -d + -n past the context (was Model::forward's error after the weights loaded, naming
+//    Model::set_position_limit),
+//  - rd: quantizer-internal messages ("kivi_key: group_size …", "rotation: unknown kind", "q4_0: dim …"),
+//    and --group-size 1000 with --n 64 printing a fit of fp16 rounding (no KIVI key group filled),
+//  - niah --ctx shorter than the prompt's scaffolding (was an error after the weights loaded),
+//  - --seed -1 accepted as 2^64-1 by every command with a --seed,
+//  - an output path in a directory that cannot take a file (was an error after the whole run).
+// Runs the built CLI; the model-backed cases skip without the SmolLM2 asset.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "../support/assets.h"
+#include "../support/temp_dir.h"
+#include "cli_runner.h"
+
+using ratekv_test::cli_path;
+using ratekv_test::expect_error_before_weights;
+using ratekv_test::Result;
+using ratekv_test::run_cli;
+using ratekv_test::TempDir;
+
+namespace {
+
+class BadInputFlags : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+  }
+  static std::string q(const fs::path& p) { return ratekv_test::shell_quote(p.string()); }
+  static void expect(const std::string& args, int status, const std::string& needle) {
+    const Result r = run_cli(args);
+    EXPECT_EQ(r.status, status) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\nexpected: " << needle << "\n" << r.output;
+    EXPECT_EQ(r.output.find("internal"), std::string::npos) << r.output;
+  }
+  TempDir dir_{"bad_input_flags"};
+};
+
+TEST_F(BadInputFlags, BenchTokensPastTheContext) {
+  // tiny-llama (synthetic weights): context_length 4096. The read-ceiling probe runs after the weights are
+  // made: its absence shows the error came first.
+  const Result r = run_cli("bench --synthetic tiny-llama -p 99999 -n 0 -r 1");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("error: -p/--n-prompt 99999: exceeds the context of 4096 tokens (the model's "
+                          "context_length; -c/--ctx-size raises it); expected 0..4096"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("read ceiling"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("set_position_limit"), std::string::npos) << r.output;
+  // -c lowers the limit; the CPU decode rows prefill max(d, 1) tokens then decode n.
+  expect("bench --synthetic tiny-llama -c 128 -p 0 -d 100 -n 29 -r 1", 1,
+         "error: -d/--n-depth 100 + -n/--n-gen 29: 129 tokens exceed the context of 128 tokens (-c/--ctx-size)");
+  expect("bench --synthetic tiny-llama -c 128 -p 0 -d 0 -n 128 -r 1", 1,
+         "error: -d/--n-depth 0 + -n/--n-gen 128: 129 tokens");
+  // At the limit it runs.
+  const Result ok = run_cli("bench --synthetic tiny-llama -c 128 -p 128 -d 100 -n 28 -r 1 -o csv");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_NE(ok.output.find("\"tg28\""), std::string::npos) << ok.output;
+}
+
+TEST_F(BadInputFlags, RdFlagsAreNamed) {
+  const std::string base = "rd --n 64 --bits 1,2 --n-seeds 1 ";
+  expect(base + "--group-size 1000", 1,
+         "error: --group-size 1000: kivi_key quantizes groups of that many vectors (tokens), and there are only 64 "
+         "(--n / the data's rows): nothing would be quantized; expected --group-size ≤ 64");
+  expect(base + "--group-size 0", 1, "error: --group-size 0: expected 1..65536");
+  expect(base + "--rotation foo", 1, "error: --rotation 'foo': expected haar, hadamard or identity");
+  expect(base + "--side foo", 1, "error: --side 'foo': expected key, value or any");
+  expect(base + "--dim 100", 1, "error: --quantizers q4_0: llama.cpp's blocks hold 32 values; --dim / the data has 100");
+  expect(base + "--dim 96 --quantizers tq_mse --rotation hadamard", 1,
+         "error: --rotation hadamard: the randomized Hadamard transform needs a power-of-two dimension, --dim / the "
+         "data has 96");
+  expect(base + "--quantizers tq_mse,nope", 1, "error: --quantizers: unknown quantizer 'nope'");
+  // Still accepted: a group that fits (64 vectors, groups of 32 tokens / channels), a non-power-of-two dim with
+  // the Haar rotation and QuaRot.
+  const Result r = run_cli(base + "--quantizers kivi_key,kivi_value,quarot,tq_mse --group-size 32 --dim 96");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("kivi_key"), std::string::npos) << r.output;
+}
+
+TEST_F(BadInputFlags, NegativeSeedsAreRefused) {
+  // CLI11 parsed "-1" into a uint64_t as 2^64-1. A usage error (exit 2) naming --seed, for every command.
+  const std::string msg = "--seed: a seed is an integer in 0..18446744073709551615, got ";
+  for (const std::string cmd : {"bench --synthetic tiny-llama", "generate -p hi", "niah", "plan", "rd"}) {
+    expect(cmd + " --seed -1", 2, msg + "'-1'");
+    expect(cmd + " --seed 18446744073709551616", 2, msg + "'18446744073709551616'");
+    expect(cmd + " --seed 1.5", 2, msg + "'1.5'");
+  }
+  // The whole range still parses and runs.
+  const Result r = run_cli("rd --n 64 --bits 1,2 --quantizers tq_mse --n-seeds 1 --seed 18446744073709551615 --json -");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"seed\": 18446744073709551615"), std::string::npos) << r.output;
+}
+
+TEST_F(BadInputFlags, OutputDirectoryThatTakesNoFile) {
+  // /proc accepts no new files, even for root (a chmod'ed directory would not stop root).
+  expect("rd --n 64 --bits 1,2 --quantizers tq_mse --n-seeds 1 --json /proc/ratekv_test.json", 1,
+         "error: --json: cannot write '/proc/ratekv_test.json': cannot create a file in '/proc'");
+  if (::geteuid() != 0) {
+    const fs::path ro = dir_ / "ro";
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    expect("rd --n 64 --bits 1,2 --quantizers tq_mse --n-seeds 1 --json " + q(ro / "x.json"), 1,
+           "cannot create a file in '" + ro.string() + "' (Permission denied)");
+    fs::permissions(ro, fs::perms::owner_all);
+  }
+  // The probe leaves nothing behind.
+  const Result ok = run_cli("rd --n 64 --bits 1,2 --quantizers tq_mse --n-seeds 1 --json " + q(dir_ / "ok.json"));
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir_.path())) entries += e.path().filename() != "ro";
+  EXPECT_EQ(entries, 1);  // ok.json only
+}
+
+TEST_F(BadInputFlags, CalibrateOutputCheckedBeforeTheWeights) {
+  const std::string smollm2 = ratekv_test::smollm2_path();
+  if (!fs::exists(smollm2)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2;
+  const fs::path text = dir_ / "t.txt";
+  std::ofstream(text) << "Some calibration text, long enough for a handful of tokens.\n";
+  expect_error_before_weights("calibrate -m " + q(smollm2) + " -f " + q(text) +
+                                  " --tokens 8 --ctx 8 -o /proc/ratekv_test.safetensors",
+                              {"-o: cannot write '/proc/ratekv_test.safetensors': cannot create a file in '/proc'"});
+}
+
+TEST_F(BadInputFlags, NiahContextShorterThanThePrompt) {
+  const std::string smollm2 = ratekv_test::smollm2_path();
+  if (!fs::exists(smollm2)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2;
+  // SmolLM2's prompt scaffolding: 90 tokens at --ctx 64 (the needles depend on the context), + 16 of haystack.
+  expect_error_before_weights("niah -m " + q(smollm2) + " --depths 2 --trials 1 --ctx 512,64",
+                              {"error: --ctx 64: too short for the prompt", "need ≥ 106"});
+}
+
+}  // namespace
