@@ -42,9 +42,25 @@ def _attention_modules(model: torch.nn.Module) -> List[torch.nn.Module]:
     return mods
 
 
-def _tokens(tokenizer: Any, texts: Union[str, Sequence[str], None], token_ids: Any) -> torch.Tensor:
+def _vocab_size(model: torch.nn.Module, cfg: Any) -> int:
+    """Rows of the input embedding (what an id indexes), else the config's vocab_size."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    n = getattr(emb, "num_embeddings", None)
+    return int(n) if n is not None else int(cfg.n_vocab)
+
+
+def _tokens(tokenizer: Any, texts: Union[str, Sequence[str], None], token_ids: Any, n_vocab: int) -> torch.Tensor:
     if token_ids is not None:
-        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        t = torch.as_tensor(token_ids)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise RatekvError(f"calibrate: token_ids has dtype {t.dtype}, expected integer token ids")
+        ids = t.to(torch.long).flatten()
+        if ids.numel() > 0:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= n_vocab:
+                at = int(((ids < 0) | (ids >= n_vocab)).nonzero()[0])
+                raise RatekvError(f"calibrate: token_ids[{at}] = {int(ids[at])} (the ids span {lo}..{hi}): "
+                                  f"expected ids in 0..{n_vocab - 1} (the model's vocabulary)")
     else:
         if tokenizer is None or texts is None:
             raise RatekvError("calibrate: give texts and a tokenizer, or token_ids")
@@ -57,6 +73,9 @@ def _tokens(tokenizer: Any, texts: Union[str, Sequence[str], None], token_ids: A
         ids = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
     if ids.numel() == 0:
         raise RatekvError("calibrate: no calibration tokens")
+    if token_ids is None and (int(ids.min()) < 0 or int(ids.max()) >= n_vocab):
+        raise RatekvError(f"calibrate: the tokenizer gave ids {int(ids.min())}..{int(ids.max())}, outside the model's "
+                          f"vocabulary 0..{n_vocab - 1} (a tokenizer of another model?)")
     return ids
 
 
@@ -155,6 +174,25 @@ def _measure_curves(model, cfg, stats, ids, ctx, quantizers, bits, cap, dev) -> 
     acc.finish_into(stats)
 
 
+def _check_output(path: str) -> None:
+    """RatekvError naming ``output`` unless a new file can be written at ``path``: it must not exist and its
+    directory must exist and accept a file (probed by creating and removing one, so a read-only file system
+    or a missing permission shows before the run, not after it)."""
+    import tempfile
+
+    if os.path.lexists(path):
+        raise RatekvError(f"calibrate: output '{path}' exists")
+    d = os.path.dirname(path) or "."
+    if not os.path.isdir(d):
+        raise RatekvError(f"calibrate: output '{path}': directory '{d}' does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ratekv-probe-", dir=d)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise RatekvError(f"calibrate: output '{path}': cannot write in '{d}' ({e.strerror})") from None
+
+
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -204,15 +242,18 @@ def calibrate(
             (``text_file``: a path — its name and SHA-256 are stored).
 
     Returns the :class:`ratekv.KVStats` (``rope_layout`` "neox", arch = model_type).
-    Raises RatekvError for no tokens, ctx or sens_len outside the model's positions,
+    Raises RatekvError for no tokens, ``token_ids`` outside the model's vocabulary
+    (0..rows of the input embedding − 1; checked before the model runs), ctx or
+    sens_len outside the model's positions,
     too few tokens for the sensitivity sequences, non-finite activations, or an
-    existing output file.
+    ``output`` that exists or whose directory is missing or not writable (checked
+    before the run).
     """
     global _current
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     cfg = model_config(model.config)
-    ids = _tokens(tokenizer, texts, token_ids)
+    ids = _tokens(tokenizer, texts, token_ids, _vocab_size(model, cfg))
     N = int(n_tokens) if n_tokens is not None else int(ids.numel())
     if N < 1 or N > ids.numel():
         raise RatekvError(f"calibrate: n_tokens = {N}: the text has {ids.numel()} tokens")
@@ -225,8 +266,8 @@ def calibrate(
         if sens_seqs * sens_len > ids.numel():
             raise RatekvError(f"calibrate: sensitivity reads {sens_seqs} × {sens_len} tokens, the text has "
                               f"{ids.numel()}")
-    if output is not None and os.path.exists(os.fspath(output)):
-        raise RatekvError(f"calibrate: output '{os.fspath(output)}' exists")
+    if output is not None:
+        _check_output(os.fspath(output))
 
     mods = _attention_modules(model)
     if len(mods) != cfg.n_layers:

@@ -60,6 +60,37 @@ def _release_all_native() -> None:
             pass
 
 
+_I32 = (-(1 << 31), (1 << 31) - 1)
+_U64 = (0, (1 << 64) - 1)
+
+
+def _int_arg(what: str, name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` as a Python int in lo..hi, else RatekvError "<what>: <name> = <value>: expected an integer in
+    lo..hi" — checked here so that the binding never answers with nanobind's generic TypeError (which names
+    neither the argument nor the range)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # 0-d numpy array / torch tensor
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise RatekvError(f"{what}: {name} = {value!r}: expected an integer in {_range_str(lo, hi)}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise RatekvError(f"{what}: {name} = {v}: expected an integer in {_range_str(lo, hi)}")
+    return v
+
+
+def _range_str(lo: int, hi: int) -> str:
+    def f(x: int) -> str:
+        for e in (31, 63, 64):
+            if x == (1 << e) - 1:
+                return f"2^{e}-1"
+        return str(x)
+
+    return f"{f(lo)}..{f(hi)}"
+
+
 def load_plan(path: PathLike) -> Plan:
     """Reads and validates a plan file (JSON, docs/plan_format.md).
 
@@ -88,8 +119,11 @@ def model_config(hf_config: Any) -> ModelConfig:
     statistics file made from the GGUF is refused on the HF model, and the other
     way round). ``arch`` is ``hf_config.model_type``.
 
-    Raises RatekvError when a field is missing or not positive (naming it), or
-    when the model uses partial rotary embeddings (``partial_rotary_factor`` < 1),
+    Raises RatekvError when a field is missing, not a positive integer (naming the
+    Hugging Face field: num_hidden_layers, num_attention_heads, num_key_value_heads,
+    hidden_size, head_dim, intermediate_size, vocab_size, max_position_embeddings),
+    when the heads do not divide (num_attention_heads by num_key_value_heads, or
+    hidden_size by num_attention_heads without head_dim), or when the model uses partial rotary embeddings (``partial_rotary_factor`` < 1),
     which the plans cannot describe.
     """
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
@@ -101,18 +135,31 @@ def model_config(hf_config: Any) -> ModelConfig:
                 return v
         raise RatekvError(f"{type(hf_config).__name__}: no '{name}' (needed to describe the KV cache)")
 
+    src = type(hf_config).__name__
+
+    def positive(name: str, v: Any) -> int:
+        # Checked here, naming the Hugging Face field: a 0 would divide by zero below, a negative or a huge
+        # value would reach the binding as nanobind's unnamed TypeError.
+        return _int_arg(src, name, v, 1, _I32[1])
+
     cfg = ModelConfig()
     cfg.arch = str(getattr(text, "model_type", "") or "unknown")
-    cfg.n_layers = int(need("num_hidden_layers"))
-    cfg.n_heads = int(need("num_attention_heads"))
+    cfg.n_layers = positive("num_hidden_layers", need("num_hidden_layers"))
+    cfg.n_heads = positive("num_attention_heads", need("num_attention_heads"))
     kv = getattr(text, "num_key_value_heads", None)
-    cfg.n_kv_heads = int(kv if kv is not None else cfg.n_heads)
-    cfg.d_model = int(need("hidden_size"))
+    cfg.n_kv_heads = positive("num_key_value_heads", kv if kv is not None else cfg.n_heads)
+    if cfg.n_heads % cfg.n_kv_heads != 0:
+        raise RatekvError(f"{src}: num_attention_heads = {cfg.n_heads} is not a multiple of num_key_value_heads = "
+                          f"{cfg.n_kv_heads}")
+    cfg.d_model = positive("hidden_size", need("hidden_size"))
     hd = getattr(text, "head_dim", None)
-    cfg.head_dim = int(hd if hd is not None else cfg.d_model // cfg.n_heads)
-    cfg.d_ff = int(getattr(text, "intermediate_size", None) or 4 * cfg.d_model)
-    cfg.n_vocab = int(need("vocab_size"))
-    cfg.n_ctx_train = int(getattr(text, "max_position_embeddings", None) or 2048)
+    if hd is None and cfg.d_model % cfg.n_heads != 0:
+        raise RatekvError(f"{src}: hidden_size = {cfg.d_model} is not a multiple of num_attention_heads = "
+                          f"{cfg.n_heads} (and no head_dim is given)")
+    cfg.head_dim = positive("head_dim", hd if hd is not None else cfg.d_model // cfg.n_heads)
+    cfg.d_ff = positive("intermediate_size", getattr(text, "intermediate_size", None) or 4 * cfg.d_model)
+    cfg.n_vocab = positive("vocab_size", need("vocab_size"))
+    cfg.n_ctx_train = positive("max_position_embeddings", getattr(text, "max_position_embeddings", None) or 2048)
     rp = getattr(text, "rope_parameters", None) or {}
     if isinstance(rp, dict) and "full_attention" in rp and isinstance(rp["full_attention"], dict):
         rp = rp["full_attention"]
@@ -173,7 +220,9 @@ def make_plan(
     ``stats``: a KVStats (from :func:`calibrate` / :func:`load_stats`), allocator
     CalibStats, or a statistics file path. RateQuant needs sensitivities and
     distortion curves in the statistics. Raises RatekvError naming what is missing
-    or out of range."""
+    or out of range; integer arguments outside their C++ types (b_min, b_max,
+    group_size: int32; seed: 0..2^64-1; fp16_window, sink_tokens: 0..2^31-1) are
+    refused here, naming the argument."""
     stats_file = ""
     if isinstance(stats, (str, os.PathLike)):
         stats_file = os.path.basename(os.fspath(stats))
@@ -188,16 +237,16 @@ def make_plan(
     rq.v_bits = float(v_bits)
     rq.avg_bits = None if avg_bits is None else float(avg_bits)
     rq.budget_unit = budget_unit
-    rq.b_min = int(b_min)
-    rq.b_max = int(b_max)
-    rq.seed = int(seed)
+    rq.b_min = _int_arg("make_plan", "b_min", b_min, *_I32)
+    rq.b_max = _int_arg("make_plan", "b_max", b_max, *_I32)
+    rq.seed = _int_arg("make_plan", "seed", seed, *_U64)
     rq.quantizer = quantizer
     rq.v_quantizer = v_quantizer
     rq.curves_from = curves_from
     rq.sensitivity = sensitivity
-    rq.group_size = int(group_size)
-    rq.fp16_window = int(fp16_window)
-    rq.sink_tokens = int(sink_tokens)
+    rq.group_size = _int_arg("make_plan", "group_size", group_size, *_I32)
+    rq.fp16_window = _int_arg("make_plan", "fp16_window", fp16_window, 0, _I32[1])
+    rq.sink_tokens = _int_arg("make_plan", "sink_tokens", sink_tokens, 0, _I32[1])
     rq.stats_file = stats_file
     return _core.make_plan(st, rq)
 
@@ -234,10 +283,14 @@ def fake_quantize(
     own). Returns the same type (numpy array, or torch tensor of x's dtype and
     device) and shape. vq key layers need ``k_pre`` (pre-RoPE keys, x's layout)
     and ``positions``. ``window``/``sink``: fp16 rows at the end / start.
-    Raises RatekvError for a wrong shape or non-finite input."""
+    Raises RatekvError for a wrong shape or non-finite input, and for ``layer``
+    outside 0..n_layers-1 or a negative ``window`` / ``sink`` (naming the argument)."""
     if side not in ("key", "value"):
         raise RatekvError(f"fake_quantize: side '{side}': expected 'key' or 'value'")
     s = 0 if side == "key" else 1
+    layer = _int_arg("fake_quantize", "layer", layer, 0, codecs.config.n_layers - 1)
+    window = _int_arg("fake_quantize", "window", window, 0, _I32[1])
+    sink = _int_arg("fake_quantize", "sink", sink, 0, _I32[1])
     is_torch = hasattr(x, "detach")
     if is_torch:
         import torch

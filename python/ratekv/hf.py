@@ -32,7 +32,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .core import HF_ARCHES, Plan, PlanCodecs, RatekvError, _track_native, fake_quantize, model_config
+from .core import (_I32, HF_ARCHES, Plan, PlanCodecs, RatekvError, _int_arg, _track_native, fake_quantize,
+                   model_config)
 from .ops import PackedKVCache
 
 #: The name under which the attention function is registered.
@@ -193,8 +194,8 @@ class PackedCache(Cache):
         config: ``model.config`` (Llama or Qwen2 models). The constructor sets
             ``config._attn_implementation = "ratekv"`` (registered in transformers'
             AttentionInterface): SDPA for every call but a packed decode step.
-        max_cache_len: tokens per sequence the store accepts (default: the model's
-            ``max_position_embeddings``).
+        max_cache_len: tokens per sequence the store accepts (default, None: the model's
+            ``max_position_embeddings``); RatekvError unless None or an integer in 1..2^31-1.
 
     Serving mode: the first forward (the prompt) attends to its own full-precision
     K/V with SDPA while they are packed; each later step appends one token per
@@ -215,7 +216,10 @@ class PackedCache(Cache):
             if kind == "vq":
                 raise RatekvError("PackedCache: vq (TaSQ / CQ) plans quantize pre-RoPE keys, which transformers' "
                                   "cache interface does not hand over; use a scalar (tq-mse, Block-GTQ, RateQuant) plan")
-        self.capacity = int(max_cache_len or self.rk_config.n_ctx_train)
+        # None is the default; 0 used to fall back to it silently (``or``), and a negative or huge value
+        # reached the binding as nanobind's unnamed TypeError.
+        self.capacity = (self.rk_config.n_ctx_train if max_cache_len is None
+                         else _int_arg("PackedCache", "max_cache_len", max_cache_len, 1, _I32[1]))
         self.store: Optional[PackedKVCache] = None
         self._mask_checked = False
         register()

@@ -37,7 +37,7 @@ from typing import Any, Optional
 import torch
 
 from . import _core
-from .core import ModelConfig, Plan, PlanCodecs, RatekvError, _track_native
+from .core import _I32, ModelConfig, Plan, PlanCodecs, RatekvError, _int_arg, _track_native
 
 # handle -> store, held weakly: the store belongs to its PackedKVCache; this module's
 # globals are reachable from torch's operator registry (the op functions below) for the
@@ -175,22 +175,60 @@ def _check_device(what: str, t: torch.Tensor, store: Any) -> None:
         raise RatekvError(f"{what}: tensor on {t.device}, the cache lives on {want}")
 
 
+#: dtypes of K, V and Q the packed cache takes (CPU: computed in float32; CUDA: fp16 / bf16 go to the kernels
+#: as fp16, float32 as float32).
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_tensor(what: str, name: str, t: Any) -> None:
+    """RatekvError naming argument ``name`` unless ``t`` is a tensor of a FLOAT_DTYPES dtype on a real device:
+    integer, bool, complex and float64 tensors were converted silently before, and meta tensors (no data)
+    went to the fake kernel, which returns without doing anything."""
+    if not isinstance(t, torch.Tensor):
+        raise RatekvError(f"{what}: {name} is a {type(t).__name__}, expected a torch.Tensor")
+    if t.dtype not in FLOAT_DTYPES:
+        raise RatekvError(f"{what}: {name} has dtype {t.dtype}, expected one of "
+                          f"{', '.join(str(d) for d in FLOAT_DTYPES)}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise RatekvError(f"{what}: {name} is on device '{t.device}', expected a cpu or cuda tensor (the packed "
+                          "cache stores data; meta tensors hold none)")
+
+
+def _check_seq_lens(what: str, seq_lens: Any) -> None:
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
+        desc = f"dtype {seq_lens.dtype}, shape {tuple(seq_lens.shape)}" if isinstance(seq_lens, torch.Tensor) \
+            else type(seq_lens).__name__
+        raise RatekvError(f"{what}: seq_lens ({desc}): expected a 1-D torch.int32 tensor")
+
+
+def _check_fake_args(what: str, seq_lens: torch.Tensor, **tensors: torch.Tensor) -> None:
+    # Also the fake kernels: torch.compile traces with FakeTensors, whose device is the real one (never meta), so
+    # these checks fail at trace time exactly where the eager op fails.
+    _check_seq_lens(what, seq_lens)
+    for name, t in tensors.items():
+        _check_tensor(what, name, t)
+
+
 @torch.library.custom_op("ratekv::append", mutates_args=("seq_lens",))
 def append(seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, layer: int) -> None:
     """Quantize-append (B, n, n_kv_heads, head_dim) keys/values into the packed cache; seq_lens += n."""
+    _check_fake_args("ratekv::append", seq_lens, k=k, v=v)
     store = _lookup(handle)
     _check_device("ratekv::append", k, store)
+    _check_device("ratekv::append", v, store)
     store.append(layer, seq_lens, k, v)
 
 
 @append.register_fake
 def _append_fake(seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, layer: int) -> None:
+    _check_fake_args("ratekv::append", seq_lens, k=k, v=v)
     return None
 
 
 @torch.library.custom_op("ratekv::decode_attention", mutates_args=())
 def decode_attention(seq_lens: torch.Tensor, q: torch.Tensor, handle: int, layer: int, scale: float) -> torch.Tensor:
     """Attention of q (B, n_heads, head_dim) over the packed cache of ``layer``; (B, n_heads, head_dim)."""
+    _check_fake_args("ratekv::decode_attention", seq_lens, q=q)
     store = _lookup(handle)
     _check_device("ratekv::decode_attention", q, store)
     return store.attend(layer, seq_lens, q, scale)
@@ -199,6 +237,7 @@ def decode_attention(seq_lens: torch.Tensor, q: torch.Tensor, handle: int, layer
 @decode_attention.register_fake
 def _decode_attention_fake(seq_lens: torch.Tensor, q: torch.Tensor, handle: int, layer: int,
                            scale: float) -> torch.Tensor:
+    _check_fake_args("ratekv::decode_attention", seq_lens, q=q)
     return torch.empty_like(q)
 
 
@@ -217,7 +256,8 @@ class PackedKVCache:
     :meth:`decode_attention` for one query per sequence. ``seq_lens[l]`` is a (B,)
     int32 tensor on ``device`` with the tokens stored per sequence.
     Raises RatekvError for a plan the packed cache cannot serve (kivi, quarot,
-    q8_0, q4_0 codecs), a plan of another model or RoPE layout, non-finite K/V/Q.
+    q8_0, q4_0 codecs), a plan of another model or RoPE layout, non-finite K/V/Q,
+    ``batch_size`` / ``max_tokens`` outside 1..2^31-1, a device other than cpu / cuda.
     """
 
     def __init__(self, plan: Plan, config: ModelConfig, batch_size: int, max_tokens: int,
@@ -225,13 +265,16 @@ class PackedKVCache:
         self.device = torch.device(device)
         self.config = config
         self.plan = plan
+        self.batch_size = _int_arg("PackedKVCache", "batch_size", batch_size, 1, _I32[1])
+        max_tokens = _int_arg("PackedKVCache", "max_tokens", max_tokens, 1, _I32[1])
+        if self.device.type not in ("cpu", "cuda"):
+            raise RatekvError(f"PackedKVCache: device = '{self.device}': expected 'cpu' or a cuda device")
         self.codecs = PlanCodecs(plan, config, "plan")
-        self.batch_size = int(batch_size)
         self.scale = float(config.attention_scale())  # a Python float: nothing for torch.compile to trace
         if self.device.type == "cpu":
-            self._impl: Any = _CpuStore(self.codecs, self.batch_size, int(max_tokens))
+            self._impl: Any = _CpuStore(self.codecs, self.batch_size, max_tokens)
         elif self.device.type == "cuda" and _core.has_cuda:
-            self._impl = _CudaStore(self.codecs, self.batch_size, int(max_tokens), self.device)
+            self._impl = _CudaStore(self.codecs, self.batch_size, max_tokens, self.device)
         else:
             raise _cuda_unavailable(f"PackedKVCache(device='{self.device}')")
         self.handle = _register(self._impl)
@@ -253,14 +296,26 @@ class PackedKVCache:
             self.handle = None
         self._impl = self.codecs = self.plan = self.config = None
 
+    def _layer(self, what: str, layer: Any) -> int:
+        # Before indexing seq_lens: a Python list would raise IndexError for 99 and wrap -1 to the last layer.
+        return _int_arg(f"PackedKVCache.{what}", "layer", layer, 0, len(self.seq_lens) - 1)
+
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Stores n new tokens: k, v (B, n, n_kv_heads, head_dim), post-RoPE keys."""
+        """Stores n new tokens: k, v (B, n, n_kv_heads, head_dim), post-RoPE keys, float32 / float16 /
+        bfloat16 on the cache's device. Raises RatekvError naming ``layer`` outside 0..n_layers-1 and
+        ``k`` / ``v`` of another dtype or device (meta included)."""
+        layer = self._layer("append", layer)
+        _check_tensor("PackedKVCache.append", "k", k)
+        _check_tensor("PackedKVCache.append", "v", v)
         torch.ops.ratekv.append(self.seq_lens[layer], k, v, self.handle, layer)
 
     def decode_attention(self, layer: int, q: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
         """softmax(scale·q·K̂ᵀ)·V̂ over every stored token of ``layer``, from the codes.
         q: (B, n_heads, head_dim) post-RoPE; returns the same shape and dtype.
-        ``scale`` defaults to the model's (1/sqrt(head_dim) unless the config says otherwise)."""
+        ``scale`` defaults to the model's (1/sqrt(head_dim) unless the config says otherwise).
+        Raises RatekvError as :meth:`append` for ``layer`` and ``q``."""
+        layer = self._layer("decode_attention", layer)
+        _check_tensor("PackedKVCache.decode_attention", "q", q)
         s = self.scale if scale is None else float(scale)
         return torch.ops.ratekv.decode_attention(self.seq_lens[layer], q, self.handle, layer, s)
 
