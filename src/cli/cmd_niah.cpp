@@ -172,6 +172,9 @@ void run(const NiahArgs& a) {
     if (hay.size() > static_cast<size_t>(max_ctx) * 13) hay.resize(static_cast<size_t>(max_ctx) * 13);
     hay_tok = h.tokenizer.encode(hay, false);
     spdlog::info("haystack: {} tokens from {}", hay_tok.size(), hay_dir);
+    // Every context's prompts (tokenization only): --ctx shorter than the prompt, or a haystack too short for it,
+    // fails here, before the weights load.
+    for (int64_t c : nc.context_lengths) (void)eval::niah_prompts(h.tokenizer, h.add_bos, hay_tok, nc, c);
   });
   Model& model = *lm.model;
   const ModelConfig& cfg = model.config();
@@ -318,7 +321,8 @@ Registrar reg("niah", [](CLI::App& app) {
       ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->callback([args] { with_flag_names({{"NiahConfig.max_new_tokens", "--max-new"},
                                             {"NiahConfig.depth_fractions", "--depth-list"},
-                                            {"NiahConfig.n_depths", "--depths"}}, [&] { run(*args); }); });
+                                            {"NiahConfig.n_depths", "--depths"},
+                                            {"NiahConfig.context_lengths", "--ctx"}}, [&] { run(*args); }); });
 });
 
 }  // namespace

@@ -146,6 +146,9 @@ nlohmann::json NiahGrid::to_json() const {
 
 namespace {
 
+// The fewest haystack tokens a prompt carries (a needle needs some text around it).
+constexpr int64_t kNiahMinHaystack = 16;
+
 std::vector<int32_t> niah_head_tokens(const Tokenizer& tok, bool add_bos, const NiahConfig& cfg) {
   std::string head;
   if (!cfg.system_prompt.empty()) head += "<|im_start|>system\n" + cfg.system_prompt + "<|im_end|>\n";
@@ -162,19 +165,33 @@ std::vector<std::vector<NiahPrompt>> niah_prompts(const Tokenizer& tok, bool add
   const std::vector<double> depths = niah_depths(cfg);
   const int n_depths = static_cast<int>(depths.size());
   const std::vector<int32_t> head_tok = niah_head_tokens(tok, add_bos, cfg);
+  // Needle sentences and questions first: the context must hold the longest of them (a ParamError naming the
+  // shortest context that does, so that a front end can say it before any model work).
+  std::vector<std::vector<std::vector<int32_t>>> needles(n_depths, std::vector<std::vector<int32_t>>(cfg.trials)),
+      tails = needles;
+  int64_t most = 0;
+  for (int tr = 0; tr < cfg.trials; ++tr)
+    for (int di = 0; di < n_depths; ++di) {
+      const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
+      needles[di][tr] = tok.encode(" The secret code for " + city + " is " + code + ". ", false);
+      tails[di][tr] = tok.encode("\n\nWhat is the secret code for " + city +
+                                     "? Answer with the 7-digit number only.<|im_end|>\n<|im_start|>assistant\n"
+                                     "The secret code for " + city + " is",
+                                 false, /*parse_special=*/true);
+      most = std::max(most, static_cast<int64_t>(head_tok.size() + needles[di][tr].size() + tails[di][tr].size()));
+    }
+  check_param(ctx >= most + kNiahMinHaystack, "NiahConfig.context_lengths",
+              "{}: too short for the prompt (instruction, needle sentence and question take up to {} tokens with "
+              "this model's tokenizer, plus at least {} haystack tokens); need ≥ {}",
+              ctx, most, kNiahMinHaystack, most + kNiahMinHaystack);
   std::vector<std::vector<NiahPrompt>> prompts(n_depths, std::vector<NiahPrompt>(cfg.trials));
   for (int tr = 0; tr < cfg.trials; ++tr)
     for (int di = 0; di < n_depths; ++di) {
       const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
-      const std::vector<int32_t> needle = tok.encode(" The secret code for " + city + " is " + code + ". ", false);
-      const std::vector<int32_t> tail =
-          tok.encode("\n\nWhat is the secret code for " + city +
-                         "? Answer with the 7-digit number only.<|im_end|>\n<|im_start|>assistant\n"
-                         "The secret code for " + city + " is",
-                     false, /*parse_special=*/true);
+      const std::vector<int32_t>& needle = needles[di][tr];
+      const std::vector<int32_t>& tail = tails[di][tr];
       const int64_t fixed = static_cast<int64_t>(head_tok.size() + needle.size() + tail.size());
       const int64_t n_hay = ctx - fixed;
-      check(n_hay >= 16, "niah: context {} is too short for the prompt scaffolding ({} tokens)", ctx, fixed);
       check(n_hay <= static_cast<int64_t>(haystack.size()), "niah: haystack has {} tokens, context {} needs {}",
             haystack.size(), ctx, n_hay);
       // Insertion point: depth · n_hay, moved back to just after a sentence end.

@@ -115,8 +115,11 @@ struct NiahPrompt {
 
 /// Every prompt of context length `ctx`: prompts[depth index][trial], from
 /// `haystack` (tokens, no BOS) and cfg's needles, system prompt and depths.
-/// Throws Error for a context too short for the scaffolding (< 16 haystack
-/// tokens) or a haystack shorter than the context needs.
+/// Throws ParamError "NiahConfig.context_lengths" for a context too short
+/// for the scaffolding (instruction, the longest needle sentence + question,
+/// and 16 haystack tokens; the message gives that minimum) and Error for a
+/// haystack shorter than the context needs. Tokenization only: a front end
+/// calls it for every context before loading the weights.
 std::vector<std::vector<NiahPrompt>> niah_prompts(const Tokenizer& tok, bool add_bos,
                                                   const std::vector<int32_t>& haystack, const NiahConfig& cfg,
                                                   int64_t ctx);
@@ -183,7 +186,8 @@ NiahGrid run_niah(NiahAnswerer& answerer, const Tokenizer& tok, bool add_bos, co
 /// Trials run trial-major (round k visits every depth once), so a partial
 /// grid is uniform; progress(done, total, grid so far) after each trial (may
 /// be empty). Throws Error for an
-/// invalid config or a context too short for the prompt scaffolding, and
+/// invalid config, ParamError "NiahConfig.context_lengths" for a context too
+/// short for the prompt scaffolding (niah_prompts), and
 /// ParamError "NiahConfig.max_new_tokens" for an answer cap shorter than the
 /// answer (check_niah_answer_length).
 NiahGrid run_niah(Model& model, const Tokenizer& tok, bool add_bos, const std::vector<int32_t>& haystack,
