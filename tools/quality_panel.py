@@ -604,7 +604,7 @@ def merge_run_seeds(root, m, rows):
         if not extra:
             continue
         per = {"ppl": list(r["ppl_per_seed"]), "kld": list(r["kld_per_seed"]), "p99": [r["kld_p99"]],
-               "top1": [r["top1"]], "mae": [r["mae"]], "layers": [r["mae_layers"]]}
+               "top1": [r["top1"]], "mae": [r["mae"]], "layers": [r["mae_layers"]], "mae_ps": list(r["mae_per_seed"])}
         for doc in extra:
             p = doc["report"]["plans"][0]
             nt = p["next_token"]["kv"]
@@ -615,12 +615,13 @@ def merge_run_seeds(root, m, rows):
             per["top1"] += nt["top1"]["per_seed"]
             per["mae"].append(p["mae"]["mean"])
             per["layers"].append(p["mae"]["layers_mean"])
+            per["mae_ps"] += p["mae"]["per_seed"]  # per seed: its per-layer MAE (as eval --seeds writes it)
         n = len(per["ppl"])
         mu = mean(per["ppl"])
         r.update({"ppl": mu, "ppl_sd": math.sqrt(sum((x - mu) ** 2 for x in per["ppl"]) / (n - 1)),
                   "ppl_per_seed": per["ppl"], "kld_mean": mean(per["kld"]), "kld_per_seed": per["kld"],
                   "kld_p99": mean(per["p99"]), "top1": mean(per["top1"]), "mae": mean(per["mae"]),
-                  "mae_per_seed": per["mae"], "mae_layers": [mean(v) for v in zip(*per["layers"])],
+                  "mae_per_seed": per["mae_ps"], "mae_layers": [mean(v) for v in zip(*per["layers"])],
                   "seeds": n, "mae_seeds": n,
                   "seed_commands": [r["command"]] + [clean_cmd(d["command"]) for d in extra],
                   "seconds": r["seconds"] + sum(d["seconds"] for d in extra)})
