@@ -220,7 +220,7 @@ if rep:
     rep["command"] = "STAGES=niah_smollm2 tools/device/run_engine.sh (one ratekv niah --device cuda per grid)"
     json.dump(rep, open(sys.argv[1], "w"), indent=1)
 PY
-  python3 "$ROOT/tools/niah_table.py" "$OUT/niah_smollm2_h200.json" "$OUT/niah_smollm2_h200.md" && \
+  [ -f "$OUT/niah_smollm2_h200.json" ] && python3 "$ROOT/tools/niah_table.py" "$OUT/niah_smollm2_h200.json" "$OUT/niah_smollm2_h200.md" && \
     cat "$OUT/niah_smollm2_h200.md" | tee -a "$LOG"
 fi
 if has hf; then
