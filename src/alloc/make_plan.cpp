@@ -339,6 +339,18 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       kbudget = scalar_group_stored_bits(d, (int)std::lround(rq.k_bits));
     } else {
       kbudget = budget_bits_for(rq.k_bits, d);
+      // Below the cheapest non-empty key group every block of every head gets 0 bits (the price depends on
+      // head_dim only): a plan that stores no key anywhere, attention uniform over the tokens. 0-bit groups are
+      // a supported allocation outcome (docs/design.md §3.3: blocks a head can spare); a budget that drops every
+      // key of the model is not a Block-GTQ configuration, so it is refused, with the range that is.
+      // (With b_min ≥ 1 no block can be dropped: allocate_block_gtq reports a budget below b_min everywhere.)
+      const int64_t cheapest = block_group_cost(2, 1, opt);
+      check_param(opt.b_min > 0 || opt.b_max == 0 || kbudget >= cheapest, "PlanRequest.k_bits",
+                  "{} (effective): block-gtq would store no key at all (the cheapest key group, one RoPE block at "
+                  "1 bit with its fp16 norm and 16-channel tile, takes {} bits per head at head_dim {}); expected "
+                  "{:g}..{:g} bits per element (b {}..{})",
+                  rq.k_bits, cheapest, d, (double)cheapest / d, (double)block_group_cost(d, opt.b_max, opt) / d,
+                  opt.b_min, opt.b_max);
     }
     const int vb = uniform_width(rq.v_bits, rq.budget_unit, "tq-mse", d, 0, 1, 8, "PlanRequest.v_bits");
     for (int l = 0; l < L; ++l)

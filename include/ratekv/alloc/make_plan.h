@@ -89,7 +89,8 @@ struct PlanDiagnostics {
   std::optional<UniformSplit> uniform_split;  ///< uniform with avg_bits
   double predicted_uniform = 0.0;             ///< RateQuant objective at the uniform split (if computed)
   /// (layer, KV head, side) codecs that store no bits at all (every channel at
-  /// 0 bits, e.g. Block-GTQ with --bmin 0 and a tiny key budget): their keys
+  /// 0 bits, e.g. a RateQuant + Block-GTQ head given no bits; a Block-GTQ key
+  /// budget that empties every head is refused instead): their keys
   /// score 0 (uniform attention) or their values contribute 0. make_plan logs a
   /// warning naming the first one; the caches accept such plans.
   int zero_bit_sides = 0;
@@ -100,7 +101,9 @@ struct PlanDiagnostics {
 /// field ("PlanRequest.k_bits", …) for unknown methods or quantizers, a
 /// sensitivity estimator the stats lack (naming what is there), budgets
 /// outside the bounds, RateQuant bounds outside the curves' fitted widths
-/// ("PlanRequest.b_min" / "b_max") and a non-integral code budget; Error for
+/// ("PlanRequest.b_min" / "b_max"), a non-integral code budget, and a
+/// Block-GTQ key budget below the cheapest non-empty key group (a plan that
+/// would store no key anywhere; "PlanRequest.k_bits" with the valid range); Error for
 /// distortion curves the stats lack.
 Plan make_plan(const CalibStats& stats, const PlanRequest& req, PlanDiagnostics* diag = nullptr);
 
