@@ -49,7 +49,7 @@ struct BenchArgs {
   std::vector<std::string> ctk, ctv, plans;
   int64_t ctx = 0;
   uint64_t seed = 1;
-  bool profile = false, force = false;
+  bool profile = false, force = false, no_plan_check = false;
   int fp16_kernel = 0;
   int64_t chunk = 0;  // cuda: chunked prefill in chunks of this many tokens (0: one piece)
   // cuda request stream (continuous batching): requests, prompt / output tokens each, pool GiB, batch cap
@@ -535,6 +535,7 @@ void run(const BenchArgs& a, const std::string& command_line) {
     untied = synthetic_untied_output(a.synthetic);
     model_name = a.synthetic + (a.layers > 0 ? fmt::format(" ({} layers)", a.layers) : "") + " synthetic";
   } else {
+    check_plans_match_model(a.plans, a.model, a.no_plan_check);
     file = std::make_unique<GgufFile>(GgufFile::open(a.model));
     cfg = ModelConfig::from_gguf(*file);
     model_name = std::filesystem::path(a.model).filename().string();
@@ -634,6 +635,7 @@ Registrar reg("bench", [](CLI::App& app) {
       ->check(CLI::IsMember(types));
   cmd->add_option("--plan", a->plans, "plan files (uniform, Block-GTQ, RateQuant), one cache each")
       ->check(CLI::ExistingFile);
+  add_no_plan_check_option(cmd, a->no_plan_check);
   add_device_option(cmd, a->device);
   cmd->add_option("-r,--repetitions", a->reps, "repetitions per row (mean ± sd)")->capture_default_str();
   cmd->add_option("-o,--output", a->output, "md, csv or json")->capture_default_str()->check(

@@ -14,7 +14,6 @@
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/eval/plan_eval.h"
 #include "ratekv/eval/reference_cache.h"
-#include "ratekv/io/sha256.h"
 #include "ratekv/common/log.h"
 
 namespace ratekv::cli {
@@ -25,7 +24,7 @@ struct EvalArgs {
   std::vector<std::string> plans, baselines;
   int64_t tokens = 2048, ctx = 512, query_stride = 1;
   int seeds = 3;
-  bool no_ppl = false, no_ppl_k = false, no_ppl_kv = false, force = false;
+  bool no_ppl = false, no_ppl_k = false, no_ppl_kv = false, force = false, no_plan_check = false;
 };
 
 // tools/plot_eval.py: $RATEKV_TOOLS_DIR, else <exe dir>/../../tools (build/bin/ratekv).
@@ -46,6 +45,7 @@ void run(const EvalArgs& a) {
     check(std::filesystem::exists(plot_script()), "--plot: {} not found (set RATEKV_TOOLS_DIR to the tools/ folder)",
           plot_script().string());
   }
+  check_plans_match_model(a.plans, a.model, a.no_plan_check);
   LoadedModel lm = load_model(a.model);
   const ModelConfig& cfg = lm.model->config();
   std::vector<eval::PlanEntry> entries;
@@ -70,7 +70,7 @@ void run(const EvalArgs& a) {
   check(!(a.no_ppl_k && a.no_ppl_kv) || a.no_ppl, "--no-ppl-k with --no-ppl-kv leaves no perplexity pass: give --no-ppl");
   if (!a.reference_cache.empty()) {
     opt.reference_cache = a.reference_cache;
-    opt.reference_key = eval::reference_key(sha256_file(a.model), a.ctx, lm.add_bos ? lm.tokenizer->bos_id() : -1,
+    opt.reference_key = eval::reference_key(model_sha256(a.model), a.ctx, lm.add_bos ? lm.tokenizer->bos_id() : -1,
                                             std::span<const int32_t>(ids).first(static_cast<size_t>(ids.size() / a.ctx * a.ctx)));
   }
   const nlohmann::json rep = evaluate_and_print(lm, ids, entries, opt, a.model, a.text);
@@ -106,6 +106,7 @@ const Registrar reg("eval", [](CLI::App& app) {
       "Evaluate KV-cache plans against the fp32 cache and each other: per-layer RoPE-logit MAE and attention KL "
       "(K-only, V exact), attention-logit NMSE by query position (buckets 0-63, 64-127, 128-255, ...), perplexity with K-only and K+V quantized (llama.cpp windows), over run seeds");
   c->add_option("-m,--model", a->model, "GGUF model")->required()->check(CLI::ExistingFile);
+  add_no_plan_check_option(c, a->no_plan_check);
   c->add_option("--plan", a->plans, "plan file (repeatable); rows are named by the file name without .json / .plan")
       ->check(CLI::ExistingFile);
   c->add_option("--baseline", a->baselines, "built-in baseline cache: fp16, q8_0, q4_0, kivi2, kivi4 (repeatable)")

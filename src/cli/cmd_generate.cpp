@@ -39,6 +39,7 @@ struct GenerateArgs {
   double top_p = 1.0;
   int max_batch = 16;
   bool json = false;
+  bool no_plan_check = false;
 };
 
 #ifdef RATEKV_HAVE_ENGINE
@@ -326,6 +327,7 @@ void run(const GenerateArgs& a) {
   std::vector<std::vector<int32_t>> many_tokens;
   if (!a.prompts_file.empty()) many = read_prompts_file(a);
 #endif
+  check_plans_match_model({a.plan}, a.model, a.no_plan_check);
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
 #ifdef RATEKV_HAVE_ENGINE
     if (!many.empty()) {
@@ -429,6 +431,7 @@ Registrar reg("generate", [](CLI::App& app) {
   cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's ChatML chat template (user turn)");
   add_cache_option(cmd, args->cache);
   add_plan_option(cmd, args->plan);
+  add_no_plan_check_option(cmd, args->no_plan_check);
   add_cache_type_options(cmd, args->ctk, args->ctv);
   add_device_option(cmd, args->device);
   cmd->add_option("--prefill-mode", args->mode,

@@ -40,7 +40,7 @@ struct NiahArgs {
   std::vector<double> depth_list;
   int depths = 11, trials = 10, max_new = 10;
   uint64_t seed = 0;
-  bool no_fp16 = false, force = false;
+  bool no_fp16 = false, force = false, no_plan_check = false;
 };
 
 // The default system turn of a ChatML template (as `generate --chat`), "" if none.
@@ -122,6 +122,7 @@ void run(const NiahArgs& a) {
   nc.trials = a.trials;
   nc.max_new_tokens = a.max_new;
   nc.seed = a.seed;
+  check_plans_match_model(a.plans, a.model, a.no_plan_check);
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
     nc.system_prompt = system_prompt(h.file);
     eval::check_niah_answer_length(h.tokenizer, nc);
@@ -287,6 +288,7 @@ Registrar reg("niah", [](CLI::App& app) {
   auto* cmd = app.add_subcommand("niah", "Needle-in-a-haystack retrieval grid (depth x context) for fp16 and plans");
   cmd->add_option("-m,--model", args->model, "GGUF model file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--plan", args->plans, "plan file (repeatable); each gets a grid")->check(CLI::ExistingFile);
+  add_no_plan_check_option(cmd, args->no_plan_check);
   cmd->add_option("--cache", args->cache, "cache for the plans: packed (codes) or fake (fake-quant)")
       ->capture_default_str()
       ->check(CLI::IsMember({"packed", "fake"}));

@@ -31,7 +31,7 @@ struct PerplexityArgs {
   int64_t n_ctx = 512;
   int64_t chunks = -1;
   int64_t chunk = 0;  // cuda: chunked prefill of each window (0: one piece)
-  bool json = false, force = false;
+  bool json = false, force = false, no_plan_check = false;
 };
 
 void run(const PerplexityArgs& a) {
@@ -52,6 +52,7 @@ void run(const PerplexityArgs& a) {
 #ifdef RATEKV_HAVE_ENGINE
   std::optional<engine::CacheFormat> gpu_fmt;
 #endif
+  check_plans_match_model({a.plan}, a.model, a.no_plan_check);
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
     check(n_ctx <= h.config.n_ctx_train, "-c: context {} exceeds the model's context {}", n_ctx,
           h.config.n_ctx_train);
@@ -183,6 +184,7 @@ Registrar reg("perplexity", [](CLI::App& app) {
   cmd->add_flag("--force", args->force, "overwrite --output if it exists");
   add_cache_option(cmd, args->cache);
   add_plan_option(cmd, args->plan);
+  add_no_plan_check_option(cmd, args->no_plan_check);
   add_cache_type_options(cmd, args->ctk, args->ctv);
   add_device_option(cmd, args->device);
   cmd->add_option("--chunk", args->chunk,

@@ -2,6 +2,7 @@
 #include "cli/loaded_model.h"
 
 #include <chrono>
+#include <map>
 
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
@@ -9,6 +10,7 @@
 #include "ratekv/common/log.h"
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/format/stored_bytes.h"
+#include "ratekv/io/sha256.h"
 
 namespace ratekv::cli {
 
@@ -29,6 +31,44 @@ LoadedModel load_model(const std::string& path, const BeforeWeights& before_weig
                path, c.arch, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, s,
                m.model->weights().bytes() / (1024.0 * 1024.0));
   return m;
+}
+
+const std::string& model_sha256(const std::string& path) {
+  static std::map<std::string, std::string> memo;
+  auto it = memo.find(path);
+  if (it == memo.end()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    it = memo.emplace(path, sha256_file(path)).first;
+    spdlog::debug("sha256 of {} in {:.2f} s", path,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return it->second;
+}
+
+void add_no_plan_check_option(CLI::App* cmd, bool& skip) {
+  cmd->add_flag("--no-plan-check", skip,
+                "do not compare a plan's model.sha256 with the model file's (hashing a 1 GB GGUF takes seconds; use "
+                "it to apply a plan to another file of the same shapes on purpose)");
+}
+
+void check_plans_match_model(const std::vector<std::string>& plan_files, const std::string& model_path, bool skip,
+                             const std::string& flag) {
+  if (skip) return;
+  for (const std::string& f : plan_files) {
+    if (f.empty()) continue;
+    Plan p;
+    try {
+      p = Plan::load(f);
+    } catch (const Error&) {
+      continue;  // not a plan: the command reports it in its own terms (and e.g. --plan with --cache fp32 first)
+    }
+    if (p.model.sha256.empty()) continue;
+    const std::string& sha = model_sha256(model_path);
+    check(p.model.sha256 == sha,
+          "{} {}: the plan was made for the model file '{}' with sha256 {}, but -m '{}' has sha256 {} (another model "
+          "or another file of it; make a plan for this file, or pass --no-plan-check to apply it anyway)",
+          flag, f, p.model.file, p.model.sha256, model_path, sha);
+  }
 }
 
 void add_cache_option(CLI::App* cmd, std::string& kind) {

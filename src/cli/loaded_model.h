@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ratekv/io/gguf.h"
 #include "ratekv/model/kv_cache.h"
@@ -50,6 +51,29 @@ using BeforeWeights = std::function<void(const ModelHeader&)>;
 /// set), then loads the weights, logging load time and weight bytes. Throws
 /// Error (from the reader, config, tokenizer, `before_weights` or weights).
 LoadedModel load_model(const std::string& path, const BeforeWeights& before_weights = {});
+
+/// SHA-256 (hex) of the file at `path`, computed once per process and path
+/// (io/sha256.h; about 0.7 s for SmolLM2-135M's 94 MB, 9 s for a 1 GB GGUF on
+/// the shared build machine).
+const std::string& model_sha256(const std::string& path);
+
+/// Adds `--no-plan-check` (skip check_plans_match_model) to `cmd`.
+void add_no_plan_check_option(CLI::App* cmd, bool& skip);
+
+/// Plan ↔ model identity: each plan file in `plan_files` that records a
+/// model.sha256 (plans made from `ratekv calibrate` statistics or from the
+/// model itself do) must name the model file `model_path` is. Throws Error
+/// naming the flag, the plan file and both hashes otherwise. Plans without a
+/// sha256 (uniform plans from shapes, Python plans of HF models) are not
+/// compared; nothing is hashed unless some plan records one.
+/// Cost decision: the model is hashed only for that comparison (or reused
+/// when the command hashes it anyway: eval --reference-cache), memoized per
+/// process — under a second for SmolLM2, ~9 s for a 1 GB GGUF here, small
+/// beside a run that applies a plan; `--no-plan-check` (skip = true) skips it
+/// for a deliberate cross-model use or a model file re-quantized in place.
+/// Call it before the weights load.
+void check_plans_match_model(const std::vector<std::string>& plan_files, const std::string& model_path, bool skip,
+                             const std::string& flag = "--plan");
 
 /// Adds `--cache KIND` to `cmd`, storing into `kind`: fp32 (DenseKVCache),
 /// fake (FakeQuantKVCache of a plan) or packed (PackedKVCache of a plan).

@@ -6,13 +6,18 @@
 //    and --group-size 1000 with --n 64 printing a fit of fp16 rounding (no KIVI key group filled),
 //  - niah --ctx shorter than the prompt's scaffolding (was an error after the weights loaded),
 //  - --seed -1 accepted as 2^64-1 by every command with a --seed,
-//  - an output path in a directory that cannot take a file (was an error after the whole run).
+//  - an output path in a directory that cannot take a file (was an error after the whole run),
+//  - plan --method block-gtq --kbits 0 wrote a plan storing no key at all,
+//  - a plan's model.sha256 was never compared with the model it is applied to.
 // Runs the built CLI; the model-backed cases skip without the SmolLM2 asset.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <regex>
+#include <sstream>
 
 #include "../support/assets.h"
 #include "../support/temp_dir.h"
@@ -133,6 +138,61 @@ TEST_F(BadInputFlags, NiahContextShorterThanThePrompt) {
   // SmolLM2's prompt scaffolding: 90 tokens at --ctx 64 (the needles depend on the context), + 16 of haystack.
   expect_error_before_weights("niah -m " + q(smollm2) + " --depths 2 --trials 1 --ctx 512,64",
                               {"error: --ctx 64: too short for the prompt", "need ≥ 106"});
+}
+
+TEST_F(BadInputFlags, BlockGtqKeyBudgetThatStoresNoKey) {
+  // SmolLM2 statistics (committed): head_dim 64, so the cheapest key group (one RoPE block at 1 bit, padded to a
+  // 16-channel tile, + its fp16 norm) is 32 bits = 0.5 bits per element; 4 bits on every block: 272 = 4.25.
+  const std::string stats = std::string(RATEKV_SOURCE_DIR) + "/bench/results/niah_plans/ratequant-2.25.stats.json";
+  if (!fs::exists(stats)) GTEST_SKIP() << "stats fixture missing: " << stats;
+  const std::string base = "plan --method block-gtq --vbits 3 --stats " + q(stats) + " -o " + q(dir_ / "p.json");
+  for (const std::string k : {"0", "0.49"})
+    expect(base + " --kbits " + k, 1,
+           "error: --kbits " + k + " (effective): block-gtq would store no key at all (the cheapest key group, one "
+           "RoPE block at 1 bit with its fp16 norm and 16-channel tile, takes 32 bits per head at head_dim 64); "
+           "expected 0.5..4.25 bits per element (b 0..4)");
+  EXPECT_FALSE(fs::exists(dir_ / "p.json"));
+  const Result ok = run_cli(base + " --kbits 0.5");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_TRUE(fs::exists(dir_ / "p.json"));
+}
+
+TEST_F(BadInputFlags, PlanOfAnotherModelFile) {
+  const std::string smollm2 = ratekv_test::smollm2_path();
+  if (!fs::exists(smollm2)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2;
+  // The committed Block-GTQ plan records the SmolLM2 asset's sha256 (b179c952…); the same plan with another
+  // model's hash must be refused by every command that applies plans, before the weights load.
+  const fs::path good = fs::path(RATEKV_SOURCE_DIR) / "bench/results/niah_plans/block-gtq-k3v3.plan.json";
+  if (!fs::exists(good)) GTEST_SKIP() << "plan fixture missing: " << good;
+  std::stringstream ss;
+  ss << std::ifstream(good).rdbuf();
+  const std::string real = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+  ASSERT_NE(ss.str().find(real), std::string::npos) << "the fixture's hash changed";
+  const std::string other(64, 'a');
+  const fs::path bad = dir_ / "other.plan.json";
+  std::ofstream(bad) << std::regex_replace(ss.str(), std::regex(real), other);
+  const fs::path text = dir_ / "t.txt";
+  {
+    std::ofstream o(text);
+    for (int i = 0; i < 20; ++i) o << "A few words of text for a short perplexity run, line " << i << ".\n";
+  }
+  const std::string m = " -m " + q(smollm2) + " ";
+  const std::string msg = "--plan " + bad.string() + ": the plan was made for the model file "
+                          "'SmolLM2-135M-Instruct.Q4_1.gguf' with sha256 " + other + ", but -m '" + smollm2 +
+                          "' has sha256 " + real;
+  const std::string ppl = "perplexity" + m + "-f " + q(text) + " --cache packed -c 32 --chunks 1 --plan ";
+  expect_error_before_weights(ppl + q(bad), {msg, "--no-plan-check"});
+  expect_error_before_weights("eval" + m + "-f " + q(text) + " --tokens 64 --ctx 32 --plan " + q(bad), {msg});
+  expect_error_before_weights("niah" + m + "--ctx 512 --depths 2 --trials 1 --plan " + q(bad), {msg});
+  expect_error_before_weights("generate" + m + "-p hi -n 1 --cache packed --plan " + q(bad), {msg});
+  expect("bench" + m + "-p 16 -n 0 -r 1 --plan " + q(bad), 1, msg);
+  // The matching plan, and the other one with --no-plan-check, run (model-scale: not in the sanitizer build).
+  if (std::getenv("RATEKV_SANITIZE_RUN")) GTEST_SKIP() << "model-scale CLI runs skipped in the sanitizer build";
+  for (const std::string& run : {ppl + q(good), ppl + q(bad) + " --no-plan-check"}) {
+    const Result r = run_cli(run);
+    EXPECT_EQ(r.status, 0) << run << "\n" << r.output;
+    EXPECT_NE(r.output.find("PPL = "), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace
