@@ -91,5 +91,14 @@ struct PackedPlan::Device {
   bool has_wide = false;  ///< some group has 5..8 bits (extension pages; generic kernel only)
   detail::WideTables* wide = nullptr;  ///< (n_kv_heads), device
   std::vector<detail::WideTables> host_wide;
+  /// The prefill's rotation as one dense matrix per (side, KV head), the GEMM
+  /// operand of packed_prefill's tensor-core variant: M[s][h] is (head_dim
+  /// input channels) × (head_dim outputs), row-major; group g's rotated
+  /// coordinate j is output column off_g + j (off_g = Σ dims of the side's
+  /// groups before g), M[ch_g[i]][off_g + j] = Π_g[j][i], zeros elsewhere.
+  /// fp16 (fp16 inputs) and fp32 (fp32 inputs, TF32 GEMM); null for plans
+  /// with 5..8-bit groups (the GPU quantizers reject them).
+  uint16_t* prefill_m16 = nullptr;  ///< (2, n_kv_heads, head_dim, head_dim), device
+  float* prefill_m32 = nullptr;     ///< same, fp32
 };
 }  // namespace ratekv::cuda

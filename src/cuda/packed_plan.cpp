@@ -195,6 +195,28 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
   dev_->rotations = upload(rot);
   dev_->channels = upload(chans);
   dev_->levels = upload(lvl);
+  if (!dev_->has_wide) {
+    // Dense per-(side, head) rotation for the prefill GEMM (head_tables.h).
+    std::vector<float> m32((size_t)2 * hkv * d * d, 0.f);
+    for (int s = 0; s < 2; ++s)
+      for (int h = 0; h < hkv; ++h) {
+        const HeadTables& T = dev_->host_heads[h];
+        float* M = m32.data() + ((size_t)s * hkv + h) * d * d;
+        int off = 0;
+        for (int g = 0; g < T.n_groups[s]; ++g) {
+          const int m = T.dim[s][g];
+          const float* R = rot.data() + T.rot_offset[s][g];
+          const int32_t* ch = chans.data() + T.chan_offset[s][g];
+          for (int i = 0; i < m; ++i)
+            for (int j = 0; j < m; ++j) M[(size_t)ch[i] * d + off + j] = R[(size_t)j * m + i];
+          off += m;
+        }
+      }
+    std::vector<uint16_t> m16(m32.size());
+    for (size_t i = 0; i < m32.size(); ++i) m16[i] = fp32_to_fp16(m32[i]);
+    dev_->prefill_m32 = upload(m32);
+    dev_->prefill_m16 = upload(m16);
+  }
 }
 
 PackedPlan::~PackedPlan() {
@@ -203,6 +225,8 @@ PackedPlan::~PackedPlan() {
   cudaFree(dev_->rotations);
   cudaFree(dev_->channels);
   cudaFree(dev_->levels);
+  cudaFree(dev_->prefill_m16);
+  cudaFree(dev_->prefill_m32);
 }
 
 size_t decode_workspace_bytes(int batch, int n_heads, int /*head_dim*/, int n_splits) {

@@ -1,18 +1,39 @@
 // Quantize-prefill: a whole prompt's keys and values of one layer into the
-// packed cache in one launch (TurboQuant-MSE, docs/design.md §2; bit placement:
-// docs/packed_format.md §3).
+// packed cache (TurboQuant-MSE, docs/design.md §2; bit placement:
+// docs/packed_format.md §3). Two variants (PrefillVariant):
 //
-// Grid (pages touched per sequence, n_kv_heads · 2 sides, batch), 256 threads
-// (2 CTAs per SM when every group has ≤ 128 channels).
-// A CTA owns one (page, KV head, side): for each channel group it stages the
-// page's ≤ 64 token vectors (gathered channels, fp32) in shared memory, takes
-// their norms, computes Y = X Π_gᵀ with Π_gᵀ staged in 32-row chunks (thread =
-// one token × 4·⌈m/16⌉ coordinates, 16-byte broadcast loads of Π), counts the
-// Lloyd–Max midpoints below y/n, assembles the page's lane words in shared
-// memory and writes them: whole words where the CTA owns all their bits, else
-// an atomic clear + set of exactly its tokens' bits (other tokens' bits of a
-// page are never touched, as docs/packed_format.md §5 requires).
+// tensor_cores (default): the rotation Y = X Π_gᵀ of every (side, KV head) is
+// one strided-batched cuBLAS GEMM on the tensor cores — [rows, head_dim] ×
+// [head_dim, head_dim] per KV head with the plan's dense per-head matrix
+// (PackedPlan::Device::prefill_m16/m32: every group's Π_gᵀ at its channels'
+// rows and its own output columns), fp16 operands (TF32 for fp32 inputs),
+// fp32 accumulate and fp32 output into a stream-ordered workspace
+// (cudaMallocAsync, ≤ 64 MiB: prompts beyond it run in chunks of whole
+// sequences or of 64-token multiples); then the quantize kernel below reads
+// the rotated values instead of computing them.
+// fp32: the quantize kernel computes Y itself in fp32 on the CUDA cores
+// (the v9 kernel; the codes of the CPU reference up to fp32 summation order).
+//
+// Quantize kernel: grid (pages touched per sequence, n_kv_heads · 2 sides,
+// sequences of the chunk), 256 threads, 2 CTAs per SM when every group has
+// ≤ 128 channels. A CTA owns one (page, KV head, side); per channel group:
+//  fp32 variant: it stages the page's ≤ 64 token vectors (gathered channels,
+//    fp32) in shared memory, takes their norms, computes Y = X Π_gᵀ with Π_gᵀ
+//    staged in 32-row chunks (thread = one token × 4·⌈m/16⌉ coordinates,
+//    16-byte broadcast loads of Π), counts the Lloyd–Max midpoints below y/n
+//    and assembles the page's lane words in shared memory (shared atomics);
+//  tensor_cores variant: each warp loads 8 tokens' gathered inputs (norms by
+//    warp reductions) and their rotated rows from the GEMM's output, all of a
+//    thread's loads in flight at once, into shared memory; then one thread per
+//    (16-channel tile, lane) computes the codes of its lane words and
+//    assembles them in registers.
+// Both write whole words where the CTA owns all their bits, else an atomic
+// clear + set of exactly its tokens' bits (other tokens' bits of a page are
+// never touched, as docs/packed_format.md §5 requires).
+#include <cublas_v2.h>
+
 #include <algorithm>
+#include <type_traits>
 
 #include "attention_common.cuh"
 #include "ratekv/cuda/decode_attention.h"
@@ -41,41 +62,182 @@ struct PrefillSmem {
   float mids[16];
 };
 
-/// MAXD: the plan's widest padded group (128: 2 CTAs per SM; 256).
-template <typename TX, int MAXD>
-__global__ void __launch_bounds__(kThreads, MAXD <= 128 ? 2 : 1) prefill_kernel(
-    const HeadTables* __restrict__ tables, const float* __restrict__ rot,
-    const int32_t* __restrict__ chans, const float* __restrict__ levels, uint8_t* __restrict__ pool,
-    size_t page_bytes, const int32_t* __restrict__ page_table, int max_pages,
-    const int32_t* __restrict__ seq_lens, const TX* __restrict__ k, const TX* __restrict__ v,
-    int n_tokens, int n_kv_heads, int head_dim) {
+/// Shared memory of the tensor-core variant: the page's rotated rows (after
+/// the gathered inputs, for the norms), norms, midpoints.
+template <int MAXD>
+struct RotatedSmem {
+  float xs[MAXD][packed::kPageTokens + 1];
+  float norm[packed::kPageTokens];
+  float mids[16];
+};
+
+/// The BITS lane words (w = 0..BITS−1) of 16-channel tile ct, lane elane of a
+/// group's page block, from the page's rotated rows xs[j][t] (unnormalized),
+/// norms and midpoints: per docs/packed_format.md §3 the word gathers the
+/// codes of elements e = 0..7 of token tiles tt = 0..3 of that lane (keys:
+/// row rr = token, column cc = channel; values transposed), at
+/// packed::code_bit_pos. Tokens outside [lo, hi) are not this launch's: their
+/// bits are left as they are (whole-word store when the launch owns every
+/// bit, else an atomic clear + set of its bits). Coordinates j ≥ dim
+/// (padding) get code 0.
+template <int BITS, int MAXD>
+__device__ __forceinline__ void assemble_lane_words(const float (*xs)[packed::kPageTokens + 1],
+                                                    const float* norm, const float* mids, int ct,
+                                                    int elane, int dim, int lo, int hi, bool key,
+                                                    uint32_t* dst) {
+  constexpr int kLevels = 1 << BITS;
+  float mid[kLevels - 1];
+#pragma unroll
+  for (int l = 0; l + 1 < kLevels; ++l) mid[l] = mids[l];
+  uint32_t wv[BITS], wm[BITS];
+#pragma unroll
+  for (int w = 0; w < BITS; ++w) wv[w] = wm[w] = 0u;
+#pragma unroll
+  for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int rr = elane / 4 + 8 * (e / 4), cc = 2 * (elane % 4) + 8 * ((e / 2) % 2) + (e % 2);
+      const int t = 16 * tt + (key ? rr : cc), j = 16 * ct + (key ? cc : rr);
+      if (t < lo || t >= hi) continue;
+      uint32_t code = 0;
+      if (j < dim) {
+        const float n = norm[t];
+        const float y = xs[j][t] * (n > 0.f ? 1.f / n : 0.f);
+#pragma unroll
+        for (int l = 0; l + 1 < kLevels; ++l) code += y > mid[l] ? 1u : 0u;
+      }
+#pragma unroll
+      for (int p = 0; p < BITS; ++p) {
+        const packed::CodeBitPos at = packed::code_bit_pos(BITS, tt, e, p);
+        wm[at.word] |= 1u << at.bit;
+        wv[at.word] |= ((code >> p) & 1u) << at.bit;
+      }
+    }
+#pragma unroll
+  for (int w = 0; w < BITS; ++w) {
+    uint32_t* d = dst + (ct * BITS + w) * packed::kWarpLanes + elane;
+    if (wm[w] == 0xffffffffu) {
+      *d = wv[w];
+    } else if (wm[w] != 0u) {
+      atomicAnd(d, ~wm[w]);
+      atomicOr(d, wv[w]);
+    }
+  }
+}
+
+/// MAXD: the plan's widest padded group (128 or 256). ROTATED: y comes from
+/// yk / yv (the GEMM's output: row (b − b0)·nc + (p − p0), (n_kv_heads,
+/// head_dim) fp32 per row, group g at columns off_g …) instead of being
+/// computed here. The launch covers prompt tokens p ∈ [p0, p0 + nc) of
+/// sequences b0 + blockIdx.z (at positions seq_lens[b] + p).
+template <typename TX, int MAXD, bool ROTATED>
+__global__ void __launch_bounds__(kThreads, MAXD <= 128 ? 2 : 1)
+    prefill_kernel(const HeadTables* __restrict__ tables, const float* __restrict__ rot,
+                   const int32_t* __restrict__ chans, const float* __restrict__ levels,
+                   uint8_t* __restrict__ pool, size_t page_bytes,
+                   const int32_t* __restrict__ page_table, int max_pages,
+                   const int32_t* __restrict__ seq_lens, const TX* __restrict__ k,
+                   const TX* __restrict__ v, const float* __restrict__ yk,
+                   const float* __restrict__ yv, int n_tokens, int n_kv_heads, int head_dim,
+                   int b0, int p0, int nc) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   constexpr int kMaxDim = MAXD;
-  PrefillSmem<MAXD>& S = *reinterpret_cast<PrefillSmem<MAXD>*>(smem_raw);
-  const int b = blockIdx.z, h = blockIdx.y >> 1, s = blockIdx.y & 1;
-  const int start = seq_lens[b];
+  using Smem = std::conditional_t<ROTATED, RotatedSmem<MAXD>, PrefillSmem<MAXD>>;
+  Smem& S = *reinterpret_cast<Smem*>(smem_raw);
+  const int b = b0 + blockIdx.z, h = blockIdx.y >> 1, s = blockIdx.y & 1;
+  const int s0 = seq_lens[b];     // cached length before the prefill
+  const int start = s0 + p0;      // first position this launch writes
   const int pg = start / packed::kPageTokens + blockIdx.x;  // logical page
   const int lo = max(start, pg * packed::kPageTokens) - pg * packed::kPageTokens;
-  const int hi = min(start + n_tokens, (pg + 1) * packed::kPageTokens) - pg * packed::kPageTokens;
+  const int hi = min(start + nc, (pg + 1) * packed::kPageTokens) - pg * packed::kPageTokens;
   if (lo >= hi) return;  // block-uniform
   const HeadTables& T = tables[h];
   uint8_t* base = pool + (size_t)page_table[(size_t)b * max_pages + pg] * page_bytes + T.block_offset;
   const TX* x = (s == 0 ? k : v);
+  const float* yr = (s == 0 ? yk : yv);
+  const size_t y_row_stride = (size_t)n_kv_heads * head_dim;
+  int y_off = 0;  // output column of the group's first rotated coordinate
   const int tid = threadIdx.x, tk = tid & 63, jq = tid >> 6;  // token slot, coordinate quarter
   const bool mine = tk >= lo && tk < hi;
 
-  for (int g = 0; g < T.n_groups[s]; ++g) {
+  for (int g = 0; g < T.n_groups[s]; y_off += T.dim[s][g], ++g) {
     const int dim = T.dim[s][g], dim_pad = T.dim_pad[s][g], bits = T.bits[s][g];
     const float* R = rot + T.rot_offset[s][g];
     const int32_t* ch = chans + T.chan_offset[s][g];
     const int n_words = dim_pad / 16 * bits * packed::kWarpLanes;
+    if constexpr (ROTATED) {
+      // Warp w takes tokens w, w + 8, …; lane l coordinates / channels l + 32c.
+      // All of a thread's loads are issued before any is used (8 tokens ×
+      // MAXD/32 values in flight); the norms come from the gathered inputs by
+      // warp reductions; the rotated rows go to shared memory.
+      constexpr int kWarps = kThreads / 32, kTokPerWarp = packed::kPageTokens / kWarps, kPerLane = MAXD / 32;
+      const int warp = tid >> 5, lane = tid & 31;
+      const float* lv = levels + T.lvl_offset[s][g];
+      __syncthreads();  // previous group done with shared memory
+      if (tid < (1 << bits) - 1) S.mids[tid] = 0.5f * (lv[tid] + lv[tid + 1]);
+      int chl[kPerLane];
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) chl[c] = lane + 32 * c < dim ? ch[lane + 32 * c] : 0;
+      float v[kTokPerWarp][kPerLane];
+      // Inputs → norms (warp reductions over the group's channels).
+#pragma unroll
+      for (int q = 0; q < kTokPerWarp; ++q) {
+        const int t = warp + kWarps * q;
+        const bool ok = t >= lo && t < hi;
+        const int p = pg * packed::kPageTokens + t - s0;  // token index in the prompt (when ok)
+        const TX* xrow = x + (((size_t)b * n_tokens + (ok ? p : 0)) * n_kv_heads + h) * head_dim;
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) v[q][c] = ok && lane + 32 * c < dim ? (float)xrow[chl[c]] : 0.f;
+      }
+#pragma unroll
+      for (int q = 0; q < kTokPerWarp; ++q) {
+        float ss = 0.f;
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) ss = fmaf(v[q][c], v[q][c], ss);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) S.norm[warp + kWarps * q] = sqrtf(ss);
+      }
+      // Rotated rows (the GEMM's output) → shared memory, coordinate-major.
+#pragma unroll
+      for (int q = 0; q < kTokPerWarp; ++q) {
+        const int t = warp + kWarps * q;
+        const bool ok = t >= lo && t < hi;
+        const int p = pg * packed::kPageTokens + t - s0;
+        const float* yrow = yr + ((size_t)(b - b0) * nc + (ok ? p - p0 : 0)) * y_row_stride +
+                            (size_t)h * head_dim + y_off;
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) v[q][c] = ok && lane + 32 * c < dim ? yrow[lane + 32 * c] : 0.f;
+      }
+#pragma unroll
+      for (int q = 0; q < kTokPerWarp; ++q)
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c)
+          if (lane + 32 * c < dim) S.xs[lane + 32 * c][warp + kWarps * q] = v[q][c];
+      __syncthreads();  // rotated rows, norms and midpoints visible
+      if (tid >= lo && tid < hi)
+        *reinterpret_cast<__half*>(base + T.norm_offset[s][g] + 2 * tid) = __float2half_rn(S.norm[tid]);
+      // One thread per (16-channel tile, lane): all b lane words of it,
+      // assembled in registers, no shared atomics.
+      uint32_t* dst = reinterpret_cast<uint32_t*>(base + T.code_offset[s][g]);
+      for (int u = tid; u < dim_pad / 16 * packed::kWarpLanes; u += kThreads) {
+        const int ct = u / packed::kWarpLanes, elane = u % packed::kWarpLanes;
+        switch (bits) {
+          case 1: assemble_lane_words<1, MAXD>(S.xs, S.norm, S.mids, ct, elane, dim, lo, hi, s == 0, dst); break;
+          case 2: assemble_lane_words<2, MAXD>(S.xs, S.norm, S.mids, ct, elane, dim, lo, hi, s == 0, dst); break;
+          case 3: assemble_lane_words<3, MAXD>(S.xs, S.norm, S.mids, ct, elane, dim, lo, hi, s == 0, dst); break;
+          default: assemble_lane_words<4, MAXD>(S.xs, S.norm, S.mids, ct, elane, dim, lo, hi, s == 0, dst); break;
+        }
+      }
+      continue;
+    } else {
     __syncthreads();  // previous group done with shared memory
     // Token vectors (gathered channels), zeros for slots outside [lo, hi).
     for (int idx = tid; idx < dim * packed::kPageTokens; idx += kThreads) {
       const int t = idx / dim, i = idx % dim;  // consecutive threads: consecutive channels
       float val = 0.f;
       if (t >= lo && t < hi) {
-        const int p = pg * packed::kPageTokens + t - start;  // token index in the prompt
+        const int p = pg * packed::kPageTokens + t - s0;  // token index in the prompt
         val = (float)x[(((size_t)b * n_tokens + p) * n_kv_heads + h) * head_dim + ch[i]];
       }
       S.xs[i][t] = val;
@@ -91,30 +253,32 @@ __global__ void __launch_bounds__(kThreads, MAXD <= 128 ? 2 : 1) prefill_kernel(
     }
     // acc[m][c] = y at coordinate j = 16m + 4jq + c (unnormalized).
     float acc[kMaxDim / 16][4];
-#pragma unroll
-    for (int m = 0; m < kMaxDim / 16; ++m)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[m][c] = 0.f;
     const int n_m = dim_pad / 16;
-    for (int i0 = 0; i0 < dim; i0 += kChunk) {
-      const int ni = min(kChunk, dim - i0);
-      __syncthreads();
-      for (int idx = tid; idx < ni * dim_pad; idx += kThreads) {
-        const int j = idx / ni, ii = idx % ni;  // coalesced rows of Π_g
-        S.pt[ii][j] = j < dim ? R[(size_t)j * dim + i0 + ii] : 0.f;
-      }
-      __syncthreads();
-      for (int ii = 0; ii < ni; ++ii) {
-        const float xv = S.xs[i0 + ii][tk];
-        const float4* prow = reinterpret_cast<const float4*>(&S.pt[ii][4 * jq]);
+    {
 #pragma unroll
-        for (int m = 0; m < kMaxDim / 16; ++m) {
-          if (m < n_m) {
-            const float4 p4 = prow[4 * m];  // coordinates 16m + 4jq .. +3 (warp broadcast)
-            acc[m][0] = fmaf(p4.x, xv, acc[m][0]);
-            acc[m][1] = fmaf(p4.y, xv, acc[m][1]);
-            acc[m][2] = fmaf(p4.z, xv, acc[m][2]);
-            acc[m][3] = fmaf(p4.w, xv, acc[m][3]);
+      for (int m = 0; m < kMaxDim / 16; ++m)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[m][c] = 0.f;
+      for (int i0 = 0; i0 < dim; i0 += kChunk) {
+        const int ni = min(kChunk, dim - i0);
+        __syncthreads();
+        for (int idx = tid; idx < ni * dim_pad; idx += kThreads) {
+          const int j = idx / ni, ii = idx % ni;  // coalesced rows of Π_g
+          S.pt[ii][j] = j < dim ? R[(size_t)j * dim + i0 + ii] : 0.f;
+        }
+        __syncthreads();
+        for (int ii = 0; ii < ni; ++ii) {
+          const float xv = S.xs[i0 + ii][tk];
+          const float4* prow = reinterpret_cast<const float4*>(&S.pt[ii][4 * jq]);
+#pragma unroll
+          for (int m = 0; m < kMaxDim / 16; ++m) {
+            if (m < n_m) {
+              const float4 p4 = prow[4 * m];  // coordinates 16m + 4jq .. +3 (warp broadcast)
+              acc[m][0] = fmaf(p4.x, xv, acc[m][0]);
+              acc[m][1] = fmaf(p4.y, xv, acc[m][1]);
+              acc[m][2] = fmaf(p4.z, xv, acc[m][2]);
+              acc[m][3] = fmaf(p4.w, xv, acc[m][3]);
+            }
           }
         }
       }
@@ -161,57 +325,149 @@ __global__ void __launch_bounds__(kThreads, MAXD <= 128 ? 2 : 1) prefill_kernel(
         atomicOr(&dst[w], val);
       }
     }
+    }  // fp32 variant
   }
 }
 
 }  // namespace
 
+namespace {
+
+/// cuBLAS handle of this host thread for the current device (created on first
+/// use, with its own 32 MiB workspace so that calls under stream capture do
+/// not allocate; kept for the process's lifetime).
+cublasHandle_t prefill_cublas() {
+  struct Handle {
+    int device = -1;
+    cublasHandle_t h = nullptr;
+  };
+  thread_local std::vector<Handle> handles;
+  int dev = 0;
+  RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
+  for (const Handle& e : handles)
+    if (e.device == dev) return e.h;
+  Handle e{dev, nullptr};
+  detail::require(cublasCreate(&e.h) == CUBLAS_STATUS_SUCCESS, "packed_prefill: cublasCreate failed");
+  constexpr size_t kWs = size_t{32} << 20;
+  void* ws = nullptr;
+  RATEKV_CUDA_CHECK(cudaMalloc(&ws, kWs));
+  detail::require(cublasSetWorkspace(e.h, ws, kWs) == CUBLAS_STATUS_SUCCESS,
+                  "packed_prefill: cublasSetWorkspace failed");
+  handles.push_back(e);
+  return e.h;
+}
+
+void cublas_ok(cublasStatus_t st, const char* what) {
+  detail::require(st == CUBLAS_STATUS_SUCCESS, "packed_prefill: ", what, " failed (cuBLAS status ",
+                  (int)st, ")");
+}
+
+}  // namespace
+
 void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool, const void* k,
-                    const void* v, int n_tokens, DType dtype, void* stream_) {
+                    const void* v, int n_tokens, DType dtype, void* stream_, PrefillVariant variant) {
   detail::check_batch(batch, "packed_prefill");
   detail::require(pool && k && v, "packed_prefill: pool, k and v must be device pointers");
   detail::require(!plan.device().has_wide, "packed_prefill: the plan has 5..8-bit groups (extension "
                   "pages); the GPU quantizers do not write them (the CPU packed cache does)");
   detail::require(n_tokens >= 1, "packed_prefill: n_tokens ", n_tokens, " must be at least 1");
+  detail::require(dtype == DType::f32 || dtype == DType::f16, "packed_prefill: unsupported input dtype ",
+                  (int)dtype);
   const int d = plan.head_dim();
   detail::require(d <= kMaxDim, "packed_prefill: head_dim ", d, " > ", kMaxDim, " unsupported");
   auto stream = static_cast<cudaStream_t>(stream_);
   const auto& D = plan.device();
   const int hkv = plan.layout().n_kv_heads();
-  // Pages a sequence's new tokens can touch: ⌈n/64⌉, plus one when the start
-  // is not page-aligned (CTAs past the range return at once).
-  const int pages = (n_tokens + packed::kPageTokens - 1) / packed::kPageTokens + 1;
-  dim3 grid(pages, hkv * 2, batch.batch);
   int max_pad = 0;
   for (const HeadTables& T : D.host_heads)
     for (int side = 0; side < 2; ++side)
       for (int g = 0; g < T.n_groups[side]; ++g) max_pad = std::max(max_pad, (int)T.dim_pad[side][g]);
   const size_t page_bytes = plan.layout().page_bytes();
-  auto launch = [&](auto kernel, size_t smem, const auto* kp, const auto* vp) {
-    RATEKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, kThreads, smem, stream>>>(D.heads, D.rotations, D.channels, D.levels, pool,
-                                            page_bytes, batch.page_table, batch.max_pages,
-                                            batch.seq_lens, kp, vp, n_tokens, hkv, d);
-  };
   const bool narrow = max_pad <= 128;
-  switch (dtype) {
-    case DType::f32: {
-      const auto* kp = static_cast<const float*>(k);
-      const auto* vp = static_cast<const float*>(v);
-      if (narrow) launch(prefill_kernel<float, 128>, sizeof(PrefillSmem<128>), kp, vp);
-      else launch(prefill_kernel<float, 256>, sizeof(PrefillSmem<256>), kp, vp);
-      break;
-    }
-    case DType::f16: {
+  const bool f16 = dtype == DType::f16;
+  // One quantize launch over prompt tokens [p0, p0 + nc) of sequences
+  // [b0, b0 + nb): pages the tokens can touch, ⌈nc/64⌉ plus one when the
+  // start is not page-aligned (CTAs past the range return at once).
+  auto quantize = [&](auto rotated, const float* yk, const float* yv, int b0, int nb, int p0, int nc) {
+    constexpr bool R = decltype(rotated)::value;
+    const dim3 grid((nc + packed::kPageTokens - 1) / packed::kPageTokens + 1, hkv * 2, nb);
+    auto launch = [&](auto kernel, size_t smem, const auto* kp, const auto* vp) {
+      RATEKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      kernel<<<grid, kThreads, smem, stream>>>(D.heads, D.rotations, D.channels, D.levels, pool, page_bytes,
+                                              batch.page_table, batch.max_pages, batch.seq_lens, kp, vp, yk,
+                                              yv, n_tokens, hkv, d, b0, p0, nc);
+    };
+    using S128 = std::conditional_t<R, RotatedSmem<128>, PrefillSmem<128>>;
+    using S256 = std::conditional_t<R, RotatedSmem<256>, PrefillSmem<256>>;
+    if (f16) {
       const auto* kp = static_cast<const __half*>(k);
       const auto* vp = static_cast<const __half*>(v);
-      if (narrow) launch(prefill_kernel<__half, 128>, sizeof(PrefillSmem<128>), kp, vp);
-      else launch(prefill_kernel<__half, 256>, sizeof(PrefillSmem<256>), kp, vp);
-      break;
+      if (narrow) launch(prefill_kernel<__half, 128, R>, sizeof(S128), kp, vp);
+      else launch(prefill_kernel<__half, 256, R>, sizeof(S256), kp, vp);
+    } else {
+      const auto* kp = static_cast<const float*>(k);
+      const auto* vp = static_cast<const float*>(v);
+      if (narrow) launch(prefill_kernel<float, 128, R>, sizeof(S128), kp, vp);
+      else launch(prefill_kernel<float, 256, R>, sizeof(S256), kp, vp);
     }
-    default: detail::throw_error(detail::cat("packed_prefill: unsupported input dtype ", (int)dtype));
+    RATEKV_CUDA_CHECK(cudaGetLastError());
+  };
+  if (variant == PrefillVariant::fp32) {
+    quantize(std::false_type{}, nullptr, nullptr, 0, batch.batch, 0, n_tokens);
+    return;
   }
-  RATEKV_CUDA_CHECK(cudaGetLastError());
+  detail::require(variant == PrefillVariant::tensor_cores, "packed_prefill: unknown variant ", (int)variant);
+  detail::require(D.prefill_m16 && D.prefill_m32, "packed_prefill: the plan has no prefill rotation matrices");
+  // Rows of the GEMM per chunk: the fp32 output of both sides ≤ 64 MiB.
+  const size_t row_bytes = (size_t)2 * hkv * d * sizeof(float);
+  constexpr size_t kWorkspaceCap = size_t{64} << 20;
+  const int cap_rows = std::max<int>(packed::kPageTokens,
+                                     (int)(kWorkspaceCap / row_bytes) / packed::kPageTokens * packed::kPageTokens);
+  const size_t total_rows = (size_t)batch.batch * n_tokens;
+  const size_t ws_rows = std::min<size_t>(total_rows, (size_t)cap_rows);
+  float* ws = nullptr;
+  RATEKV_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), ws_rows * row_bytes, stream));
+  float* yk = ws;
+  float* yv = ws + ws_rows * hkv * d;
+  cublasHandle_t cb = prefill_cublas();
+  cublas_ok(cublasSetStream(cb, stream), "cublasSetStream");
+  const size_t in_el = f16 ? 2 : 4;
+  // Y rows [r0, r0 + rows) of both sides: column-major Yᵀ (d × rows per head,
+  // ld hkv·d) = Mᵀ (d × d, M row-major) · Xᵀ (d × rows, ld hkv·d), one batch
+  // entry per KV head.
+  auto gemm = [&](size_t r0, int rows) {
+    const float one = 1.f, zero = 0.f;
+    for (int s = 0; s < 2; ++s) {
+      const void* x = static_cast<const uint8_t*>(s == 0 ? k : v) + r0 * hkv * d * in_el;
+      const void* m = f16 ? static_cast<const void*>(D.prefill_m16 + (size_t)s * hkv * d * d)
+                          : static_cast<const void*>(D.prefill_m32 + (size_t)s * hkv * d * d);
+      const cudaDataType ty = f16 ? CUDA_R_16F : CUDA_R_32F;
+      cublas_ok(cublasGemmStridedBatchedEx(cb, CUBLAS_OP_N, CUBLAS_OP_N, d, rows, d, &one, m, ty, d,
+                                           (long long)d * d, x, ty, hkv * d, (long long)d, &zero,
+                                           s == 0 ? yk : yv, CUDA_R_32F, hkv * d, (long long)d, hkv,
+                                           f16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32,
+                                           CUBLAS_GEMM_DEFAULT),
+                "cublasGemmStridedBatchedEx (rotation)");
+    }
+  };
+  if ((size_t)n_tokens <= ws_rows) {
+    // Whole sequences per chunk.
+    const int per = (int)(ws_rows / n_tokens);
+    for (int b0 = 0; b0 < batch.batch; b0 += per) {
+      const int nb = std::min(per, batch.batch - b0);
+      gemm((size_t)b0 * n_tokens, nb * n_tokens);
+      quantize(std::true_type{}, yk, yv, b0, nb, 0, n_tokens);
+    }
+  } else {
+    // One sequence at a time, in chunks of cap_rows tokens (64-token multiples).
+    for (int b = 0; b < batch.batch; ++b)
+      for (int p0 = 0; p0 < n_tokens; p0 += cap_rows) {
+        const int nc = std::min(cap_rows, n_tokens - p0);
+        gemm((size_t)b * n_tokens + p0, nc);
+        quantize(std::true_type{}, yk, yv, b, 1, p0, nc);
+      }
+  }
+  RATEKV_CUDA_CHECK(cudaFreeAsync(ws, stream));
 }
 
 }  // namespace ratekv::cuda

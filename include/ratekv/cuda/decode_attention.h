@@ -273,16 +273,38 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
 void packed_append(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool, const void* k,
                    const void* v, DType dtype, void* stream);
 
-/// Quantize-prefill of a whole prompt chunk, one launch per layer: for every
+/// How packed_prefill rotates K/V into the codebook domain:
+///  tensor_cores — Y = X Π_gᵀ as one strided-batched cuBLAS GEMM per side
+///                 (fp16 operands for fp16 inputs, TF32 for fp32 inputs; fp32
+///                 accumulate and output), then the quantize kernel reads Y.
+///                 Π rounded to fp16 (and fp32 x to TF32) moves y/‖x‖ by at
+///                 most 2^-11 (fp16 inputs) / ≈ 2^-10 (fp32 inputs, both
+///                 operands rounded) per coordinate, so a code can differ
+///                 from the reference's by one level where y/‖x‖ lies that
+///                 close to a midpoint (measured: 2–3.5e-4 of the codes on
+///                 Gaussian data; tests/cuda bound it).
+///  fp32         — Y computed in fp32 FMA by the quantize kernel (CUDA
+///                 cores; the reference's codes up to fp32 summation order;
+///                 4x (uniform) / 2.2x (Block-GTQ) slower at 32K–128K-token
+///                 prompts on the H200: docs/cuda_results.md, session 7).
+enum class PrefillVariant { tensor_cores, fp32 };
+
+/// Quantize-prefill of a whole prompt chunk, one call per layer: for every
 /// sequence b, the n_tokens vectors k[b, i], v[b, i] (i < n_tokens) are written
 /// at positions seq_lens[b] + i (seq_lens = lengths BEFORE the prefill; 0 for a
 /// fresh prompt), every KV head and group, with the quantizer of packed_append
-/// (same codes up to fp32 summation order at a midpoint, same fp16 norms).
+/// (norms fp16(‖x_g‖); codes as packed_append's up to fp32 summation order at
+/// a midpoint for variant fp32, up to the bound of PrefillVariant for
+/// tensor_cores). Reference: ref::packed_prefill.
 ///   k, v : (batch, n_tokens, n_kv_heads, head_dim) fp32 or fp16
 /// The page table must map every touched page. Only the written tokens' bits
 /// change (partial first/last pages are merged with atomics). head_dim ≤ 256.
+/// tensor_cores allocates ≤ 64 MiB of stream-ordered workspace
+/// (cudaMallocAsync, freed on the stream; longer prompts run in chunks) and
+/// uses a cuBLAS handle per host thread and device.
 /// Throws Error on n_tokens < 1 or bad pointers. The caller advances seq_lens.
 void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool,
-                    const void* k, const void* v, int n_tokens, DType dtype, void* stream);
+                    const void* k, const void* v, int n_tokens, DType dtype, void* stream,
+                    PrefillVariant variant = PrefillVariant::tensor_cores);
 
 }  // namespace ratekv::cuda
