@@ -72,11 +72,6 @@ __global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
   const int tile_lo = split * tiles_per_split;
   const int tile_hi = min(tile_lo + tiles_per_split, n_tiles_seq);
   const int row_base = b * n_heads + h * gqa;
-  grid_dependency_wait();  // the scaled query comes from the prologue kernel (PDL launch)
-  if (tile_lo >= tile_hi) {
-    store_empty(part, row_base, gqa, split);
-    return;
-  }
   const int32_t* pt = page_table + (size_t)b * max_pages;
   const size_t page_elems = (size_t)n_kv_heads * 2 * 64 * D;
   const size_t head_off = (size_t)h * 2 * 64 * D;
@@ -98,6 +93,19 @@ __global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
     }
   };
 
+  // The first S − 1 tiles are issued before waiting for the query kernel
+  // (PDL): the cache and page table are not written by it, so their loads
+  // overlap its tail; the query fragments are read after the wait.
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (tile_lo + i < tile_hi) issue(tile_lo + i, i);
+    cp_async_commit();
+  }
+  grid_dependency_wait();  // the scaled query comes from the prologue kernel (PDL launch)
+  if (tile_lo >= tile_hi) {
+    store_empty(part, row_base, gqa, split);
+    return;
+  }
   // Query B fragments (k = channel, n = row): b0 = Q̃[g][16kt + 2t, +1], b1 = +8.
   uint32_t bq[NT][2];
 #pragma unroll
@@ -114,11 +122,6 @@ __global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
   float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units), rows 2t, 2t+1
   float l[2] = {0.f, 0.f};
 
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (tile_lo + i < tile_hi) issue(tile_lo + i, i);
-    cp_async_commit();
-  }
   // ldmatrix row addresses: lane L gives row (L mod 8) of matrix L / 8; the
   // swizzle key of every row it addresses is L mod 8.
   const int mi = lane >> 3, rr = lane & 7;
