@@ -1,7 +1,12 @@
 // Decode-attention benchmark on the GPU: packed-cache kernel (uniform K4V4,
 // K3V3, K2V2 and a Block-GTQ-style mixed-width K3V3 layout) vs the fp16-cache
-// kernel of the same structure, with the device-to-device copy ceiling
-// measured in the same run. Llama-3.1-8B (32 query / 8 KV heads) and
+// kernel of the same structure, with the device-to-device copy ceiling and a
+// read-only ceiling (cuda::read_probe: 16-byte loads, XOR-reduced, over 4 GiB;
+// and over each point's packed pool, the same bytes the kernel reads)
+// measured in the same run. The fp16 kernel is timed in both variants (rows16,
+// n8) at fp16_default_splits and n8 also at ¼, ½, 2x and 4x those splits; the
+// row "fp16" is what fp16_decode_attention picks by default, "fp16_best_ms"
+// the fastest measured. Llama-3.1-8B (32 query / 8 KV heads) and
 // Qwen2.5-3B (16 / 2) attention shapes, head_dim 128, B up to 32, T up to 512K.
 // Time per decode step (one layer): CUDA events around the attention call
 // only, median of N runs, L2 flushed (a 512 MB memset) before each run; at
@@ -31,6 +36,7 @@
 
 #include "ratekv/common/fp16.h"
 #include "ratekv/cuda/decode_attention.h"
+#include "ratekv/cuda/model_kernels.h"
 #include "ratekv/format/packed_format.h"
 #include "ratekv/ref/fp16_decode_attention.h"
 #include "ratekv/ref/packed_decode_attention.h"
@@ -149,6 +155,32 @@ std::vector<float> rotations_identityish(const LayerLayout& L, std::mt19937& rng
         std::shuffle(p.begin(), p.end(), rng);
         for (int j = 0; j < m; ++j)
           for (int i = 0; i < m; ++i) r.push_back(i == p[j] ? ((j & 1) ? -1.f : 1.f) : 0.f);
+      }
+  return r;
+}
+
+/// Dense orthogonal rotations (two random Householder reflections, H1·H2),
+/// for the prefill's timing: its GEMM should not run on a mostly-zero Π.
+std::vector<float> rotations_dense(const LayerLayout& L, std::mt19937& rng) {
+  std::normal_distribution<double> N;
+  std::vector<float> r;
+  for (int h = 0; h < L.n_kv_heads(); ++h)
+    for (int s = 0; s < 2; ++s)
+      for (const auto& g : (s == 0 ? L.spec(h).key : L.spec(h).value)) {
+        const int m = (int)g.channels.size();
+        std::vector<double> a(m), b(m);
+        double na = 0, nb = 0;
+        for (int i = 0; i < m; ++i) {
+          a[i] = N(rng), b[i] = N(rng);
+          na += a[i] * a[i], nb += b[i] * b[i];
+        }
+        // (I − 2aaᵀ/na)(I − 2bbᵀ/nb) = I − 2aaᵀ/na − 2bbᵀ/nb + 4(a·b) abᵀ/(na nb)
+        double ab = 0;
+        for (int i = 0; i < m; ++i) ab += a[i] * b[i];
+        for (int j = 0; j < m; ++j)
+          for (int i = 0; i < m; ++i)
+            r.push_back((float)((i == j ? 1.0 : 0.0) - 2 * a[j] * a[i] / na - 2 * b[j] * b[i] / nb +
+                                4 * ab * a[j] * b[i] / (na * nb)));
       }
   return r;
 }
@@ -466,13 +498,18 @@ void run_demo(const Args& A, Timer& timer, nlohmann::json& J) {
   CK(cudaFree(ws));
 }
 
-/// Prefill-quantize throughput: one launch writes a T-token prompt of every
-/// sequence (all KV heads, one layer) from fp16 K/V.
+/// Prefill-quantize throughput: one call writes a T-token prompt of every
+/// sequence (all KV heads, one layer) from fp16 K/V, in both variants
+/// (fp32: the rotation on the CUDA cores, the v9 kernel; tensor_cores: the
+/// cuBLAS GEMM + quantize kernel). GB/s: fp16 K/V read + packed bytes
+/// written; TFLOP/s: the rotation's useful FLOPs (2·m² per token, KV head,
+/// side and group of m channels) over the whole call's time.
 void run_prefill(const Args& A, Timer& timer, nlohmann::json& rows) {
   std::mt19937 rng(11);
   for (const Shape& S : {kLlama, kQwen}) {
     if (!A.only_model.empty() && A.only_model != S.model) continue;
     for (int T : {4096, 32768, 131072}) {
+      if (A.only_t && T != A.only_t) continue;
       const int B = 1;
       struct Lay {
         std::string name;
@@ -480,10 +517,15 @@ void run_prefill(const Args& A, Timer& timer, nlohmann::json& rows) {
       };
       for (const Lay& lay : {Lay{"K3V3", LayerLayout::uniform(kD, S.n_kv_heads, 3, 3)},
                              Lay{"K3V3-blockgtq", block_gtq_k3v3(S.n_kv_heads)}}) {
+        if (!A.only_cache.empty() && lay.name != A.only_cache) continue;
         const int pages = (T + kPageTokens - 1) / kPageTokens;
-        auto rot = rotations_identityish(lay.L, rng);
+        auto rot = rotations_dense(lay.L, rng);
         auto lvl = levels_for(lay.L);
         cuda::PackedPlan plan(lay.L, S.n_heads, rot, lvl);
+        double flop_per_token = 0;
+        for (int h = 0; h < lay.L.n_kv_heads(); ++h)
+          for (Side sd : {Side::key, Side::value})
+            for (const auto& G : lay.L.head(h).side(sd)) flop_per_token += 2.0 * G.dim * G.dim;
         uint8_t* pool;
         CK(cudaMalloc(&pool, (size_t)pages * lay.L.page_bytes()));
         std::vector<int32_t> pt(pages), lens(B, 0);
@@ -506,14 +548,26 @@ void run_prefill(const Args& A, Timer& timer, nlohmann::json& rows) {
         fill_repeat(dk, n * 2, xb);
         fill_repeat(dv, n * 2, xb);
         cuda::DecodeBatch db{dpt, pages, dlen, B, T};
-        const double ms = timer.median_ms(
-            [&] { cuda::packed_prefill(plan, db, pool, dk, dv, T, cuda::DType::f16, nullptr); },
-            std::max(5, A.reps / 3));
-        rows.push_back({{"model", S.model}, {"cache", lay.name}, {"B", B}, {"T", T}, {"ms", ms},
-                        {"tokens_per_s", B * T / (ms * 1e-3)},
-                        {"input_GBps", 2.0 * n * 2 / (ms * 1e-3) / 1e9}});
-        std::printf("prefill %-12s %-14s B=%d T=%7d: %8.3f ms  %.2f Mtok/s (one layer, all heads)\n",
-                    S.model, lay.name.c_str(), B, T, ms, B * T / (ms * 1e-3) / 1e6);
+        const double bytes = 2.0 * n * 2 + (double)B * T * lay.L.page_bytes() / kPageTokens;
+        const double flops = flop_per_token * B * T;
+        auto r = nlohmann::json{{"model", S.model}, {"cache", lay.name}, {"B", B}, {"T", T},
+                                {"bytes", bytes}, {"rotation_flop", flops}};
+        for (const auto var : {cuda::PrefillVariant::fp32, cuda::PrefillVariant::tensor_cores}) {
+          const std::string vn = var == cuda::PrefillVariant::fp32 ? "fp32" : "tensor_cores";
+          const double ms = timer.median_ms(
+              [&] { cuda::packed_prefill(plan, db, pool, dk, dv, T, cuda::DType::f16, nullptr, var); },
+              std::max(5, A.reps / 3));
+          r[vn] = {{"ms", ms}, {"tokens_per_s", B * T / (ms * 1e-3)}, {"GBps", bytes / (ms * 1e-3) / 1e9},
+                   {"TFLOPs", flops / (ms * 1e-3) / 1e12}};
+          std::printf("prefill %-12s %-14s %-12s B=%d T=%7d: %8.3f ms  %.2f Mtok/s  %.0f GB/s  %.1f TFLOP/s (one layer, all heads)\n",
+                      S.model, lay.name.c_str(), vn.c_str(), B, T, ms, B * T / (ms * 1e-3) / 1e6,
+                      bytes / (ms * 1e-3) / 1e9, flops / (ms * 1e-3) / 1e12);
+        }
+        // Legacy fields (older summaries): the default variant.
+        r["ms"] = r["tensor_cores"]["ms"];
+        r["tokens_per_s"] = r["tensor_cores"]["tokens_per_s"];
+        r["speedup_vs_fp32"] = r["fp32"]["ms"].get<double>() / r["tensor_cores"]["ms"].get<double>();
+        rows.push_back(r);
         CK(cudaFree(pool));
         CK(cudaFree(dpt));
         CK(cudaFree(dlen));
@@ -582,21 +636,36 @@ int main(int argc, char** argv) {
     CK(cudaFree(dst));
   }
   const double ceiling = J["copy_ceiling_GBps"].get<double>();
+  // Read ceiling: 4 GiB read once with 16-byte loads (cuda::read_probe).
+  uint32_t* sink;
+  CK(cudaMalloc(&sink, cuda::kReadProbeBlocks * sizeof(uint32_t)));
+  {
+    const size_t n = 4ull << 30;
+    void* buf;
+    CK(cudaMalloc(&buf, n));
+    CK(cudaMemset(buf, 0x5a, n));
+    const double ms = timer.median_ms([&] { cuda::read_probe(buf, n, sink, nullptr); }, 10);
+    J["read_ceiling_GBps"] = n / (ms * 1e-3) / 1e9;
+    std::printf("read ceiling: %.0f GB/s (read-only, 4 GiB)\n", J["read_ceiling_GBps"].get<double>());
+    CK(cudaFree(buf));
+  }
+  const double read_ceiling = J["read_ceiling_GBps"].get<double>();
 
   struct Case {
     Shape S;
     int B, T;
   };
   std::vector<Case> cases;
-  for (int B : {1, 8})
-    for (int T : {4096, 32768, 131072}) cases.push_back({kLlama, B, T});
-  cases.push_back({kLlama, 32, 32768});
-  cases.push_back({kLlama, 32, 131072});
+  // The grid of issue 19: both shapes, B ∈ {1, 8, 32}, T ∈ {4K, 32K, 128K};
+  // 512K where the fp16 cache fits the card (≤ 70 GB).
+  for (const Shape& S : {kLlama, kQwen})
+    for (int B : {1, 8, 32})
+      for (int T : {4096, 32768, 131072}) cases.push_back({S, B, T});
   cases.push_back({kLlama, 1, 524288});
   cases.push_back({kLlama, 8, 524288});
-  for (int B : {1, 8, 32})
-    for (int T : {4096, 131072}) cases.push_back({kQwen, B, T});
+  cases.push_back({kQwen, 1, 524288});
   cases.push_back({kQwen, 8, 524288});
+  cases.push_back({kQwen, 32, 524288});
 
   std::mt19937 rng(1);
   nlohmann::json rows = nlohmann::json::array();
@@ -628,10 +697,6 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&dq, q.size() * 4));
     CK(cudaMalloc(&dout, q.size() * 4));
     CK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-    const int splits = cuda::default_splits(B, S.n_kv_heads, T);
-    const size_t ws_bytes = cuda::decode_workspace_bytes(B, S.n_heads, kD, splits);
-    void* ws;
-    CK(cudaMalloc(&ws, ws_bytes));
     const double scale = 1.0 / std::sqrt((double)kD);
     auto base_row = [&](const std::string& cache) {
       return nlohmann::json{{"model", S.model}, {"n_heads", S.n_heads}, {"n_kv_heads", S.n_kv_heads},
@@ -650,20 +715,61 @@ int main(int argc, char** argv) {
         std::memcpy(&tmpl[i], &h, 2);
       }
       fill_repeat(pool, n_pages * page_bytes, tmpl);
-      auto call = [&](cudaStream_t st) {
-        cuda::fp16_decode_attention(S.n_heads, S.n_kv_heads, kD, db, reinterpret_cast<uint16_t*>(pool),
-                                    dq, cuda::DType::f32, (float)scale, dout, ws, ws_bytes, splits, st);
+      // Variants and split counts: the default (what n_splits = 0 and
+      // variant automatic give), rows16, and n8 at ¼, ½, 2x, 4x its default
+      // splits (at most one split per 16-token tile).
+      struct Fp16Try {
+        std::string name;
+        cuda::Fp16DecodeVariant var;
+        int splits;
       };
-      fp16_ms = timer.median_ms([&] { call(nullptr); }, A.reps);
-      const double graph_ms = short_t ? timer.graph_median_ms(call, A.reps) : -1;
+      const auto n8v = cuda::Fp16DecodeVariant::n8, r16 = cuda::Fp16DecodeVariant::rows16;
+      const int d_auto = cuda::fp16_default_splits(B, S.n_kv_heads, S.n_heads, kD, T);
+      const int d_n8 = cuda::fp16_default_splits(B, S.n_kv_heads, S.n_heads, kD, T, n8v);
+      const int d_r16 = cuda::fp16_default_splits(B, S.n_kv_heads, S.n_heads, kD, T, r16);
+      std::vector<Fp16Try> tries = {{"default", cuda::Fp16DecodeVariant::automatic, d_auto},
+                                    {"rows16", r16, d_r16}};
+      if (d_n8 != d_auto) tries.push_back({"n8", n8v, d_n8});
+      for (int sp : {d_n8 / 4, d_n8 / 2, d_n8 * 2, d_n8 * 4})
+        if (sp >= 1 && sp <= (T + 15) / 16) tries.push_back({"n8", n8v, sp});
+      int max_sp = 0;
+      for (const auto& t : tries) max_sp = std::max(max_sp, t.splits);
+      const size_t fws_bytes = cuda::decode_workspace_bytes(B, S.n_heads, kD, max_sp);
+      void* fws;
+      CK(cudaMalloc(&fws, fws_bytes));
+      nlohmann::json fvars = nlohmann::json::array();
+      double graph_ms = -1, best_ms = 1e30;
+      std::string best_name;
+      for (const auto& t : tries) {
+        auto call = [&](cudaStream_t st) {
+          cuda::fp16_decode_attention(S.n_heads, S.n_kv_heads, kD, db, reinterpret_cast<uint16_t*>(pool),
+                                      dq, cuda::DType::f32, (float)scale, dout, fws, fws_bytes, t.splits, st,
+                                      t.var);
+        };
+        const double m = timer.median_ms([&] { call(nullptr); }, A.reps);
+        if (t.name == "default") {
+          fp16_ms = m;
+          graph_ms = short_t ? timer.graph_median_ms(call, A.reps) : -1;
+        }
+        if (m < best_ms) {
+          best_ms = m;
+          best_name = t.name + "/" + std::to_string(t.splits);
+        }
+        fvars.push_back({{"variant", t.name}, {"splits", t.splits}, {"ms", m}});
+      }
+      CK(cudaFree(fws));
       const double bytes = (double)B * T * S.n_kv_heads * 2 * kD * 2;
       const double gbs = bytes / (fp16_ms * 1e-3) / 1e9;
+      const double probe_ms = timer.median_ms([&] { cuda::read_probe(pool, bytes, sink, nullptr); }, A.reps);
       auto r = base_row("fp16");
       r.update({{"ms", fp16_ms}, {"ms_graph", graph_ms}, {"cache_bytes", bytes}, {"GBps", gbs},
-                {"frac_ceiling", gbs / ceiling}, {"splits", splits}});
+                {"frac_ceiling", gbs / ceiling}, {"frac_read_ceiling", gbs / read_ceiling},
+                {"read_probe_ms", probe_ms}, {"splits", d_auto}, {"fp16_variants", fvars},
+                {"fp16_best_ms", best_ms}, {"fp16_best", best_name}});
       rows.push_back(r);
-      std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %8s\n", S.model, "fp16", B, T,
-                  fp16_ms, graph_ms, gbs, 100 * gbs / ceiling, "1.00x");
+      std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %8s  (read %.0f%%; best %s %.4f ms; probe %.4f ms)\n",
+                  S.model, "fp16", B, T, fp16_ms, graph_ms, gbs, 100 * gbs / ceiling, "1.00x",
+                  100 * gbs / read_ceiling, best_name.c_str(), best_ms, probe_ms);
       CK(cudaFree(pool));
     }
     struct Layout {
@@ -719,6 +825,9 @@ int main(int argc, char** argv) {
             [&] { call(nullptr, cuda::PackedDecodeVariant::runtime_tables); }, A.reps);
       const double bytes = (double)B * T * lay.L.page_bytes() / kPageTokens;
       const double gbs = bytes / (ms * 1e-3) / 1e9;
+      // The same bytes read by the read-only probe (the pool: B·T/64 pages).
+      const double probe_ms = timer.median_ms(
+          [&] { cuda::read_probe(pool, (size_t)n_pages * lay.L.page_bytes(), sink, nullptr); }, A.reps);
       // quantize-append of one token per sequence (all heads, one layer)
       std::vector<float> kv((size_t)B * S.n_kv_heads * kD);
       for (auto& x : kv) x = N(rng);
@@ -735,25 +844,27 @@ int main(int argc, char** argv) {
       auto r = base_row(lay.name);
       r.update({{"ms", ms}, {"ms_graph", graph_ms}, {"cache_bytes", bytes},
                 {"bytes_per_token_per_head", lay.L.bytes_per_token_per_head()}, {"GBps", gbs},
-                {"frac_ceiling", gbs / ceiling}, {"speedup_vs_fp16_kernel", fp16_ms / ms},
+                {"frac_ceiling", gbs / ceiling}, {"frac_read_ceiling", gbs / read_ceiling},
+                {"read_probe_ms", probe_ms}, {"frac_of_probe", probe_ms / ms},
+                {"speedup_vs_fp16_kernel", fp16_ms / ms},
                 {"append_ms", append_ms}, {"append_tokens_per_s", B / (append_ms * 1e-3)},
                 {"runtime_tables_variant_ms", runtime_tables_ms}, {"splits", psplits},
                 {"split_sweep", sweep}});
       rows.push_back(r);
-      std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %7.2fx  (append %.4f ms)\n",
+      std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %7.2fx  (read %.0f%%, probe %.4f ms; append %.4f ms)\n",
                   S.model, lay.name.c_str(), B, T, ms, graph_ms, gbs, 100 * gbs / ceiling,
-                  fp16_ms / ms, append_ms);
+                  fp16_ms / ms, 100 * gbs / read_ceiling, probe_ms, append_ms);
       CK(cudaFree(dkv));
       CK(cudaFree(dpos));
       CK(cudaFree(pool));
       CK(cudaFree(pws));
     }
-    CK(cudaFree(ws));
     CK(cudaFree(dq));
     CK(cudaFree(dout));
     CK(cudaFree(dpt));
     CK(cudaFree(dlen));
   }
+  CK(cudaFree(sink));
   J["rows"] = rows;
   if (A.prefill) {
     nlohmann::json prow = nlohmann::json::array();

@@ -12,8 +12,13 @@
 # PREBUILT=DIR: use test_cuda and bench_cuda_decode already built in DIR
 # (same toolkit, sm_90; e.g. copied from a build-*/bin or tests dir) instead
 # of building here.
-# STAGES="tests sanitize bench sdpa demo sass" (default: all but sass) picks stages;
-# BENCH_ARGS are passed to bench_cuda_decode.
+# DEPS=DIR (the carried .devdeps): build with tools/device/build.sh against those
+# Debian packages (the GPU machine lacks fmt, spdlog, GoogleTest, …) in
+# /tmp/ratekv-build instead of the plain configure below.
+# STAGES="tests sanitize bench sdpa demo sass engine" (default: all but sass and
+# engine) picks stages; engine = test_engine's packed-cache prefill tests (needs
+# DEPS); BENCH_ARGS are passed to bench_cuda_decode; SDPA_ARGS to
+# sdpa_baseline.py (e.g. --prefill).
 set -uo pipefail
 OUT=${OUT:-/tmp/ratekv_cuda_out}
 STAGES=${STAGES:-"tests sanitize bench sdpa demo"}
@@ -29,6 +34,16 @@ say "build"
 if [ -n "${PREBUILT:-}" ]; then
   B=$(cd "$PREBUILT" && pwd); echo "prebuilt binaries in $B" | tee -a "$LOG"
   export LD_LIBRARY_PATH=$B:${LD_LIBRARY_PATH:-}  # shared libraries carried beside them (libfmt)
+elif [ -n "${DEPS:-}" ]; then
+  B=${BUILD:-/tmp/ratekv-build}
+  TG="test_cuda bench_cuda_decode"; has engine && TG="$TG test_engine"
+  if ! DEPS="$DEPS" BUILD="$B" TARGETS="$TG" "$ROOT/tools/device/build.sh" > "$OUT/build.log" 2>&1; then
+    tail -60 "$OUT/build.log" | tee -a "$LOG"; exit 1
+  fi
+  tail -3 "$OUT/build.log" | tee -a "$LOG"
+  source $B/env.sh
+  cp $B/tests/test_cuda $B/bench/bench_cuda_decode $B/
+  [ -x $B/tests/test_engine ] && cp $B/tests/test_engine $B/
 elif ! { cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DRATEKV_CUDA=ON -DCMAKE_CUDA_FLAGS=-Xptxas=-v && cmake --build $B -j16 --target test_cuda bench_cuda_decode && cp $B/tests/test_cuda $B/bench/bench_cuda_decode $B/; } > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log" | tee -a "$LOG"; exit 1
 else
@@ -49,15 +64,16 @@ if has tests; then
   say "cuda tests"
   CAP=${CAPTURE:-$ROOT/.devcap}
   [ -d "$CAP" ] && export RATEKV_CUDA_CAPTURE=$(cd "$CAP" && pwd)
-  $B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" > "$OUT/test_cuda.log" 2>&1
+  timeout ${TEST_TIMEOUT:-300} $B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" > "$OUT/test_cuda.log" 2>&1
   grep -vE "^\[ RUN|^\[       OK|rel err|move the reference" "$OUT/test_cuda.log" | tail -40 | tee -a "$LOG"
 fi
 if has sanitize; then
   SMALL='CudaPackedDecode.Small:CudaPackedDecode.SmallZeroBit:CudaPackedDecode.SmallWide:CudaVqDecode.Small'
   say "compute-sanitizer memcheck (small decode: packed, 0-bit sides, 5..8-bit generic, vq; append; prefill)"
-  compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda --gtest_filter="$SMALL:CudaPackedAppend.*:CudaPackedPrefill.*" 2>&1 | tail -6 | tee -a "$LOG"
+  PRE='CudaPackedPrefill.MatchesReferenceQuantizerAndTouchesOnlyItsTokens:CudaPackedPrefill.RejectsBadArguments'
+  compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda --gtest_filter="$SMALL:CudaPackedAppend.*:$PRE" 2>&1 | tail -6 | tee -a "$LOG"
   say "compute-sanitizer racecheck (small decode cases + prefill)"
-  compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda --gtest_filter="$SMALL:CudaPackedPrefill.*" 2>&1 | tail -4 | tee -a "$LOG"
+  compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda --gtest_filter="$SMALL:$PRE" 2>&1 | tail -4 | tee -a "$LOG"
 fi
 if has bench; then
   say "benchmark"
@@ -65,7 +81,12 @@ if has bench; then
 fi
 if has sdpa; then
   say "torch SDPA flash baseline"
-  PYTHONUNBUFFERED=1 python3 "$ROOT/tools/device/sdpa_baseline.py" --out "$OUT/sdpa_flash.json" 2>&1 | tee -a "$LOG"
+  PYTHONUNBUFFERED=1 python3 "$ROOT/tools/device/sdpa_baseline.py" --out "$OUT/sdpa_flash.json" ${SDPA_ARGS:-} 2>&1 | tee -a "$LOG"
+fi
+if has engine && [ -x $B/test_engine ]; then
+  say "test_engine: packed-cache prefill paths (packed_prefill's tensor-core variant, fp32 inputs)"
+  timeout 240 $B/test_engine --gtest_filter='Engine.MatchesCpuPackedCacheK4V4:Engine.ChunkedPrefill*:Engine.PrefillModesAndDecodeAgreeWithPrefill' > "$OUT/test_engine.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|rel L2|agree" "$OUT/test_engine.log" | tail -40 | tee -a "$LOG"
 fi
 if has demo; then
   say "memory demo (32 layers, B=4, T=512K, K3V3)"

@@ -8,6 +8,11 @@ call only, median of 30 runs, a 512 MB memset before each run to flush L2; at
 T <= 32K also the call captured in a CUDA graph and replayed (ms_graph), as the
 benchmark does for ours. Flash backend forced (no fallback: a failure is
 recorded as an error row).
+The grid is issue 19's: both shapes, B in {1, 8, 32}, T in {4K, 32K, 128K}, and
+512K where the fp16 cache fits (bench_cuda_decode runs the same list).
+--prefill also times the causal prefill attention of one layer (B = 1, T in
+{4K, 32K, 128K}, the prompt's queries against its own K/V, flash backend), the
+denominator of bench_cuda_decode's prefill-quantize fraction.
 """
 import argparse
 import json
@@ -19,15 +24,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--reps", type=int, default=30)
+ap.add_argument("--prefill", action="store_true")
 args = ap.parse_args()
 
 D = 128
 MODELS = {"llama-3.1-8b": (32, 8), "qwen2.5-3b": (16, 2)}
-CASES = [("llama-3.1-8b", B, T) for B in (1, 8) for T in (4096, 32768, 131072)]
-CASES += [("llama-3.1-8b", 32, 32768), ("llama-3.1-8b", 32, 131072),
-          ("llama-3.1-8b", 1, 524288), ("llama-3.1-8b", 8, 524288)]
-CASES += [("qwen2.5-3b", B, T) for B in (1, 8, 32) for T in (4096, 131072)]
-CASES += [("qwen2.5-3b", 8, 524288)]
+CASES = [(m, B, T) for m in ("llama-3.1-8b", "qwen2.5-3b") for B in (1, 8, 32) for T in (4096, 32768, 131072)]
+CASES += [("llama-3.1-8b", 1, 524288), ("llama-3.1-8b", 8, 524288),
+          ("qwen2.5-3b", 1, 524288), ("qwen2.5-3b", 8, 524288), ("qwen2.5-3b", 32, 524288)]
 
 dev = torch.device("cuda")
 flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
@@ -83,5 +87,30 @@ for model, B, T in CASES:
     rows.append(row)
     del q, k, v
     torch.cuda.empty_cache()
-json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "rows": rows},
-          open(args.out, "w"), indent=2)
+prefill = []
+if args.prefill:
+    for model in MODELS:
+        HQ, HKV = MODELS[model]
+        for T in (4096, 32768, 131072):
+            g = torch.Generator(device=dev).manual_seed(T + HQ)
+            q = torch.randn(1, HQ, T, D, device=dev, dtype=torch.float16, generator=g)
+            k = torch.randn(1, HKV, T, D, device=dev, dtype=torch.float16, generator=g)
+            v = torch.randn(1, HKV, T, D, device=dev, dtype=torch.float16, generator=g)
+            row = {"model": model, "B": 1, "T": T, "what": "causal prefill attention, one layer"}
+            try:
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                    fn()
+                    torch.cuda.synchronize()
+                    ms = timed(fn, 5)
+                flop = 4.0 * HQ * D * T * T / 2  # QK^T and PV, causal half
+                row.update({"ms": ms, "TFLOPs": flop / (ms * 1e-3) / 1e12})
+                print(f"sdpa-flash prefill {model} T={T}: {ms:.3f} ms ({row['TFLOPs']:.0f} TFLOP/s)", flush=True)
+            except Exception as e:
+                row["error"] = repr(e)
+                print(f"sdpa-flash prefill {model} T={T}: ERROR {e!r}", flush=True)
+            prefill.append(row)
+            del q, k, v
+            torch.cuda.empty_cache()
+json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "rows": rows,
+           "prefill": prefill}, open(args.out, "w"), indent=2)
