@@ -123,8 +123,10 @@ def model_config(hf_config: Any) -> ModelConfig:
     Hugging Face field: num_hidden_layers, num_attention_heads, num_key_value_heads,
     hidden_size, head_dim, intermediate_size, vocab_size, max_position_embeddings),
     when the heads do not divide (num_attention_heads by num_key_value_heads, or
-    hidden_size by num_attention_heads without head_dim), or when the model uses partial rotary embeddings (``partial_rotary_factor`` < 1),
-    which the plans cannot describe.
+    hidden_size by num_attention_heads without head_dim), when the model uses partial rotary embeddings
+    (``partial_rotary_factor`` < 1), which the plans cannot describe, or when any layer has an active
+    sliding window (``use_sliding_window`` / ``sliding_window`` / ``layer_types``, naming the layers):
+    ratekv serves full causal attention only.
     """
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
 
@@ -169,9 +171,40 @@ def model_config(hf_config: Any) -> ModelConfig:
     if prf is not None and float(prf) != 1.0:
         raise RatekvError(f"{cfg.arch}: partial_rotary_factor = {prf}: ratekv plans describe full-head RoPE only")
     cfg.rms_eps = float(getattr(text, "rms_norm_eps", None) or 1e-6)
+    _refuse_sliding_window(text, src, cfg.n_layers)
     cfg.rope_layout = RopeLayout.neox
     cfg.validate(f"{type(hf_config).__name__}")
     return cfg
+
+
+def _refuse_sliding_window(text: Any, src: str, n_layers: int) -> None:
+    """RatekvError when a transformers config has an active sliding window on any layer: ratekv's HF
+    caches (and the ModelConfig made here, which has no window) serve full causal attention only, and
+    serving a windowed layer from them would silently attend to tokens the model masks out.
+
+    Sliding layers: ``layer_types`` entries other than "full_attention" when the config has
+    ``layer_types`` (transformers ≥ 5 derives it, e.g. Qwen2's from use_sliding_window /
+    sliding_window / max_window_layers); otherwise every layer when ``sliding_window`` is set and
+    ``use_sliding_window`` is not False (Mistral's semantics)."""
+    window = getattr(text, "sliding_window", None)
+    use = getattr(text, "use_sliding_window", None)
+    types = getattr(text, "layer_types", None)
+    if types is not None:
+        sliding = [i for i, t in enumerate(types) if t != "full_attention"]
+        kinds = sorted({str(types[i]) for i in sliding})
+    else:
+        sliding = list(range(n_layers)) if window is not None and use is not False else []
+        kinds = ["sliding_attention"]
+    if not sliding:
+        return
+    layers = ", ".join(str(i) for i in sliding[:8]) + (", …" if len(sliding) > 8 else "")
+    mwl = getattr(text, "max_window_layers", None)
+    raise RatekvError(
+        f"{src}: use_sliding_window = {use}, sliding_window = {window}"
+        + (f", max_window_layers = {mwl}" if mwl is not None else "")
+        + f": layers {layers} of {n_layers} use {'/'.join(kinds)} (layer_types); ratekv serves full causal "
+        "attention only (its caches would attend to tokens the window masks out); use a config without an "
+        "active window (use_sliding_window=False or sliding_window=None)")
 
 
 def uniform_plan(

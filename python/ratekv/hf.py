@@ -91,7 +91,11 @@ def packed_attention_forward(
     if query.shape[2] != 1:
         raise RatekvError(f"PackedCache: layer {layer.layer_idx}: decode attention takes one query per sequence, "
                           f"got {query.shape[2]}")
-    if attention_mask is not None and not layer.owner._mask_checked:
+    # Every decode step is checked, not only the first: a later step's mask can hide tokens the first
+    # one did not (a caller's own loop, a cache continued with another batch); one host read per step
+    # (at the step's first layer, ``_mask_checked_at`` = the cached length it checked).
+    if attention_mask is not None and (torch.compiler.is_compiling()
+                                       or layer.owner._mask_checked_at != layer.length):
         ok = attention_mask.all() if attention_mask.dtype == torch.bool else (attention_mask == 0).all()
         msg = ("PackedCache: the attention mask hides cached tokens (a padded batch); PackedCache serves batches "
                "of equal-length prompts only")
@@ -103,7 +107,7 @@ def packed_attention_forward(
         else:
             if not bool(ok):
                 raise RatekvError(msg)
-            layer.owner._mask_checked = True
+            layer.owner._mask_checked_at = layer.length
     scale = float(scaling) if scaling is not None else float(query.shape[-1]) ** -0.5
     out = layer.owner.store.decode_attention(layer.layer_idx, query[:, :, 0, :], scale)  # (B, H, d)
     return out.unsqueeze(1), None
@@ -221,7 +225,7 @@ class PackedCache(Cache):
         self.capacity = (self.rk_config.n_ctx_train if max_cache_len is None
                          else _int_arg("PackedCache", "max_cache_len", max_cache_len, 1, _I32[1]))
         self.store: Optional[PackedKVCache] = None
-        self._mask_checked = False
+        self._mask_checked_at = -1
         register()
         config._attn_implementation = ATTENTION_NAME
         super().__init__(layers=[PackedLayer(self, i) for i in range(self.rk_config.n_layers)])
@@ -248,7 +252,7 @@ class PackedCache(Cache):
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
-        self._mask_checked = False
+        self._mask_checked_at = -1
 
 
 class FakeQuantLayer(DynamicLayer):
