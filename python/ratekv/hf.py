@@ -256,23 +256,42 @@ class PackedCache(Cache):
 
 
 class FakeQuantLayer(DynamicLayer):
-    """One layer of :class:`FakeQuantCache`: dense tensors of reconstructed K/V."""
+    """One layer of :class:`FakeQuantCache`: dense tensors of reconstructed K/V.
+
+    With the plan's ``fp16_window`` W and ``sink_tokens`` S (cache/fake_quant_cache.h's token regions),
+    after each update of a layer holding T tokens: rows [0, S) are the inputs rounded to fp16, rows
+    [max(S, T − W), T) too (the window), the rest fake-quantized — what the packed cache stores. A row
+    that leaves the window is quantized from its original value, kept meanwhile (the last W rows)."""
 
     def __init__(self, owner: "FakeQuantCache", layer_idx: int) -> None:
         super().__init__()
         self.owner = owner
         self.layer_idx = layer_idx
+        self.raw_keys: Optional[torch.Tensor] = None
+        self.raw_values: Optional[torch.Tensor] = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        first = self.get_seq_length() == 0
-        kq = fake_quantize(key_states, self.owner.codecs, self.layer_idx, "key")
-        vq = fake_quantize(value_states, self.owner.codecs, self.layer_idx, "value")
-        self.keys = torch.cat([self.keys, kq], dim=-2)
-        self.values = torch.cat([self.values, vq], dim=-2)
-        if first:  # serving mode: the prompt attends to its own full-precision K/V
+        t_old = self.get_seq_length()
+        if t_old == 0 or self.raw_keys is None:
+            self.raw_keys, self.raw_values = key_states[..., :0, :], value_states[..., :0, :]
+        W, S = self.owner.window, self.owner.sink
+        # Rows [a, T) are (re)computed from their original values: the window's rows before this update
+        # (a row leaving it is quantized now) and the new ones; rows before a are final.
+        a = max(0, t_old - W)
+        rk = torch.cat([self.raw_keys, key_states], dim=-2)
+        rv = torch.cat([self.raw_values, value_states], dim=-2)
+        sink = max(0, S - a)
+        kq = fake_quantize(rk, self.owner.codecs, self.layer_idx, "key", window=W, sink=sink)
+        vq = fake_quantize(rv, self.owner.codecs, self.layer_idx, "value", window=W, sink=sink)
+        # (an empty layer's keys are a 1-D placeholder: DynamicLayer.lazy_initialization)
+        self.keys = kq if t_old == 0 else torch.cat([self.keys[..., :a, :], kq], dim=-2)
+        self.values = vq if t_old == 0 else torch.cat([self.values[..., :a, :], vq], dim=-2)
+        keep = min(W, self.keys.shape[-2])
+        self.raw_keys, self.raw_values = rk[..., rk.shape[-2] - keep:, :], rv[..., rv.shape[-2] - keep:, :]
+        if t_old == 0:  # serving mode: the prompt attends to its own full-precision K/V
             return key_states, value_states
         return self.keys, self.values
 
@@ -280,12 +299,14 @@ class FakeQuantLayer(DynamicLayer):
 class FakeQuantCache(Cache):
     """Reference for :class:`PackedCache`: the same serving-mode semantics with the
     plan's codecs applied as quantize → dequantize (ratekv's fake-quant path,
-    cache/fake_quant_cache.h) and dense SDPA attention. For evaluation and tests;
-    it stores full tensors (no memory saving)."""
+    cache/fake_quant_cache.h) and dense SDPA attention, honouring the plan's
+    ``fp16_window`` and ``sink_tokens`` as the packed cache does. For evaluation and
+    tests; it stores full tensors (no memory saving)."""
 
     def __init__(self, plan: Plan, config: Any) -> None:
         self.rk_config = model_config(config)
         self.codecs = PlanCodecs(plan, self.rk_config, "plan")
+        self.window, self.sink = int(plan.fp16_window), int(plan.sink_tokens)
         super().__init__(layers=[FakeQuantLayer(self, i) for i in range(self.rk_config.n_layers)])
         _track_native(self)
 
