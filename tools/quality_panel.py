@@ -68,11 +68,11 @@ PROTOCOL = {
     # qwen15's — 2048 calibration tokens without the gradient sensitivity and curves (no RateQuant rows), one
     # seed per cell and seeds 1..2 of the key-offset rows in their own cells (seeds_more); TaSQ / CQ K-only rows.
     "qwen05": {"calib_tokens": 2048, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
-               "llama": False, "tasq": True,
+               "llama": False, "tasq": True, "tasq_nn": True,  # TaSQ's fp16 scale is 1/8 bit here (2 x 64 channels)
                "seeds_more": ["gtq+off-K3V3", "gtq+off-K2V2", "gtq+off-K4V4"],
                "order": ["calibrate", "plan/", "eval/gtq+off-K3", "fit/", "eval/tasq-s0", "eval/cq-s0", "eval/tasq-s1",
                          "eval/cq-s1", "eval/tasq-s2", "eval/cq-s2", "eval/gtq+off-K2", "eval/gtq+off-K4",
-                         "eval/uniform-K3", "eval/uniform-K2", "eval/uniform-K4", "reseed/", "evalr/gtq+off-K3",
+                         "eval/uniform-K3", "eval/uniform-K2", "eval/uniform-K4", "eval/tasq-nn", "reseed/", "evalr/gtq+off-K3",
                          "evalr/gtq+off-K2", "evalr/gtq+off-K4", "eval/gtq-K3", "eval/q4_0", "eval/kivi", "eval/q8_0"]},
     "qwen15": {"calib_tokens": 1024, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
                "llama": False, "tasq": False,
@@ -250,7 +250,7 @@ def model_cells(m):
                                "query_stride": MAE_QUERY_STRIDE, "plans": mae_plans}})
         for name, mode in BASELINES:
             evals.append((name, ["--baseline", name], mode, None))
-        for name, mode, plan in vq_plans(m) if pr.get("tasq", True) else []:
+        for name, mode, plan in vq_plans(m, pr.get("tasq_nn", False)) if pr.get("tasq", True) else []:
             evals.append((name, ["--plan", plan], mode, plan))
         evals3 = [(n, a, mo, pl) for n, a, mo, pl in evals if n in pr.get("seeds3", [])]
         for n, a, mo, pl in evals:
@@ -288,7 +288,10 @@ def model_cells(m):
                         "out": cell, "cmd": cmd, "env": {"LLAMA_ATTN_ROT_DISABLE": "1"} if norot else {},
                         "after": [] if t == "f16" else [f"{m}/llama/f16.json"],
                         "params": {"type": t, "no_rotation": norot, "ctx": CTX, "chunks": EVAL_TOKENS // CTX}})
-        for name, args in [("tasq", VQ_FIT)] if pr.get("tasq", True) else []:
+        fits = [("tasq", VQ_FIT)] if pr.get("tasq", True) else []
+        if pr.get("tasq_nn"):  # TaSQ without its shared fp16 scale: CQ's stored bits exactly (its own capture)
+            fits.append(("tasqnn", VQ_FIT[:-2] + ["--also", "no-normalization"]))
+        for name, args in fits:
             plan = f"{m}/plans/{name}.json"
             out.append({"id": f"{m}/fit/{name}", "kind": "plan", "model": m, "out": f"{m}/plans/{name}.s0.json",
                         "cmd": [RATEKV, "plan", "--method", "tasq", "-m", mpath, "-f", calib, "-o", plan, "--force",
@@ -296,13 +299,14 @@ def model_cells(m):
     return out
 
 
-def vq_plans(m):
-    """TaSQ / CQ K-only rows: the fit writes <plan>.s<k>.json per k-means seed and .cq variants."""
+def vq_plans(m, nn=False):
+    """TaSQ / CQ K-only rows: the fit writes <plan>.s<k>.json per k-means seed and .cq variants; with nn, the
+    TaSQ-without-scale rows of the second fit (tasqnn.no-normalization.s<k>.json)."""
     rows = []
-    for method in ("tasq", "cq"):
+    stems = {"tasq": "tasq", "cq": "tasq.cq", "tasq-nn": "tasqnn.no-normalization"}
+    for method in ("tasq", "cq") + (("tasq-nn",) if nn else ()):
         for k in range(3):
-            stem = f"{m}/plans/tasq" + ("" if method == "tasq" else ".cq")
-            rows.append((f"{method}-s{k}", "k", f"{stem}.s{k}.json"))
+            rows.append((f"{method}-s{k}", "k", f"{m}/plans/{stems[method]}.s{k}.json"))
     return rows
 
 
@@ -704,6 +708,19 @@ def cmd_report(a):
                       f"{fmt(100 * r['top1'], 1) if r.get('top1') is not None else '–'} | {fmt(r.get('mae'), 3)} | "
                       f"{r['seeds']} / {r.get('mae_seeds', '–')} | {r.get('windows', '–')} |")
         md.append("")
+        vq = []  # TaSQ vs CQ (K only), paired by k-means seed
+        for k in range(3):
+            rc = next((r for r in rows if r["plan"] == f"cq-s{k}"), None)
+            for t in ("tasq", "tasq-nn"):
+                rt = next((r for r in rows if r["plan"] == f"{t}-s{k}"), None)
+                if rc and rt and rc["ppl"] and rt["ppl"]:
+                    vq.append({"a": rt["plan"], "b": rc["plan"], "stored_bits_k_a": rt["stored_bits_k"],
+                               "stored_bits_k_b": rc["stored_bits_k"], "ppl_a": rt["ppl"], "ppl_b": rc["ppl"],
+                               "kld_a": rt["kld_mean"], "kld_b": rc["kld_mean"]})
+        doc["models"][m]["vq_comparisons"] = vq
+        for c in vq:
+            md.append(f"- {c['a']} vs {c['b']} (K only; stored K {c['stored_bits_k_a']:.4f} vs {c['stored_bits_k_b']:.4f} "
+                      f"bits): PPL {c['ppl_a']:.3f} vs {c['ppl_b']:.3f}, KLD {c['kld_a']:.4f} vs {c['kld_b']:.4f}")
         for c in cmps:
             md.append(f"- {c['a']} vs {c['b']} (stored K {c['stored_bits_k_a']:.4f} vs {c['stored_bits_k_b']:.4f} "
                       f"bits): lower per-layer MAE in {c['layers_lower']}/{c['n_layers']} layers, mean reduction "
