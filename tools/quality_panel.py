@@ -68,11 +68,12 @@ PROTOCOL = {
     # qwen15's — 2048 calibration tokens without the gradient sensitivity and curves (no RateQuant rows), one
     # seed per cell and seeds 1..2 of the key-offset rows in their own cells (seeds_more); TaSQ / CQ K-only rows.
     "qwen05": {"calib_tokens": 2048, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
-               "llama": False, "tasq": True, "tasq_nn": True,  # TaSQ's fp16 scale is 1/8 bit here (2 x 64 channels)
+               "llama": False, "tasq": True, "tasq_nn": True, "ratequant_kivi": True,  # TaSQ's fp16 scale is 1/8 bit here (2 x 64 channels)
                "seeds_more": ["gtq+off-K3V3", "gtq+off-K2V2", "gtq+off-K4V4"],
                "order": ["calibrate", "plan/", "eval/gtq+off-K3", "fit/", "eval/tasq-s0", "eval/cq-s0", "eval/tasq-s1",
                          "eval/cq-s1", "eval/tasq-s2", "eval/cq-s2", "eval/gtq+off-K2", "eval/gtq+off-K4",
-                         "eval/uniform-K3", "eval/uniform-K2", "eval/uniform-K4", "eval/tasq-nn", "reseed/", "evalr/gtq+off-K3",
+                         "eval/uniform-K3", "eval/uniform-K2", "eval/uniform-K4", "eval/tasq-nn", "rq/", "eval/ratequant-kivi",
+                         "eval/uniform-kivi", "reseed/", "evalr/gtq+off-K3",
                          "evalr/gtq+off-K2", "evalr/gtq+off-K4", "eval/gtq-K3", "eval/q4_0", "eval/kivi", "eval/q8_0"]},
     "qwen15": {"calib_tokens": 1024, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
                "llama": False, "tasq": False,
@@ -237,6 +238,27 @@ def model_cells(m):
                 mae_plans.append(plan)
             if mode != "mae" and name not in pr.get("skip_eval", []):
                 evals.append((name, ["--plan", plan], mode, plan))
+        # RateQuant over KIVI-int at RateQuant's convention (2.5 code bits) and both uniform KIVI splits, from a
+        # second calibration with the gradient sensitivity and KIVI's curves only (a model whose main calibration
+        # was cut: its plans and finished cells stay as they are).
+        if pr.get("ratequant_kivi"):
+            rq_stats = f"{m}/calib_stats_rq.safetensors"
+            out.append({"id": f"{m}/rq/calibrate", "kind": "calibrate", "model": m, "out": rq_stats,
+                        "cmd": [RATEKV, "calibrate", "-m", mpath, "-f", calib, "--tokens", str(pr["calib_tokens"]),
+                                "--ctx", str(CTX), "--sensitivity", "--sens-seqs", str(SENS_SEQS), "--curves", "kivi",
+                                "--curves-json", f"{m}/curves_rq.json", "-o", rq_stats, "--force"],
+                        "params": {"tokens": pr["calib_tokens"], "sens_seqs": SENS_SEQS, "ctx": CTX, "curves": "kivi"}})
+            for name, args in [("ratequant-kivi-2.5", ["--method", "ratequant", "--quantizer", "kivi", "--bits", "2.5"]),
+                               ("uniform-kivi-K2V3", ["--method", "uniform", "--quantizer", "kivi", "--kbits", "2",
+                                                      "--vbits", "3"]),
+                               ("uniform-kivi-K3V2", ["--method", "uniform", "--quantizer", "kivi", "--kbits", "3",
+                                                      "--vbits", "2"])]:
+                args = args + ["--budget-unit", "code"]
+                plan = f"{m}/plans/{name}.json"
+                out.append({"id": f"{m}/rq/plan/{name}", "kind": "plan", "model": m, "out": plan, "after": [rq_stats],
+                            "cmd": [RATEKV, "plan", "--stats", rq_stats, "-o", plan, "--force", "-q"] + args,
+                            "params": {"args": args, "stats": rq_stats}})
+                evals.append((name, ["--plan", plan], "kv", plan))
         # Per-layer attention-logit MAE / KL of every TQ plan at MAE_SEEDS seeds on the same windows, from the
         # reference cache's fp32 activations (no perplexity pass); needs the cache written by a first eval.
         mcell = f"{m}/mae/all.json"
