@@ -109,11 +109,25 @@ int uniform_width(double budget, const std::string& unit, const std::string& qua
     for (int w = 1; w <= 8; ++w)
       if (whole_head_codec(quantizer, w, d, group_size, 0).effective_bits(d) <= budget + 1e-9) b = w;
   }
+  // The message's metadata is priced at a width the codec has (a code budget of 9 used to fail inside
+  // the message, naming the stored-bytes table instead of the argument).
+  const int shown = std::clamp(b, std::max(b_min, 1), std::max(b_max, 1));
   check_param(b >= b_min && b <= b_max, param,
               "{} ({} bits per element): gives {} code bits per element, outside {}..{} for {} at head_dim {} "
-              "(stored metadata {:.4g} bits per element)",
+              "(expected {} {}..{}{}; stored metadata {:.4g} bits per element at {} bits)",
               budget, unit, b, b_min, b_max, quantizer, d,
-              whole_head_codec(quantizer, std::max(b, 1), d, group_size, 0).effective_bits(d) - std::max(b, 1));
+              unit == "code" ? "a whole number of code bits in" : "a budget that fits a code of", b_min, b_max,
+              unit == "code" ? "" : " bits",
+              whole_head_codec(quantizer, shown, d, group_size, 0).effective_bits(d) - shown, shown);
+  // An effective budget that would fit a code wider than b_max is beyond what the method reaches: refused
+  // (it used to give the b_max plan silently, e.g. 64 bits per element -> 8 code bits).
+  if (unit != "code") {
+    const double top = whole_head_codec(quantizer, b_max, d, group_size, 0).effective_bits(d);
+    check_param(budget < top + 1.0 - 1e-9, param,
+                "{} (effective bits per element): above what {} reaches: its widest code, {} bits (b_max), stores "
+                "{:.4g} bits per element at head_dim {}; expected a budget below {:.4g}",
+                budget, quantizer, b_max, top, d, top + 1.0);
+  }
   return b;
 }
 
@@ -390,6 +404,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     const auto [lo, hi] = fitted_bounds(curves_of(c, cn), cn, rq.b_min, rq.b_max);
     check_width_bounds(lo, hi, "ratequant");
     const double avg = rq.avg_bits ? *rq.avg_bits : 0.5 * (rq.k_bits + rq.v_bits);
+    const char* avg_param = rq.avg_bits ? "PlanRequest.avg_bits" : "PlanRequest.k_bits";
     const int64_t M = 2 * (int64_t)L * H;
     // What one component stores per token at width b (key and value alike: a composed key splits
     // exactly uniform TQ-MSE's stored bits at b over its blocks).
@@ -397,6 +412,15 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       return composed ? scalar_group_stored_bits(d, b)
                       : (int64_t)std::llround(whole_head_codec(quantizer, b, d, rq.group_size, 0).effective_bits(d) * d);
     };
+    // A budget above every component at the widest fitted width cannot be spent: refused, naming the
+    // maximum (it used to give the all-b_max plan silently, e.g. avg_bits 20 -> 5 code bits).
+    {
+      const double top = rq.budget_unit == "code" ? (double)hi : (double)stored_bits(hi) / d;
+      check_param(avg <= top + 1e-9, avg_param,
+                  "{} ({} bits per element): above what {} reaches with the \"{}\" curves (fitted up to {} code "
+                  "bits): at most {:.4g} bits per element, every component at {} bits",
+                  avg, rq.budget_unit, rq.method, cn, hi, top, hi);
+    }
     if (rq.budget_unit == "code") {
       const double t = avg * (double)M;
       check_param(std::abs(t - std::round(t)) < 1e-6, "PlanRequest.avg_bits",

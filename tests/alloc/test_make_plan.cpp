@@ -98,7 +98,16 @@ TEST(MakePlan, UniformCodeAndEffectiveBudgets) {
   rq.k_bits = 1.5;
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
             "PlanRequest.k_bits 1.5 (effective bits per element): gives 0 code bits per element, outside 1..8 for "
-            "tq-mse at head_dim 16 (stored metadata 1 bits per element)");
+            "tq-mse at head_dim 16 (expected a budget that fits a code of 1..8 bits; stored metadata 1 bits per "
+            "element at 1 bits)");
+  // A budget that would fit a code wider than b_max (8 bits + norm + extension norm store 10 at head_dim 16)
+  // is refused, not capped.
+  rq.k_bits = 10.99;
+  EXPECT_DOUBLE_EQ(make_plan(st, rq).achieved().k_code, 8.0);
+  rq.k_bits = 11.0;
+  EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+            "PlanRequest.k_bits 11 (effective bits per element): above what tq-mse reaches: its widest code, 8 bits "
+            "(b_max), stores 10 bits per element at head_dim 16; expected a budget below 11");
   rq.budget_unit = "code";
   rq.k_bits = 2.5;
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),

@@ -103,7 +103,10 @@ struct PlanDiagnostics {
 /// outside the bounds, RateQuant bounds outside the curves' fitted widths
 /// ("PlanRequest.b_min" / "b_max"), a non-integral code budget, and a
 /// Block-GTQ key budget below the cheapest non-empty key group (a plan that
-/// would store no key anywhere; "PlanRequest.k_bits" with the valid range); Error for
+/// would store no key anywhere; "PlanRequest.k_bits" with the valid range), a
+/// budget above what the method reaches (uniform effective: one that would fit
+/// a code wider than b_max; ratequant: above every component at the widest
+/// fitted width; both naming the maximum); Error for
 /// distortion curves the stats lack.
 Plan make_plan(const CalibStats& stats, const PlanRequest& req, PlanDiagnostics* diag = nullptr);
 
