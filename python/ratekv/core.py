@@ -296,6 +296,27 @@ def _to_f32_numpy(x: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
 
 
+def _check_float_array(what: str, name: str, x: Any) -> None:
+    """RatekvError naming ``name`` unless ``x`` is a real floating-point torch tensor with data (cpu / cuda) or
+    something numpy reads as a floating-point array: integer, bool and complex input used to be converted
+    (complex: its imaginary part dropped) and quantized silently, a meta tensor failed with NotImplementedError."""
+    if hasattr(x, "detach"):
+        if not x.dtype.is_floating_point:
+            raise RatekvError(f"{what}: {name} has dtype {x.dtype}, expected a floating-point tensor (float32, "
+                              "float16, bfloat16 or float64)")
+        if x.device.type not in ("cpu", "cuda"):
+            raise RatekvError(f"{what}: {name} is on device '{x.device}', expected a cpu or cuda tensor (meta "
+                              "tensors hold no data)")
+        return
+    try:
+        dtype = str(np.asarray(x).dtype)
+    except Exception:  # noqa: BLE001  (ragged lists and the like: named below)
+        dtype = "object"
+    if np.dtype(dtype).kind != "f":
+        raise RatekvError(f"{what}: {name} is a {type(x).__name__} of dtype {dtype}, expected a floating-point "
+                          "numpy array or torch tensor")
+
+
 def fake_quantize(
     x: Any,
     codecs: PlanCodecs,
@@ -316,8 +337,17 @@ def fake_quantize(
     own). Returns the same type (numpy array, or torch tensor of x's dtype and
     device) and shape. vq key layers need ``k_pre`` (pre-RoPE keys, x's layout)
     and ``positions``. ``window``/``sink``: fp16 rows at the end / start.
-    Raises RatekvError for a wrong shape or non-finite input, and for ``layer``
-    outside 0..n_layers-1 or a negative ``window`` / ``sink`` (naming the argument)."""
+    Raises RatekvError for a wrong shape or non-finite input, for ``layer``
+    outside 0..n_layers-1 or a negative ``window`` / ``sink``, for ``codecs`` that
+    are not a PlanCodecs (a Plan: :func:`codecs` makes them), and for ``x`` /
+    ``k_pre`` that are not floating point (integer, bool, complex) or are meta
+    tensors (each naming the argument)."""
+    if not isinstance(codecs, PlanCodecs):
+        hint = (" (make them with ratekv.codecs(plan, config))" if isinstance(codecs, Plan) else "")
+        raise RatekvError(f"fake_quantize: codecs is a {type(codecs).__name__}, expected a ratekv.PlanCodecs{hint}")
+    _check_float_array("fake_quantize", "x", x)
+    if k_pre is not None:
+        _check_float_array("fake_quantize", "k_pre", k_pre)
     if side not in ("key", "value"):
         raise RatekvError(f"fake_quantize: side '{side}': expected 'key' or 'value'")
     s = 0 if side == "key" else 1

@@ -120,6 +120,10 @@ def register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
 
 
+#: Codec kinds the packed store holds (cache/packed_kv_cache.h; vq is refused separately: pre-RoPE keys).
+_PACKED_KINDS = ("tq-mse", "tq-mse-grouped", "fp16")
+
+
 class PackedLayer(CacheLayerMixin):
     """One layer of a :class:`PackedCache`: its K/V live in the packed store; the
     update returns the given (new) K/V, which only a prefill's SDPA reads."""
@@ -194,7 +198,8 @@ class PackedCache(Cache):
             the HF model (:func:`ratekv.calibrate`) or :func:`ratekv.uniform_plan` of
             :func:`ratekv.model_config`. Its RoPE layout must be ``neox`` (HF's half-split
             Q/K order); a plan made from a GGUF ``llama`` file (interleaved pairs) is
-            refused, as is one for other shapes.
+            refused, as is one for other shapes, and one with codecs the packed store
+            does not hold (kivi, quarot, q8_0, q4_0, vq: use :class:`FakeQuantCache`).
         config: ``model.config`` (Llama or Qwen2 models). The constructor sets
             ``config._attn_implementation = "ratekv"`` (registered in transformers'
             AttentionInterface): SDPA for every call but a packed decode step.
@@ -216,10 +221,20 @@ class PackedCache(Cache):
         self.rk_config = model_config(config)
         self.plan = plan
         PlanCodecs(plan, self.rk_config, "plan")  # refuse a plan of another model or layout now, not mid-generate
-        for kind in set(plan.codec_kinds()):
+        kinds = plan.codec_kinds()
+        for kind in sorted(set(kinds)):
             if kind == "vq":
                 raise RatekvError("PackedCache: vq (TaSQ / CQ) plans quantize pre-RoPE keys, which transformers' "
                                   "cache interface does not hand over; use a scalar (tq-mse, Block-GTQ, RateQuant) plan")
+            if kind not in _PACKED_KINDS:
+                # Checked here: the packed store is built at the first forward, which failed naming a C++ class.
+                i = kinds.index(kind)
+                side = "key" if i % 2 == 0 else "value"
+                raise RatekvError(
+                    f"PackedCache: plan: codec kind '{kind}' (first at layer {i // 2 // plan.n_kv_heads}, head "
+                    f"{i // 2 % plan.n_kv_heads}, {side}) has no packed storage; PackedCache serves "
+                    f"{', '.join(_PACKED_KINDS)} plans (tq-mse, Block-GTQ, RateQuant, fp16) — evaluate a {kind} plan "
+                    "with ratekv.hf.FakeQuantCache")
         # None is the default; 0 used to fall back to it silently (``or``), and a negative or huge value
         # reached the binding as nanobind's unnamed TypeError.
         self.capacity = (self.rk_config.n_ctx_train if max_cache_len is None

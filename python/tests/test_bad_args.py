@@ -52,3 +52,42 @@ def test_uniform_code_width_outside_1_to_8_names_k_bits(llama):
         ratekv.uniform_plan(cfg, 9, 3)
     with pytest.raises(RatekvError, match=r"v_bits 0 \(code bits per element\).*outside 1..8"):
         ratekv.uniform_plan(cfg, 3, 0)
+
+
+def test_fake_quantize_input_dtype_device_and_codecs_are_named(llama):
+    _, cfg = llama
+    plan = ratekv.uniform_plan(cfg, 3, 3)
+    cod = ratekv.codecs(plan, cfg)
+    x = torch.randn(5, 2, 64)
+    ref = ratekv.fake_quantize(x, cod, 0)
+    assert 0 < (ref - x).abs().max() < 1  # quantized, close
+    # Used to be converted and quantized silently (complex: imaginary part dropped), e.g. bool -> 0/1 rows.
+    for bad in (x.to(torch.int32), x > 0, x.to(torch.complex64)):
+        with pytest.raises(RatekvError, match=rf"fake_quantize: x has dtype {bad.dtype}, expected a floating-point"):
+            ratekv.fake_quantize(bad, cod, 0)
+    with pytest.raises(RatekvError, match=r"fake_quantize: x is a ndarray of dtype int64, expected a floating"):
+        ratekv.fake_quantize(x.numpy().astype("int64"), cod, 0)
+    with pytest.raises(RatekvError, match=r"x is on device 'meta', expected a cpu or cuda tensor"):  # NotImplementedError
+        ratekv.fake_quantize(x.to("meta"), cod, 0)
+    # A Plan / a list as codecs: AttributeError before.
+    with pytest.raises(RatekvError, match=r"codecs is a Plan, expected a ratekv.PlanCodecs \(make them with "
+                                          r"ratekv.codecs\(plan, config\)\)"):
+        ratekv.fake_quantize(x, plan, 0)
+    with pytest.raises(RatekvError, match=r"codecs is a list, expected a ratekv.PlanCodecs"):
+        ratekv.fake_quantize(x, [cod], 0)
+    # float64 and numpy float32 still work, giving the float32 result.
+    assert torch.allclose(ratekv.fake_quantize(x.double(), cod, 0).float(), ref)
+    assert abs(ratekv.fake_quantize(x.numpy(), cod, 0) - ref.numpy()).max() == 0
+
+
+@pytest.mark.parametrize("quantizer,bits", [("kivi", 3), ("quarot", 3), ("q8_0", 8), ("q4_0", 4)])
+def test_packed_cache_refuses_unpacked_codecs_at_construction(llama, quantizer, bits):
+    from ratekv import hf
+
+    m, cfg = llama
+    plan = ratekv.uniform_plan(cfg, bits, bits, quantizer=quantizer)
+    # Used to construct and fail at the first forward, naming the C++ PackedKVCache.
+    with pytest.raises(RatekvError, match=rf"PackedCache: plan: codec kind '{quantizer}' \(first at layer 0, head 0, "
+                                          r"key\) has no packed storage.*ratekv.hf.FakeQuantCache"):
+        hf.PackedCache(plan, m.config)
+    hf.FakeQuantCache(plan, m.config)  # the reference serves it
