@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import _core
-from .core import KVStats, RatekvError, model_config
+from .core import _I32, KVStats, RatekvError, _int_arg, model_config
 
 _CALIB_ATTN = "ratekv_calibrate"
 
@@ -52,6 +52,8 @@ def _vocab_size(model: torch.nn.Module, cfg: Any) -> int:
 def _tokens(tokenizer: Any, texts: Union[str, Sequence[str], None], token_ids: Any, n_vocab: int) -> torch.Tensor:
     if token_ids is not None:
         t = torch.as_tensor(token_ids)
+        if t.numel() == 0:  # torch.as_tensor([]) is float32: said "wrong dtype" before
+            raise RatekvError("calibrate: token_ids is empty, expected at least one token id")
         if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
             raise RatekvError(f"calibrate: token_ids has dtype {t.dtype}, expected integer token ids")
         ids = t.to(torch.long).flatten()
@@ -244,7 +246,9 @@ def calibrate(
     Returns the :class:`ratekv.KVStats` (``rope_layout`` "neox", arch = model_type).
     Raises RatekvError for no tokens, ``token_ids`` outside the model's vocabulary
     (0..rows of the input embedding − 1; checked before the model runs), ctx or
-    sens_len outside the model's positions,
+    sens_len outside the model's positions, a non-integer ctx / n_tokens / sens_seqs /
+    sens_len, a ``text_file`` that is not a file, a ``model_file`` / ``model_sha256`` that
+    is not a str, a ``model`` without ``.config`` (all checked before the run),
     too few tokens for the sensitivity sequences, non-finite activations, or an
     ``output`` that exists or whose directory is missing or not writable (checked
     before the run).
@@ -252,13 +256,32 @@ def calibrate(
     global _current
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    # Everything that can be checked without running the model is checked first, naming the argument.
+    if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+        raise RatekvError(f"calibrate: model is a {type(model).__name__} without .config; expected a transformers "
+                          "causal LM (a PreTrainedModel such as LlamaForCausalLM, with .config)")
     cfg = model_config(model.config)
+    for name, v in (("model_file", model_file), ("model_sha256", model_sha256)):
+        if not isinstance(v, str):
+            raise RatekvError(f"calibrate: {name} = {v!r}: expected a str (\"\" when unknown)")
+    text_sha = ""
+    if text_file is not None:
+        tf = os.fspath(text_file)
+        if not os.path.isfile(tf):
+            raise RatekvError(f"calibrate: text_file '{tf}' " + ("is a directory" if os.path.isdir(tf) else
+                              "does not exist") + ", expected the calibration text's file (its name and SHA-256 "
+                              "are recorded)")
+        text_sha = _sha256(tf)
+    ctx = _int_arg("calibrate", "ctx", ctx, 1, cfg.n_ctx_train)
+    if n_tokens is not None:
+        n_tokens = _int_arg("calibrate", "n_tokens", n_tokens, 1, _I32[1])
+    if sensitivity:
+        sens_seqs = _int_arg("calibrate", "sens_seqs", sens_seqs, 1, _I32[1])
+        sens_len = _int_arg("calibrate", "sens_len", sens_len, 2, cfg.n_ctx_train)
     ids = _tokens(tokenizer, texts, token_ids, _vocab_size(model, cfg))
     N = int(n_tokens) if n_tokens is not None else int(ids.numel())
     if N < 1 or N > ids.numel():
         raise RatekvError(f"calibrate: n_tokens = {N}: the text has {ids.numel()} tokens")
-    if ctx < 1 or ctx > cfg.n_ctx_train:
-        raise RatekvError(f"calibrate: ctx = {ctx} outside 1..{cfg.n_ctx_train} (the model's positions)")
     if sensitivity:
         if sens_seqs < 1 or sens_len < 2 or sens_len > cfg.n_ctx_train:
             raise RatekvError(f"calibrate: sensitivity needs sens_seqs ≥ 1 and 2 ≤ sens_len ≤ {cfg.n_ctx_train} "
@@ -351,7 +374,7 @@ def calibrate(
     stats.model_sha256 = model_sha256
     if text_file is not None:
         stats.text_file = os.path.basename(os.fspath(text_file))
-        stats.text_sha256 = _sha256(os.fspath(text_file))
+        stats.text_sha256 = text_sha
     if output is not None:
         stats.save(os.fspath(output))
     return stats

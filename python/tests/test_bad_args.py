@@ -91,3 +91,34 @@ def test_packed_cache_refuses_unpacked_codecs_at_construction(llama, quantizer, 
                                           r"key\) has no packed storage.*ratekv.hf.FakeQuantCache"):
         hf.PackedCache(plan, m.config)
     hf.FakeQuantCache(plan, m.config)  # the reference serves it
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(text_file="/nope.txt"), r"text_file '/nope.txt' does not exist, expected the calibration text's file"),
+    (dict(text_file="/"), r"text_file '/' is a directory"),
+    (dict(model_sha256=None), r"model_sha256 = None: expected a str"),
+    (dict(token_ids=[]), r"token_ids is empty, expected at least one token id"),
+    (dict(ctx="32"), r"ctx = '32': expected an integer in 1..1024"),
+    (dict(ctx=0), r"ctx = 0: expected an integer in 1..1024"),
+    (dict(sensitivity=True, sens_seqs=1.5), r"sens_seqs = 1.5: expected an integer"),
+    (dict(n_tokens=2.5), r"n_tokens = 2.5: expected an integer"),
+])
+def test_calibrate_arguments_are_checked_before_the_run(llama, kw, msg):
+    # text_file / model_sha256 used to fail only after the whole run (hashing the file, setting the field).
+    m, _ = llama
+    calls = []
+    h = m.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        args = dict(token_ids=torch.arange(64) % 320, ctx=32)
+        args.update(kw)
+        with pytest.raises(RatekvError, match=rf"^calibrate: {msg}"):
+            ratekv.calibrate(m, **args)
+    finally:
+        h.remove()
+    assert not calls, "the model ran before the argument was refused"
+
+
+def test_calibrate_needs_a_transformers_model():
+    with pytest.raises(RatekvError, match=r"calibrate: model is a Linear without .config; expected a transformers "
+                                          r"causal LM"):
+        ratekv.calibrate(torch.nn.Linear(2, 2), token_ids=[1, 2, 3])
