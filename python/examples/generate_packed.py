@@ -65,7 +65,7 @@ def main() -> None:
     dense = DynamicCache(config=model.config)
     ref = model.generate(**inputs, past_key_values=dense, **gen)
     n = inputs["input_ids"].shape[1]
-    fp16 = out.shape[1] * ratekv.model_config(model.config).kv_bytes_per_token_fp16()
+    fp16 = cache.get_seq_length() * ratekv.model_config(model.config).kv_bytes_per_token_fp16()
     print("packed :", repr(tok.decode(out[0, n:], skip_special_tokens=True)))
     print("dynamic:", repr(tok.decode(ref[0, n:], skip_special_tokens=True)))
     print(f"packed cache {cache.nbytes} bytes for {cache.get_seq_length()} tokens; an fp16 cache: {fp16} bytes "

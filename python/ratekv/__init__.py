@@ -39,6 +39,18 @@ from .core import (  # noqa: F401
 
 __version__ = "0.1.0"
 
+# The public API, for help(), dir() and `from ratekv import *` (PackedKVCache, calibrate, hf and ops
+# load lazily: torch / transformers only when used).
+__all__ = [
+    "CalibStats", "HF_ARCHES", "KVStats", "ModelConfig", "PackedKVCache", "PagePool", "Plan", "PlanCodecs",
+    "RatekvError", "RopeLayout", "Tokenizer", "calibrate", "codecs", "fake_quantize", "has_cuda", "hf",
+    "load_plan", "load_stats", "make_plan", "model_config", "ops", "save_plan", "uniform_plan",
+]
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))
+
 
 def __getattr__(name: str):  # lazy: torch / transformers only when used
     if name == "PackedKVCache":

@@ -99,7 +99,9 @@ def load_plan(path: PathLike) -> Plan:
 
 
 def save_plan(plan: Plan, path: PathLike) -> None:
-    """Validates and writes a plan as JSON."""
+    """Validates and writes a plan as JSON (docs/plan_format.md) at ``path``, replacing an existing
+    file (unlike the CLI's ``-o``, which needs ``--force``). Raises RatekvError naming the path when
+    it cannot be written."""
     plan.save(os.fspath(path))
 
 

@@ -274,6 +274,10 @@ class PackedKVCache:
         if self.device.type == "cpu":
             self._impl: Any = _CpuStore(self.codecs, self.batch_size, max_tokens)
         elif self.device.type == "cuda" and _core.has_cuda:
+            if not torch.cuda.is_available():  # built with nvcc, but no usable GPU or driver here
+                raise RatekvError(f"PackedKVCache(device='{self.device}'): this extension has the CUDA packed "
+                                  "cache (ratekv.has_cuda) but torch sees no usable CUDA device "
+                                  "(torch.cuda.is_available() is False); use device='cpu'")
             self._impl = _CudaStore(self.codecs, self.batch_size, max_tokens, self.device)
         else:
             raise _cuda_unavailable(f"PackedKVCache(device='{self.device}')")
