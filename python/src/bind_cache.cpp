@@ -47,11 +47,11 @@ class PackedBatch {
   void append(int layer, F32In k, F32In v, std::optional<F32In> k_pre) {
     const ModelConfig& cfg = codecs_->config();
     check(layer >= 0 && layer < cfg.n_layers, "PackedCache: layer {} outside 0..{}", layer, cfg.n_layers - 1);
-    check_shape(k, "PackedCache.append: k", {batch(), -1, cfg.n_kv_heads, cfg.head_dim});
+    check_shape(k, "PackedKVCache.append: k", {batch(), -1, cfg.n_kv_heads, cfg.head_dim});
     const int64_t n = static_cast<int64_t>(k.shape(1));
-    check(n >= 1, "PackedCache.append: no tokens");
-    check_shape(v, "PackedCache.append: v", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
-    if (k_pre) check_shape(*k_pre, "PackedCache.append: k_pre", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
+    check(n >= 1, "PackedKVCache.append: no tokens");
+    check_shape(v, "PackedKVCache.append: v", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
+    if (k_pre) check_shape(*k_pre, "PackedKVCache.append: k_pre", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
     check_finite(k.data(), k.size(), "key", layer);
     check_finite(v.data(), v.size(), "value", layer);
     const size_t per = static_cast<size_t>(n) * cfg.n_kv_heads * cfg.head_dim;
@@ -70,9 +70,9 @@ class PackedBatch {
   void attend(int layer, F32In q, F32Out out, float scale) {
     const ModelConfig& cfg = codecs_->config();
     check(layer >= 0 && layer < cfg.n_layers, "PackedCache: layer {} outside 0..{}", layer, cfg.n_layers - 1);
-    check_shape(q, "PackedCache.attend: q", {batch(), -1, cfg.n_heads, cfg.head_dim});
+    check_shape(q, "PackedKVCache.decode_attention: q", {batch(), -1, cfg.n_heads, cfg.head_dim});
     const int64_t n = static_cast<int64_t>(q.shape(1));
-    check_shape(out, "PackedCache.attend: out", {batch(), n, cfg.n_heads, cfg.head_dim});
+    check_shape(out, "PackedKVCache.decode_attention: out", {batch(), n, cfg.n_heads, cfg.head_dim});
     check_finite(q.data(), q.size(), "query", layer);
     const size_t per = static_cast<size_t>(n) * cfg.n_heads * cfg.head_dim;
     AttnParams p;
@@ -81,7 +81,7 @@ class PackedBatch {
     nb::gil_scoped_release rel;
     for (int b = 0; b < batch(); ++b) {
       const int64_t T = len_[b][layer];
-      check(n <= T, "PackedCache.attend: layer {}: {} queries but only {} cached tokens", layer, n, T);
+      check(n <= T, "PackedKVCache.decode_attention: layer {}: {} queries but only {} cached tokens", layer, n, T);
       std::vector<int32_t> pos(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(T - n + i);
       seqs_[b].attend(layer, n, pos.data(), q.data() + b * per, out.data() + b * per, p);

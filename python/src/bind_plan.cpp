@@ -118,22 +118,22 @@ void bind_plan(nb::module_& m) {
       [](const cache::PlanCodecs& c, int layer, int side, F32In x, F32Out out, std::optional<F32In> k_pre,
          std::optional<I32In> pos, int window, int sink) {
         const ModelConfig& cfg = c.config();
-        check(layer >= 0 && layer < cfg.n_layers, "fake_quant: layer {} outside 0..{}", layer, cfg.n_layers - 1);
-        check(side == 0 || side == 1, "fake_quant: side {} must be 0 (key) or 1 (value)", side);
-        check_shape(x, "fake_quant: x", {-1, cfg.n_kv_heads, cfg.head_dim});
+        check(layer >= 0 && layer < cfg.n_layers, "fake_quantize: layer {} outside 0..{}", layer, cfg.n_layers - 1);
+        check(side == 0 || side == 1, "fake_quantize: side {} must be 0 (key) or 1 (value)", side);
+        check_shape(x, "fake_quantize: x", {-1, cfg.n_kv_heads, cfg.head_dim});
         const int64_t T = static_cast<int64_t>(x.shape(0));
-        check_shape(out, "fake_quant: out", {T, cfg.n_kv_heads, cfg.head_dim});
+        check_shape(out, "fake_quantize: out", {T, cfg.n_kv_heads, cfg.head_dim});
         const float* kp = nullptr;
         const int32_t* ps = nullptr;
         if (k_pre) {
-          check_shape(*k_pre, "fake_quant: k_pre", {T, cfg.n_kv_heads, cfg.head_dim});
+          check_shape(*k_pre, "fake_quantize: k_pre", {T, cfg.n_kv_heads, cfg.head_dim});
           kp = k_pre->data();
         }
         if (pos) {
-          check_shape(*pos, "fake_quant: pos", {T});
+          check_shape(*pos, "fake_quantize: pos", {T});
           ps = pos->data();
         }
-        check(window >= 0 && sink >= 0, "fake_quant: window {} and sink {} must be ≥ 0", window, sink);
+        check(window >= 0 && sink >= 0, "fake_quantize: window {} and sink {} must be ≥ 0", window, sink);
         nb::gil_scoped_release rel;
         cache::fake_quant_sequence(c, layer, static_cast<cache::KVSide>(side), x.data(), kp, ps, T, window, sink,
                                    out.data());
