@@ -141,7 +141,6 @@ class PackedLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.owner._ensure_store(key_states)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -149,10 +148,12 @@ class PackedLayer(CacheLayerMixin):
         """key_states, value_states: (B, n_kv_heads, n, head_dim), keys post-RoPE."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        self.owner._ensure_store(key_states)
         n = key_states.shape[-2]
         if self.length > 0 and n != 1:
-            raise RatekvError(f"PackedCache: layer {self.layer_idx}: {n} new tokens after {self.length} cached; the "
-                              "packed cache takes one prompt (prefill) and then one token per step")
+            raise RatekvError(f"PackedCache: layer {self.layer_idx}: {n} new tokens, the cache already holds "
+                              f"{self.length} tokens per sequence; it takes one prompt (prefill) and then one token "
+                              "per step: call reset() before a new prompt")
         self.owner.store.append(self.layer_idx, key_states.transpose(1, 2), value_states.transpose(1, 2))
         self.mode = "prefill" if self.length == 0 else "decode"
         self.length += n
@@ -160,6 +161,10 @@ class PackedLayer(CacheLayerMixin):
         return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if query_length == 0 and self.length > 0:
+            # generate() on a cache that already holds the prompt (a second call without reset()) hands the model
+            # no new token: transformers then fails on an empty tensor, naming neither the cache nor reset().
+            self.owner._refuse_reuse()
         return self.length + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -252,12 +257,27 @@ class PackedCache(Cache):
             self.store._release_native()
         self.store = self.plan = self.rk_config = None
 
+    def _held(self) -> int:
+        return max((layer.length for layer in self.layers), default=0)
+
+    def _refuse_reuse(self) -> None:
+        raise RatekvError(f"PackedCache: the cache already holds {self._held()} tokens per sequence and the forward "
+                          "brings no new one (a second generate() on the same cache?); call reset() before a new "
+                          "prompt")
+
     def _ensure_store(self, key_states: torch.Tensor) -> None:
+        """Makes the store on the first update; after reset() (nothing held) a new batch size gets a new store
+        (one of the same size is kept: its buffers may be captured in a CUDA graph)."""
         b = key_states.shape[0]
+        if self.store is not None and self.store.batch_size != b:
+            held = self._held()
+            if held > 0:
+                raise RatekvError(f"PackedCache: batch size {b}, the cache holds {self.store.batch_size} sequences "
+                                  f"of {held} tokens; call reset() before another batch")
+            self.store._release_native()
+            self.store = None
         if self.store is None:
             self.store = PackedKVCache(self.plan, self.rk_config, b, self.capacity, device=key_states.device)
-        elif self.store.batch_size != b:
-            raise RatekvError(f"PackedCache: batch size {b}, the cache holds {self.store.batch_size} sequences")
 
     @property
     def nbytes(self) -> int:

@@ -116,3 +116,34 @@ def test_fake_quant_cache_honours_window_and_sink(window, sink):
         plain = _teacher_forced(m, hf.PackedCache(ratekv.make_plan(stats, "uniform", k_bits=3, v_bits=3,
                                                                    budget_unit="code"), m.config), ids, nxt)
         assert (plain - packed).abs().max().item() > 1e-3
+
+
+def test_reuse_without_reset_and_new_batch_after_reset():
+    m = tiny_model("qwen2", 64, 4, 2)
+    plan = ratekv.uniform_plan(ratekv.model_config(m.config), 4, 4)
+    cache = hf.PackedCache(plan, m.config, max_cache_len=64)
+    g = torch.Generator().manual_seed(4)
+
+    def gen(ids):
+        return m.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=4,
+                          do_sample=False, pad_token_id=0)
+
+    ids1 = torch.randint(0, 320, (1, 3), generator=g)
+    out1 = gen(ids1)
+    # A second generate() on the filled cache: used to fail inside transformers on an empty tensor, or to say
+    # "the attention mask hides cached tokens (a padded batch)".
+    with pytest.raises(RatekvError, match=r"already holds 6 tokens per sequence .*call reset\(\) before a new prompt"):
+        gen(ids1)
+    with pytest.raises(RatekvError, match=r"already holds 6 tokens per sequence.*call reset\(\) before a new prompt"):
+        m(torch.randint(0, 320, (1, 5), generator=g), past_key_values=cache)
+    # Another batch size while tokens are held: named, with reset().
+    with pytest.raises(RatekvError, match=r"batch size 2, the cache holds 1 sequences of 6 tokens; call reset\(\)"):
+        m(torch.randint(0, 320, (2, 1), generator=g), past_key_values=cache)
+    # After reset() another batch size works (it used to fail in the C++ append: the store kept batch 1), and
+    # the batch-1 prompt again gives the first run's tokens.
+    cache.reset()
+    ids2 = torch.cat([ids1, torch.randint(0, 320, (1, 3), generator=g)])
+    out2 = gen(ids2)
+    assert out2.shape == (2, 7) and torch.equal(out2[0], out1[0])
+    cache.reset()
+    assert torch.equal(gen(ids1), out1)
