@@ -105,9 +105,28 @@ def save_plan(plan: Plan, path: PathLike) -> None:
     plan.save(os.fspath(path))
 
 
+def _check_safetensors(what: str, path: str) -> None:
+    """RatekvError "<what>: '<path>' is not a safetensors statistics file" unless the file starts like one (an
+    8-byte little-endian header length within the file, then a JSON object): a plan's JSON or a text used to
+    be reported as a safetensors header length of some 10^18 bytes. Missing files are left to the reader."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return
+    n = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+    if not (0 < n <= size - 8 and head[8:9] == b"{"):
+        hint = " — it is JSON (a plan? load_plan reads plans)" if head.lstrip()[:1] in (b"{", b"[") else ""
+        raise RatekvError(f"{what}: '{path}' is not a safetensors statistics file (docs/calibration_stats.md: an "
+                          f"8-byte header length, then a JSON header){hint}")
+
+
 def load_stats(path: PathLike) -> KVStats:
     """Reads a statistics file written by ``ratekv calibrate`` or :func:`ratekv.calibrate`
-    (safetensors, docs/calibration_stats.md). Raises RatekvError naming the tensor or field."""
+    (safetensors, docs/calibration_stats.md). Raises RatekvError naming the tensor or field,
+    or saying the file is not a safetensors statistics file."""
+    _check_safetensors("load_stats", os.fspath(path))
     return KVStats.load(os.fspath(path))
 
 
@@ -261,6 +280,7 @@ def make_plan(
     stats_file = ""
     if isinstance(stats, (str, os.PathLike)):
         stats_file = os.path.basename(os.fspath(stats))
+        _check_safetensors("make_plan: stats", os.fspath(stats))
         st = _core.load_alloc_stats(os.fspath(stats))
     elif isinstance(stats, KVStats):
         st = stats.to_alloc_stats()

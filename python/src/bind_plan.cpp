@@ -28,9 +28,20 @@ void bind_plan(nb::module_& m) {
       .def("save", &Plan::save, nb::arg("path"))
       .def_static(
           "from_json", [](const std::string& s, const std::string& name) {
-            return Plan::from_json(nlohmann::json::parse(s), name);
+            // nlohmann's own message ("[json.exception.parse_error.101] ...") reached Python as a RuntimeError.
+            nlohmann::json j;
+            try {
+              j = nlohmann::json::parse(s);
+            } catch (const nlohmann::json::parse_error& e) {
+              fail("{}: text is not valid JSON ({}); expected the JSON object `ratekv plan` writes "
+                   "(docs/plan_format.md)",
+                   name, e.byte > s.size() ? fmt::format("it ends early, after {} bytes", s.size())
+                                           : fmt::format("syntax error at byte {} of {}", e.byte, s.size()));
+            }
+            return Plan::from_json(j, name);
           },
-          nb::arg("text"), nb::arg("name") = "plan")
+          nb::arg("text"), nb::arg("name") = "plan",
+          "A plan from JSON text; RatekvError for invalid JSON (the byte offset) or a bad field.")
       .def("to_json", [](const Plan& p) { return p.to_json().dump(1); })
       .def("validate", &Plan::validate, nb::arg("name") = "plan")
       .def(

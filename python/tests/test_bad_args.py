@@ -122,3 +122,35 @@ def test_calibrate_needs_a_transformers_model():
     with pytest.raises(RatekvError, match=r"calibrate: model is a Linear without .config; expected a transformers "
                                           r"causal LM"):
         ratekv.calibrate(torch.nn.Linear(2, 2), token_ids=[1, 2, 3])
+
+
+def test_messages_name_the_library_not_its_internals(llama, tmp_path):
+    _, cfg = llama
+    # Plan.from_json: nlohmann's "[json.exception.parse_error.101] ..." as a RuntimeError before.
+    with pytest.raises(RatekvError, match=r"^plan: text is not valid JSON \(it ends early, after 1 bytes\); "
+                                          r"expected the JSON object `ratekv plan` writes"):
+        ratekv.Plan.from_json("{")
+    with pytest.raises(RatekvError, match=r"^plan: text is not valid JSON \(syntax error at byte 2 of 3\)"):
+        ratekv.Plan.from_json("{x}")
+    good = ratekv.uniform_plan(cfg, 3, 3)
+    assert ratekv.Plan.from_json(good.to_json()).to_json() == good.to_json()
+    # load_stats / make_plan on a plan's JSON: "safetensors header length 7595430040395844219 exceeds ..." before.
+    plan_path = tmp_path / "plan.json"
+    good.save(str(plan_path))
+    for f, what in ((ratekv.load_stats, "load_stats"), (ratekv.make_plan, "make_plan: stats")):
+        with pytest.raises(RatekvError, match=rf"^{what}: '{plan_path}' is not a safetensors statistics file "
+                                              r"\(.*\) — it is JSON \(a plan\? load_plan reads plans\)"):
+            f(plan_path)
+    txt = tmp_path / "notes.txt"
+    txt.write_text("just some text, long enough to hold a length field\n")
+    with pytest.raises(RatekvError, match=r"is not a safetensors statistics file \(docs/calibration_stats.md: an "
+                                          r"8-byte header length, then a JSON header\)$"):
+        ratekv.load_stats(txt)
+    # ModelConfig().validate() named the GGUF key without its arch: "'.block_count' must be positive".
+    with pytest.raises(RatekvError, match=r"^config: n_layers must be positive \(got 0\)$"):
+        ratekv.ModelConfig().validate()
+    c = ratekv.model_config(llama[0].config)
+    c.n_kv_heads = 3
+    with pytest.raises(RatekvError, match=r"^x: n_kv_heads \('llama.attention.head_count_kv'\) = 3 must be positive "
+                                          r"and divide n_heads \('llama.attention.head_count'\) = 4$"):
+        c.validate("x")

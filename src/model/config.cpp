@@ -2,6 +2,8 @@
 // Gemma 3 differences (sliding-window layer pattern, two RoPE bases, QK-norm,
 // post-norms, GeGLU, embedding scale, logit soft-capping) and the Qwen2 ones
 // (Q/K/V biases) as configuration.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 
@@ -156,21 +158,26 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
 
 void ModelConfig::validate(const std::string& source) const {
   const std::string a = arch + ".";
-  check(n_layers > 0, "{}: '{}block_count' must be positive (got {})", source, a, n_layers);
-  check(n_heads > 0, "{}: '{}attention.head_count' must be positive (got {})", source, a, n_heads);
-  check(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
-        "{}: '{}attention.head_count_kv' = {} must be positive and divide '{}attention.head_count' = {}", source, a,
-        n_kv_heads, a, n_heads);
-  check(head_dim > 0 && head_dim % 2 == 0, "{}: head_dim ('{}attention.key_length' or embedding_length/head_count) = {} "
-        "must be positive and even for RoPE", source, a, head_dim);
-  check(d_model > 0, "{}: '{}embedding_length' must be positive (got {})", source, a, d_model);
-  check(d_ff > 0, "{}: '{}feed_forward_length' must be positive (got {})", source, a, d_ff);
+  // The ModelConfig field, and the GGUF key it comes from where the config has an arch (a config built by
+  // hand, e.g. in Python, used to be named by GGUF keys without their prefix: '.block_count').
+  auto key = [&](const char* field, const char* gguf) {
+    return arch.empty() ? fmt::format("{}", field) : fmt::format("{} ('{}{}')", field, a, gguf);
+  };
+  check(n_layers > 0, "{}: {} must be positive (got {})", source, key("n_layers", "block_count"), n_layers);
+  check(n_heads > 0, "{}: {} must be positive (got {})", source, key("n_heads", "attention.head_count"), n_heads);
+  check(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "{}: {} = {} must be positive and divide {} = {}", source,
+        key("n_kv_heads", "attention.head_count_kv"), n_kv_heads, key("n_heads", "attention.head_count"), n_heads);
+  check(head_dim > 0 && head_dim % 2 == 0, "{}: {} = {} must be positive and even for RoPE", source,
+        key("head_dim", "attention.key_length"), head_dim);
+  check(d_model > 0, "{}: {} must be positive (got {})", source, key("d_model", "embedding_length"), d_model);
+  check(d_ff > 0, "{}: {} must be positive (got {})", source, key("d_ff", "feed_forward_length"), d_ff);
   check(n_vocab > 0, "{}: n_vocab (rows of token_embd.weight) must be positive (got {})", source, n_vocab);
-  check(n_ctx_train > 0, "{}: '{}context_length' must be positive (got {})", source, a, n_ctx_train);
-  check(std::isfinite(rope_theta) && rope_theta > 0, "{}: '{}rope.freq_base' = {} must be finite and positive",
-        source, a, rope_theta);
-  check(std::isfinite(rms_eps) && rms_eps > 0, "{}: '{}attention.layer_norm_rms_epsilon' = {} must be finite and positive",
-        source, a, rms_eps);
+  check(n_ctx_train > 0, "{}: {} must be positive (got {})", source, key("n_ctx_train", "context_length"),
+        n_ctx_train);
+  check(std::isfinite(rope_theta) && rope_theta > 0, "{}: {} = {} must be finite and positive", source,
+        key("rope_theta", "rope.freq_base"), rope_theta);
+  check(std::isfinite(rms_eps) && rms_eps > 0, "{}: {} = {} must be finite and positive", source,
+        key("rms_eps", "attention.layer_norm_rms_epsilon"), rms_eps);
   check(layer_sliding.empty() || layer_sliding.size() == static_cast<size_t>(n_layers),
         "{}: layer_sliding has {} entries, expected 0 or n_layers = {}", source, layer_sliding.size(), n_layers);
   bool any_sliding = false;
