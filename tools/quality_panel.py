@@ -75,7 +75,9 @@ PROTOCOL = {
                          "eval/uniform-K3", "eval/uniform-K2", "eval/uniform-K4", "eval/tasq-nn", "rq/", "eval/ratequant-kivi",
                          "eval/uniform-kivi", "reseed/", "evalr/gtq+off-K3",
                          "evalr/gtq+off-K2", "evalr/gtq+off-K4", "eval/gtq-K3", "eval/q4_0", "eval/kivi", "eval/q8_0"]},
+    # RateQuant over KIVI (rq/ cells): its own calibration with 2 sensitivity sequences of 512 (backward passes).
     "qwen15": {"calib_tokens": 1024, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
+               "ratequant_kivi": True, "rq_sens_seqs": 2,
                "llama": False, "tasq": False,
                # rows re-run at SEEDS seeds once every 1-seed row is done (eval3/<row>.json replaces eval/<row>.json)
                # (cells the grid left unrun; run seeds 1.. of a finished 1-seed row with "seeds_more" instead)
@@ -245,9 +247,10 @@ def model_cells(m):
             rq_stats = f"{m}/calib_stats_rq.safetensors"
             out.append({"id": f"{m}/rq/calibrate", "kind": "calibrate", "model": m, "out": rq_stats,
                         "cmd": [RATEKV, "calibrate", "-m", mpath, "-f", calib, "--tokens", str(pr["calib_tokens"]),
-                                "--ctx", str(CTX), "--sensitivity", "--sens-seqs", str(SENS_SEQS), "--curves", "kivi",
+                                "--ctx", str(CTX), "--sensitivity", "--sens-seqs", str(pr.get("rq_sens_seqs", SENS_SEQS)), "--curves", "kivi",
                                 "--curves-json", f"{m}/curves_rq.json", "-o", rq_stats, "--force"],
-                        "params": {"tokens": pr["calib_tokens"], "sens_seqs": SENS_SEQS, "ctx": CTX, "curves": "kivi"}})
+                        "params": {"tokens": pr["calib_tokens"], "sens_seqs": pr.get("rq_sens_seqs", SENS_SEQS), "ctx": CTX,
+                                   "curves": "kivi"}})
             for name, args in [("ratequant-kivi-2.5", ["--method", "ratequant", "--quantizer", "kivi", "--bits", "2.5"]),
                                ("uniform-kivi-K2V3", ["--method", "uniform", "--quantizer", "kivi", "--kbits", "2",
                                                       "--vbits", "3"]),
