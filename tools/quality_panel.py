@@ -88,7 +88,7 @@ PROTOCOL = {
                              "gtq+offonly-K3V3", "gtq+off+sink1-K3V3", "uniform-K4V4", "gtq+off-K4V4"],
                # run seeds 1..SEEDS-1 of these 1-seed rows as their own cells (evalr/<row>.r<s>.json, one
                # reseeded plan each, as `eval --seeds` re-mixes seed r); the report merges them with eval/<row>.json
-               "seeds_more": ["gtq+off-full-3.25", "gtq+off-full-2.25"],
+               "seeds_more": ["gtq+off-full-3.25", "gtq+off-full-2.25", "gtq+off-K3V3", "gtq+off-K2V2"],
                "skip_eval": ["gtq-K4V4"],
                # keys vs values: K-only perplexity (V fp32) of these rows (evalk/<row>.json)
                "k_only": ["gtq+off-K3V3", "uniform-K3V3"]},  # Block-GTQ at K4V4 allocates 4 bits to every block: uniform-K4V4
@@ -168,6 +168,9 @@ def plan_rows(model, d):
                                         "--budget-unit", "code"], "kv"))
     rows.append(("uniform-kivi-2.5", ["--method", "uniform", "--quantizer", "kivi", "--bits", "2.5",
                                       "--budget-unit", "code"], "kv"))
+    # the other uniform split at the same stored bits (uniform-kivi-2.5 is the one the plan picks)
+    rows.append(("uniform-kivi-K3V2", ["--method", "uniform", "--quantizer", "kivi", "--kbits", "3", "--vbits", "2",
+                                       "--budget-unit", "code"], "kv"))
     return rows
 
 
