@@ -333,27 +333,49 @@ __global__ void __launch_bounds__(kThreads, MAXD <= 128 ? 2 : 1)
 
 namespace {
 
-/// cuBLAS handle of this host thread for the current device (created on first
-/// use, with its own 32 MiB workspace so that calls under stream capture do
-/// not allocate; kept for the process's lifetime).
-cublasHandle_t prefill_cublas() {
+/// cuBLAS handle of this host thread for (current device, `stream`), bound to
+/// that stream with its own 32 MiB workspace (set after the stream:
+/// cublasSetStream resets a handle's workspace to cuBLAS's default pool), so
+/// calls under stream capture do not allocate and two streams never share a
+/// workspace. Created on first use; destroyed (handle and workspace) when the
+/// thread exits. Throws Error when cuBLAS or the allocation fails.
+cublasHandle_t prefill_cublas(cudaStream_t stream) {
   struct Handle {
     int device = -1;
+    cudaStream_t stream = nullptr;
     cublasHandle_t h = nullptr;
+    void* ws = nullptr;
   };
-  thread_local std::vector<Handle> handles;
+  struct Handles {
+    std::vector<Handle> v;
+    ~Handles() {  // thread exit: errors are ignored (the context may already be gone at process exit)
+      for (const Handle& e : v) {
+        if (e.h) cublasDestroy(e.h);
+        if (e.ws) cudaFree(e.ws);
+      }
+    }
+  };
+  thread_local Handles handles;
   int dev = 0;
   RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
-  for (const Handle& e : handles)
-    if (e.device == dev) return e.h;
-  Handle e{dev, nullptr};
+  for (const Handle& e : handles.v)
+    if (e.device == dev && e.stream == stream) return e.h;
+  Handle e{dev, stream, nullptr, nullptr};
   detail::require(cublasCreate(&e.h) == CUBLAS_STATUS_SUCCESS, "packed_prefill: cublasCreate failed");
   constexpr size_t kWs = size_t{32} << 20;
-  void* ws = nullptr;
-  RATEKV_CUDA_CHECK(cudaMalloc(&ws, kWs));
-  detail::require(cublasSetWorkspace(e.h, ws, kWs) == CUBLAS_STATUS_SUCCESS,
-                  "packed_prefill: cublasSetWorkspace failed");
-  handles.push_back(e);
+  const cudaError_t err = cudaMalloc(&e.ws, kWs);
+  if (err != cudaSuccess) {
+    cublasDestroy(e.h);
+    detail::require(false, "packed_prefill: cudaMalloc of the 32 MiB cuBLAS workspace failed: ",
+                    cudaGetErrorString(err));
+  }
+  if (cublasSetStream(e.h, stream) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetWorkspace(e.h, e.ws, kWs) != CUBLAS_STATUS_SUCCESS) {
+    cublasDestroy(e.h);
+    cudaFree(e.ws);
+    detail::require(false, "packed_prefill: binding the cuBLAS handle to its stream and workspace failed");
+  }
+  handles.v.push_back(e);  // owned from here on (freed at thread exit)
   return e.h;
 }
 
@@ -425,12 +447,20 @@ void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* p
                                      (int)(kWorkspaceCap / row_bytes) / packed::kPageTokens * packed::kPageTokens);
   const size_t total_rows = (size_t)batch.batch * n_tokens;
   const size_t ws_rows = std::min<size_t>(total_rows, (size_t)cap_rows);
-  float* ws = nullptr;
-  RATEKV_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), ws_rows * row_bytes, stream));
+  // Stream-ordered workspace, freed on every exit (an exception from cuBLAS or
+  // a launch check included).
+  struct AsyncBuffer {
+    float* p = nullptr;
+    cudaStream_t s;
+    ~AsyncBuffer() {
+      if (p) cudaFreeAsync(p, s);
+    }
+  } buf{nullptr, stream};
+  RATEKV_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf.p), ws_rows * row_bytes, stream));
+  float* const ws = buf.p;
   float* yk = ws;
   float* yv = ws + ws_rows * hkv * d;
-  cublasHandle_t cb = prefill_cublas();
-  cublas_ok(cublasSetStream(cb, stream), "cublasSetStream");
+  cublasHandle_t cb = prefill_cublas(stream);
   const size_t in_el = f16 ? 2 : 4;
   // Y rows [r0, r0 + rows) of both sides: column-major Yᵀ (d × rows per head,
   // ld hkv·d) = Mᵀ (d × d, M row-major) · Xᵀ (d × rows, ld hkv·d), one batch
@@ -467,6 +497,7 @@ void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* p
         quantize(std::true_type{}, yk, yv, b, 1, p0, nc);
       }
   }
+  buf.p = nullptr;
   RATEKV_CUDA_CHECK(cudaFreeAsync(ws, stream));
 }
 

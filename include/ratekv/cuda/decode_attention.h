@@ -301,8 +301,12 @@ enum class PrefillVariant { tensor_cores, fp32 };
 /// change (partial first/last pages are merged with atomics). head_dim ≤ 256.
 /// tensor_cores allocates ≤ 64 MiB of stream-ordered workspace
 /// (cudaMallocAsync, freed on the stream; longer prompts run in chunks) and
-/// uses a cuBLAS handle per host thread and device.
-/// Throws Error on n_tokens < 1 or bad pointers. The caller advances seq_lens.
+/// uses a cuBLAS handle (with its own 32 MiB workspace) per host thread,
+/// device and stream, freed when the thread exits.
+/// Throws Error on n_tokens < 1, bad pointers, a dtype other than fp32/fp16,
+/// head_dim > 256, a plan with 5..8-bit groups, a plan without its prefill
+/// rotation matrices, and a failed allocation, cuBLAS call or launch. The
+/// caller advances seq_lens.
 void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool,
                     const void* k, const void* v, int n_tokens, DType dtype, void* stream,
                     PrefillVariant variant = PrefillVariant::tensor_cores);
