@@ -29,13 +29,13 @@ std::vector<int32_t> EngineNiahAnswerer::answer(int, int, const eval::NiahPrompt
         eng_.options().max_prefill_tokens);
   const int seq = eng_.add_sequence(n + max_new);
   std::vector<int32_t> out;
+  if (answer_logits_) answer_logits_->clear();  // a failed prefill leaves no stale logits of the last trial
   try {
     std::vector<float> logits(V);
     if (chunk_ > 0)
       eng_.prefill_chunked(seq, P.tokens, chunk_, mode_, logits);
     else
       eng_.prefill(seq, P.tokens, mode_, logits);
-    if (answer_logits_) answer_logits_->clear();
     for (int i = 0; i < max_new; ++i) {
       if (answer_logits_) answer_logits_->insert(answer_logits_->end(), logits.begin(), logits.end());
       const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());

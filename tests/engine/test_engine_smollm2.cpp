@@ -186,8 +186,9 @@ TEST(EngineSmolLM2, EvaluationPerplexityMatchesCpuPackedCache) {
 // the bound of LogitsAndGreedyContinuationsMatchCpu) or 0.3 (K3V3: code flips
 // in each of 30 layers, ≈ √30 · 4e-2 ≈ 0.22 from the synthetic tests'
 // per-layer estimate), compared while the answers agree; a divergence only
-// at a CPU top-2 margin below 0.5 (as that test); and the NIAH verdicts equal
-// wherever the answers did not diverge.
+// at a CPU top-2 margin below 0.5 (as that test). Equal answers are equal NIAH
+// verdicts (a function of the decoded text); the verdict agreement over every
+// trial, diverged ones included, is printed.
 TEST(EngineSmolLM2, NiahAnswersAndVerdictsMatchCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   Smol* s = smol();
@@ -247,18 +248,19 @@ TEST(EngineSmolLM2, NiahAnswersAndVerdictsMatchCpu) {
                     r.diverge < 0 ? "" : (", diverge at " + std::to_string(r.diverge) + " margin " +
                                           std::to_string(r.margin)).c_str());
         EXPECT_LT(r.worst, fp16 ? 0.1 : 0.3) << k.name << " depth " << di << " trial " << tr;
+        // The verdict is a function of the decoded answer, so equal tokens are equal verdicts; the
+        // count below is over every trial (diverged ones included), printed, not asserted.
+        ++verdicts;
+        agree += eval::niah_correct(ca, P.code) == eval::niah_correct(ga, P.code);
         if (r.diverge < 0) {
           EXPECT_EQ(ct, gt);
-          ++verdicts;
-          agree += eval::niah_correct(ca, P.code) == eval::niah_correct(ga, P.code);
         } else {
           EXPECT_LT(r.margin, 0.5) << k.name << " depth " << di << " trial " << tr;
         }
       }
   }
-  std::printf("  SmolLM2 NIAH at 512: verdicts equal in %d of %d trials whose answers did not diverge\n", agree,
+  std::printf("  SmolLM2 NIAH at 512: verdicts equal in %d of %d trials (diverged answers included)\n", agree,
               verdicts);
-  EXPECT_EQ(agree, verdicts);
 }
 
 }  // namespace
