@@ -330,6 +330,34 @@ class FakeQuantLayer(DynamicLayer):
             return key_states, value_states
         return self.keys, self.values
 
+    # The kept originals (raw_keys / raw_values) follow every batch operation of the reconstructed
+    # rows; a crop cannot be followed exactly with a window (rows that left it were quantized from
+    # values no longer kept), so it is refused then.
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.owner.window > 0 and self.get_seq_length() > 0:
+            raise RatekvError("FakeQuantCache.crop: the plan keeps an fp16 window (fp16_window = "
+                              f"{self.owner.window}); rows that left it were quantized from values no longer "
+                              "kept, so a crop cannot restore them (assisted decoding / cropping is refused)")
+        super().crop(tokens_to_remove)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        if self.raw_keys is not None and self.raw_keys.numel():
+            self.raw_keys = self.raw_keys.index_select(0, beam_idx.to(self.raw_keys.device))
+            self.raw_values = self.raw_values.index_select(0, beam_idx.to(self.raw_values.device))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        if self.raw_keys is not None:
+            self.raw_keys = self.raw_keys.repeat_interleave(repeats, dim=0)
+            self.raw_values = self.raw_values.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.raw_keys is not None:
+            self.raw_keys = self.raw_keys[indices, ...]
+            self.raw_values = self.raw_values[indices, ...]
+
 
 class FakeQuantCache(Cache):
     """Reference for :class:`PackedCache`: the same serving-mode semantics with the
