@@ -361,10 +361,10 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       const int64_t cheapest = block_group_cost(2, 1, opt);
       check_param(opt.b_min > 0 || opt.b_max == 0 || kbudget >= cheapest, "PlanRequest.k_bits",
                   "{} (effective): block-gtq would store no key at all (the cheapest key group, one RoPE block at "
-                  "1 bit with its fp16 norm and 16-channel tile, takes {} bits per head at head_dim {}); expected "
+                  "1 bit with its fp16 norm and {}-channel tile, takes {} bits per head at head_dim {}); expected "
                   "{:g}..{:g} bits per element (b {}..{})",
-                  rq.k_bits, cheapest, d, (double)cheapest / d, (double)block_group_cost(d, opt.b_max, opt) / d,
-                  opt.b_min, opt.b_max);
+                  rq.k_bits, opt.tile_channels, cheapest, d, (double)cheapest / d,
+                  (double)block_group_cost(d, opt.b_max, opt) / d, opt.b_min, opt.b_max);
     }
     const int vb = uniform_width(rq.v_bits, rq.budget_unit, "tq-mse", d, 0, 1, 8, "PlanRequest.v_bits");
     for (int l = 0; l < L; ++l)

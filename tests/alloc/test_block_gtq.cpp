@@ -60,10 +60,6 @@ std::vector<double> brute_force_all(const std::vector<double>& s, int64_t max_bu
   return at;
 }
 
-double brute_force(const std::vector<double>& s, int64_t budget, const BlockGtqOptions& o) {
-  return brute_force_all(s, budget, o)[(size_t)budget];
-}
-
 // Checks one allocation against the exhaustive optimum and its own accounting.
 void check_allocation(const std::vector<double>& s, int64_t budget, const BlockGtqOptions& o, double ref,
                       const std::string& what) {
