@@ -1,7 +1,6 @@
 // Needle-in-a-haystack on the GPU engine (include/ratekv/engine/niah.h).
 #include "ratekv/engine/niah.h"
 
-#include <algorithm>
 
 #include "ratekv/common/error.h"
 
@@ -36,16 +35,11 @@ std::vector<int32_t> EngineNiahAnswerer::answer(int, int, const eval::NiahPrompt
       eng_.prefill_chunked(seq, P.tokens, chunk_, mode_, logits);
     else
       eng_.prefill(seq, P.tokens, mode_, logits);
-    for (int i = 0; i < max_new; ++i) {
-      if (answer_logits_) answer_logits_->insert(answer_logits_->end(), logits.begin(), logits.end());
-      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      if (is_eog(next)) break;
-      out.push_back(next);
-      if (i + 1 == max_new) break;
+    out = greedy_answer(logits, max_new, is_eog, answer_logits_, [&](int32_t next, int) {
       int32_t picked = 0;
       eng_.decode(std::span<const int>(&seq, 1), std::span<const int32_t>(&next, 1), 1,
                   std::span<int32_t>(&picked, 1), logits);
-    }
+    });
   } catch (...) {
     eng_.remove_sequence(seq);
     throw;

@@ -239,6 +239,22 @@ void CpuNiahAnswerer::begin_context(int64_t ctx, const std::vector<std::vector<N
   prefix_.resize(prompts.size());
 }
 
+std::vector<int32_t> NiahAnswerer::greedy_answer(std::vector<float>& logits, int max_new,
+                                                const std::function<bool(int32_t)>& is_eog,
+                                                std::vector<float>* answer_logits,
+                                                const std::function<void(int32_t, int)>& step) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_new; ++i) {
+    if (answer_logits) answer_logits->insert(answer_logits->end(), logits.begin(), logits.end());
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (is_eog(next)) break;
+    out.push_back(next);
+    if (i + 1 == max_new) break;
+    step(next, i);
+  }
+  return out;
+}
+
 std::vector<int32_t> CpuNiahAnswerer::answer(int di, int, const NiahPrompt& P, int max_new,
                                              const std::function<bool(int32_t)>& is_eog) {
   const std::vector<int32_t>& prompt = P.tokens;
@@ -260,16 +276,10 @@ std::vector<int32_t> CpuNiahAnswerer::answer(int di, int, const NiahPrompt& P, i
   model_.forward(std::span<const int32_t>(prompt.data() + start, prompt.size() - start), start, *cache,
                  logits.data(), false);
   if (answer_logits_) answer_logits_->clear();
-  std::vector<int32_t> out;
-  for (int i = 0; i < max_new; ++i) {
-    if (answer_logits_) answer_logits_->insert(answer_logits_->end(), logits.begin(), logits.end());
-    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    if (is_eog(next)) break;
-    out.push_back(next);
-    if (i + 1 == max_new) break;
+  std::vector<int32_t> out = greedy_answer(logits, max_new, is_eog, answer_logits_, [&](int32_t next, int i) {
     model_.forward(std::span<const int32_t>(&next, 1), static_cast<int64_t>(prompt.size()) + i, *cache,
                    logits.data(), false);
-  }
+  });
   bytes_per_token_ = static_cast<double>(cache->bytes()) / static_cast<double>(cache->n_tokens());
   return out;
 }

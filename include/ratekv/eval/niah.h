@@ -144,6 +144,17 @@ class NiahAnswerer {
                                       const std::function<bool(int32_t)>& is_eog) = 0;
   /// Cache bytes per cached token after the last answer.
   virtual double cache_bytes_per_token() const = 0;
+
+ protected:
+  /// The greedy loop every answer() shares: `logits` (n_vocab) holds the
+  /// prompt's last-position logits on entry; takes the argmax, stops before an
+  /// is_eog token or after max_new tokens, and otherwise calls step(next, i)
+  /// to overwrite `logits` with those after answer token i. Appends each row
+  /// it picked from to `answer_logits` when non-null (cleared by the caller).
+  static std::vector<int32_t> greedy_answer(std::vector<float>& logits, int max_new,
+                                            const std::function<bool(int32_t)>& is_eog,
+                                            std::vector<float>* answer_logits,
+                                            const std::function<void(int32_t next, int i)>& step);
 };
 
 /// The CPU runtime as a NiahAnswerer: a fresh cache from make_cache(ctx +
