@@ -11,6 +11,7 @@ from ratekv import RatekvError
 hf = pytest.importorskip("ratekv.hf")
 
 from conftest import tiny_model  # noqa: E402
+from test_hf_cache import teacher_forced  # noqa: E402
 
 
 def _qwen2_config(**kw):
@@ -86,17 +87,6 @@ def test_mask_is_checked_on_every_decode_step():
             m(input_ids=nxt, attention_mask=mask, past_key_values=cache)
 
 
-def _teacher_forced(model, cache, ids, nxt):
-    outs = []
-    with torch.no_grad():
-        o = model(ids, past_key_values=cache, use_cache=True)
-        outs.append(o.logits[:, -1])
-        for t in range(nxt.shape[1]):
-            o = model(nxt[:, t:t + 1], past_key_values=cache, use_cache=True)
-            outs.append(o.logits[:, -1])
-    return torch.stack(outs)
-
-
 @pytest.mark.parametrize("window,sink", [(0, 0), (4, 0), (0, 3), (4, 3)])
 def test_fake_quant_cache_honours_window_and_sink(window, sink):
     # Before: FakeQuantCache quantized every row (no window, no sink) while PackedCache kept them fp16, so the
@@ -109,11 +99,11 @@ def test_fake_quant_cache_honours_window_and_sink(window, sink):
     assert (plan.fp16_window, plan.sink_tokens) == (window, sink)
     g = torch.Generator().manual_seed(3)
     ids, nxt = torch.randint(0, 320, (2, 7), generator=g), torch.randint(0, 320, (2, 9), generator=g)
-    packed = _teacher_forced(m, hf.PackedCache(plan, m.config, max_cache_len=64), ids, nxt)
-    fake = _teacher_forced(m, hf.FakeQuantCache(plan, m.config), ids, nxt)
+    packed = teacher_forced(m, hf.PackedCache(plan, m.config, max_cache_len=64), ids, nxt)
+    fake = teacher_forced(m, hf.FakeQuantCache(plan, m.config), ids, nxt)
     assert (packed - fake).abs().max().item() <= 2e-5
     if window or sink:  # the window / sink changes the logits: the comparison above can see one ignored
-        plain = _teacher_forced(m, hf.PackedCache(ratekv.make_plan(stats, "uniform", k_bits=3, v_bits=3,
+        plain = teacher_forced(m, hf.PackedCache(ratekv.make_plan(stats, "uniform", k_bits=3, v_bits=3,
                                                                    budget_unit="code"), m.config), ids, nxt)
         assert (plain - packed).abs().max().item() > 1e-3
 
