@@ -58,6 +58,19 @@ Smol* smol() {
   return s.get();
 }
 
+const std::string& eval_text_path() {
+  static const std::string p = ratekv_test::assets_dir() + "/text/eval.txt";
+  return p;
+}
+
+// The first max_chars of the eval text (the caller skips when it is absent).
+std::string eval_text(size_t max_chars) {
+  std::ifstream in(eval_text_path());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str().substr(0, max_chars);
+}
+
 std::unique_ptr<Engine> gpu(const Smol& s, const CacheFormat& f, int64_t prefill = 512) {
   EngineOptions o;
   o.max_prefill_tokens = prefill;
@@ -142,12 +155,8 @@ TEST(EngineSmolLM2, EvaluationPerplexityMatchesCpuPackedCache) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   Smol* s = smol();
   if (!s) GTEST_SKIP() << "SmolLM2 not found at " << ratekv_test::smollm2_path();
-  const std::string text_path = ratekv_test::assets_dir() + "/text/eval.txt";
-  if (!std::filesystem::exists(text_path)) GTEST_SKIP() << "eval text not found at " << text_path;
-  std::ifstream in(text_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str().substr(0, 60000);
+  if (!std::filesystem::exists(eval_text_path())) GTEST_SKIP() << "eval text not found at " << eval_text_path();
+  const std::string text = eval_text(60000);
   const std::vector<int32_t> toks = s->tok.encode(text, true);
   const ModelConfig& c = s->model.config();
   const int64_t ctx = 512, chunks = 4;
@@ -193,12 +202,8 @@ TEST(EngineSmolLM2, NiahAnswersAndVerdictsMatchCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   Smol* s = smol();
   if (!s) GTEST_SKIP() << "SmolLM2 not found at " << ratekv_test::smollm2_path();
-  const std::string text_path = ratekv_test::assets_dir() + "/text/eval.txt";
-  if (!std::filesystem::exists(text_path)) GTEST_SKIP() << "eval text not found at " << text_path;
-  std::ifstream in(text_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::vector<int32_t> hay = s->tok.encode(ss.str().substr(0, 8000), false);
+  if (!std::filesystem::exists(eval_text_path())) GTEST_SKIP() << "eval text not found at " << eval_text_path();
+  const std::vector<int32_t> hay = s->tok.encode(eval_text(8000), false);
   const ModelConfig& c = s->model.config();
   const int V = c.n_vocab;
   eval::NiahConfig nc;
