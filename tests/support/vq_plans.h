@@ -33,9 +33,12 @@ inline ratekv::ModelConfig vq_config(int head_dim, int n_kv_heads, int gqa, rate
 
 /// TaSQ-style keys (group g, 2^kbits centroids, shared fp16 scale, channel
 /// weights, RoPE pairs kept together in a shuffled order); values CQ (g 8,
-/// 2^vbits, no scale), fp16, or scalar TQ-MSE at vbits. Codebooks random (seeded).
+/// 2^vbits, no scale), fp16, or scalar TQ-MSE at vbits. Codebooks random (seeded);
+/// with dup_every = n > 1, key codeword j equals codeword j − 1 whenever j mod n = 1
+/// (exact distance ties: the encoders must pick the lower index).
 inline std::shared_ptr<const ratekv::cache::PlanCodecs> vq_codecs(const ratekv::ModelConfig& cfg, int g, int kbits,
-                                                                  int vbits, VqValues vals, uint32_t seed) {
+                                                                  int vbits, VqValues vals, uint32_t seed,
+                                                                  int dup_every = 0) {
   using namespace ratekv;
   const int d = cfg.head_dim, H = cfg.n_kv_heads;
   std::mt19937 rng(seed);
@@ -66,6 +69,10 @@ inline std::shared_ptr<const ratekv::cache::PlanCodecs> vq_codecs(const ratekv::
     k.present = true;
     k.codebooks.resize(static_cast<size_t>(d / g) * (size_t{1} << kbits) * g);
     for (float& x : k.codebooks) x = nd(rng);
+    if (dup_every > 1)
+      for (size_t j = 1; j < k.codebooks.size() / g; ++j)
+        if (j % (size_t)dup_every == 1 && j % (size_t{1} << kbits) != 0)
+          std::copy_n(k.codebooks.begin() + (j - 1) * g, g, k.codebooks.begin() + j * g);
     k.channel_scale.resize(d);
     for (float& x : k.channel_scale) x = ud(rng);
     if (vals == VqValues::vq) {
@@ -105,6 +112,28 @@ inline VqTables vq_tables(const ratekv::cache::PlanCodecs& codecs) {
         z[gi] = 0;
         for (int i = 0; i < g; ++i) T.channels.push_back(c->group_channels(gi)[i]);
       }
+    }
+  return T;
+}
+
+/// The encoder tables of layer `layer` in cuda::VqEncodePlan's order: per
+/// (KV head, side) whose codec is vq, the codebooks C (weighted space), the
+/// channel weights a and the channel lists.
+struct VqEncodeTables {
+  std::vector<float> codebooks, channel_scale;
+  std::vector<int32_t> channels;
+};
+inline VqEncodeTables vq_encode_tables(const ratekv::cache::PlanCodecs& codecs, int layer = 0) {
+  using namespace ratekv;
+  VqEncodeTables T;
+  for (int h = 0; h < codecs.config().n_kv_heads; ++h)
+    for (int s = 0; s < 2; ++s) {
+      const cache::VqCodec* c = codecs.vq(layer, h, s == 0 ? cache::KVSide::key : cache::KVSide::value);
+      if (!c) continue;
+      T.codebooks.insert(T.codebooks.end(), c->codebooks().begin(), c->codebooks().end());
+      T.channel_scale.insert(T.channel_scale.end(), c->channel_scale().begin(), c->channel_scale().end());
+      for (int gi = 0; gi < c->n_groups(); ++gi)
+        T.channels.insert(T.channels.end(), c->group_channels(gi).begin(), c->group_channels(gi).end());
     }
   return T;
 }

@@ -49,6 +49,9 @@ class VqCodec {
   const std::vector<int>& group_channels(int gi) const { return groups_[gi]; }
   /// a_c (all ones for unweighted codecs).
   const std::vector<float>& channel_scale() const { return a_; }
+  /// The codebooks C in the weighted space, (G, K, g) row-major: what encode
+  /// compares y = a·x/s with (the GPU encoder, cuda::VqEncodePlan, takes them).
+  const std::vector<float>& codebooks() const { return c_; }
 
   /// Σ_c (a_c x_c)² over the head (for the shared RMS scale).
   double weighted_sq_sum(const float* x) const;
