@@ -10,8 +10,10 @@
 // layer over 30 layers, ≈ 1.1e-3·√270 ≈ 1.8e-2 relative; the bound is 5x, 0.1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -186,18 +188,56 @@ TEST(EngineSmolLM2, EvaluationPerplexityMatchesCpuPackedCache) {
   EXPECT_LT(std::fabs(g16 - c32), 0.01 * c32);
 }
 
+// The CPU runtime on the same weights rounded to bf16 (round to nearest even),
+// as the GPU engine uploads them: the noise reference of the packed rows below.
+Model bf16_model(const Model& m) {
+  ModelWeights w = m.weights();
+  const auto round = [](std::vector<float>& v) {
+    for (float& f : v) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+      std::memcpy(&f, &u, 4);
+    }
+  };
+  round(w.token_embd), round(w.output), round(w.output_norm);
+  for (LayerWeights& l : w.layers)
+    for (std::vector<float>* v : {&l.attn_norm, &l.wqkv, &l.bqkv, &l.wo, &l.ffn_norm, &l.w_gate_up, &l.w_down,
+                                  &l.attn_q_norm, &l.attn_k_norm, &l.attn_post_norm, &l.ffn_post_norm})
+      round(*v);
+  return Model::from_weights(m.config(), std::move(w));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+}
+
 // NIAH on the GPU (engine::EngineNiahAnswerer, `niah --device cuda`) against
 // the CPU (eval::CpuNiahAnswerer, `niah`) on SmolLM2: the prompts of
 // eval::niah_prompts at context 512 (3 depths × 2 trials; the haystack is the
 // eval text, the essays are not on the GPU machine), ChatML system turn of the
 // model's template, 10 answer tokens, evaluation mode, fp16 and K3V3 (one
-// piece) and K3V3 in chunks of 128. Per trial: answer logits within 0.1 (fp16:
-// the bound of LogitsAndGreedyContinuationsMatchCpu) or 0.3 (K3V3: code flips
-// in each of 30 layers, ≈ √30 · 4e-2 ≈ 0.22 from the synthetic tests'
-// per-layer estimate), compared while the answers agree; a divergence only
-// at a CPU top-2 margin below 0.5 (as that test). Equal answers are equal NIAH
-// verdicts (a function of the decoded text); the verdict agreement over every
-// trial, diverged ones included, is printed.
+// piece) and K3V3 in chunks of 128.
+// fp16: per trial, answer logits within 0.1 (the bound of
+// LogitsAndGreedyContinuationsMatchCpu) while the answers agree, a divergence
+// only at a CPU top-2 margin below 0.05.
+// K3V3: no fixed bound holds on this model. A key or value coordinate within
+// the rounding of a Lloyd–Max midpoint flips a whole level, and on SmolLM2 at
+// 3 bits (PPL +30 % over fp16) one flip moves the answer logits far: measured
+// on the H200 (2026-12-02) the GPU's rows were 0.16–1.8 (rel L2) from the
+// CPU's, and the CPU itself on bf16-rounded weights is 0.2–1.3 from the CPU on
+// fp32 weights (same prompts, 2 cores; the CPU's own answers also change with
+// its thread count). So the reference is that noise, measured in the same
+// run: the CPU runtime on the GPU's bf16 weights against the CPU on fp32. The
+// GPU passes if the median over trials of its worst row and of its first row
+// (right after the prefill, where both sides have seen the same tokens) are
+// within 2x the reference's median (+0.02, the fp16 bound's scale): a model-
+// scale check that the GPU's packed path is as close to the CPU as the weight
+// rounding alone makes it; the kernels' exact checks are the synthetic tests'
+// (test_engine.cpp, tests/cuda). Equal answers are equal NIAH verdicts (a
+// function of the decoded text); the verdict agreement over every trial is
+// printed.
 TEST(EngineSmolLM2, NiahAnswersAndVerdictsMatchCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   Smol* s = smol();
@@ -226,21 +266,26 @@ TEST(EngineSmolLM2, NiahAnswersAndVerdictsMatchCpu) {
     int64_t chunk;
   };
   int verdicts = 0, agree = 0;
+  Model ref_model = bf16_model(s->model);
   for (const Case& k : {Case{"fp16", f16, 0}, Case{"K3V3", eval::cache_type_plan("tq3", "tq3", c, 7), 0},
                         Case{"K3V3 chunk 128", eval::cache_type_plan("tq3", "tq3", c, 7), 128}}) {
     const bool fp16 = std::string(k.name) == "fp16";
     auto codecs = std::make_shared<const cache::PlanCodecs>(k.plan, c);
-    std::vector<float> cl, gl;
-    eval::CpuNiahAnswerer cpu(
-        s->model,
-        [&](int64_t n) -> std::unique_ptr<KVCache> {
-          if (fp16) return std::make_unique<cache::FakeQuantKVCache>(c.kv_shape(n), codecs);
-          return std::make_unique<cache::PackedKVCache>(c.kv_shape(n), codecs);
-        },
-        nc, &cl);
+    const auto make_cache = [&](int64_t n) -> std::unique_ptr<KVCache> {
+      if (fp16) return std::make_unique<cache::FakeQuantKVCache>(c.kv_shape(n), codecs);
+      return std::make_unique<cache::PackedKVCache>(c.kv_shape(n), codecs);
+    };
+    std::vector<float> cl, gl, rl;
+    eval::CpuNiahAnswerer cpu(s->model, make_cache, nc, &cl);
     cpu.begin_context(512, prompts);
+    std::unique_ptr<eval::CpuNiahAnswerer> ref;
+    if (!fp16) {
+      ref = std::make_unique<eval::CpuNiahAnswerer>(ref_model, make_cache, nc, &rl);
+      ref->begin_context(512, prompts);
+    }
     auto eng = gpu(*s, fp16 ? CacheFormat::fp16(c) : CacheFormat::packed(codecs), 512);
     engine::EngineNiahAnswerer g(*eng, PrefillMode::evaluation, k.chunk, &gl);
+    std::vector<double> g_worst, g_first, r_worst, r_first;
     for (int tr = 0; tr < nc.trials; ++tr)
       for (int di = 0; di < nc.n_depths; ++di) {
         const eval::NiahPrompt& P = prompts[di][tr];
@@ -248,21 +293,33 @@ TEST(EngineSmolLM2, NiahAnswersAndVerdictsMatchCpu) {
         const std::vector<int32_t> gt = g.answer(di, tr, P, nc.max_new_tokens, is_eog);
         const std::string ca = s->tok.decode(ct, true), ga = s->tok.decode(gt, true);
         const engine_test::AnswerComparison r = engine_test::compare_answers(cl, gl, V);
-        std::printf("  %s depth %d trial %d (code %s): CPU '%s' GPU '%s'; %d rows, worst rel L2 %.3e%s\n", k.name,
-                    di, tr, P.code.c_str(), ca.c_str(), ga.c_str(), r.rows, r.worst,
+        std::printf("  %s depth %d trial %d (code %s): CPU '%s' GPU '%s'; %d rows, worst rel L2 %.3e, first %.3e%s\n",
+                    k.name, di, tr, P.code.c_str(), ca.c_str(), ga.c_str(), r.rows, r.worst, rel_l2(gl, cl, 0, V),
                     r.diverge < 0 ? "" : (", diverge at " + std::to_string(r.diverge) + " margin " +
                                           std::to_string(r.margin)).c_str());
-        EXPECT_LT(r.worst, fp16 ? 0.1 : 0.3) << k.name << " depth " << di << " trial " << tr;
-        // The verdict is a function of the decoded answer, so equal tokens are equal verdicts; the
-        // count below is over every trial (diverged ones included), printed, not asserted.
         ++verdicts;
         agree += eval::niah_correct(ca, P.code) == eval::niah_correct(ga, P.code);
-        if (r.diverge < 0) {
-          EXPECT_EQ(ct, gt);
-        } else {
-          EXPECT_LT(r.margin, 0.5) << k.name << " depth " << di << " trial " << tr;
+        if (fp16) {
+          EXPECT_LT(r.worst, 0.1) << k.name << " depth " << di << " trial " << tr;
+          if (r.diverge < 0) EXPECT_EQ(ct, gt);
+          else EXPECT_LT(r.margin, 0.05) << k.name << " depth " << di << " trial " << tr;
+          continue;
         }
+        g_worst.push_back(r.worst), g_first.push_back(rel_l2(gl, cl, 0, V));
+        const std::vector<int32_t> rt = ref->answer(di, tr, P, nc.max_new_tokens, is_eog);
+        const engine_test::AnswerComparison q = engine_test::compare_answers(cl, rl, V);
+        r_worst.push_back(q.worst), r_first.push_back(rel_l2(rl, cl, 0, V));
+        std::printf("    reference (CPU, bf16 weights) '%s'; %d rows, worst rel L2 %.3e, first %.3e%s\n",
+                    s->tok.decode(rt, true).c_str(), q.rows, q.worst, r_first.back(),
+                    q.diverge < 0 ? "" : (", diverge at " + std::to_string(q.diverge) + " margin " +
+                                          std::to_string(q.margin)).c_str());
       }
+    if (!fp16) {
+      std::printf("  %s medians: GPU worst %.3e first %.3e; reference worst %.3e first %.3e\n", k.name,
+                  median(g_worst), median(g_first), median(r_worst), median(r_first));
+      EXPECT_LT(median(g_worst), 2 * median(r_worst) + 0.02) << k.name;
+      EXPECT_LT(median(g_first), 2 * median(r_first) + 0.02) << k.name;
+    }
   }
   std::printf("  SmolLM2 NIAH at 512: verdicts equal in %d of %d trials (diverged answers included)\n", agree,
               verdicts);
