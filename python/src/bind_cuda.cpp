@@ -43,6 +43,11 @@ class CudaPackedLayers {
   explicit CudaPackedLayers(std::shared_ptr<const cache::PlanCodecs> codecs)
       : fmt_(engine::CacheFormat::packed(codecs)), n_heads_(codecs->config().n_heads) {
     for (int l = 0; l < fmt_.n_layers(); ++l)
+      check(fmt_.vq(l) == nullptr,
+            "CUDA packed cache: plan: layers[{}] has vq / fp16 sides (method '{}'); the CUDA packed cache serves "
+            "tq-mse / tq-mse-grouped plans (TaSQ / CQ plans: the CPU PackedKVCache, or the GPU engine)",
+            l, codecs->plan().method);
+    for (int l = 0; l < fmt_.n_layers(); ++l)
       plans_.push_back(std::make_unique<cuda::PackedPlan>(fmt_.layout(l), n_heads_, fmt_.rotations(l), fmt_.levels(l)));
   }
   CudaPackedLayers(const CudaPackedLayers&) = delete;

@@ -113,6 +113,10 @@ __global__ void qkv_rope_kernel(const float* __restrict__ qkv, const float* __re
       }
     } else {
       const size_t k0 = (size_t)i * kvd + (base - qd);
+      if (o.k_pre32) {
+        o.k_pre32[k0 + a] = xa;
+        o.k_pre32[k0 + bch] = xb;
+      }
       if (o.k32) {
         o.k32[k0 + a] = ya;
         o.k32[k0 + bch] = yb;

@@ -12,11 +12,16 @@ namespace ratekv::engine {
 
 namespace {
 
-// The TQ-MSE groups of one (layer, KV head, side): (encoder, channels), or an
-// error string naming the plan field.
+// Where one (layer, KV head, side) is stored: scalar pages (TQ-MSE groups)
+// or the vq pages (a vq or fp16 codec).
+enum class Store { scalar, vq, fp16 };
+
+// The TQ-MSE groups of one (layer, KV head, side): (encoder, channels), or
+// the vq pages, or an error string naming the plan field.
 struct SideGroups {
   std::vector<std::pair<const quant::TQMSE*, std::vector<int>>> groups;
   std::string error;
+  Store store = Store::scalar;
 };
 
 SideGroups side_groups(const cache::PlanCodecs& codecs, int l, int h, int s) {
@@ -29,10 +34,19 @@ SideGroups side_groups(const cache::PlanCodecs& codecs, int l, int h, int s) {
                           "fake-quant cache serves key offsets)", field);
     return r;
   }
+  if (codec.kind == CodecKind::Vq) {  // TaSQ / CQ: the vq pages (layer checks in vq_layer_reason)
+    r.store = Store::vq;
+    return r;
+  }
+  if (codec.kind == CodecKind::FP16) {
+    r.store = Store::fp16;
+    return r;
+  }
   if (codec.kind != CodecKind::TqMse && codec.kind != CodecKind::TqMseGrouped) {
     r.error = fmt::format(
-        "GPU engine: {}: codec kind '{}' is not served on the GPU yet (the engine serves tq-mse and tq-mse-grouped "
-        "codecs: uniform TQ-MSE, Block-GTQ, RateQuant; fp16 K/V as a whole cache with -ctk f16 -ctv f16)",
+        "GPU engine: {}: codec kind '{}' is not served on the GPU (the engine serves tq-mse and tq-mse-grouped "
+        "codecs: uniform TQ-MSE, Block-GTQ, RateQuant; vq codecs: TaSQ, CQ; fp16 K/V as a whole cache with -ctk f16 "
+        "-ctv f16)",
         field, codec_kind_name(codec.kind));
     return r;
   }
@@ -84,15 +98,65 @@ std::string plan_level_reason(const cache::PlanCodecs& codecs) {
   return {};
 }
 
+// The stores of layer l's sides (every KV head agrees, or an error naming the
+// plan field): the layer's vq pages hold its key side (vq or fp16) and its
+// value side when that is vq or fp16; the vq decode kernel reads keys from
+// the vq pages, so vq / fp16 values need vq / fp16 keys.
+struct LayerStores {
+  Store store[2] = {Store::scalar, Store::scalar};
+  std::string error;
+  bool has_vq() const { return store[0] != Store::scalar || store[1] != Store::scalar; }
+};
+
+LayerStores layer_stores(const cache::PlanCodecs& codecs, int l) {
+  LayerStores r;
+  const ModelConfig& c = codecs.config();
+  for (int s = 0; s < 2; ++s) {
+    const char* side = s == 0 ? "key" : "value";
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      SideGroups g = side_groups(codecs, l, h, s);
+      if (!g.error.empty()) {
+        r.error = g.error;
+        return r;
+      }
+      if (h == 0) r.store[s] = g.store;
+      if (g.store != r.store[s]) {
+        r.error = fmt::format(
+            "GPU engine: plan: layers[{}].heads[{}].{}: stored {} but head 0's {} is {}; a layer side is in the vq "
+            "pages (vq / fp16 codecs) on every KV head or on none",
+            l, h, side, g.store == Store::scalar ? "as TQ-MSE" : g.store == Store::vq ? "vq" : "fp16", side,
+            r.store[s] == Store::scalar ? "TQ-MSE" : r.store[s] == Store::vq ? "vq" : "fp16");
+        return r;
+      }
+    }
+    if (r.store[s] != Store::vq) continue;
+    const cache::VqCodec* c0 = codecs.vq(l, 0, static_cast<cache::KVSide>(s));
+    for (int h = 1; h < c.n_kv_heads; ++h) {
+      const cache::VqCodec* ch = codecs.vq(l, h, static_cast<cache::KVSide>(s));
+      if (ch->n_groups() != c0->n_groups() || ch->n_centroids() != c0->n_centroids() ||
+          ch->shared_scale() != c0->shared_scale()) {
+        r.error = fmt::format("GPU engine: plan: layers[{}].heads[{}].{}: {} groups of {} centroids, head 0 has {} of "
+                              "{}; the vq pages need the same groups, width and scale kind on every KV head",
+                              l, h, side, ch->n_groups(), ch->n_centroids(), c0->n_groups(), c0->n_centroids());
+        return r;
+      }
+    }
+  }
+  if (r.store[0] == Store::scalar && r.store[1] != Store::scalar)
+    r.error = fmt::format(
+        "GPU engine: plan: layers[{}].heads[0].value: a {} value side under TQ-MSE keys; the GPU's vq decode reads "
+        "the keys from the vq pages (vq or fp16 keys), so vq / fp16 values need vq / fp16 keys",
+        l, r.store[1] == Store::vq ? "vq" : "fp16");
+  return r;
+}
+
 }  // namespace
 
 std::string CacheFormat::unsupported_reason(const cache::PlanCodecs& codecs) {
   if (std::string r = plan_level_reason(codecs); !r.empty()) return r;
   const ModelConfig& c = codecs.config();
   for (int l = 0; l < c.n_layers; ++l)
-    for (int h = 0; h < c.n_kv_heads; ++h)
-      for (int s = 0; s < 2; ++s)
-        if (SideGroups g = side_groups(codecs, l, h, s); !g.error.empty()) return g.error;
+    if (LayerStores st = layer_stores(codecs, l); !st.error.empty()) return st.error;
   return {};
 }
 
@@ -119,12 +183,15 @@ CacheFormat CacheFormat::packed(std::shared_ptr<const cache::PlanCodecs> codecs,
   int kb = -1, vb = -1;  // uniform widths, or 0 when mixed
   bool uniform = true;
   for (int l = 0; l < c.n_layers; ++l) {
+    const LayerStores st = layer_stores(*codecs, l);
+    if (!st.error.empty()) fail("{}", st.error);
+    if (st.has_vq()) uniform = false;
     std::vector<packed::HeadSpec> specs(c.n_kv_heads);
     std::vector<float> rot, lvl;
     for (int h = 0; h < c.n_kv_heads; ++h)
       for (int s = 0; s < 2; ++s) {
         SideGroups sg = side_groups(*codecs, l, h, s);
-        if (!sg.error.empty()) fail("{}", sg.error);
+        if (sg.store != Store::scalar) continue;  // in the vq pages
         auto& side = s == 0 ? specs[h].key : specs[h].value;
         int& ub = s == 0 ? kb : vb;
         if (sg.groups.size() != 1 || static_cast<int>(sg.groups[0].second.size()) != c.head_dim) uniform = false;
@@ -144,6 +211,41 @@ CacheFormat CacheFormat::packed(std::shared_ptr<const cache::PlanCodecs> codecs,
     f.page_bytes_.push_back(f.layouts_.back().page_bytes());
     f.rotations_.push_back(std::move(rot));
     f.levels_.push_back(std::move(lvl));
+    f.vq_.emplace_back();
+    if (!st.has_vq()) continue;
+    packed::VqSideSpec spec[2];
+    for (int s = 0; s < 2; ++s) {
+      if (st.store[s] == Store::fp16) spec[s].kind = packed::VqSideKind::fp16;
+      if (st.store[s] != Store::vq) continue;
+      const cache::VqCodec& c0 = *codecs->vq(l, 0, static_cast<cache::KVSide>(s));
+      int bits = 0;
+      while ((1 << bits) < c0.n_centroids()) ++bits;
+      spec[s] = packed::VqSideSpec{packed::VqSideKind::vq, c0.n_groups(), bits, c0.shared_scale()};
+    }
+    VqLayer V{packed::VqLayerLayout(c.head_dim, c.n_kv_heads, spec[0], spec[1]), {}, {}, {}, {}};
+    for (int h = 0; h < c.n_kv_heads; ++h)
+      for (int s = 0; s < 2; ++s) {
+        const cache::VqCodec* vc = codecs->vq(l, h, static_cast<cache::KVSide>(s));
+        if (!vc) continue;
+        const int G = vc->n_groups(), K = vc->n_centroids(), g = vc->group_size();
+        // C̃ = C / a: one decode per one-hot index at scale 1 (VqCodec's own reconstruction codewords).
+        std::vector<int32_t> z(G, 0);
+        std::vector<float> xhat(c.head_dim);
+        for (int gi = 0; gi < G; ++gi) {
+          const std::vector<int>& ch = vc->group_channels(gi);
+          for (int j = 0; j < K; ++j) {
+            z[gi] = j;
+            vc->decode(z.data(), 1.0f, xhat.data());
+            for (int i = 0; i < g; ++i) V.codewords.push_back(xhat[ch[i]]);
+          }
+          z[gi] = 0;
+          V.channels.insert(V.channels.end(), ch.begin(), ch.end());
+        }
+        V.codebooks.insert(V.codebooks.end(), vc->codebooks().begin(), vc->codebooks().end());
+        V.channel_scale.insert(V.channel_scale.end(), vc->channel_scale().begin(), vc->channel_scale().end());
+      }
+    f.page_bytes_.back() += V.layout.page_bytes();
+    f.vq_.back() = std::move(V);
   }
   f.label_ = !label.empty() ? label
              : uniform     ? fmt::format("K{}V{}", kb, vb)
@@ -169,6 +271,20 @@ std::span<const float> CacheFormat::rotations(int layer) const {
 std::span<const float> CacheFormat::levels(int layer) const {
   check(!fp16_, "CacheFormat::levels: the fp16 format has no levels");
   return levels_.at(layer);
+}
+const CacheFormat::VqLayer* CacheFormat::vq(int layer) const {
+  if (fp16_) return nullptr;
+  const auto& v = vq_.at(layer);
+  return v ? &*v : nullptr;
+}
+bool CacheFormat::has_vq() const {
+  for (const auto& v : vq_)
+    if (v) return true;
+  return false;
+}
+size_t CacheFormat::scalar_page_bytes(int layer) const {
+  const VqLayer* v = vq(layer);
+  return page_bytes(layer) - (v ? v->layout.page_bytes() : 0);
 }
 
 }  // namespace ratekv::engine

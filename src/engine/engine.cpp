@@ -17,6 +17,7 @@
 #include "ratekv/common/error.h"
 #include "ratekv/cuda/decode_attention.h"
 #include "ratekv/cuda/model_kernels.h"
+#include "ratekv/cuda/vq_encode.h"
 #include "ratekv/engine/page_pool.h"
 #include "ratekv/model/synthetic.h"
 
@@ -99,7 +100,10 @@ struct Engine::Impl {
   std::vector<Layer> layers;
 
   // cache
-  std::vector<std::unique_ptr<cuda::PackedPlan>> plans;
+  std::vector<std::unique_ptr<cuda::PackedPlan>> plans;  // a vq layer: its tq-mse values, or null
+  // TaSQ / CQ layers (CacheFormat::vq): the vq pages' decode and encode tables.
+  std::vector<std::unique_ptr<cuda::VqPlan>> vq_plans;
+  std::vector<std::unique_ptr<cuda::VqEncodePlan>> vq_enc;
   // The page pool (engine/page_pool.h: free list, sequences, page-table
   // rows) over device memory the engine allocates, one block per layer.
   std::optional<PagePool> pool;
@@ -107,10 +111,15 @@ struct Engine::Impl {
   int max_pages = 0;  // page-table row stride: ⌈context limit / 64⌉ (pool->max_seq_pages())
   uint8_t* pages(int l) const { return pool->layer_base(l); }
   uint16_t* fp16_pages(int l) const { return reinterpret_cast<uint16_t*>(pool->layer_base(l)); }
+  // A vq layer's vq pages follow its scalar pages in the layer's memory (CacheFormat).
+  uint8_t* vq_pages(int l) const {
+    return pool->layer_base(l) + static_cast<size_t>(pool->pages()) * fmt.scalar_page_bytes(l);
+  }
 
   // activations (rows = max(prefill tokens, batch))
   int64_t rows = 0, lrows = 0;
   DevMem x, xn, qkv, q16, k32, v32, k16, v16, q32, o32, att16, tmp, gu, h16, tok, pos, logits;
+  DevMem k_pre32;  // pre-RoPE keys (vq layers' encoder input; allocated for formats with vq layers)
   // decode state
   DevMem d_pos, d_lens, d_hist, d_count, d_pt, d_zero, d_start, attn_ws, probe_sink;
   DevMem d_temp, d_topk, d_topp, d_uni;  // per-row sampling settings (decode_sample)
@@ -204,10 +213,43 @@ struct Engine::Impl {
       cuda::fp16_decode_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, db, fp16_pages(l), q32.p,
                                   cuda::DType::f32, scale, o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream,
                                   fp16_variant(fp16_kernel));
+    } else if (fmt.vq(l)) {
+      cuda::vq_decode_attention(*vq_plans[l], db, vq_pages(l), pages(l), q32.p, cuda::DType::f32, scale,
+                                o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream);
     } else {
       cuda::packed_decode_attention(*plans[l], db, pages(l), q32.p, cuda::DType::f32, scale,
                                     o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream);
     }
+  }
+
+  // Writes n tokens per sequence of `db` into layer l's packed pages (k pre-
+  // and post-RoPE, v: (B, n, Hkv, hd) fp32): a vq layer's vq sides with
+  // vq_append, its tq-mse values (if any) with packed_append (decode) /
+  // packed_prefill; other layers with packed_append / packed_prefill.
+  void write_packed(int l, const cuda::DecodeBatch& db, const float* kpre, const float* k, const float* v, int n,
+                    bool decode) {
+    if (fmt.vq(l)) cuda::vq_append(*vq_enc[l], db, vq_pages(l), kpre, k, v, n, stream);
+    if (!plans[l]) return;
+    if (decode)
+      cuda::packed_append(*plans[l], db, pages(l), k, v, cuda::DType::f32, stream);
+    else
+      cuda::packed_prefill(*plans[l], db, pages(l), k, v, n, cuda::DType::f32, stream);
+  }
+
+  // fp16 K, V (n, Hkv, hd) of n tokens of layer l's packed pages (page-table
+  // row pt, positions pos0 …): packed_dequantize, and for a vq layer
+  // vq_dequantize after it (its keys, and its values when in the vq pages).
+  void dequantize(int l, const int32_t* pt, int n, int pos0, uint16_t* k, uint16_t* v) {
+    if (plans[l]) cuda::packed_dequantize(*plans[l], pages(l), pt, n, k, v, stream);
+    if (fmt.vq(l)) cuda::vq_dequantize(*vq_plans[l], vq_pages(l), pt, n, pos0, k, v, stream);
+  }
+
+  // Throws when a vq key encode since the last check met a shared scale that
+  // is not a finite fp16 value (cuda::vq_check_status; synchronizes).
+  void check_vq() {
+    for (int l = 0; l < cfg.n_layers; ++l)
+      if (l < (int)vq_enc.size() && vq_enc[l])
+        cuda::vq_check_status(*vq_enc[l], stream, fmt::format("GPU engine: layer {}", l).c_str());
   }
 
   // One decode step of B sequences (rows 0..B−1 of the buffers), the parts in `mask`.
@@ -227,6 +269,7 @@ struct Engine::Impl {
         cuda::QkvRopeOut o;
         o.q32 = q32.as<float>();
         o.k32 = k32.as<float>();
+        o.k_pre32 = k_pre32.as<float>();
         o.v32 = v32.as<float>();
         cuda::qkv_bias_rope(qkv.as<float>(), L.bias.as<float>(), d_pos.as<int32_t>(), B, cfg.n_heads, cfg.n_kv_heads,
                             cfg.head_dim, cfg.rope_layout == RopeLayout::NeoX, inv_freq.as<double>(), o, stream);
@@ -237,7 +280,7 @@ struct Engine::Impl {
           cuda::fp16_write_tokens(fp16_pages(l), cfg.n_kv_heads, cfg.head_dim, d_pt.as<int32_t>(), max_pages,
                                   d_pos.as<int32_t>(), k32.as<float>(), v32.as<float>(), 1, B, stream);
         else
-          cuda::packed_append(*plans[l], before, pages(l), k32.p, v32.p, cuda::DType::f32, stream);
+          write_packed(l, before, k_pre32.as<float>(), k32.as<float>(), v32.as<float>(), 1, true);
       }
       if (mask & kAttn) attention(l, B, bound, fp16_kernel);
       if (other) cuda::f32_to_bf16(o32.as<float>(), att16.as<uint16_t>(), B * m.qd, stream);
@@ -398,8 +441,7 @@ struct Engine::Impl {
             cuda::fp16_read_tokens(fp16_pages(l), Hkv, hd, tpt, (int)(pages_end - t0),
                                    tile_k.as<uint16_t>(), tile_v.as<uint16_t>(), stream);
           else
-            cuda::packed_dequantize(*plans[l], pages(l), tpt, (int)(pages_end - t0),
-                                    tile_k.as<uint16_t>(), tile_v.as<uint16_t>(), stream);
+            dequantize(l, tpt, (int)(pages_end - t0), (int)t0, tile_k.as<uint16_t>(), tile_v.as<uint16_t>());
         }
         if (pages_end < t0 + nk) {
           const size_t off = static_cast<size_t>(pages_end - t0) * kvd, src = static_cast<size_t>(pages_end - p0) * kvd;
@@ -530,6 +572,7 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
   I->qkv = DevMem(4 * R * m.qkvd);
   I->q16 = DevMem(2 * R * m.qd);
   I->k32 = DevMem(4 * R * m.kvd);
+  if (I->fmt.has_vq()) I->k_pre32 = DevMem(4 * R * m.kvd);
   I->v32 = DevMem(4 * R * m.kvd);
   I->k16 = DevMem(2 * R * m.kvd);
   I->v16 = DevMem(2 * R * m.kvd);
@@ -574,13 +617,27 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
         cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, (int)I->ctx_limit),
         cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, (int)I->ctx_limit,
                                   cuda::Fp16DecodeVariant::rows16));
-    if (!I->fmt.is_fp16()) I->plans.resize(cfg.n_layers);
-    for (int l = 0; l < cfg.n_layers && !I->fmt.is_fp16(); ++l) {
-      if (!I->plans[l])
-        I->plans[l] = std::make_unique<cuda::PackedPlan>(I->fmt.layout(l), cfg.n_heads, I->fmt.rotations(l),
-                                                         I->fmt.levels(l));
-      splits = std::max(splits, cuda::default_splits(*I->plans[l], b, (int)I->ctx_limit));
+    if (!I->fmt.is_fp16() && b == 1) {
+      I->plans.resize(cfg.n_layers);
+      I->vq_plans.resize(cfg.n_layers);
+      I->vq_enc.resize(cfg.n_layers);
+      for (int l = 0; l < cfg.n_layers; ++l) {
+        const CacheFormat::VqLayer* vq = I->fmt.vq(l);
+        // A vq layer's scalar pages hold its tq-mse values, if any (VqPlan reads them).
+        if (!vq || vq->layout.side(packed::Side::value).kind == packed::VqSideKind::none)
+          I->plans[l] = std::make_unique<cuda::PackedPlan>(I->fmt.layout(l), cfg.n_heads, I->fmt.rotations(l),
+                                                           I->fmt.levels(l));
+        if (!vq) continue;
+        I->vq_plans[l] = std::make_unique<cuda::VqPlan>(
+            vq->layout, cfg.n_heads, vq->codewords, vq->channels,
+            cuda::VqRope{cfg.rope_layout == RopeLayout::NeoX, cfg.layer_rope_theta(l)}, I->plans[l].get());
+        I->vq_enc[l] = std::make_unique<cuda::VqEncodePlan>(vq->layout, vq->codebooks, vq->channel_scale,
+                                                             vq->channels);
+      }
     }
+    for (int l = 0; l < cfg.n_layers && !I->fmt.is_fp16(); ++l)
+      splits = std::max(splits, I->vq_plans[l] ? cuda::default_splits(*I->vq_plans[l], b, (int)I->ctx_limit)
+                                               : cuda::default_splits(*I->plans[l], b, (int)I->ctx_limit));
     // Splits grow as lengths shrink (more pages per wave); bound them by the
     // shortest length a step can have as well.
     for (int len : {64, 256, 1024, 4096}) {
@@ -588,7 +645,8 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
       splits = std::max(splits, cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, len,
                                                           cuda::Fp16DecodeVariant::rows16));
       for (int l = 0; l < cfg.n_layers && !I->fmt.is_fp16(); ++l)
-        splits = std::max(splits, cuda::default_splits(*I->plans[l], b, len));
+        splits = std::max(splits, I->vq_plans[l] ? cuda::default_splits(*I->vq_plans[l], b, len)
+                                                 : cuda::default_splits(*I->plans[l], b, len));
     }
     ws = std::max(ws, cuda::decode_workspace_bytes(b, cfg.n_heads, cfg.head_dim, splits + 8));
   }
@@ -738,6 +796,7 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
     cuda::QkvRopeOut o;
     o.q16 = I.q16.as<uint16_t>();
     o.k32 = I.k32.as<float>();
+    o.k_pre32 = I.k_pre32.as<float>();
     o.v32 = I.v32.as<float>();
     if (own_kv) {
       o.k16 = I.k16.as<uint16_t>();
@@ -747,10 +806,9 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
                         I.cfg.n_kv_heads, I.cfg.head_dim, I.cfg.rope_layout == RopeLayout::NeoX,
                         I.inv_freq.as<double>(), o, st);
     if (packed_cache) {
-      cuda::packed_prefill(*I.plans[l], db, I.pages(l), I.k32.p, I.v32.p, (int)n, cuda::DType::f32, st);
+      I.write_packed(l, db, I.k_pre32.as<float>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, false);
       if (mode == PrefillMode::evaluation)
-        cuda::packed_dequantize(*I.plans[l], I.pages(l), I.p_pt.as<int32_t>(), (int)n,
-                                I.k16.as<uint16_t>(), I.v16.as<uint16_t>(), st);
+        I.dequantize(l, I.p_pt.as<int32_t>(), (int)n, 0, I.k16.as<uint16_t>(), I.v16.as<uint16_t>());
     } else {
       cuda::fp16_write_tokens(I.fp16_pages(l), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
                               I.max_pages, I.d_zero.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1, st);
@@ -760,6 +818,7 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
   }
   I.prefill_logits(n, logits);
   I.sync();
+  I.check_vq();
   I.pool->set_length(id, n);
 }
 
@@ -803,6 +862,7 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
     cuda::QkvRopeOut o;
     o.q16 = I.q16.as<uint16_t>();
     o.k32 = I.k32.as<float>();
+    o.k_pre32 = I.k_pre32.as<float>();
     o.v32 = I.v32.as<float>();
     if (own_kv) {
       o.k16 = I.k16.as<uint16_t>();
@@ -812,7 +872,7 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
                         I.cfg.n_kv_heads, I.cfg.head_dim, I.cfg.rope_layout == RopeLayout::NeoX,
                         I.inv_freq.as<double>(), o, st);
     if (packed_cache)
-      cuda::packed_prefill(*I.plans[l], db, I.pages(l), I.k32.p, I.v32.p, (int)n, cuda::DType::f32, st);
+      I.write_packed(l, db, I.k_pre32.as<float>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, false);
     else
       cuda::fp16_write_tokens(I.fp16_pages(l), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
                               I.max_pages, I.d_start.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1,
@@ -822,6 +882,7 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
   }
   I.prefill_logits(n, logits);
   I.sync();
+  I.check_vq();
   I.pool->set_length(id, p0 + n);
 }
 
@@ -877,11 +938,12 @@ void Engine::fill_synthetic(int id, int64_t n_tokens, uint64_t seed) {
       if (I.fmt.is_fp16())
         cuda::fp16_write_tokens(I.fp16_pages(l), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
                                 I.max_pages, I.d_start.as<int32_t>(), kf, vf, (int)cnt, 1, I.stream);
-      else
-        cuda::packed_prefill(*I.plans[l], db, I.pages(l), kf, vf, (int)cnt, cuda::DType::f32, I.stream);
+      else  // synthetic keys: the same values pre- and post-RoPE
+        I.write_packed(l, db, kf, kf, vf, (int)cnt, false);
     }
     I.sync();  // `start` is read by the copy
   }
+  I.check_vq();
   I.pool->set_length(id, len + n_tokens);
 }
 
@@ -907,6 +969,7 @@ void Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens, i
     I.sync();
     done += chunk;
   }
+  I.check_vq();
   if (!last_logits.empty())
     RATEKV_CUDA_OK(cudaMemcpy(last_logits.data(), I.logits.p, 4 * last_logits.size(), cudaMemcpyDeviceToHost));
   for (int id : ids) I.pool->set_length(id, I.pool->length(id) + n_steps);
@@ -946,6 +1009,7 @@ void Engine::decode_sample(std::span<const int> ids, std::span<const int32_t> to
   if (!last_logits.empty())
     RATEKV_CUDA_OK(cudaMemcpyAsync(last_logits.data(), I.logits.p, 4 * last_logits.size(), cudaMemcpyDeviceToHost, st));
   I.sync();
+  I.check_vq();
   for (int id : ids) I.pool->set_length(id, I.pool->length(id) + 1);
 }
 

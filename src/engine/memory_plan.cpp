@@ -58,6 +58,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, bool untied_lm_head, const CacheF
   if (!fmt.is_fp16())
     for (int l = 0; l < cfg.n_layers; ++l)
       tables += 4 * (fmt.rotations(l).size() + fmt.levels(l).size()) + size_t{8192} * cfg.n_kv_heads;
+  for (int l = 0; l < cfg.n_layers && fmt.has_vq(); ++l)
+    if (const CacheFormat::VqLayer* vq = fmt.vq(l))  // cuda::VqPlan + VqEncodePlan tables
+      tables += 4 * (vq->codewords.size() + vq->codebooks.size() + 2 * vq->channels.size()) +
+                size_t{16} * cfg.n_kv_heads * cfg.head_dim + size_t{8192};
+  if (fmt.has_vq()) p.activations += detail::activation_rows(opt) * 4 * static_cast<size_t>(m.kvd);  // k_pre32
   p.workspace = detail::kCublasWorkspace + decode_workspace(cfg, opt.max_batch, 132) + opt.prefill_score_bytes + tables +
                 detail::chunk_scratch_bytes(cfg, opt);
   p.reserve = opt.reserve_bytes;

@@ -20,7 +20,9 @@
 #include <random>
 
 #include "../support/cuda_test.h"
+#include "../support/packed_cache_plans.h"
 #include "../support/vq_plans.h"
+#include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/cache/vq_page_codec.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
@@ -188,4 +190,92 @@ TEST(CudaVqEncode, BadPlansAndArguments) {
   cuda::vq_append(plan, db, pool.p, dbig.p, nullptr, nullptr, 1, nullptr);
   EXPECT_THROW(cuda::vq_check_status(plan, nullptr, "test"), Error);
   EXPECT_NO_THROW(cuda::vq_check_status(plan, nullptr, "test"));  // cleared
+}
+
+// cuda::vq_dequantize (evaluation / chunked prefill's K/V) against the
+// reference decoder cache::decode_vq_token + apply_rope at the token's
+// position (keys) over pages the CPU packed cache wrote; tokens read from a
+// page-table row that starts at logical page 1 (positions 64 …), 97 tokens.
+// fp32 on both sides, rounded to fp16 once: within 2⁻¹⁰ relative (the RoPE's
+// fp32 operation order may differ) of the reference.
+TEST(CudaVqEncode, DequantizeMatchesReferenceDecoder) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const VqValues vals : {VqValues::vq, VqValues::fp16, VqValues::tq_mse})
+    for (const RopeLayout rope : {RopeLayout::Interleaved, RopeLayout::NeoX}) {
+      std::mt19937 rng(400 + (int)vals);
+      const int d = rope == RopeLayout::NeoX ? 128 : 64, H = rope == RopeLayout::NeoX ? 2 : 3, T = 64 + 97;
+      const ModelConfig cfg = vq_config(d, H, 2, rope);
+      auto codecs = vq_codecs(cfg, 8, 7, 5, vals, 401);
+      cache::PackedKVCache cache(cfg.kv_shape(T), codecs);
+      std::vector<int32_t> pos(T);
+      std::iota(pos.begin(), pos.end(), 0);
+      auto Kp = data(T, H, d, rng, 1.0f), V = data(T, H, d, rng, 1.0f);
+      std::vector<float> K = Kp;
+      for (int t = 0; t < T; ++t) apply_rope(K.data() + (size_t)t * H * d, H, d, t, cfg.rope_layout, cfg.rope_theta);
+      cache.append(0, T, pos.data(), Kp.data(), K.data(), V.data());
+      const packed::VqLayerLayout* L = cache.vq_layout(0);
+      ASSERT_NE(L, nullptr);
+      const int n_pages = (T + 63) / 64;
+      std::vector<int32_t> table(n_pages);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng);
+      const size_t pb = L->page_bytes();
+      std::vector<uint8_t> pool((size_t)n_pages * pb);
+      for (int i = 0; i < n_pages; ++i) {
+        const auto pg = cache.vq_page(0, i);
+        std::copy(pg.begin(), pg.end(), pool.begin() + (size_t)table[i] * pb);
+      }
+      std::unique_ptr<cuda::PackedPlan> splan;
+      if (vals == VqValues::tq_mse) {
+        std::vector<float> rot, lvl;
+        for (int h = 0; h < H; ++h) {
+          const quant::TQMSE* tq = layout_quantizers(cache, 0, h, 1).at(0);
+          const auto M = tq->rotation().matrix();
+          for (int i = 0; i < d; ++i)
+            for (int j = 0; j < d; ++j) rot.push_back((float)M(i, j));
+          lvl.insert(lvl.end(), tq->codebook().levels.begin(), tq->codebook().levels.end());
+        }
+        splan = std::make_unique<cuda::PackedPlan>(cache.layout(0), H * 2, rot, lvl);
+      }
+      const VqTables tab = vq_tables(*codecs);
+      const cuda::VqPlan plan(*L, H * 2, tab.codewords, tab.channels,
+                              cuda::VqRope{rope == RopeLayout::NeoX, cfg.rope_theta}, splan.get());
+      const int n = 97, pos0 = 64;
+      DevBuf<uint8_t> dpool(pool);
+      DevBuf<int32_t> dpt(std::vector<int32_t>(table.begin() + 1, table.end()));
+      DevBuf<uint16_t> k16((size_t)n * H * d), v16((size_t)n * H * d);
+      CK(cudaMemset(v16.p, 0x3c, v16.n * 2));  // scalar values: must stay untouched
+      cuda::vq_dequantize(plan, dpool.p, dpt.p, n, pos0, k16.p, v16.p, nullptr);
+      CK(cudaDeviceSynchronize());
+      const auto gk = k16.get(), gv = v16.get();
+      std::vector<const cache::VqCodec*> kh(H), vh(H);
+      for (int h = 0; h < H; ++h) {
+        kh[h] = codecs->vq(0, h, cache::KVSide::key);
+        vh[h] = codecs->vq(0, h, cache::KVSide::value);
+      }
+      int bad = 0;
+      std::vector<float> xk((size_t)H * d), xv((size_t)H * d);
+      for (int i = 0; i < n; ++i) {
+        const int t = pos0 + i;
+        const auto page = cache.vq_page(0, t / 64);
+        cache::decode_vq_token(*L, page, packed::Side::key, t % 64, kh, xk.data());
+        apply_rope(xk.data(), H, d, t, cfg.rope_layout, cfg.rope_theta);
+        if (vals == VqValues::vq) cache::decode_vq_token(*L, page, packed::Side::value, t % 64, vh, xv.data());
+        if (vals == VqValues::fp16) {
+          std::vector<uint16_t> r(d);
+          for (int h = 0; h < H; ++h) {
+            packed::read_fp16_row(*L, page, h, packed::Side::value, t % 64, r);
+            for (int c = 0; c < d; ++c) xv[(size_t)h * d + c] = fp16_to_fp32(r[c]);
+          }
+        }
+        for (size_t e = 0; e < xk.size(); ++e) {
+          const float g = fp16_to_fp32(gk[(size_t)i * H * d + e]);
+          bad += !(std::abs(g - xk[e]) <= std::ldexp(std::abs(xk[e]), -10) + 1e-6f);
+          const float w = vals == VqValues::tq_mse ? fp16_to_fp32(0x3c3c) : xv[e];
+          const float gvv = fp16_to_fp32(gv[(size_t)i * H * d + e]);
+          bad += !(std::abs(gvv - w) <= std::ldexp(std::abs(w), -10) + 1e-6f);
+        }
+      }
+      EXPECT_EQ(bad, 0) << "values " << (int)vals << " rope " << (int)rope;
+    }
 }

@@ -12,6 +12,7 @@
 #include "ratekv/engine/engine.h"
 #include "ratekv/eval/baseline_plans.h"
 #include "ratekv/model/synthetic.h"
+#include "../support/vq_plans.h"
 
 namespace {
 
@@ -89,7 +90,14 @@ TEST(EngineCacheFormat, ServesGroupedPlansAndRefusesTheRest) {
     EXPECT_EQ(thrown, why);
   };
   refuse(eval::cache_type_plan("q8_0", "q8_0", c), "layers[0].heads[0].key: codec kind 'q8_0'");
-  refuse(eval::cache_type_plan("f16", "tq3", c), "codec kind 'fp16'");
+  // fp16 values under TQ-MSE keys: the vq decode kernel reads keys from the vq pages.
+  refuse(eval::cache_type_plan("tq3", "f16", c), "layers[0].heads[0].value: a fp16 value side under TQ-MSE keys");
+  // fp16 keys (every head) over TQ-MSE values are served, as the CPU packed
+  // cache stores them: keys in the vq pages, values in the scalar pages.
+  EXPECT_EQ(CacheFormat::unsupported_reason(*codecs(eval::cache_type_plan("f16", "tq3", c), c)), "");
+  Plan mixed = eval::cache_type_plan("tq3", "tq3", c);
+  mixed.layers[1][2].key = Codec::fp16();
+  refuse(mixed, "layers[1].heads[2].key: stored fp16 but head 0's key is TQ-MSE");
   // A key group at 0 bits is served (since issue 18 item 4): it stores
   // nothing, so the head's keys are the 4-bit group alone (32 channels: 16
   // bytes + a norm), as in the CPU packed cache's layout; a whole side at 0
@@ -120,6 +128,46 @@ TEST(EngineCacheFormat, ServesGroupedPlansAndRefusesTheRest) {
   win.fp16_window = 32;
   refuse(win, "fp16_window 32");
   EXPECT_EQ(CacheFormat::unsupported_reason(*codecs(eval::cache_type_plan("tq4", "tq2", c), c)), "");
+}
+
+// TaSQ / CQ plans (vq keys: shared scale, channel weights; values CQ, fp16 or
+// TQ-MSE) are served: a layer's page is its scalar page (the tq-mse values)
+// plus its vq page, byte for byte the CPU packed cache's two layouts, and the
+// plan's stored bytes per token; the encoder's tables are the codecs'
+// weighted-space codebooks and weights, the decoder's codewords C̃ = C / a.
+TEST(EngineCacheFormat, ServesVqPlans) {
+  using ratekv_test::VqValues;
+  for (const VqValues vals : {VqValues::tq_mse, VqValues::vq, VqValues::fp16}) {
+    SCOPED_TRACE(static_cast<int>(vals));
+    const ModelConfig c = ratekv_test::vq_config(128, 8, 4, RopeLayout::NeoX);
+    const auto vc = ratekv_test::vq_codecs(c, 8, 10, 4, vals, 5);
+    EXPECT_EQ(CacheFormat::unsupported_reason(*vc), "");
+    const CacheFormat f = CacheFormat::packed(vc);
+    EXPECT_EQ(f.label(), "plan:tasq");
+    ASSERT_TRUE(f.has_vq());
+    const CacheFormat::VqLayer* vq = f.vq(0);
+    ASSERT_NE(vq, nullptr);
+    const cache::PackedKVCache cpu(c.kv_shape(64), vc);
+    ASSERT_NE(cpu.vq_layout(0), nullptr);
+    EXPECT_EQ(vq->layout.page_bytes(), cpu.vq_layout(0)->page_bytes());
+    EXPECT_EQ(f.scalar_page_bytes(0), cpu.layout(0).page_bytes());
+    EXPECT_EQ(f.page_bytes(0), cpu.layout(0).page_bytes() + cpu.vq_layout(0)->page_bytes());
+    EXPECT_EQ(f.layout(0).page_bytes(), cpu.layout(0).page_bytes());
+    // A KV head's key segment: 64 slots · 16 groups · 10 bits = 1280 bytes.
+    EXPECT_EQ(vq->layout.segment_bytes(packed::Side::key), size_t{64 * 16 * 10 / 8});
+    EXPECT_NEAR(f.bytes_per_token(), plan_stored_bytes(vc->plan()).bytes_per_token(), 1e-9);
+    const int n_vq_sides = vals == VqValues::vq ? 2 : 1;
+    EXPECT_EQ(vq->channels.size(), size_t(8 * n_vq_sides * 128));
+    EXPECT_EQ(vq->channel_scale.size(), size_t(8 * n_vq_sides * 128));
+    EXPECT_EQ(vq->codebooks.size(), vq->codewords.size());
+    const cache::VqCodec* k0 = vc->vq(0, 0, cache::KVSide::key);
+    for (size_t i = 0; i < k0->codebooks().size(); ++i) {
+      EXPECT_EQ(vq->codebooks[i], k0->codebooks()[i]);
+      const int gi = static_cast<int>(i / (1024 * 8)), q = static_cast<int>(i % 8);
+      const float a = k0->channel_scale()[k0->group_channels(gi)[q]];
+      ASSERT_NEAR(vq->codewords[i] * a, vq->codebooks[i], 1e-6f * (1 + std::abs(vq->codebooks[i]))) << i;
+    }
+  }
 }
 
 // The engine's pages store what the plan's accounting says it stores

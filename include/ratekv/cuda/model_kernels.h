@@ -52,7 +52,9 @@ void add_rms_norm(float* x, const float* delta, const float* w, int n, int d, fl
 ///   bias : ((H + 2·Hkv)·hd) fp32 added first, or null;
 ///   pos  : (n) int32 positions;
 /// outputs (each may be null): q32 (n, H, hd) fp32, q16 (n, H, hd) fp16,
-/// k32 / v32 (n, Hkv, hd) fp32, k16 / v16 (n, Hkv, hd) fp16.
+/// k32 / v32 (n, Hkv, hd) fp32, k16 / v16 (n, Hkv, hd) fp16; k_pre32 (n,
+/// Hkv, hd) fp32 the keys after the bias, before RoPE (what vq keys encode,
+/// cuda::vq_append).
 struct QkvRopeOut {
   float* q32 = nullptr;
   uint16_t* q16 = nullptr;
@@ -60,6 +62,7 @@ struct QkvRopeOut {
   float* v32 = nullptr;
   uint16_t* k16 = nullptr;
   uint16_t* v16 = nullptr;
+  float* k_pre32 = nullptr;  // last: positional initializers of the fields above stay valid
 };
 void qkv_bias_rope(const float* qkv, const float* bias, const int32_t* pos, int n, int n_heads,
                    int n_kv_heads, int head_dim, bool neox, const double* inv_freq, const QkvRopeOut& out,

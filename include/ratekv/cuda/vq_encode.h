@@ -88,3 +88,22 @@ void vq_append(const VqEncodePlan& plan, const DecodeBatch& batch, uint8_t* pool
 void vq_check_status(const VqEncodePlan& plan, void* stream, const char* what);
 
 }  // namespace ratekv::cuda
+
+namespace ratekv::cuda {
+
+/// The reconstructions of the vq pages' sides of n_tokens tokens of one
+/// sequence, as fp16 (what evaluation-mode and chunked prefill attend to):
+/// token i lives in slot i mod 64 of page page_table[i / 64] (page_table: the
+/// sequence's row from the first page read) at position pos0 + i.
+///   k16 (n_tokens, Hkv, hd): vq keys RoPE_{pos0+i}(s · C̃[z]) (RoPE as
+///       vq_decode_attention: angle in double, cos/sin rounded to fp32), fp16
+///       keys as stored; written when the key side is in the vq pages;
+///   v16 (n_tokens, Hkv, hd): s · C̃[z] or the fp16 row; written when the
+///       value side is in the vq pages (a scalar value side: packed_dequantize
+///       with the layer's value plan).
+/// fp32 arithmetic rounded to fp16 once. Throws Error on n_tokens < 1, pos0 <
+/// 0 or a null pointer the plan needs.
+void vq_dequantize(const VqPlan& plan, const uint8_t* pool, const int32_t* page_table, int n_tokens, int pos0,
+                   uint16_t* k16, uint16_t* v16, void* stream);
+
+}  // namespace ratekv::cuda

@@ -8,23 +8,31 @@
 // (y = Π_g u, dim×dim fp32 row-major) and Lloyd–Max levels of every group in
 // the order cuda::PackedPlan takes them (KV head, side, group).
 //
-// Served on the GPU (issue 17): tq-mse and tq-mse-grouped codecs — uniform
-// TQ-MSE, Block-GTQ, RateQuant — with every group at 1..4 bits, no fp16
-// window, no sink tokens, head_dim 64/128/256, GQA ≤ 16. Everything else is
-// refused when the format is built (before any GPU work), naming the plan
-// field and why: fp16 sides mixed with packed ones, vq (TaSQ/CQ) sides, kivi /
-// quarot / q8_0 / q4_0 (no packed storage), 0-bit and 5..8-bit groups
-// (engine issue 2 of 3).
+// Served on the GPU: tq-mse and tq-mse-grouped codecs — uniform TQ-MSE,
+// Block-GTQ, RateQuant — with every group at 0..4 bits (issue 17), and
+// (issue 18) TaSQ / CQ layers: a layer whose key side is vq (or fp16, every
+// KV head) keeps that side — and a vq / fp16 value side — in the layer's vq
+// pages (docs/packed_format.md §7), a tq-mse value side in its scalar pages;
+// no fp16 window, no sink tokens, head_dim 64/128/256, GQA ≤ 16. A vq layer's
+// page (page_bytes) is its scalar page followed by its vq page; in the pool
+// the scalar pages of a layer come first (pages · scalar_page_bytes bytes),
+// then its vq pages (vq_pool_offset). Everything else is refused when the
+// format is built (before any GPU work), naming the plan field and why: fp16
+// or vq value sides under tq-mse keys, fp16 sides on only some KV heads,
+// kivi / quarot / q8_0 / q4_0 (no packed storage), 5..8-bit groups, key
+// offsets, other norm codings.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/format/packed_format.h"
+#include "ratekv/format/packed_vq_format.h"
 #include "ratekv/model/model.h"
 
 namespace ratekv::engine {
@@ -52,10 +60,29 @@ class CacheFormat {
   size_t page_bytes_all_layers() const;
   /// Stored bytes per token over all layers (page_bytes_all_layers / 64).
   double bytes_per_token() const { return static_cast<double>(page_bytes_all_layers()) / packed::kPageTokens; }
-  /// Packed only (Error for fp16): the layer's layout, rotations and levels.
+  /// Packed only (Error for fp16): the layer's scalar layout (a vq layer:
+  /// its tq-mse value groups, or none), rotations and levels (the order of
+  /// cuda::PackedPlan).
   const packed::LayerLayout& layout(int layer) const;
   std::span<const float> rotations(int layer) const;
   std::span<const float> levels(int layer) const;
+
+  /// The vq pages of a layer (docs/packed_format.md §7) and the tables the
+  /// CUDA vq kernels take (cuda::VqPlan: reconstruction codewords C̃ and
+  /// channel lists; cuda::VqEncodePlan: weighted-space codebooks C, channel
+  /// weights a, channel lists), per (KV head, side) whose codec is vq.
+  struct VqLayer {
+    packed::VqLayerLayout layout;
+    std::vector<float> codewords, codebooks, channel_scale;
+    std::vector<int32_t> channels;
+  };
+  /// The layer's vq pages, or nullptr when it has none (every layer of an
+  /// fp16 format or of a scalar plan).
+  const VqLayer* vq(int layer) const;
+  /// Whether any layer has vq pages.
+  bool has_vq() const;
+  /// Bytes of one scalar page of the layer (page_bytes minus its vq page).
+  size_t scalar_page_bytes(int layer) const;
   /// The plan (null for fp16).
   const std::shared_ptr<const cache::PlanCodecs>& codecs() const { return codecs_; }
 
@@ -66,6 +93,7 @@ class CacheFormat {
   std::vector<size_t> page_bytes_;
   std::vector<packed::LayerLayout> layouts_;
   std::vector<std::vector<float>> rotations_, levels_;
+  std::vector<std::optional<VqLayer>> vq_;
   std::shared_ptr<const cache::PlanCodecs> codecs_;
 };
 

@@ -24,6 +24,16 @@
 // full-precision (fp16) K/V, the cache holds codes from then on. Decode is
 // the same in both: quantize-append, then attention from the codes.
 //
+// TaSQ / CQ plans (CacheFormat's vq layers, issue 18 item 4): the keys leave
+// the Q/K/V kernel pre-RoPE as well (QkvRopeOut::k_pre32) and are encoded on
+// the GPU into the layer's vq pages (cuda::vq_append, byte for byte the CPU
+// reference encoder's indices); decode attends over the vq pages
+// (cuda::vq_decode_attention: RoPE applied at each key's position; the
+// correctness path, fp32, no tensor cores), evaluation and chunked prefill
+// over their fp16 reconstructions (cuda::vq_dequantize). A key whose shared
+// scale overflows fp16 makes prefill / decode throw after the step (the CPU
+// packed cache refuses it too).
+//
 // Memory (EngineOptions, plan_memory): weights, activations for max_batch
 // decode rows and a max_prefill_tokens prompt, workspaces, a reserve; the rest
 // is the page pool (engine/page_pool.h, the bookkeeping the Python CUDA cache
@@ -224,7 +234,11 @@ class Engine {
 
   // ---- raw state, for bindings (device pointers; no CUDA types) ----
   void* stream() const;
+  /// Layer `layer`'s page memory: pages · page_bytes bytes; for a vq layer
+  /// (CacheFormat::vq) the scalar pages (pages · scalar_page_bytes) first,
+  /// then the vq pages.
   uint8_t* layer_pool(int layer) const;
+  /// CacheFormat::page_bytes: a vq layer's scalar plus vq page.
   size_t page_bytes(int layer) const;
   /// Physical page ids of `seq` (logical page i → element i).
   std::vector<int32_t> seq_pages(int seq) const;

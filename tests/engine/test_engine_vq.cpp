@@ -1,0 +1,304 @@
+// The GPU engine with TaSQ / CQ plans (vq keys encoded on the GPU:
+// cuda::vq_append; decode over the vq pages: cuda::vq_decode_attention;
+// evaluation / chunked prefill over cuda::vq_dequantize) against the CPU
+// runtime with the CPU packed cache of the same plan, on identical synthetic
+// weights (tiny-llama: 2 layers, GQA 2, head_dim 64, interleaved RoPE; and a
+// qwen2-shaped tiny model: biases, NeoX RoPE, GQA 4, 1 KV head). GPU only:
+// skipped without a device.
+//
+// The plans: TaSQ-style keys (groups of 8 channels of shuffled RoPE pairs,
+// 2^6 centroids, shared fp16 scale, channel weights in [0.5, 2]) and values
+// CQ (groups of 8, 2^6 centroids, no scale), fp16, or TQ-MSE 3-bit. The
+// codebooks are calibration vectors of the model itself (pre-RoPE keys of a
+// different prompt, weighted and scaled as the encoder does; values as they
+// are), picked at random: a codebook that covers the data, as k-means'
+// initialization would (the fit, tasq/fit.h, is not built on the GPU machine).
+//
+// Bound: the GPU's K/V differ from the CPU's by the bf16/fp16 roundings of
+// the forward pass (relative ε ≈ 3e-3, tests/engine/test_engine.cpp); an index
+// flips where a group vector lies within ε of a Voronoi boundary of its
+// codebook and then moves to the neighbouring codeword, as a scalar code
+// flips to the neighbouring level. So the logits are held to the packed
+// bound of test_engine.cpp, 0.1 (relative L2 per row), every prefill row and
+// every decode step; greedy tokens agree wherever the CPU's top-2 margin
+// exceeds 0.5 (the NIAH comparison's packed allowance).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "../support/vq_codec.h"
+#include "gpu_util.h"
+#include "ratekv/cache/packed_kv_cache.h"
+#include "ratekv/cache/plan_codecs.h"
+#include "ratekv/common/error.h"
+#include "ratekv/common/fp16.h"
+#include "ratekv/engine/engine.h"
+#include "ratekv/model/synthetic.h"
+
+namespace {
+
+using namespace ratekv;
+using engine::CacheFormat;
+using engine::Engine;
+using engine::EngineOptions;
+using engine::PrefillMode;
+using engine_test::have_gpu;
+using engine_test::rel_l2;
+
+constexpr uint64_t kSeed = 20261202;
+
+enum class Values { cq, fp16, tq3 };
+
+// A dense cache that keeps what the model appends (pre-RoPE keys, values).
+class CaptureCache : public DenseKVCache {
+ public:
+  explicit CaptureCache(const KVCacheShape& s) : DenseKVCache(s), k_pre(s.n_layers), v(s.n_layers) {}
+  void append(int layer, int64_t n, const int32_t* pos, const float* kp, const float* k_post,
+              const float* vv) override {
+    const size_t row = static_cast<size_t>(shape().n_kv_heads) * shape().head_dim;
+    k_pre[layer].insert(k_pre[layer].end(), kp, kp + n * row);
+    v[layer].insert(v[layer].end(), vv, vv + n * row);
+    DenseKVCache::append(layer, n, pos, kp, k_post, vv);
+  }
+  std::vector<std::vector<float>> k_pre, v;
+};
+
+std::vector<int32_t> random_tokens(int n, int V, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(g() % V);
+  return t;
+}
+
+std::shared_ptr<const cache::PlanCodecs> tasq_plan(Model& model, Values vals, uint32_t seed) {
+  const ModelConfig& c = model.config();
+  const int d = c.head_dim, H = c.n_kv_heads, g = 8, bits = 6, K = 1 << bits;
+  // Calibration: 160 tokens of another prompt.
+  const int T = 160;
+  CaptureCache cal(c.kv_shape(T));
+  std::vector<float> lg(static_cast<size_t>(T) * c.n_vocab);
+  model.forward(random_tokens(T, c.n_vocab, seed + 99), 0, cal, lg.data(), true);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> ud(0.5f, 2.0f);
+  Plan p;
+  p.method = "tasq";
+  static_cast<PlanTarget&>(p.model) = cache::plan_target(c);
+  p.tensors_file = "in-memory.safetensors";
+  p.layers.assign(c.n_layers, std::vector<HeadPlan>(H));
+  const auto pairs = rope_pairs(c.rope_layout, d);
+  std::vector<int> id(d);
+  std::iota(id.begin(), id.end(), 0);
+  std::vector<std::vector<int>> perm(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    std::vector<int> order(d / 2);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int b : order) perm[l].insert(perm[l].end(), {pairs[b][0], pairs[b][1]});
+    for (int h = 0; h < H; ++h) {
+      p.layers[l][h].key = ratekv_test::vq_codec(d, g, bits, true, H, perm[l]);
+      p.layers[l][h].value = vals == Values::cq     ? ratekv_test::vq_codec(d, g, bits, false, H, id)
+                             : vals == Values::fp16 ? Codec::fp16()
+                                                    : Codec::tq_mse(3, d, seed + 17 * h + 101 * l);
+    }
+  }
+  VqTensors t = VqTensors::for_plan(p);
+  const size_t row = static_cast<size_t>(H) * d;
+  for (int l = 0; l < c.n_layers; ++l) {
+    std::vector<std::vector<float>> a(H, std::vector<float>(d));
+    for (auto& ah : a)
+      for (float& x : ah) x = ud(rng);
+    // The encoder's y = a·x / s_t, s_t = fp16(RMS over heads and channels of a·x).
+    std::vector<float> s(T);
+    for (int tk = 0; tk < T; ++tk) {
+      double acc = 0;
+      for (int h = 0; h < H; ++h)
+        for (int ch = 0; ch < d; ++ch) {
+          const double y = double(a[h][ch]) * cal.k_pre[l][tk * row + h * d + ch];
+          acc += y * y;
+        }
+      s[tk] = round_fp16(static_cast<float>(std::sqrt(acc / (H * d))));
+    }
+    for (int h = 0; h < H; ++h) {
+      auto& ke = t.at(l, h, 0);
+      ke.present = true;
+      ke.channel_scale = a[h];
+      for (int gi = 0; gi < d / g; ++gi)
+        for (int j = 0; j < K; ++j) {
+          const int tk = static_cast<int>(rng() % T);
+          for (int q = 0; q < g; ++q) {
+            const int ch = perm[l][gi * g + q];
+            ke.codebooks.push_back(a[h][ch] * cal.k_pre[l][tk * row + h * d + ch] / s[tk]);
+          }
+        }
+      if (vals != Values::cq) continue;
+      auto& ve = t.at(l, h, 1);
+      ve.present = true;
+      for (int gi = 0; gi < d / g; ++gi)
+        for (int j = 0; j < K; ++j) {
+          const int tk = static_cast<int>(rng() % T);
+          for (int q = 0; q < g; ++q) ve.codebooks.push_back(cal.v[l][tk * row + h * d + gi * g + q]);
+        }
+    }
+  }
+  return std::make_shared<const cache::PlanCodecs>(p, c, "tasq-test", std::make_shared<const VqTensors>(std::move(t)));
+}
+
+int argmax(const float* x, int n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+double top2_margin(const float* x, int n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    if (x[i] > a) b = a, a = x[i];
+    else if (x[i] > b) b = x[i];
+  }
+  return a - b;
+}
+
+// GPU evaluation prefill (every row's logits; one piece, or chunks of
+// `chunk`) + greedy decode steps vs the CPU runtime with its packed cache.
+void compare(Model& cpu, const ModelConfig& c, std::shared_ptr<const cache::PlanCodecs> codecs, const char* name,
+             int n, int chunk) {
+  const int V = c.n_vocab, n_dec = 8;
+  const double bound = 0.1;
+  EngineOptions o;
+  o.max_prefill_tokens = chunk > 0 ? chunk : 128;
+  o.prefill_score_bytes = size_t{1} << 20;
+  o.pool_bytes = size_t{64} << 20;
+  o.max_batch = 2;
+  auto eng = Engine::create_synthetic(c, true, kSeed, CacheFormat::packed(codecs), o);
+  EXPECT_TRUE(eng->format().has_vq());
+  const std::vector<int32_t> prompt = random_tokens(n, V, 11);
+  std::vector<float> g_pre(size_t(n) * V);
+  const int s = eng->add_sequence(n + n_dec);
+  if (chunk > 0)
+    eng->prefill_chunked(s, prompt, chunk, PrefillMode::evaluation, g_pre);
+  else
+    eng->prefill(s, prompt, PrefillMode::evaluation, g_pre);
+  cache::PackedKVCache kv(c.kv_shape(n + n_dec), codecs);
+  std::vector<float> c_pre(size_t(n) * V);
+  cpu.forward(prompt, 0, kv, c_pre.data(), true);
+  double worst = 0;
+  for (int i = 0; i < n; ++i) worst = std::max(worst, rel_l2(g_pre, c_pre, size_t(i) * V, V));
+  std::printf("  %s prefill (evaluation, chunk %d, %d tokens): worst row rel L2 %.3e\n", name, chunk, n, worst);
+  EXPECT_LT(worst, bound) << name;
+  int32_t tok = argmax(g_pre.data() + size_t(n - 1) * V, V);
+  int agree = 0, decided = 0;
+  std::vector<float> c_log(V), g_log(V);
+  std::copy(c_pre.end() - V, c_pre.end(), c_log.begin());
+  double worst_dec = 0;
+  for (int k = 0; k < n_dec; ++k) {
+    if (top2_margin(c_log.data(), V) > 0.5) {
+      ++decided;
+      agree += argmax(c_log.data(), V) == tok;
+    }
+    int32_t next = 0;
+    eng->decode(std::span<const int>(&s, 1), std::span<const int32_t>(&tok, 1), 1, std::span<int32_t>(&next, 1), g_log);
+    cpu.forward(std::span<const int32_t>(&tok, 1), n + k, kv, c_log.data(), false);
+    const double e = rel_l2(g_log, c_log, 0, V);
+    worst_dec = std::max(worst_dec, e);
+    EXPECT_LT(e, bound) << name << " decode step " << k;
+    EXPECT_EQ(next, argmax(g_log.data(), V));
+    tok = next;
+  }
+  std::printf("  %s decode: worst step rel L2 %.3e; greedy %d of %d decided steps agree\n", name, worst_dec, agree,
+              decided);
+  EXPECT_EQ(agree, decided) << name;
+}
+
+struct Tiny {
+  ModelConfig cfg;
+  Model model;
+  explicit Tiny(ModelConfig c) : cfg(c), model(Model::from_weights(c, synthetic_weights(c, kSeed, true))) {}
+};
+Tiny& tiny_llama() {
+  static Tiny t(synthetic_config("tiny-llama"));
+  return t;
+}
+Tiny& tiny_qwen() {  // biases, NeoX RoPE, GQA 4 over one KV head
+  static Tiny t([] {
+    ModelConfig c = synthetic_config("tiny-llama");
+    c.arch = "qwen2";
+    c.rope_layout = RopeLayout::NeoX;
+    c.qkv_bias = true;
+    c.n_kv_heads = 1;
+    c.rope_theta = 1e6;
+    return c;
+  }());
+  return t;
+}
+
+}  // namespace
+
+TEST(EngineVq, TasqPlansMatchTheCpuRuntime) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (Tiny* m : {&tiny_llama(), &tiny_qwen()})
+    for (const Values v : {Values::cq, Values::fp16, Values::tq3}) {
+      const std::string name = std::string(m->cfg.arch) +
+                               (v == Values::cq ? " TaSQ K6 + CQ V" : v == Values::fp16 ? " TaSQ K6 + fp16 V" : " TaSQ K6 + TQ3 V");
+      auto codecs = tasq_plan(m->model, v, 7 + static_cast<uint32_t>(v));
+      compare(m->model, m->cfg, codecs, name.c_str(), 97, 0);
+      compare(m->model, m->cfg, codecs, name.c_str(), 97, 64);  // chunked: earlier chunks dequantized (RoPE at their positions)
+    }
+}
+
+// Sequences of unequal lengths (5, 37, and 70 + 300 synthetic tokens written
+// by fill_synthetic) decoded together and each alone: the same tokens, logits
+// within test_engine.cpp's 5e-3 (the batch changes split counts and GEMM
+// shapes, i.e. summation orders).
+TEST(EngineVq, SequenceInBatchEqualsAlone) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  Tiny& m = tiny_llama();
+  const ModelConfig& c = m.cfg;
+  auto codecs = tasq_plan(m.model, Values::cq, 3);
+  EngineOptions o;
+  o.max_batch = 3;
+  o.max_prefill_tokens = 128;
+  o.prefill_score_bytes = size_t{1} << 20;
+  o.pool_bytes = size_t{64} << 20;
+  auto eng = Engine::create_synthetic(c, true, kSeed, CacheFormat::packed(codecs), o);
+  const int V = c.n_vocab, steps = 4;
+  const std::vector<int> lens = {5, 37, 70};
+  auto make = [&](int i) {
+    const int s = eng->add_sequence(lens[i] + 300 + steps);
+    eng->prefill(s, random_tokens(lens[i], V, 100 + i), i == 1 ? PrefillMode::serving : PrefillMode::evaluation, {});
+    if (i == 2) eng->fill_synthetic(s, 300, 5);
+    return s;
+  };
+  const std::vector<int> batch = {make(0), make(1), make(2)};
+  const std::vector<int32_t> start = {11, 22, 33};
+  std::vector<int32_t> out_b(steps * 3);
+  std::vector<float> log_b(3 * size_t(V));
+  eng->decode(batch, start, steps, out_b, log_b);
+  for (int i = 0; i < 3; ++i) {
+    const int s = make(i);
+    std::vector<int32_t> out(steps);
+    std::vector<float> lg(V);
+    eng->decode(std::span<const int>(&s, 1), std::span<const int32_t>(&start[i], 1), steps, out, lg);
+    for (int k = 0; k < steps; ++k) EXPECT_EQ(out[k], out_b[k * 3 + i]) << "seq " << i << " step " << k;
+    const std::vector<float> in_batch(log_b.begin() + size_t(i) * V, log_b.begin() + size_t(i + 1) * V);
+    const double e = rel_l2(in_batch, lg, 0, V);
+    std::printf("  TaSQ batch vs alone, sequence of %d tokens: rel L2 %.3e\n", int(eng->seq_length(s)), e);
+    EXPECT_LT(e, 5e-3);
+  }
+}
+
+// Host part (runs without a GPU): the test plans above are valid TaSQ plans
+// the engine serves, their pages are the CPU packed cache's, and the CPU
+// runtime runs them (what the GPU tests compare with).
+TEST(EngineVq, TestPlansAreServed) {
+  for (Tiny* m : {&tiny_llama(), &tiny_qwen()})
+    for (const Values v : {Values::cq, Values::fp16, Values::tq3}) {
+      auto codecs = tasq_plan(m->model, v, 7 + static_cast<uint32_t>(v));
+      EXPECT_EQ(CacheFormat::unsupported_reason(*codecs), "");
+      const CacheFormat f = CacheFormat::packed(codecs);
+      cache::PackedKVCache kv(m->cfg.kv_shape(70), codecs);
+      std::vector<float> lg(size_t(70) * m->cfg.n_vocab);
+      m->model.forward(random_tokens(70, m->cfg.n_vocab, 1), 0, kv, lg.data(), true);
+      for (int l = 0; l < m->cfg.n_layers; ++l) {
+        ASSERT_NE(f.vq(l), nullptr);
+        EXPECT_EQ(f.page_bytes(l), kv.layout(l).page_bytes() + kv.vq_layout(l)->page_bytes());
+      }
+      for (float x : lg) ASSERT_TRUE(std::isfinite(x));
+    }
+}
