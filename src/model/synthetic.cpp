@@ -12,9 +12,11 @@ int synthetic_amp_exp(int64_t fan_in) {
   return static_cast<int>(std::lround(std::log2(std::sqrt(3.0 / static_cast<double>(fan_in)))));
 }
 
-std::vector<std::string> synthetic_model_names() { return {"llama-3.1-8b", "qwen2.5-7b", "qwen2.5-3b", "tiny-llama"}; }
+std::vector<std::string> synthetic_model_names() {
+  return {"llama-3.1-8b", "qwen2.5-7b", "qwen2.5-3b", "gemma-3-270m", "gemma-3-1b", "tiny-llama"};
+}
 
-bool synthetic_untied_output(const std::string& name) { return name != "qwen2.5-3b"; }
+bool synthetic_untied_output(const std::string& name) { return name != "qwen2.5-3b" && name.rfind("gemma-3", 0) != 0; }
 
 ModelConfig synthetic_config(const std::string& name, int n_layers) {
   check(n_layers >= 0, "synthetic_config: n_layers {} must be >= 0 (0 = all)", n_layers);
@@ -55,6 +57,27 @@ ModelConfig synthetic_config(const std::string& name, int n_layers) {
     c.n_ctx_train = 32768;
     c.rope_theta = 1000000.0;
     c.rms_eps = 1e-6f;
+  } else if (name == "gemma-3-270m" || name == "gemma-3-1b") {
+    const bool small = name == "gemma-3-270m";
+    c.arch = "gemma3";
+    c.n_layers = small ? 18 : 26;
+    c.n_heads = 4;
+    c.n_kv_heads = 1;
+    c.head_dim = 256;
+    c.d_model = small ? 640 : 1152;
+    c.d_ff = small ? 2048 : 6912;
+    c.n_vocab = 262144;
+    c.n_ctx_train = 32768;
+    c.rope_theta = 1000000.0;
+    c.rms_eps = 1e-6f;
+    c.ffn_act = FfnActivation::GeluTanh;
+    c.embd_scale = std::sqrt(static_cast<float>(c.d_model));
+    c.qk_norm = true;
+    c.post_norms = true;
+    c.sliding_window = 512;
+    c.rope_theta_swa = 10000.0;
+    c.layer_sliding.resize(c.n_layers);
+    for (int l = 0; l < c.n_layers; ++l) c.layer_sliding[l] = l % 6 < 5 ? 1 : 0;
   } else if (name == "tiny-llama") {  // not a published model: CLI tests of `bench --device cpu`
     c.arch = "llama";
     c.n_layers = 2;
@@ -77,6 +100,7 @@ ModelConfig synthetic_config(const std::string& name, int n_layers) {
   if (n_layers > 0) {
     check(n_layers <= c.n_layers, "synthetic_config: {} has {} layers, {} requested", name, c.n_layers, n_layers);
     c.n_layers = n_layers;
+    if (!c.layer_sliding.empty()) c.layer_sliding.resize(n_layers);
   }
   return c;
 }
@@ -114,6 +138,14 @@ ModelWeights synthetic_weights(const ModelConfig& cfg, uint64_t seed, bool untie
     L.w_gate_up = fill(seed, synthetic_tensor_id(l, T::w_gate_up), 2 * dff * d, K::linear, synthetic_amp_exp(d));
     L.w_down = fill(seed, synthetic_tensor_id(l, T::w_down), d * dff, K::linear, synthetic_amp_exp(dff));
     if (cfg.qkv_bias) L.bqkv = synthetic_qkv_bias(cfg, seed, l);
+    if (cfg.qk_norm) {
+      L.attn_q_norm = fill(seed, synthetic_tensor_id(l, T::attn_q_norm), cfg.head_dim, K::norm, 0);
+      L.attn_k_norm = fill(seed, synthetic_tensor_id(l, T::attn_k_norm), cfg.head_dim, K::norm, 0);
+    }
+    if (cfg.post_norms) {
+      L.attn_post_norm = fill(seed, synthetic_tensor_id(l, T::attn_post_norm), d, K::norm, 0);
+      L.ffn_post_norm = fill(seed, synthetic_tensor_id(l, T::ffn_post_norm), d, K::norm, 0);
+    }
   }
   return w;
 }

@@ -134,3 +134,39 @@ TEST(Synthetic, ForwardPassIsFiniteAndNotDegenerate) {
 }
 
 }  // namespace
+
+// The Gemma 3 configurations: the published parameter counts (Gemma 3 270M:
+// 268,098,176 — as `ratekv inspect` counts the GGUF asset's tensors; Gemma 3
+// 1B: 999,885,952, the model card's), the GGUF metadata's layer pattern
+// (every 6th layer global), and synthetic_weights fills the QK-norm and
+// post-norm weights with norm values (tensor ids 7..10).
+TEST(Synthetic, Gemma3ConfigsAndNorms) {
+  auto params = [](const std::string& name) {
+    const ModelConfig c = synthetic_config(name);
+    const int64_t d = c.d_model, qd = int64_t{c.n_heads} * c.head_dim, kvd = int64_t{c.n_kv_heads} * c.head_dim;
+    const int64_t layer = (qd + 2 * kvd) * d + d * qd + 3 * d * c.d_ff + 4 * d + 2 * c.head_dim;
+    return int64_t{c.n_vocab} * d + d + c.n_layers * layer;
+  };
+  EXPECT_EQ(params("gemma-3-270m"), 268098176);
+  EXPECT_EQ(params("gemma-3-1b"), 999885952);
+  const ModelConfig c = synthetic_config("gemma-3-270m", 7);
+  EXPECT_EQ(c.n_layers, 7);
+  EXPECT_EQ(c.layer_sliding, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0, 1}));
+  EXPECT_EQ(c.sliding_window, 512);
+  EXPECT_EQ(c.layer_rope_theta(0), 10000.0);
+  EXPECT_EQ(c.layer_rope_theta(5), 1000000.0);
+  EXPECT_EQ(c.rope_layout, RopeLayout::NeoX);
+  EXPECT_FALSE(synthetic_untied_output("gemma-3-1b"));
+  ModelConfig small = c;
+  small.n_layers = 1;
+  small.layer_sliding = {1};
+  small.n_vocab = 16;
+  const ModelWeights w = synthetic_weights(small, 5, false);
+  ASSERT_EQ(w.layers[0].attn_q_norm.size(), size_t(small.head_dim));
+  ASSERT_EQ(w.layers[0].ffn_post_norm.size(), size_t(small.d_model));
+  EXPECT_EQ(w.layers[0].attn_k_norm[3], synthetic_value(5, synthetic_tensor_id(0, SyntheticLayerTensor::attn_k_norm), 3,
+                                                        SyntheticKind::norm, 0));
+  EXPECT_NE(w.layers[0].attn_q_norm, w.layers[0].attn_k_norm);
+  for (float x : w.layers[0].attn_post_norm) EXPECT_TRUE(x >= 0.75f && x <= 1.25f) << x;
+  EXPECT_NO_THROW(Model::from_weights(small, w));
+}

@@ -21,7 +21,8 @@
 //
 // Tensor ids: token_embd 1, output 2, output_norm 3; layer l: 16 + 16·l + k
 // with k = attn_norm 0, wqkv 1, wo 2, ffn_norm 3, w_gate_up 4, w_down 5,
-// qkv bias 6. Element index = row-major offset in the tensor as
+// qkv bias 6, and for Gemma 3 configs (qk_norm / post_norms) the norms
+// attn_q_norm 7, attn_k_norm 8, attn_post_norm 9, ffn_post_norm 10. Element index = row-major offset in the tensor as
 // ModelWeights / LayerWeights lay it out.
 #pragma once
 
@@ -57,6 +58,10 @@ enum class SyntheticLayerTensor : uint32_t {
   w_gate_up = 4,
   w_down = 5,
   qkv_bias = 6,
+  attn_q_norm = 7,     ///< (head_dim), norm values; cfg.qk_norm
+  attn_k_norm = 8,     ///< (head_dim), norm values; cfg.qk_norm
+  attn_post_norm = 9,  ///< (d_model), norm values; cfg.post_norms
+  ffn_post_norm = 10,  ///< (d_model), norm values; cfg.post_norms
 };
 /// Id of a layer tensor: 16 + 16·layer + kind.
 constexpr uint32_t synthetic_tensor_id(int layer, SyntheticLayerTensor t) {
@@ -90,8 +95,9 @@ RATEKV_HD inline float synthetic_value(uint64_t seed, uint32_t tensor, uint64_t 
 int synthetic_amp_exp(int64_t fan_in);
 
 /// Names of the synthetic configurations: "llama-3.1-8b", "qwen2.5-7b",
-/// "qwen2.5-3b", and "tiny-llama" (not a published model: 2 layers, d_model
-/// 256, 4/2 heads of 64, d_ff 512, vocab 512, context 4096; for tests).
+/// "qwen2.5-3b", "gemma-3-270m", "gemma-3-1b", and "tiny-llama" (not a
+/// published model: 2 layers, d_model 256, 4/2 heads of 64, d_ff 512, vocab
+/// 512, context 4096; for tests).
 std::vector<std::string> synthetic_model_names();
 
 /// The published configuration of `name` (Llama-3.1-8B: 32 layers, d_model
@@ -100,7 +106,12 @@ std::vector<std::string> synthetic_model_names();
 /// Qwen2.5-7B: 28 layers, 3584, 28/4 heads of 128, d_ff 18944, vocab 152064,
 /// context 32768, θ 1e6, ε 1e-6, Q/K/V biases, untied; Qwen2.5-3B: 36 layers,
 /// 2048, 16/2 heads of 128, d_ff 11008, vocab 151936, context 32768, θ 1e6,
-/// ε 1e-6, biases, tied embeddings). n_layers > 0 keeps the first n_layers
+/// ε 1e-6, biases, tied embeddings; Gemma 3 270M: 18 layers, 640, 4/1 heads
+/// of 256, d_ff 2048, vocab 262144, context 32768, θ 1e6, sliding window 512
+/// on layers l mod 6 < 5 with θ_swa 1e4, ε 1e-6, embedding scale √d_model,
+/// QK-norm, post-norms, GeGLU, no soft-cap, tied; Gemma 3 1B: the same with
+/// 26 layers, 1152, d_ff 6912 — the values of the GGUF files' metadata as
+/// ModelConfig::from_gguf reads them). n_layers > 0 keeps the first n_layers
 /// layers (a model "at full width" for CPU comparisons). Throws Error for an
 /// unknown name (listing the known ones) or n_layers < 0.
 ModelConfig synthetic_config(const std::string& name, int n_layers = 0);
