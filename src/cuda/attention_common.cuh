@@ -19,6 +19,7 @@
 
 #include "head_tables.h"
 #include "ratekv/cuda/decode_attention.h"
+#include "ratekv/model/sliding_window.h"
 
 namespace ratekv::cuda::detail {
 
@@ -180,6 +181,18 @@ __device__ __forceinline__ uint32_t read_code(const uint8_t* __restrict__ seg, i
 }
 
 // ---- host helpers ---------------------------------------------------------------
+
+/// Tokens the split-K partition of `batch` covers when its kernel reads whole
+/// units of `unit` tokens (DecodeBatch::window; model/sliding_window.h).
+inline int decode_span(const DecodeBatch& batch, int unit) {
+  return static_cast<int>(window_span_tokens(batch.max_seq_len, batch.window, unit));
+}
+/// Refuses a sliding window in a kernel that does not implement one.
+inline void require_no_window(const DecodeBatch& batch, const char* what) {
+  require(batch.window == 0, what, ": window ", batch.window,
+          " (sliding-window attention) is not implemented by this kernel (fp16 and packed GQA <= 8 with 1..4-bit "
+          "groups are)");
+}
 
 /// Carves the workspace: rotated query (fp16) then partial states.
 struct WorkspaceView {

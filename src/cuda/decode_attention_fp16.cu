@@ -18,7 +18,7 @@ constexpr int kStages = 2;
 template <int D>
 __global__ void __launch_bounds__(128) fp16_decode_kernel(
     const __half* __restrict__ pool, int n_kv_heads, const int32_t* __restrict__ page_table,
-    int max_pages, const int32_t* __restrict__ seq_lens, int tiles_per_split, int n_heads, int gqa,
+    int max_pages, const int32_t* __restrict__ seq_lens, int window, int tiles_per_split, int n_heads, int gqa,
     const __half* __restrict__ qs, detail::Partials part) {
   constexpr int NT = D / 16;
   constexpr int kRow = D * 2 + 16;       // padded smem row (bytes): conflict-free fragment loads
@@ -31,7 +31,10 @@ __global__ void __launch_bounds__(128) fp16_decode_kernel(
   uint8_t* stages = smem + (size_t)warp * kStages * kStage;
   const int len = seq_lens[b];
   const int n_tiles_seq = (len + 15) / 16;
-  const int tile_lo = split * tiles_per_split;
+  // Sliding window (DecodeBatch::window): tokens from `first` on; the split
+  // partition starts at the tile holding it.
+  const int first = window > 0 ? max(0, len - window) : 0;
+  const int tile_lo = first / 16 + split * tiles_per_split;
   const int tile_hi = min(tile_lo + tiles_per_split, n_tiles_seq);
   const int row_base = b * n_heads + h * gqa;
   if (tile_lo >= tile_hi) {
@@ -103,6 +106,13 @@ __global__ void __launch_bounds__(128) fp16_decode_kernel(
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         if (8 * hh + 2 * t + (i & 1) >= valid) S[hh][i] = -INFINITY;
+    if (it * 16 < first) {  // warp-uniform: only the tile holding a window's first token (written, finite)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (it * 16 + 8 * hh + 2 * t + (i & 1) < first) S[hh][i] = -INFINITY;
+    }
     float alpha[2];
     st.update(S, alpha);
     uint32_t pa[4];
@@ -143,7 +153,7 @@ void launch_fp16(int n_kv_heads, const DecodeBatch& batch, const uint16_t* pool,
             batch.batch);
   fp16_decode_kernel<D><<<grid, 32 * detail::kWarpsPerCta, smem, stream>>>(
       reinterpret_cast<const __half*>(pool), n_kv_heads, batch.page_table, batch.max_pages,
-      batch.seq_lens, tiles_per_split, n_heads, gqa, w.q, w.part);
+      batch.seq_lens, batch.window, tiles_per_split, n_heads, gqa, w.q, w.part);
   RATEKV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -186,9 +196,9 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
   detail::require(variant != Fp16DecodeVariant::n8 || gqa <= 8, "fp16_decode_attention: the n8 kernel needs GQA <= 8, got ",
                   gqa);
   auto stream = static_cast<cudaStream_t>(stream_);
-  if (n_splits <= 0)
-    n_splits = fp16_default_splits(batch.batch, n_kv_heads, n_heads, head_dim, batch.max_seq_len, variant);
-  const int n_tiles = (batch.max_seq_len + 15) / 16;
+  const int span = detail::decode_span(batch, 16);  // max_seq_len, or the window's tiles
+  if (n_splits <= 0) n_splits = fp16_default_splits(batch.batch, n_kv_heads, n_heads, head_dim, span, variant);
+  const int n_tiles = (span + 15) / 16;
   const int tps = (n_tiles + n_splits - 1) / n_splits;
   const detail::WorkspaceView w =
       detail::carve_workspace(workspace, workspace_bytes, batch.batch, n_heads, head_dim, n_splits);

@@ -53,7 +53,7 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 template <int D>
 __global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
     const __half* __restrict__ pool, int n_kv_heads, const int32_t* __restrict__ page_table,
-    int max_pages, const int32_t* __restrict__ seq_lens, int tiles_per_split, int n_heads, int gqa,
+    int max_pages, const int32_t* __restrict__ seq_lens, int window, int tiles_per_split, int n_heads, int gqa,
     const __half* __restrict__ qs, Partials part) {
   constexpr int NT = D / 16;           // 16-channel tiles
   constexpr int kChunks = D / 8;       // 16-byte chunks per token row
@@ -69,7 +69,10 @@ __global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
   const uint32_t stages_s = smem_u32(stages);
   const int len = seq_lens[b];
   const int n_tiles_seq = (len + 15) / 16;
-  const int tile_lo = split * tiles_per_split;
+  // Sliding window (DecodeBatch::window): tokens from `first` on; the split
+  // partition starts at the tile holding it.
+  const int first = window > 0 ? max(0, len - window) : 0;
+  const int tile_lo = first / 16 + split * tiles_per_split;
   const int tile_hi = min(tile_lo + tiles_per_split, n_tiles_seq);
   const int row_base = b * n_heads + h * gqa;
   const int32_t* pt = page_table + (size_t)b * max_pages;
@@ -150,6 +153,11 @@ __global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
       if (g >= valid) s[0] = s[1] = -INFINITY;
       if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
     }
+    if (it * 16 < first) {  // warp-uniform: only the tile holding a window's first token
+      const int before = first - it * 16;  // tokens of this tile left of the window (written, finite)
+      if (g < before) s[0] = s[1] = -INFINITY;
+      if (g + 8 < before) s[2] = s[3] = -INFINITY;
+    }
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -217,7 +225,7 @@ void launch_d(int n_kv_heads, const DecodeBatch& batch, const uint16_t* pool, co
   const dim3 grid((w.part.n_splits + kN8Warps - 1) / kN8Warps, n_kv_heads, batch.batch);
   launch_pdl(fp16_n8_kernel<D>, grid, dim3(32 * kN8Warps), smem, stream,
              reinterpret_cast<const __half*>(pool), n_kv_heads, batch.page_table, batch.max_pages,
-             batch.seq_lens, tiles_per_split, n_heads, gqa, (const __half*)w.q, w.part);
+             batch.seq_lens, batch.window, tiles_per_split, n_heads, gqa, (const __half*)w.q, w.part);
 }
 
 }  // namespace

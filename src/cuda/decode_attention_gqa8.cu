@@ -200,7 +200,7 @@ constexpr size_t kStagesOffset = kBarBytes + (UB > 0 ? 0 : kTablesBytes) + kQfra
 template <int D, int UB>
 __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     const HeadTables* __restrict__ tables, const uint8_t* __restrict__ pool, size_t page_bytes,
-    const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens,
+    const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens, int window,
     int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot, Partials part) {
   constexpr bool U = UB > 0;
   constexpr int NT = kTiles<D, UB>;
@@ -219,7 +219,10 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
   uint64_t* bar = bars + warp * kStages;
   const int len = seq_lens[b];
   const int n_pages_seq = (len + packed::kPageTokens - 1) / packed::kPageTokens;
-  const int page_lo = split * pages_per_split;
+  // Sliding window (DecodeBatch::window): tokens from `first` on; the split
+  // partition starts at the page holding it.
+  const int first = window > 0 ? max(0, len - window) : 0;
+  const int page_lo = first / packed::kPageTokens + split * pages_per_split;
   const int page_hi = split < part.n_splits ? min(page_lo + pages_per_split, n_pages_seq) : page_lo;
   const int32_t* pt = page_table + (size_t)b * max_pages;
   const uint8_t* head_base = pool + Tg.block_offset;
@@ -424,6 +427,15 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         for (int i = 0; i < 4; ++i)
           if (16 * tt + g + 8 * (i >> 1) >= valid) S[tt][i] = -INFINITY;
     }
+    // Tokens before a sliding window -> −∞ (written tokens: finite norms).
+    if (pg * packed::kPageTokens < first) {  // warp-uniform: only the page holding the window's first token
+      const int before = first - pg * packed::kPageTokens;
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (16 * tt + g + 8 * (i >> 1) < before) S[tt][i] = -INFINITY;
+    }
     // ---- online softmax, rows 2t + r: this lane's 8 tokens, then over g
     float alpha[2];
 #pragma unroll
@@ -534,7 +546,7 @@ void launch(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* poo
   const dim3 grid((w.part.n_splits + kWarps<D> - 1) / kWarps<D>, plan.layout().n_kv_heads(),
                   batch.batch);
   launch_pdl(gqa8_decode_kernel<D, UB>, grid, dim3(32 * kWarps<D>), smem, stream, dev.heads, pool,
-             plan.layout().page_bytes(), batch.page_table, batch.max_pages, batch.seq_lens,
+             plan.layout().page_bytes(), batch.page_table, batch.max_pages, batch.seq_lens, batch.window,
              pages_per_split, plan.n_heads(), plan.gqa(), (const __half*)w.q, w.part);
 }
 

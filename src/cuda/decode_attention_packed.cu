@@ -309,6 +309,7 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                             n_splits, stream_);
     return;
   }
+  detail::require_no_window(batch, "packed_decode_attention (a plan with 5..8-bit groups)");
   auto stream = static_cast<cudaStream_t>(stream_);
   const int d = plan.head_dim(), hq = plan.n_heads();
   if (n_splits <= 0) n_splits = default_splits(plan, batch.batch, batch.max_seq_len);
@@ -333,10 +334,12 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                   "packed_decode_attention: the plan has 5..8-bit groups: use the overload with "
                   "ext_pool (the extension pages)");
   detail::require(pool && q && out, "packed_decode_attention: pool, q and out must be device pointers");
+  if (plan.gqa() > 8) detail::require_no_window(batch, "packed_decode_attention (GQA > 8)");
   auto stream = static_cast<cudaStream_t>(stream_);
   const int d = plan.head_dim(), hq = plan.n_heads();
-  if (n_splits <= 0) n_splits = default_splits(plan, batch.batch, batch.max_seq_len);
-  const int n_pages = (batch.max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
+  const int span = detail::decode_span(batch, packed::kPageTokens);  // max_seq_len, or the window's pages
+  if (n_splits <= 0) n_splits = default_splits(plan, batch.batch, span);
+  const int n_pages = (span + packed::kPageTokens - 1) / packed::kPageTokens;
   const int pps = (n_pages + n_splits - 1) / n_splits;
   const detail::WorkspaceView w =
       detail::carve_workspace(workspace, workspace_bytes, batch.batch, hq, d, n_splits);

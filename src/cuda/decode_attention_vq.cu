@@ -226,6 +226,7 @@ void vq_decode_attention(const VqPlan& plan, const DecodeBatch& batch, const uin
                          float* out, void* workspace, size_t workspace_bytes, int n_splits,
                          void* stream_) {
   detail::check_batch(batch, "vq_decode_attention");
+  detail::require_no_window(batch, "vq_decode_attention");
   detail::require(pool && q && out, "vq_decode_attention: pool, q and out must be device pointers");
   const PackedPlan* sv = plan.scalar_values();
   detail::require(!sv || scalar_pool, "vq_decode_attention: the values are a scalar TQ-MSE side: "

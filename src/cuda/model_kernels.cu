@@ -41,10 +41,14 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ in, uint16_t* __res
 }
 
 __global__ void embed_kernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ tokens, int d,
-                             float* __restrict__ x) {
+                             float scale, float* __restrict__ x) {
   const int i = blockIdx.x;
   const uint16_t* row = table + (size_t)tokens[i] * d;
-  for (int c = threadIdx.x; c < d; c += blockDim.x) x[(size_t)i * d + c] = bf16_val(row[c]);
+  if (scale == 1.f) {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) x[(size_t)i * d + c] = bf16_val(row[c]);
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) x[(size_t)i * d + c] = bf16_val(row[c]) * scale;
+  }
 }
 
 // One block per row; Σx² in double (the CPU runtime's rms_norm).
@@ -79,14 +83,58 @@ __global__ void __launch_bounds__(256) add_rms_norm_kernel(float* __restrict__ x
   for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = bf16_bits(xr[c] * r * w[c]);
 }
 
+// One block per row, in place or not: out[i] = x[i] · r · w in fp32 with Σx²
+// in double (post-norms: ratekv::rms_norm on the attention / FFN output).
+__global__ void __launch_bounds__(256) rms_norm_f32_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                                           int d, float eps, float* __restrict__ out) {
+  __shared__ double red[8];
+  __shared__ float r_sh;
+  const float* xr = x + (size_t)blockIdx.x * d;
+  double ss = 0;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) ss += (double)xr[c] * xr[c];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); ++i) s += red[i];
+    r_sh = (float)(1.0 / sqrt(s / d + (double)eps));
+  }
+  __syncthreads();
+  const float r = r_sh;
+  float* o = out + (size_t)blockIdx.x * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = xr[c] * r * w[c];
+}
+
 // One block per token; thread per (head, pair) of Q and K, plain copies of V.
+// With QK-norm (qn, kn non-null) the block first computes each Q/K head's
+// 1/rms (after the bias; Σx² in double) into shared memory (dynamic, H + Hkv
+// floats).
 __global__ void qkv_rope_kernel(const float* __restrict__ qkv, const float* __restrict__ bias,
                                 const int32_t* __restrict__ pos, int H, int Hkv, int hd, bool neox,
-                                const double* __restrict__ inv_freq, QkvRopeOut o) {
+                                const double* __restrict__ inv_freq, const float* __restrict__ qn,
+                                const float* __restrict__ kn, float eps, QkvRopeOut o) {
+  extern __shared__ float head_r[];  // (H + Hkv) 1/rms factors (QK-norm only)
   const int i = blockIdx.x, half = hd / 2;
   const int qd = H * hd, kvd = Hkv * hd;
   const float* row = qkv + (size_t)i * (qd + 2 * kvd);
   const double p = (double)pos[i];
+  if (qn) {  // one warp per head: ratekv::rms_norm over the head's channels
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int head = warp; head < H + Hkv; head += nw) {
+      double ss = 0;
+      for (int c = lane; c < hd; c += 32) {
+        float x = row[head * hd + c];
+        if (bias) x += bias[head * hd + c];
+        ss += (double)x * x;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      if (lane == 0) head_r[head] = (float)(1.0 / sqrt(ss / hd + (double)eps));
+    }
+    __syncthreads();
+  }
   // Q and K pairs: (H + Hkv) heads × half pairs.
   for (int idx = threadIdx.x; idx < (H + Hkv) * half; idx += blockDim.x) {
     const int head = idx / half, j = idx % half;
@@ -96,6 +144,12 @@ __global__ void qkv_rope_kernel(const float* __restrict__ qkv, const float* __re
     if (bias) {
       xa += bias[base + a];
       xb += bias[base + bch];
+    }
+    if (qn) {  // QK-norm before RoPE: x · r · w (the CPU's order)
+      const float r = head_r[head];
+      const float* w = head < H ? qn : kn;
+      xa = xa * r * w[a];
+      xb = xb * r * w[bch];
     }
     double sd, cd;
     sincos(p * inv_freq[j], &sd, &cd);
@@ -144,6 +198,23 @@ __global__ void swiglu_kernel(const float* __restrict__ gu, int64_t n, int dff, 
   }
 }
 
+// GeGLU: GELU's tanh approximation of the gate times the up projection (the
+// CPU runtime's gelu_tanh, fp32).
+__global__ void geglu_kernel(const float* __restrict__ gu, int64_t n, int dff, uint16_t* __restrict__ out) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f, kCoef = 0.044715f;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n * dff;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = idx / dff, j = idx % dff;
+    const float g = gu[i * 2 * dff + j], u = gu[i * 2 * dff + dff + j];
+    out[idx] = bf16_bits(0.5f * g * (1.0f + tanhf(kSqrt2OverPi * g * (1.0f + kCoef * g * g))) * u);
+  }
+}
+
+__global__ void softcap_kernel(float* __restrict__ x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
+}
+
 __global__ void __launch_bounds__(1024) argmax_kernel(const float* __restrict__ logits, int V,
                                                       int32_t* __restrict__ out) {
   __shared__ float bv[32];
@@ -172,16 +243,18 @@ __global__ void __launch_bounds__(1024) argmax_kernel(const float* __restrict__ 
 
 // One block per (matrix, row).
 __global__ void __launch_bounds__(256) causal_softmax_kernel(const float* __restrict__ S, int64_t stride, int rows,
-                                                             int cols, int r0, float scale, uint16_t* __restrict__ P) {
+                                                             int cols, int r0, int window, float scale,
+                                                             uint16_t* __restrict__ P) {
   __shared__ float red[8];
   __shared__ float bc;
   const int row = blockIdx.x % rows, b = blockIdx.x / rows;
   const float* s = S + b * stride + (size_t)row * cols;
   uint16_t* p = P + b * stride + (size_t)row * cols;
   const int lim = min(cols, r0 + row + 1);
+  const int lo = window > 0 ? max(0, r0 + row - window + 1) : 0;  // sliding window: columns lo .. lim−1
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
+  for (int j = lo + threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (lane == 0) red[warp] = mx;
@@ -194,7 +267,7 @@ __global__ void __launch_bounds__(256) causal_softmax_kernel(const float* __rest
   __syncthreads();
   const float m = bc;
   float sum = 0.f;
-  for (int j = threadIdx.x; j < lim; j += blockDim.x) sum += expf(s[j] * scale - m);
+  for (int j = lo + threadIdx.x; j < lim; j += blockDim.x) sum += expf(s[j] * scale - m);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   __syncthreads();
@@ -208,7 +281,7 @@ __global__ void __launch_bounds__(256) causal_softmax_kernel(const float* __rest
   __syncthreads();
   const float inv = bc;
   for (int j = threadIdx.x; j < cols; j += blockDim.x)
-    p[j] = j < lim ? f16_bits(expf(s[j] * scale - m) * inv) : (uint16_t)0;
+    p[j] = j < lim && j >= lo ? f16_bits(expf(s[j] * scale - m) * inv) : (uint16_t)0;
 }
 
 // Grid (n_tokens, batch); every K and V element of the token's KV heads.
@@ -247,7 +320,8 @@ __global__ void fp16_read_kernel(const uint16_t* __restrict__ pool, int Hkv, int
 // One block per (head, query row) of a key tile: the online-softmax update of
 // prefill_tile_softmax (model_kernels.h).
 __global__ void __launch_bounds__(256) tile_softmax_kernel(const float* __restrict__ S, int64_t stride, int rows,
-                                                           int cols, int q0, int t0, float scale, float* __restrict__ M,
+                                                           int cols, int q0, int t0, int window, float scale,
+                                                           float* __restrict__ M,
                                                            float* __restrict__ L, float* __restrict__ O, int64_t o_ld,
                                                            int hd, int first, uint16_t* __restrict__ P) {
   __shared__ float red[8];
@@ -255,13 +329,15 @@ __global__ void __launch_bounds__(256) tile_softmax_kernel(const float* __restri
   const int row = blockIdx.x % rows, h = blockIdx.x / rows, H = gridDim.x / rows;
   const float* s = S + h * stride + (size_t)row * cols;
   uint16_t* p = P + h * stride + (size_t)row * cols;
-  // Keys at absolute positions t0 + j ≤ q0 + row are visible.
-  const int lim = max(0, min(cols, q0 + row - t0 + 1));
+  // Keys at absolute positions t0 + j ≤ q0 + row are visible (and, with a
+  // sliding window, t0 + j > q0 + row − window): columns lo .. lim−1.
+  const int lo = window > 0 ? min(cols, max(0, q0 + row - window + 1 - t0)) : 0;
+  const int lim = max(lo, min(cols, q0 + row - t0 + 1));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t st = (size_t)row * H + h;
   const float m_old = first ? -INFINITY : M[st];
   float* o = O + (size_t)row * o_ld + (size_t)h * hd;
-  if (lim == 0) {  // the whole tile lies in this row's future
+  if (lim == lo) {  // the whole tile lies in this row's future (or before its window)
     for (int j = threadIdx.x; j < cols; j += blockDim.x) p[j] = 0;
     if (first) {
       for (int c = threadIdx.x; c < hd; c += blockDim.x) o[c] = 0.f;
@@ -270,7 +346,7 @@ __global__ void __launch_bounds__(256) tile_softmax_kernel(const float* __restri
     return;
   }
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
+  for (int j = lo + threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, s[j] * scale);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (lane == 0) red[warp] = mx;
@@ -284,7 +360,7 @@ __global__ void __launch_bounds__(256) tile_softmax_kernel(const float* __restri
   const float m = bc;
   float sum = 0.f;
   for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float e = j < lim ? expf(s[j] * scale - m) : 0.f;
+    const float e = j < lim && j >= lo ? expf(s[j] * scale - m) : 0.f;
     const uint16_t b = f16_bits(e);
     p[j] = b;
     sum += __half2float(__ushort_as_half(b));  // the probabilities the P·V product uses
@@ -616,9 +692,9 @@ void f32_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream) {
   f32_to_bf16_kernel<<<blocks_for(n, 256, 8192), 256, 0, (cudaStream_t)stream>>>(in, out, n);
   check_launch("f32_to_bf16");
 }
-void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int d, float* x, void* stream) {
-  require(table && tokens && x && n > 0 && d > 0, "embed_rows: bad arguments");
-  embed_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(table, tokens, d, x);
+void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int d, float* x, void* stream, float scale) {
+  require(table && tokens && x && n > 0 && d > 0 && scale > 0.f, "embed_rows: bad arguments");
+  embed_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(table, tokens, d, scale, x);
   check_launch("embed_rows");
 }
 void add_rms_norm(float* x, const float* delta, const float* w, int n, int d, float eps, uint16_t* out,
@@ -628,11 +704,16 @@ void add_rms_norm(float* x, const float* delta, const float* w, int n, int d, fl
   check_launch("add_rms_norm");
 }
 void qkv_bias_rope(const float* qkv, const float* bias, const int32_t* pos, int n, int n_heads, int n_kv_heads,
-                   int head_dim, bool neox, const double* inv_freq, const QkvRopeOut& out, void* stream) {
+                   int head_dim, bool neox, const double* inv_freq, const QkvRopeOut& out, void* stream,
+                   const QkNorm& qk_norm) {
   require(qkv && pos && inv_freq && n > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0,
           "qkv_bias_rope: bad arguments");
-  qkv_rope_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(qkv, bias, pos, n_heads, n_kv_heads, head_dim, neox, inv_freq,
-                                                       out);
+  require((qk_norm.q == nullptr) == (qk_norm.k == nullptr) && (!qk_norm.q || qk_norm.eps > 0.f),
+          "qkv_bias_rope: QK-norm needs both weights and eps > 0");
+  const size_t smem = qk_norm.q ? sizeof(float) * (size_t)(n_heads + n_kv_heads) : 0;
+  require(smem <= 48 * 1024, "qkv_bias_rope: QK-norm of ", n_heads + n_kv_heads, " heads exceeds shared memory");
+  qkv_rope_kernel<<<n, 256, smem, (cudaStream_t)stream>>>(qkv, bias, pos, n_heads, n_kv_heads, head_dim, neox,
+                                                          inv_freq, qk_norm.q, qk_norm.k, qk_norm.eps, out);
   check_launch("qkv_bias_rope");
 }
 void swiglu(const float* gu, int n, int dff, uint16_t* out, void* stream) {
@@ -640,17 +721,33 @@ void swiglu(const float* gu, int n, int dff, uint16_t* out, void* stream) {
   swiglu_kernel<<<blocks_for((int64_t)n * dff, 256, 8192), 256, 0, (cudaStream_t)stream>>>(gu, n, dff, out);
   check_launch("swiglu");
 }
+void geglu(const float* gu, int n, int dff, uint16_t* out, void* stream) {
+  require(gu && out && n > 0 && dff > 0, "geglu: bad arguments");
+  geglu_kernel<<<blocks_for((int64_t)n * dff, 256, 8192), 256, 0, (cudaStream_t)stream>>>(gu, n, dff, out);
+  check_launch("geglu");
+}
+void rms_norm_f32(const float* x, const float* w, int n, int d, float eps, float* out, void* stream) {
+  require(x && w && out && n > 0 && d > 0, "rms_norm_f32: bad arguments");
+  rms_norm_f32_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(x, w, d, eps, out);
+  check_launch("rms_norm_f32");
+}
+void softcap(float* x, int64_t n, float cap, void* stream) {
+  require(x && n >= 0 && cap > 0.f, "softcap: bad arguments (cap ", cap, " must be > 0)");
+  if (n == 0) return;
+  softcap_kernel<<<blocks_for(n, 256, 8192), 256, 0, (cudaStream_t)stream>>>(x, n, cap);
+  check_launch("softcap");
+}
 void argmax_rows(const float* logits, int n, int V, int32_t* out, void* stream) {
   require(logits && out && n > 0 && V > 0, "argmax_rows: bad arguments");
   argmax_kernel<<<n, 1024, 0, (cudaStream_t)stream>>>(logits, V, out);
   check_launch("argmax_rows");
 }
 void causal_softmax(const float* S, int batch, int64_t stride, int rows, int cols, int r0, float scale, uint16_t* P,
-                    void* stream) {
+                    void* stream, int window) {
   require(S && P && batch > 0 && rows > 0 && cols > 0 && r0 >= 0 && r0 + rows <= cols &&
-              stride >= (int64_t)rows * cols,
+              stride >= (int64_t)rows * cols && window >= 0,
           "causal_softmax: bad arguments");
-  causal_softmax_kernel<<<batch * rows, 256, 0, (cudaStream_t)stream>>>(S, stride, rows, cols, r0, scale, P);
+  causal_softmax_kernel<<<batch * rows, 256, 0, (cudaStream_t)stream>>>(S, stride, rows, cols, r0, window, scale, P);
   check_launch("causal_softmax");
 }
 void fp16_write_tokens(uint16_t* pool, int n_kv_heads, int head_dim, const int32_t* page_table, int max_pages,
@@ -670,12 +767,12 @@ void fp16_read_tokens(const uint16_t* pool, int n_kv_heads, int head_dim, const 
 }
 void prefill_tile_softmax(const float* S, int n_heads, int64_t stride, int rows, int cols, int q0, int t0,
                           float scale, float* m, float* l, float* o, int64_t o_ld, int head_dim, bool first,
-                          uint16_t* P, void* stream) {
+                          uint16_t* P, void* stream, int window) {
   require(S && m && l && o && P && n_heads > 0 && rows > 0 && cols > 0 && q0 >= 0 && t0 >= 0 && head_dim > 0 &&
-              stride >= (int64_t)rows * cols && o_ld >= (int64_t)n_heads * head_dim,
+              stride >= (int64_t)rows * cols && o_ld >= (int64_t)n_heads * head_dim && window >= 0,
           "prefill_tile_softmax: bad arguments");
-  tile_softmax_kernel<<<n_heads * rows, 256, 0, (cudaStream_t)stream>>>(S, stride, rows, cols, q0, t0, scale, m, l, o,
-                                                                       o_ld, head_dim, first ? 1 : 0, P);
+  tile_softmax_kernel<<<n_heads * rows, 256, 0, (cudaStream_t)stream>>>(S, stride, rows, cols, q0, t0, window, scale,
+                                                                       m, l, o, o_ld, head_dim, first ? 1 : 0, P);
   check_launch("prefill_tile_softmax");
 }
 void normalize_rows(float* o, int64_t o_ld, int rows, int n_heads, int head_dim, const float* l, void* stream) {

@@ -296,6 +296,7 @@ void check_batch(const DecodeBatch& batch, const char* what) {
   check((int64_t)batch.max_pages * packed::kPageTokens >= batch.max_seq_len,
         "{}: max_pages {} x {} tokens < max_seq_len {}", what, batch.max_pages,
         packed::kPageTokens, batch.max_seq_len);
+  check(batch.window >= 0, "{}: window {} must be >= 0 (0 = no sliding window)", what, batch.window);
 }
 
 }  // namespace detail

@@ -48,6 +48,20 @@ struct DecodeBatch {
   const int32_t* seq_lens = nullptr;    ///< (batch) cached tokens; attention needs ≥ 1
   int batch = 0;
   int max_seq_len = 0;                  ///< host-known bound ≥ every seq_lens[b]
+  /// Sliding-window attention (Gemma 3's local layers; model/sliding_window.h):
+  /// 0 = every cached token; W > 0 = sequence b attends to positions
+  /// max(0, seq_lens[b] − W) .. seq_lens[b] − 1 only (the decode query at
+  /// position seq_lens[b] − 1 sees keys at positions > its own − W, as
+  /// AttnParams::sliding_window). The split-K partition then covers
+  /// window_span_tokens(max_seq_len, W, unit) tokens from the unit (page or
+  /// 16-token tile) holding the first visible key; pages before it are not
+  /// read, the keys before it in that unit are masked (they must be written:
+  /// a sequence's pages are never freed while it lives). Implemented by
+  /// fp16_decode_attention (both variants) and packed_decode_attention with
+  /// GQA ≤ 8 and 1..4-bit groups; packed GQA > 8, 5..8-bit plans and
+  /// vq_decode_attention throw naming `window`. packed_append and
+  /// packed_prefill ignore it (they write at seq_lens).
+  int window = 0;
 };
 
 /// A layer's packed layout uploaded for the kernels, with its rotations and

@@ -1,7 +1,9 @@
 // ratekv/cuda/model_kernels.h — the GPU engine's own kernels (sm_90): what
-// cuBLAS has no kernel for in a Llama/Qwen2 forward pass (docs/design.md §10):
-// embedding gather, RMSNorm with the residual add, Q/K/V bias + RoPE (both
-// layouts) + split, SwiGLU, causal softmax of prefill scores, greedy argmax,
+// cuBLAS has no kernel for in a Llama/Qwen2/Gemma 3 forward pass (docs/design.md
+// §10): embedding gather (and scale), RMSNorm with the residual add, fp32
+// RMSNorm (Gemma's post-norms), Q/K/V bias + QK-norm + RoPE (both layouts) +
+// split, SwiGLU / GeGLU, logit soft-capping, causal (optionally
+// sliding-window) softmax of prefill scores, greedy argmax,
 // the fp16 cache's page writer, the packed pages' dequantizer (evaluation-mode
 // prefill), the synthetic weight generator (model/synthetic.h) and a
 // read-bandwidth probe.
@@ -32,9 +34,12 @@ void synthetic_fill_f32(float* out, int64_t n, uint64_t seed, uint32_t tensor, i
 /// out = bf16(in) (round to nearest even), n elements.
 void f32_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream);
 
-/// x (n, d) fp32 = table[tokens[i]] (table: (vocab, d) bf16). Token ids are
-/// the caller's to check (the engine checks them on the host).
-void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int d, float* x, void* stream);
+/// x (n, d) fp32 = table[tokens[i]] · scale (table: (vocab, d) bf16; the
+/// product in fp32, as the CPU runtime's embd_scale: Gemma 3's √d_model).
+/// Token ids are the caller's to check (the engine checks them on the host).
+/// Throws Error for scale ≤ 0.
+void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int d, float* x, void* stream,
+                float scale = 1.0f);
 
 /// RMSNorm with the residual add (docs/design.md §1; ratekv::rms_norm): for
 /// each row i < n, first x[i] += delta[i] when delta is non-null (x is
@@ -44,7 +49,22 @@ void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int d, floa
 void add_rms_norm(float* x, const float* delta, const float* w, int n, int d, float eps, uint16_t* out,
                   void* stream);
 
-/// Q/K/V split, bias and RoPE of n tokens (model.h's RoPE: block i rotated by
+/// RMSNorm in fp32 (Gemma 3's post-norms on the attention and FFN outputs,
+/// ratekv::rms_norm): out[i] = x[i] · r · w, r = fp32(1/√(Σx²/d + eps)), Σx²
+/// in double. x, out: (n, d) fp32 (out may be x); w: (d) fp32.
+void rms_norm_f32(const float* x, const float* w, int n, int d, float eps, float* out, void* stream);
+
+/// Gemma 3's QK-norm (ModelConfig::qk_norm): RMSNorm over each head of Q
+/// (weights q, (head_dim) fp32, shared by the heads) and of K (weights k),
+/// after the bias and before RoPE, as the CPU runtime (x · r · w, Σx² in
+/// double). Both null: none.
+struct QkNorm {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  float eps = 0.f;
+};
+
+/// Q/K/V split, bias, QK-norm (optional) and RoPE of n tokens (model.h's RoPE: block i rotated by
 /// pos·f_i, f_i = inv_freq[i] = θ^(−2i/hd) in double, cos/sin rounded to fp32;
 /// channel pairs (2i, 2i+1) (neox = false, GGUF "llama") or (i, i + hd/2)
 /// (neox = true, "qwen2")).
@@ -66,12 +86,20 @@ struct QkvRopeOut {
 };
 void qkv_bias_rope(const float* qkv, const float* bias, const int32_t* pos, int n, int n_heads,
                    int n_kv_heads, int head_dim, bool neox, const double* inv_freq, const QkvRopeOut& out,
-                   void* stream);
+                   void* stream, const QkNorm& qk_norm = {});
 
 /// SwiGLU: out[i, j] = bf16(silu(gu[i, j]) · gu[i, dff + j]), silu(x) =
 /// x/(1 + e^−x); gu: (n, 2·dff) fp32 (gate rows then up rows of the GEMM),
 /// out: (n, dff) bf16.
 void swiglu(const float* gu, int n, int dff, uint16_t* out, void* stream);
+/// GeGLU (Gemma 3): out[i, j] = bf16(gelu(gu[i, j]) · gu[i, dff + j]) with
+/// GELU's tanh approximation 0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))
+/// in fp32 (the CPU runtime's gelu_tanh); layouts as swiglu.
+void geglu(const float* gu, int n, int dff, uint16_t* out, void* stream);
+
+/// Final logit soft-capping (ModelConfig::final_logit_softcap): x[i] =
+/// cap · tanh(x[i] / cap) in fp32, n elements. Throws Error for cap ≤ 0.
+void softcap(float* x, int64_t n, float cap, void* stream);
 
 /// Greedy sampling: out[i] = argmax_j logits[i, j] (the smallest j among
 /// equal maxima; NaN entries never win), logits (n, V) fp32.
@@ -81,9 +109,12 @@ void argmax_rows(const float* logits, int n, int V, int32_t* out, void* stream);
 /// fp32 (matrix stride `stride` elements, row stride cols): row i of a query
 /// chunk starting at absolute row r0 sees columns j ≤ r0 + i:
 ///   P_b[i, j] = fp16(exp(scale·S_b[i,j] − m_i) / Σ_j' exp(scale·S_b[i,j'] − m_i)),
-/// 0 for j > r0 + i. P has the layout of S (fp16).
+/// 0 for j > r0 + i. P has the layout of S (fp16). window > 0: a sliding
+/// window (model/sliding_window.h) — row i also sees only columns j >
+/// r0 + i − window (column j at the same position scale as the rows: the
+/// caller offsets both by the same first key); the sum runs over those only.
 void causal_softmax(const float* S, int batch, int64_t stride, int rows, int cols, int r0, float scale,
-                    uint16_t* P, void* stream);
+                    uint16_t* P, void* stream, int window = 0);
 
 /// Writes n_tokens tokens per sequence into an fp16 cache pool (the layout of
 /// fp16_decode_attention: per (page, KV head) K (64, hd) then V (64, hd)):
@@ -114,7 +145,8 @@ void fp16_read_tokens(const uint16_t* pool, int n_kv_heads, int head_dim, const 
 /// §6's SoftmaxState on the GPU). For each head h < n_heads and query row
 /// i < rows of a tile's scores S_h (rows, cols) fp32 (head stride `stride`,
 /// row stride cols), query at absolute position q0 + i, key column j at
-/// absolute position t0 + j, visible when t0 + j ≤ q0 + i:
+/// absolute position t0 + j, visible when t0 + j ≤ q0 + i (and, window > 0,
+/// t0 + j > q0 + i − window: a sliding window, model/sliding_window.h):
 ///   m' = max(m, max_j scale·S[i,j]),  α = exp(m − m') (0 when m = −∞),
 ///   P[i,j] = fp16(exp(scale·S[i,j] − m')) (0 where not visible),
 ///   l ← α·l + Σ_j P[i,j] (the fp16 values),  m ← m',
@@ -125,7 +157,7 @@ void fp16_read_tokens(const uint16_t* pool, int n_kv_heads, int head_dim, const 
 /// and o are read as −∞, 0 and 0 (whatever they hold).
 void prefill_tile_softmax(const float* S, int n_heads, int64_t stride, int rows, int cols, int q0, int t0,
                           float scale, float* m, float* l, float* o, int64_t o_ld, int head_dim, bool first,
-                          uint16_t* P, void* stream);
+                          uint16_t* P, void* stream, int window = 0);
 /// o[i, h·hd + c] /= l[i, h] after the last tile (0 where l = 0); o (rows,
 /// ≥ n_heads·hd, row stride o_ld) fp32, l (rows, n_heads).
 void normalize_rows(float* o, int64_t o_ld, int rows, int n_heads, int head_dim, const float* l, void* stream);
