@@ -69,6 +69,8 @@ inline size_t weight_bytes(const ModelConfig& c, bool untied) {
   size_t b = 2 * static_cast<size_t>(m.V * m.d) * (untied ? 2 : 1) + 2 * mats * m.L;
   b += 4 * static_cast<size_t>(2 * m.d * m.L + m.d);                        // norms
   if (c.qkv_bias) b += 4 * static_cast<size_t>(m.qkvd * m.L);  // biases
+  if (c.qk_norm) b += 4 * static_cast<size_t>(2 * m.hd * m.L);    // Gemma 3: QK-norm weights
+  if (c.post_norms) b += 4 * static_cast<size_t>(2 * m.d * m.L);  // Gemma 3: post-norm weights
   return b;
 }
 

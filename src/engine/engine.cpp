@@ -19,6 +19,7 @@
 #include "ratekv/cuda/model_kernels.h"
 #include "ratekv/cuda/vq_encode.h"
 #include "ratekv/engine/page_pool.h"
+#include "ratekv/model/sliding_window.h"
 #include "ratekv/model/synthetic.h"
 
 #define RATEKV_CUDA_OK(expr)                                                                                     \
@@ -94,8 +95,9 @@ struct Engine::Impl {
   // weights
   struct Layer {
     DevMem wqkv, wo, wgu, wdown, attn_norm, ffn_norm, bias;
+    DevMem q_norm, k_norm, post_attn, post_ffn;  // Gemma 3 (cfg.qk_norm, cfg.post_norms)
   };
-  DevMem embd, lm_head_mem, out_norm, inv_freq;
+  DevMem embd, lm_head_mem, out_norm, inv_freq, inv_freq_swa;  // RoPE frequencies: global / sliding layers
   const uint16_t* lm_head = nullptr;
   std::vector<Layer> layers;
 
@@ -155,6 +157,62 @@ struct Engine::Impl {
   const float* next_norm(int l) const {
     return l + 1 < cfg.n_layers ? layers[l + 1].attn_norm.as<float>() : out_norm.as<float>();
   }
+  // Layer l's RoPE frequencies (θ or, sliding layers, θ_swa) and QK-norm.
+  const double* layer_inv_freq(int l) const {
+    return cfg.is_sliding(l) ? inv_freq_swa.as<double>() : inv_freq.as<double>();
+  }
+  cuda::QkNorm qk_norm(int l) const {
+    cuda::QkNorm q;
+    if (cfg.qk_norm) q.q = layers[l].q_norm.as<float>(), q.k = layers[l].k_norm.as<float>(), q.eps = cfg.rms_eps;
+    return q;
+  }
+  int layer_window(int l) const { return static_cast<int>(cfg.layer_window(l)); }
+
+  // x (n, d) = embeddings of the n tokens in `tok` (× embd_scale), then the
+  // first layer's RMSNorm into xn.
+  void embed(int64_t n) {
+    cuda::embed_rows(embd.as<uint16_t>(), tok.as<int32_t>(), (int)n, (int)dims.d, x.as<float>(), stream,
+                     cfg.embd_scale);
+    cuda::add_rms_norm(x.as<float>(), nullptr, layers[0].attn_norm.as<float>(), (int)n, (int)dims.d, cfg.rms_eps,
+                       xn.as<uint16_t>(), stream);
+  }
+
+  // Q/K/V of n rows from qkv (bias, QK-norm, the layer's RoPE) into `o`.
+  void qkv_rope(int l, int64_t n, const int32_t* positions, const cuda::QkvRopeOut& o) {
+    cuda::qkv_bias_rope(qkv.as<float>(), layers[l].bias.as<float>(), positions, (int)n, cfg.n_heads, cfg.n_kv_heads,
+                        cfg.head_dim, cfg.rope_layout == RopeLayout::NeoX, layer_inv_freq(l), o, stream, qk_norm(l));
+  }
+
+  // After the output projection (tmp = attention · Woᵀ) of n rows: [post-norm,]
+  // residual add, FFN norm into xn.
+  void attn_residual(int l, int64_t n) {
+    const Layer& L = layers[l];
+    if (cfg.post_norms)
+      cuda::rms_norm_f32(tmp.as<float>(), L.post_attn.as<float>(), (int)n, (int)dims.d, cfg.rms_eps, tmp.as<float>(),
+                         stream);
+    cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), L.ffn_norm.as<float>(), (int)n, (int)dims.d, cfg.rms_eps,
+                       xn.as<uint16_t>(), stream);
+  }
+  // The gated activation of gu into h16 (SwiGLU or GeGLU).
+  void ffn_act(int64_t n) {
+    if (cfg.ffn_act == FfnActivation::GeluTanh)
+      cuda::geglu(gu.as<float>(), (int)n, (int)dims.dff, h16.as<uint16_t>(), stream);
+    else
+      cuda::swiglu(gu.as<float>(), (int)n, (int)dims.dff, h16.as<uint16_t>(), stream);
+  }
+  // After the down projection (tmp) of n rows: [post-norm,] residual add, the
+  // next layer's (or the output) norm into xn.
+  void ffn_residual(int l, int64_t n) {
+    if (cfg.post_norms)
+      cuda::rms_norm_f32(tmp.as<float>(), layers[l].post_ffn.as<float>(), (int)n, (int)dims.d, cfg.rms_eps,
+                         tmp.as<float>(), stream);
+    cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), next_norm(l), (int)n, (int)dims.d, cfg.rms_eps,
+                       xn.as<uint16_t>(), stream);
+  }
+  // Final logit soft-capping of n rows of `lg` (cfg.final_logit_softcap).
+  void softcap_logits(float* lg, int64_t n) {
+    if (cfg.final_logit_softcap > 0) cuda::softcap(lg, n * dims.V, cfg.final_logit_softcap, stream);
+  }
 
   // The rest of layer l for n prompt rows after their attention output o32
   // (n, n_heads·head_dim): output projection + residual + RMSNorm, SwiGLU MLP +
@@ -165,13 +223,11 @@ struct Engine::Impl {
     const detail::Dims& m = dims;
     cuda::f32_to_bf16(o32.as<float>(), att16.as<uint16_t>(), n * m.qd, stream);
     gemm(att16.as<uint16_t>(), L.wo.as<uint16_t>(), tmp.as<float>(), n, m.qd, m.d);
-    cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), L.ffn_norm.as<float>(), (int)n, (int)m.d, cfg.rms_eps,
-                       xn.as<uint16_t>(), stream);
+    attn_residual(l, n);
     gemm(xn.as<uint16_t>(), L.wgu.as<uint16_t>(), gu.as<float>(), n, m.d, 2 * m.dff);
-    cuda::swiglu(gu.as<float>(), (int)n, (int)m.dff, h16.as<uint16_t>(), stream);
+    ffn_act(n);
     gemm(h16.as<uint16_t>(), L.wdown.as<uint16_t>(), tmp.as<float>(), n, m.dff, m.d);
-    cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), next_norm(l), (int)n, (int)m.d, cfg.rms_eps,
-                       xn.as<uint16_t>(), stream);
+    ffn_residual(l, n);
   }
 
   // The LM head over the final normed rows xn of a prefill of n rows into
@@ -184,6 +240,7 @@ struct Engine::Impl {
     for (int64_t r = first; r < n; r += lrows) {
       const int64_t nr = std::min(lrows, n - r);
       gemm(xn.as<uint16_t>() + r * m.d, lm_head, this->logits.as<float>(), nr, m.d, m.V);
+      softcap_logits(this->logits.as<float>(), nr);
       RATEKV_CUDA_OK(cudaMemcpyAsync(logits.data() + (r - first) * m.V, this->logits.p, 4 * nr * m.V,
                                      cudaMemcpyDeviceToHost, stream));
       sync();
@@ -205,9 +262,11 @@ struct Engine::Impl {
                                                              : cuda::Fp16DecodeVariant::automatic;
   }
 
-  // Decode attention of layer l for B rows (q32 → o32).
+  // Decode attention of layer l for B rows (q32 → o32); sliding layers
+  // attend to their window only (DecodeBatch::window).
   void attention(int l, int B, int64_t bound, int fp16_kernel) {
-    const cuda::DecodeBatch db = batch_view(d_lens.as<int32_t>(), B, bound);
+    cuda::DecodeBatch db = batch_view(d_lens.as<int32_t>(), B, bound);
+    db.window = layer_window(l);
     const float scale = cfg.attention_scale();
     if (fmt.is_fp16()) {
       cuda::fp16_decode_attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, db, fp16_pages(l), q32.p,
@@ -258,9 +317,7 @@ struct Engine::Impl {
     const bool other = mask & kOther;
     if (other) {
       cuda::step_lengths(d_pos.as<int32_t>(), d_lens.as<int32_t>(), B, stream);
-      cuda::embed_rows(embd.as<uint16_t>(), tok.as<int32_t>(), B, (int)m.d, x.as<float>(), stream);
-      cuda::add_rms_norm(x.as<float>(), nullptr, layers[0].attn_norm.as<float>(), B, (int)m.d, cfg.rms_eps,
-                         xn.as<uint16_t>(), stream);
+      embed(B);
     }
     for (int l = 0; l < n_layers; ++l) {
       const Layer& L = layers[l];
@@ -271,8 +328,7 @@ struct Engine::Impl {
         o.k32 = k32.as<float>();
         o.k_pre32 = k_pre32.as<float>();
         o.v32 = v32.as<float>();
-        cuda::qkv_bias_rope(qkv.as<float>(), L.bias.as<float>(), d_pos.as<int32_t>(), B, cfg.n_heads, cfg.n_kv_heads,
-                            cfg.head_dim, cfg.rope_layout == RopeLayout::NeoX, inv_freq.as<double>(), o, stream);
+        qkv_rope(l, B, d_pos.as<int32_t>(), o);
       }
       if (mask & kAppend) {
         const cuda::DecodeBatch before = batch_view(d_pos.as<int32_t>(), B, bound);
@@ -285,18 +341,15 @@ struct Engine::Impl {
       if (mask & kAttn) attention(l, B, bound, fp16_kernel);
       if (other) cuda::f32_to_bf16(o32.as<float>(), att16.as<uint16_t>(), B * m.qd, stream);
       if (mask & kGemm) gemm(att16.as<uint16_t>(), L.wo.as<uint16_t>(), tmp.as<float>(), B, m.qd, m.d);
-      if (other)
-        cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), L.ffn_norm.as<float>(), B, (int)m.d, cfg.rms_eps,
-                           xn.as<uint16_t>(), stream);
+      if (other) attn_residual(l, B);
       if (mask & kGemm) gemm(xn.as<uint16_t>(), L.wgu.as<uint16_t>(), gu.as<float>(), B, m.d, 2 * m.dff);
-      if (other) cuda::swiglu(gu.as<float>(), B, (int)m.dff, h16.as<uint16_t>(), stream);
+      if (other) ffn_act(B);
       if (mask & kGemm) gemm(h16.as<uint16_t>(), L.wdown.as<uint16_t>(), tmp.as<float>(), B, m.dff, m.d);
-      if (other)
-        cuda::add_rms_norm(x.as<float>(), tmp.as<float>(), next_norm(l), B, (int)m.d, cfg.rms_eps, xn.as<uint16_t>(),
-                           stream);
+      if (other) ffn_residual(l, B);
     }
     if (n_layers < cfg.n_layers) return;  // attention-only timing pieces
     if (mask & kGemm) gemm(xn.as<uint16_t>(), lm_head, logits.as<float>(), B, m.d, m.V);
+    if (other) softcap_logits(logits.as<float>(), B);
     if (mask & kAdvance) {
       cuda::argmax_rows(logits.as<float>(), B, (int)m.V, tok.as<int32_t>(), stream);
       cuda::step_advance(d_pos.as<int32_t>(), tok.as<int32_t>(), d_hist.as<int32_t>(), d_count.as<int32_t>(),
@@ -384,29 +437,34 @@ struct Engine::Impl {
     RATEKV_CUDA_OK(cudaMemcpyAsync(p_pt.p, pg.data(), pg.size() * 4, cudaMemcpyHostToDevice, stream));
   }
 
-  // Causal attention of the prompt's n queries (q16) over k16/v16 → o32.
-  void prefill_attention(int64_t n) {
+  // Causal attention of the prompt's n queries (q16) over k16/v16 → o32;
+  // window > 0: each query sees the keys of its sliding window only, and a
+  // chunk of rows reads the keys from its first row's first visible key on.
+  void prefill_attention(int64_t n, int window) {
     const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, g = cfg.gqa_ratio(), hd = cfg.head_dim;
     const int64_t qd = dims.qd, kvd = dims.kvd;
     const int64_t rq = std::clamp<int64_t>(static_cast<int64_t>(opt.prefill_score_bytes / (6 * size_t(H) * n)), 1, n);
     const float one = 1.f, zero = 0.f;
     for (int64_t r0 = 0; r0 < n; r0 += rq) {
-      const int64_t nr = std::min(rq, n - r0), nk = r0 + nr;
+      const int64_t k0 = first_visible_key(r0, window);  // 0 without a window
+      const int64_t nr = std::min(rq, n - r0), nk = r0 + nr - k0;
       const int64_t stride = nr * nk;
+      const uint16_t* kt = k16.as<uint16_t>() + (size_t)k0 * kvd;
+      const uint16_t* vt = v16.as<uint16_t>() + (size_t)k0 * kvd;
       for (int hk = 0; hk < Hkv; ++hk) {
         // Sᵀ (nk × nr, column-major) = K_hk · Q_hᵀ for the g query heads of hk.
         RATEKV_CUBLAS_OK(cublasGemmStridedBatchedEx(
-            blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nk, (int)nr, hd, &one, k16.as<uint16_t>() + (size_t)hk * hd,
+            blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nk, (int)nr, hd, &one, kt + (size_t)hk * hd,
             CUDA_R_16F, (int)kvd, 0, q16.as<uint16_t>() + (size_t)r0 * qd + (size_t)hk * g * hd, CUDA_R_16F, (int)qd,
             hd, &zero, scores.as<float>() + (size_t)hk * g * stride, CUDA_R_32F, (int)nk, stride, g,
             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
-      cuda::causal_softmax(scores.as<float>(), H, stride, (int)nr, (int)nk, (int)r0, cfg.attention_scale(),
-                           probs.as<uint16_t>(), stream);
+      cuda::causal_softmax(scores.as<float>(), H, stride, (int)nr, (int)nk, (int)(r0 - k0), cfg.attention_scale(),
+                           probs.as<uint16_t>(), stream, window);
       for (int hk = 0; hk < Hkv; ++hk) {
         // O_hᵀ (hd × nr) = V_hkᵀ · P_hᵀ.
         RATEKV_CUBLAS_OK(cublasGemmStridedBatchedEx(
-            blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, (int)nr, (int)nk, &one, v16.as<uint16_t>() + (size_t)hk * hd,
+            blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, (int)nr, (int)nk, &one, vt + (size_t)hk * hd,
             CUDA_R_16F, (int)kvd, 0, probs.as<uint16_t>() + (size_t)hk * g * stride, CUDA_R_16F, (int)nk, stride,
             &zero, o32.as<float>() + (size_t)r0 * qd + (size_t)hk * g * hd, CUDA_R_32F, (int)qd, hd, g,
             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -420,7 +478,10 @@ struct Engine::Impl {
   // from the layer's pages (dequantized, or read from fp16 pages; the chunk's
   // own pages are written already) except, when `own_kv`, the chunk's own
   // keys, which come from k16/v16 (serving mode's full-precision K/V).
+  // Sliding layers start at the page holding the first row's first visible
+  // key (model/sliding_window.h); the softmax masks the rest.
   void chunk_attention(int l, int64_t p0, int64_t n, bool own_kv) {
+    const int window = layer_window(l);
     const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, g = cfg.gqa_ratio(), hd = cfg.head_dim;
     const int64_t qd = dims.qd, kvd = dims.kvd, KT = key_tile;
     const int64_t cap = static_cast<int64_t>(scores.bytes / 4);  // fp32 entries
@@ -431,7 +492,8 @@ struct Engine::Impl {
     const int32_t* pt = p_pt.as<int32_t>();
     for (int64_t r0 = 0; r0 < n; r0 += rq) {
       const int64_t nr = std::min(rq, n - r0), kend = p0 + r0 + nr;
-      for (int64_t t0 = 0; t0 < kend; t0 += KT) {
+      const int64_t kbegin = window_first_key_aligned(p0 + r0, window, packed::kPageTokens);  // 0 without a window
+      for (int64_t t0 = kbegin; t0 < kend; t0 += KT) {
         const int64_t nk = std::min(KT, kend - t0), stride = nr * nk;
         // The tile's keys: pages below `pages_end`, own K/V from there.
         const int64_t pages_end = own_kv ? std::clamp(p0, t0, t0 + nk) : t0 + nk;
@@ -461,8 +523,8 @@ struct Engine::Impl {
         }
         float* o = o32.as<float>() + (size_t)r0 * qd;
         cuda::prefill_tile_softmax(scores.as<float>(), H, stride, (int)nr, (int)nk, (int)(p0 + r0), (int)t0,
-                                   cfg.attention_scale(), m_stat.as<float>(), l_stat.as<float>(), o, qd, hd, t0 == 0,
-                                   probs.as<uint16_t>(), stream);
+                                   cfg.attention_scale(), m_stat.as<float>(), l_stat.as<float>(), o, qd, hd,
+                                   t0 == kbegin, probs.as<uint16_t>(), stream, window);
         for (int hk = 0; hk < Hkv; ++hk) {
           // O_hᵀ (hd × nr) += V_hkᵀ · P_hᵀ (unnormalized; rescaled by the softmax kernel).
           RATEKV_CUBLAS_OK(cublasGemmStridedBatchedEx(
@@ -495,18 +557,30 @@ struct Engine::Impl {
 
 namespace {
 
+// What the GPU forward pass honours: every ModelConfig field of the CPU
+// runtime (model.h), so the architectures the CPU runs ("llama", "gemma3",
+// "qwen2"); the kernels' limits are checked where they apply (head_dim,
+// GQA, sliding windows with the cache format: check_window_support).
 void check_supported(const ModelConfig& c) {
   c.validate("GPU engine");
-  check(c.arch == "llama" || c.arch == "qwen2",
-        "GPU engine: architecture '{}' is not served on the GPU yet (llama and qwen2 are; Gemma 3's sliding-window "
-        "layers, QK-norm, GeGLU, post-norms and soft-cap arrive with engine issue 2 of 3)",
-        c.arch);
-  check(!c.qk_norm && !c.post_norms && c.layer_sliding.empty() && c.final_logit_softcap == 0 && c.embd_scale == 1.0f &&
-            c.ffn_act == FfnActivation::SiLU,
-        "GPU engine: the config of arch '{}' sets Gemma-3 features (QK-norm, post-norms, sliding layers, soft-cap, "
-        "embedding scale or GeGLU) the GPU forward pass does not have",
-        c.arch);
+  check(c.arch == "llama" || c.arch == "qwen2" || c.arch == "gemma3",
+        "GPU engine: architecture '{}' is not served on the GPU (llama, qwen2 and gemma3 are)", c.arch);
   check(c.head_dim % 2 == 0 && c.head_dim <= 256, "GPU engine: head_dim {} (even, at most 256)", c.head_dim);
+}
+
+// Sliding-window layers run on the decode kernels that implement
+// cuda::DecodeBatch::window: fp16 (both kernels) and packed GQA ≤ 8 with
+// 1..4-bit groups. Anything else is refused here, before any device work.
+void check_window_support(const ModelConfig& c, const CacheFormat& fmt) {
+  bool sliding = false;
+  for (int l = 0; l < c.n_layers; ++l) sliding = sliding || c.is_sliding(l);
+  if (!sliding) return;
+  check(c.sliding_window <= (int64_t{1} << 30), "GPU engine: sliding_window {} exceeds 2^30 tokens", c.sliding_window);
+  if (fmt.is_fp16()) return;
+  check(c.gqa_ratio() <= 8,
+        "GPU engine: sliding_window {} with a packed cache needs GQA <= 8 (the packed decode kernel for GQA {} has "
+        "no window); use the fp16 cache",
+        c.sliding_window, c.gqa_ratio());
 }
 
 }  // namespace
@@ -525,6 +599,7 @@ namespace {
 
 std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, CacheFormat fmt, const EngineOptions& opt) {
   check_supported(cfg);
+  check_window_support(cfg, fmt);
   int n_dev = 0;
   check(cudaGetDeviceCount(&n_dev) == cudaSuccess && n_dev > 0, "GPU engine: no CUDA device visible");
   auto I = std::make_unique<Engine::Impl>(cfg, std::move(fmt), opt);
@@ -558,11 +633,20 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
     L.attn_norm = DevMem(4 * size_t(m.d));
     L.ffn_norm = DevMem(4 * size_t(m.d));
     if (cfg.qkv_bias) L.bias = DevMem(4 * size_t(m.qkvd));
+    if (cfg.qk_norm) L.q_norm = DevMem(4 * size_t(m.hd)), L.k_norm = DevMem(4 * size_t(m.hd));
+    if (cfg.post_norms) L.post_attn = DevMem(4 * size_t(m.d)), L.post_ffn = DevMem(4 * size_t(m.d));
   }
   std::vector<double> inv(cfg.head_dim / 2);
   for (int i = 0; i < cfg.head_dim / 2; ++i) inv[i] = rope_frequency(i, cfg.head_dim, cfg.rope_theta);
   I->inv_freq = DevMem(8 * inv.size());
   RATEKV_CUDA_OK(cudaMemcpy(I->inv_freq.p, inv.data(), 8 * inv.size(), cudaMemcpyHostToDevice));
+  bool any_sliding = false;
+  for (int l = 0; l < cfg.n_layers; ++l) any_sliding = any_sliding || cfg.is_sliding(l);
+  if (any_sliding) {  // sliding layers' RoPE base (Gemma 3's local θ)
+    for (int i = 0; i < cfg.head_dim / 2; ++i) inv[i] = rope_frequency(i, cfg.head_dim, cfg.rope_theta_swa);
+    I->inv_freq_swa = DevMem(8 * inv.size());
+    RATEKV_CUDA_OK(cudaMemcpy(I->inv_freq_swa.p, inv.data(), 8 * inv.size(), cudaMemcpyHostToDevice));
+  }
   // Activations.
   I->rows = detail::activation_rows(opt);
   I->lrows = detail::logit_rows(opt);
@@ -639,8 +723,13 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
       splits = std::max(splits, I->vq_plans[l] ? cuda::default_splits(*I->vq_plans[l], b, (int)I->ctx_limit)
                                                : cuda::default_splits(*I->plans[l], b, (int)I->ctx_limit));
     // Splits grow as lengths shrink (more pages per wave); bound them by the
-    // shortest length a step can have as well.
-    for (int len : {64, 256, 1024, 4096}) {
+    // shortest length a step can have as well, and by the spans sliding
+    // layers read (cuda::DecodeBatch::window).
+    std::vector<int> spans = {64, 256, 1024, 4096};
+    if (any_sliding)
+      for (int unit : {16, packed::kPageTokens})
+        spans.push_back(static_cast<int>(window_span_tokens(I->ctx_limit, cfg.sliding_window, unit)));
+    for (int len : spans) {
       splits = std::max(splits, cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, len));
       splits = std::max(splits, cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, len,
                                                           cuda::Fp16DecodeVariant::rows16));
@@ -700,6 +789,14 @@ std::unique_ptr<Engine> Engine::create(const ModelConfig& cfg, const ModelWeight
     upload_f32(D.attn_norm, L.attn_norm, p + "attn_norm", m.d);
     upload_f32(D.ffn_norm, L.ffn_norm, p + "ffn_norm", m.d);
     if (cfg.qkv_bias) upload_f32(D.bias, L.bqkv, p + "bqkv", m.qkvd);
+    if (cfg.qk_norm) {
+      upload_f32(D.q_norm, L.attn_q_norm, p + "attn_q_norm", m.hd);
+      upload_f32(D.k_norm, L.attn_k_norm, p + "attn_k_norm", m.hd);
+    }
+    if (cfg.post_norms) {
+      upload_f32(D.post_attn, L.attn_post_norm, p + "attn_post_norm", m.d);
+      upload_f32(D.post_ffn, L.ffn_post_norm, p + "ffn_post_norm", m.d);
+    }
   }
   return std::unique_ptr<Engine>(new Engine(std::move(I)));
 }
@@ -730,6 +827,16 @@ std::unique_ptr<Engine> Engine::create_synthetic(const ModelConfig& cfg, bool un
                               synthetic_amp_exp(m.dff), 0, s);
     if (cfg.qkv_bias)
       cuda::synthetic_fill_f32(D.bias.as<float>(), m.qkvd, seed, synthetic_tensor_id(l, T::qkv_bias), lin, -2, 0, s);
+    if (cfg.qk_norm) {
+      cuda::synthetic_fill_f32(D.q_norm.as<float>(), m.hd, seed, synthetic_tensor_id(l, T::attn_q_norm), nrm, 0, 0, s);
+      cuda::synthetic_fill_f32(D.k_norm.as<float>(), m.hd, seed, synthetic_tensor_id(l, T::attn_k_norm), nrm, 0, 0, s);
+    }
+    if (cfg.post_norms) {
+      cuda::synthetic_fill_f32(D.post_attn.as<float>(), m.d, seed, synthetic_tensor_id(l, T::attn_post_norm), nrm, 0,
+                               0, s);
+      cuda::synthetic_fill_f32(D.post_ffn.as<float>(), m.d, seed, synthetic_tensor_id(l, T::ffn_post_norm), nrm, 0, 0,
+                               s);
+    }
   }
   I->sync();
   return std::unique_ptr<Engine>(new Engine(std::move(I)));
@@ -781,9 +888,7 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
   cudaStream_t st = I.stream;
   const bool packed_cache = !I.fmt.is_fp16();
   const bool own_kv = mode == PrefillMode::serving || !packed_cache;  // attend to the fp16 K/V of the prompt
-  cuda::embed_rows(I.embd.as<uint16_t>(), I.tok.as<int32_t>(), (int)n, (int)m.d, I.x.as<float>(), st);
-  cuda::add_rms_norm(I.x.as<float>(), nullptr, I.layers[0].attn_norm.as<float>(), (int)n, (int)m.d, I.cfg.rms_eps,
-                     I.xn.as<uint16_t>(), st);
+  I.embed(n);
   cuda::DecodeBatch db;
   db.page_table = I.p_pt.as<int32_t>();
   db.max_pages = I.max_pages;
@@ -802,9 +907,7 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
       o.k16 = I.k16.as<uint16_t>();
       o.v16 = I.v16.as<uint16_t>();
     }
-    cuda::qkv_bias_rope(I.qkv.as<float>(), L.bias.as<float>(), I.pos.as<int32_t>(), (int)n, I.cfg.n_heads,
-                        I.cfg.n_kv_heads, I.cfg.head_dim, I.cfg.rope_layout == RopeLayout::NeoX,
-                        I.inv_freq.as<double>(), o, st);
+    I.qkv_rope(l, n, I.pos.as<int32_t>(), o);
     if (packed_cache) {
       I.write_packed(l, db, I.k_pre32.as<float>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, false);
       if (mode == PrefillMode::evaluation)
@@ -813,7 +916,7 @@ void Engine::prefill(int id, std::span<const int32_t> tokens, PrefillMode mode, 
       cuda::fp16_write_tokens(I.fp16_pages(l), I.cfg.n_kv_heads, I.cfg.head_dim, I.p_pt.as<int32_t>(),
                               I.max_pages, I.d_zero.as<int32_t>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, 1, st);
     }
-    I.prefill_attention(n);
+    I.prefill_attention(n, I.layer_window(l));
     I.prefill_layer_tail(l, n);
   }
   I.prefill_logits(n, logits);
@@ -847,9 +950,7 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
   I.upload_seq_pages(id);
   const bool packed_cache = !I.fmt.is_fp16();
   const bool own_kv = mode == PrefillMode::serving && packed_cache;
-  cuda::embed_rows(I.embd.as<uint16_t>(), I.tok.as<int32_t>(), (int)n, (int)m.d, I.x.as<float>(), st);
-  cuda::add_rms_norm(I.x.as<float>(), nullptr, I.layers[0].attn_norm.as<float>(), (int)n, (int)m.d, I.cfg.rms_eps,
-                     I.xn.as<uint16_t>(), st);
+  I.embed(n);
   cuda::DecodeBatch db;
   db.page_table = I.p_pt.as<int32_t>();
   db.max_pages = I.max_pages;
@@ -868,9 +969,7 @@ void Engine::prefill_chunk(int id, std::span<const int32_t> tokens, PrefillMode 
       o.k16 = I.k16.as<uint16_t>();
       o.v16 = I.v16.as<uint16_t>();
     }
-    cuda::qkv_bias_rope(I.qkv.as<float>(), L.bias.as<float>(), I.pos.as<int32_t>(), (int)n, I.cfg.n_heads,
-                        I.cfg.n_kv_heads, I.cfg.head_dim, I.cfg.rope_layout == RopeLayout::NeoX,
-                        I.inv_freq.as<double>(), o, st);
+    I.qkv_rope(l, n, I.pos.as<int32_t>(), o);
     if (packed_cache)
       I.write_packed(l, db, I.k_pre32.as<float>(), I.k32.as<float>(), I.v32.as<float>(), (int)n, false);
     else
@@ -1070,8 +1169,12 @@ StepBytes Engine::step_bytes(std::span<const int> ids) const {
   b.weights = static_cast<double>(detail::weight_bytes(I.cfg, I.untied)) - (I.untied ? embd : 0.0) +
               2.0 * m.d * static_cast<double>(ids.size());
   for (int id : ids) {
-    const int64_t pages = PagePool::pages_for(I.pool->length(id) + 1);
-    b.cache += static_cast<double>(pages) * static_cast<double>(I.fmt.page_bytes_all_layers());
+    const int64_t len = I.pool->length(id) + 1;
+    for (int l = 0; l < I.cfg.n_layers; ++l) {  // sliding layers read their window's pages only
+      const int64_t pages = PagePool::pages_for(len) - first_visible_key(len - 1, I.cfg.layer_window(l)) /
+                                                          packed::kPageTokens;
+      b.cache += static_cast<double>(pages) * static_cast<double>(I.fmt.page_bytes(l));
+    }
   }
   return b;
 }

@@ -227,14 +227,25 @@ TEST(EngineMemoryPlan, ArithmeticAndRefusal) {
   EXPECT_THROW(engine::plan_memory(c, true, k3, bad, free_b), Error);
 }
 
-// The engine refuses what it does not run before touching the GPU.
-TEST(EngineCreate, RefusesGemma3AndMismatchedWeights) {
+// The engine refuses what it does not run before touching the GPU: an
+// architecture outside llama / qwen2 / gemma3, weights that do not match, a
+// sliding window on a packed cache at GQA > 8 (tests/engine/test_engine_gemma3.cpp).
+TEST(EngineCreate, RefusesUnknownArchitecturesAndMismatchedWeights) {
   ModelConfig g = synthetic_config("llama-3.1-8b", 1);
-  g.arch = "gemma3";
-  g.rope_layout = RopeLayout::NeoX;
+  g.arch = "gpt2";
   const std::string why =
       error_of([&] { engine::Engine::create_synthetic(g, true, 1, CacheFormat::fp16(g), engine::EngineOptions{}); });
-  EXPECT_NE(why.find("architecture 'gemma3' is not served on the GPU"), std::string::npos) << why;
+  EXPECT_NE(why.find("architecture 'gpt2' is not served on the GPU (llama, qwen2 and gemma3 are)"), std::string::npos)
+      << why;
+  ModelConfig gq = synthetic_config("gemma-3-270m", 6);
+  gq.n_heads = 16;  // GQA 16 over one KV head
+  const std::string why3 = error_of([&] {
+    engine::Engine::create_synthetic(
+        gq, false, 1,
+        CacheFormat::packed(std::make_shared<const cache::PlanCodecs>(eval::cache_type_plan("tq3", "tq3", gq, 7), gq)),
+        engine::EngineOptions{});
+  });
+  EXPECT_NE(why3.find("sliding_window 512 with a packed cache needs GQA <= 8"), std::string::npos) << why3;
   ModelConfig q = synthetic_config("qwen2.5-3b", 1);
   const std::string why2 =
       error_of([&] { engine::Engine::create(q, ModelWeights{}, CacheFormat::fp16(q), engine::EngineOptions{}); });

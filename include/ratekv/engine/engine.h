@@ -5,9 +5,27 @@
 // a CUDA graph), greedy or sampled on the GPU. Continuous batching over it:
 // ratekv/engine/scheduler.h with engine_executor.h.
 //
-// One configuration-driven forward pass (ModelConfig): arch "llama"
-// (interleaved RoPE) and "qwen2" (Q/K/V biases, NeoX RoPE); other
-// architectures are refused with the reason (Gemma 3: engine issue 2 of 3).
+// One configuration-driven forward pass (ModelConfig, the CPU runtime's
+// fields and arithmetic order, model/forward.cpp): arch "llama" (interleaved
+// RoPE), "qwen2" (Q/K/V biases, NeoX RoPE) and "gemma3" (embedding scale,
+// QK-norm, per-layer RoPE base, pre/post norms, GeGLU, attention scale, final
+// logit soft-cap, sliding-window layers); other architectures are refused
+// with the reason. With Llama's neutral fields none of Gemma's kernels is
+// launched.
+//
+// Sliding-window layers (ModelConfig::is_sliding, model/sliding_window.h): a
+// query at p attends to keys p − W < t ≤ p. Decode: the attention kernels get
+// the window (cuda::DecodeBatch::window) and read only the pages from the one
+// holding a sequence's first visible key, masking the keys before it in that
+// page; prefill (one piece) multiplies each block of queries with the keys
+// from its first visible key on and masks per row; chunked prefill starts its
+// key tiles at the page holding the chunk's first visible key. Pages that
+// left every window are NOT freed: a sequence keeps its whole reservation
+// (add_sequence) until remove_sequence, so memory per sequence is that of a
+// global-attention model of the same length — only the bytes read shrink
+// (step_bytes). A window is implemented by the fp16 decode kernels and the
+// packed ones for GQA ≤ 8 (every Gemma 3 model); a packed cache at GQA > 8
+// with sliding layers is refused at create, naming sliding_window.
 //
 // Numbers. Weights are uploaded once as bf16 (not fp16: bf16 has fp32's
 // range, so a model with outlier activations — Qwen2.5's reach the thousands
@@ -105,8 +123,9 @@ MemoryPlan plan_memory(const ModelConfig& cfg, bool untied_lm_head, const CacheF
 
 /// Bytes a decode step reads, the roofline's numerator: every layer matrix,
 /// the LM head, norms and biases (the embedding table is only gathered: B
-/// rows), plus each sequence's cache at its length (bytes per token ·
-/// tokens, all layers).
+/// rows), plus each sequence's cache at its length (the pages attention reads
+/// in every layer: all of them, or for a sliding layer those from the page
+/// holding the first visible key).
 struct StepBytes {
   double weights = 0;
   double cache = 0;
@@ -129,10 +148,12 @@ std::string cuda_device_name();
 class Engine {
  public:
   /// A model with weights on the host (fp32, e.g. dequantized from GGUF),
-  /// uploaded as bf16 (norms and the Q/K/V biases LayerWeights::bqkv of a
-  /// cfg.qkv_bias model as fp32). Throws Error for an unsupported
-  /// architecture or feature (naming it), a weight of the wrong size (naming
-  /// it), no CUDA device, or a memory plan that does not fit.
+  /// uploaded as bf16 (norms — Gemma's QK-norm and post-norm weights too —
+  /// and the Q/K/V biases LayerWeights::bqkv of a cfg.qkv_bias model as
+  /// fp32). Throws Error for an unsupported architecture or feature (naming
+  /// it: e.g. sliding_window with a packed cache at GQA > 8), a weight of the
+  /// wrong size (naming it), no CUDA device, or a memory plan that does not
+  /// fit.
   static std::unique_ptr<Engine> create(const ModelConfig& cfg, const ModelWeights& w, CacheFormat fmt,
                                         const EngineOptions& opt);
   /// A synthetic model (model/synthetic.h): weights generated on the GPU from
