@@ -570,13 +570,19 @@ void check_supported(const ModelConfig& c) {
 
 // Sliding-window layers run on the decode kernels that implement
 // cuda::DecodeBatch::window: fp16 (both kernels) and packed GQA ≤ 8 with
-// 1..4-bit groups. Anything else is refused here, before any device work.
+// 1..4-bit groups (not vq_decode_attention: TaSQ / CQ keys on a sliding
+// layer are refused). Anything else is refused here, before any device work.
 void check_window_support(const ModelConfig& c, const CacheFormat& fmt) {
   bool sliding = false;
   for (int l = 0; l < c.n_layers; ++l) sliding = sliding || c.is_sliding(l);
   if (!sliding) return;
   check(c.sliding_window <= (int64_t{1} << 30), "GPU engine: sliding_window {} exceeds 2^30 tokens", c.sliding_window);
   if (fmt.is_fp16()) return;
+  for (int l = 0; l < c.n_layers; ++l)
+    check(!c.is_sliding(l) || fmt.vq(l) == nullptr,
+          "GPU engine: layer {} slides (sliding_window {}) and its plan keys are vq (TaSQ / CQ): the vq decode kernel "
+          "has no window",
+          l, c.sliding_window);
   check(c.gqa_ratio() <= 8,
         "GPU engine: sliding_window {} with a packed cache needs GQA <= 8 (the packed decode kernel for GQA {} has "
         "no window); use the fp16 cache",

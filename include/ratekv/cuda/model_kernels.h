@@ -73,7 +73,7 @@ struct QkNorm {
 ///   pos  : (n) int32 positions;
 /// outputs (each may be null): q32 (n, H, hd) fp32, q16 (n, H, hd) fp16,
 /// k32 / v32 (n, Hkv, hd) fp32, k16 / v16 (n, Hkv, hd) fp16; k_pre32 (n,
-/// Hkv, hd) fp32 the keys after the bias, before RoPE (what vq keys encode,
+/// Hkv, hd) fp32 the keys after the bias (and QK-norm), before RoPE (what vq keys encode,
 /// cuda::vq_append).
 struct QkvRopeOut {
   float* q32 = nullptr;

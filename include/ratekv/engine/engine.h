@@ -25,7 +25,8 @@
 // global-attention model of the same length — only the bytes read shrink
 // (step_bytes). A window is implemented by the fp16 decode kernels and the
 // packed ones for GQA ≤ 8 (every Gemma 3 model); a packed cache at GQA > 8
-// with sliding layers is refused at create, naming sliding_window.
+// with sliding layers, or vq (TaSQ / CQ) keys on a sliding layer, is refused
+// at create, naming sliding_window.
 //
 // Numbers. Weights are uploaded once as bf16 (not fp16: bf16 has fp32's
 // range, so a model with outlier activations — Qwen2.5's reach the thousands
