@@ -16,6 +16,7 @@
 #include "ratekv/engine/cache_format.h"
 #include "ratekv/engine/sampling.h"
 #include "ratekv/eval/baseline_plans.h"
+#include "ratekv/model/sliding_window.h"
 #include "ratekv/model/synthetic.h"
 #include "ratekv/quant/grouped_tq_mse.h"
 #include "ratekv/quant/tq_mse.h"
@@ -234,8 +235,7 @@ TEST(EngineKernels, Fp16ReaderReadsWhatTheWriterWrote) {
 // visible to the others), with O += P·V done on the host between tiles and
 // normalize_rows at the end, equals causal softmax attention computed in
 // double over all 18 keys at once (fp16 probabilities: ≤ 1e-3 relative).
-TEST(EngineKernels, TiledOnlineSoftmaxEqualsWholeRowSoftmax) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+void tiled_softmax_case(int window) {
   const int H = 3, rows = 5, hd = 4, q0 = 10, n_keys = 18;
   const int64_t o_ld = H * hd + 2;  // a row stride wider than H·hd
   const float scale = 0.6f;
@@ -255,7 +255,7 @@ TEST(EngineKernels, TiledOnlineSoftmaxEqualsWholeRowSoftmax) {
     Dev<float> dS(St);
     Dev<uint16_t> dP(St.size());
     cuda::prefill_tile_softmax(dS.p, H, int64_t(rows) * cols, rows, cols, q0, t0, scale, dm.p, dl.p, dO.p, o_ld, hd,
-                               t0 == 0, dP.p, nullptr);
+                               t0 == 0, dP.p, nullptr, window);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto P = dP.get();
     auto oh = dO.get();
@@ -274,23 +274,141 @@ TEST(EngineKernels, TiledOnlineSoftmaxEqualsWholeRowSoftmax) {
   const auto got = dO.get();
   for (int h = 0; h < H; ++h)
     for (int i = 0; i < rows; ++i) {
-      const int lim = q0 + i + 1;
+      const int lim = q0 + i + 1, lo = static_cast<int>(first_visible_key(q0 + i, window));
       double mx = -1e300, sum = 0;
-      for (int j = 0; j < lim; ++j) mx = std::max(mx, scale * double(S[(size_t(h) * rows + i) * n_keys + j]));
+      for (int j = lo; j < lim; ++j) mx = std::max(mx, scale * double(S[(size_t(h) * rows + i) * n_keys + j]));
       std::vector<double> ref(hd, 0.0);
-      for (int j = 0; j < lim; ++j) {
+      for (int j = lo; j < lim; ++j) {
         const double e = std::exp(scale * double(S[(size_t(h) * rows + i) * n_keys + j]) - mx);
         sum += e;
         for (int c = 0; c < hd; ++c) ref[c] += e * V[(size_t(h) * n_keys + j) * hd + c];
       }
       double vmax = 0;
-      for (int j = 0; j < lim; ++j)
+      for (int j = lo; j < lim; ++j)
         for (int c = 0; c < hd; ++c) vmax = std::max(vmax, std::fabs(double(V[(size_t(h) * n_keys + j) * hd + c])));
       for (int c = 0; c < hd; ++c)
-        EXPECT_NEAR(got[size_t(i) * o_ld + h * hd + c], ref[c] / sum, 1e-3 * vmax) << h << " " << i << " " << c;
+        EXPECT_NEAR(got[size_t(i) * o_ld + h * hd + c], ref[c] / sum, 1e-3 * vmax) << "window " << window << " " << h << " " << i << " " << c;
     }
   // The two padding columns of each row are never written.
   for (int i = 0; i < rows; ++i) EXPECT_EQ(got[size_t(i) * o_ld + H * hd], 123.f);
+}
+
+TEST(EngineKernels, TiledOnlineSoftmaxEqualsWholeRowSoftmax) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  tiled_softmax_case(0);
+  // A sliding window of 6 (model/sliding_window.h): row 0 (position 10) sees
+  // keys 5..10 — two in the first tile —, row 4 (14) sees 9..14: nothing in
+  // the first tile (its state starts empty there), the rest in the others.
+  tiled_softmax_case(6);
+}
+
+// Gemma 3's kernels against their CPU references: GeGLU against the CPU
+// runtime's formula in double, soft-cap c·tanh(x/c) in double, rms_norm_f32
+// against ratekv::rms_norm (in place), the embedding scale, QK-norm inside
+// qkv_bias_rope against rms_norm per head then apply_rope (NeoX, head_dim 256,
+// GQA 4), and causal_softmax with a window against the windowed softmax in
+// double (row i at position r0 + i sees columns r0 + i − w < j ≤ r0 + i).
+TEST(EngineKernels, Gemma3KernelsMatchCpuReferences) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  std::mt19937 g(21);
+  // GeGLU and soft-cap
+  const int n = 3, dff = 1000;
+  auto gu = randn(size_t(n) * 2 * dff, g, 3.f);
+  auto lg = randn(size_t(n) * 777, g, 40.f);
+  Dev<float> dgu(gu), dlg(lg);
+  Dev<uint16_t> h(size_t(n) * dff);
+  cuda::geglu(dgu.p, n, dff, h.p, nullptr);
+  cuda::softcap(dlg.p, int64_t(lg.size()), 30.f, nullptr);
+  // rms_norm_f32 in place
+  const int d = 640;
+  auto x = randn(size_t(n) * d, g, 5.f), w = randn(d, g, 0.2f);
+  for (auto& v : w) v += 1.f;
+  Dev<float> dx(x), dw(w);
+  cuda::rms_norm_f32(dx.p, dw.p, n, d, 1e-6f, dx.p, nullptr);
+  // embedding scale
+  std::vector<uint16_t> table(size_t(10) * d);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = uint16_t(0x3f80 + (i % 97) * 3);  // bf16 values
+  const std::vector<int32_t> toks = {3, 9, 0};
+  Dev<uint16_t> dtab(table);
+  Dev<int32_t> dtok(toks);
+  Dev<float> emb(size_t(3) * d);
+  cuda::embed_rows(dtab.p, dtok.p, 3, d, emb.p, nullptr, std::sqrt(640.f));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto hh = h.get();
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < dff; ++j) {
+      const double a = gu[size_t(i) * 2 * dff + j], u = gu[size_t(i) * 2 * dff + dff + j];
+      const double ref = 0.5 * a * (1 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))) * u;
+      ASSERT_NEAR(bf16_to_f32(hh[size_t(i) * dff + j]), ref, std::fabs(ref) * 8e-3 + 1e-5) << i << " " << j;
+    }
+  const auto hl = dlg.get();
+  for (size_t i = 0; i < lg.size(); ++i) ASSERT_NEAR(hl[i], 30.0 * std::tanh(lg[i] / 30.0), 2e-5 * 30) << i;
+  std::vector<float> ref(x.size());
+  rms_norm(x.data(), w.data(), ref.data(), n, d, 1e-6f);
+  const auto hx = dx.get();
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(hx[i], ref[i], 1e-5f * (1.f + std::fabs(ref[i]))) << i;
+  const auto he = emb.get();
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < d; ++c)
+      ASSERT_EQ(he[size_t(r) * d + c], bf16_to_f32(table[size_t(toks[r]) * d + c]) * std::sqrt(640.f)) << r << c;
+  // QK-norm + RoPE
+  {
+    const int H = 4, Hkv = 1, hd = 256, m = 3, qd = H * hd, kvd = Hkv * hd, row = qd + 2 * kvd;
+    const double theta = 1e4;
+    const std::vector<int32_t> pos = {0, 511, 20000};
+    auto qkv = randn(size_t(m) * row, g, 2.f), qn = randn(hd, g, 0.2f), kn = randn(hd, g, 0.2f);
+    for (auto& v : qn) v += 1.f;
+    for (auto& v : kn) v += 1.f;
+    std::vector<double> inv(hd / 2);
+    for (int i = 0; i < hd / 2; ++i) inv[i] = rope_frequency(i, hd, theta);
+    Dev<float> dqkv(qkv), dqn(qn), dkn(kn), q32(size_t(m) * qd), k32(size_t(m) * kvd), v32(size_t(m) * kvd),
+        kpre(size_t(m) * kvd);
+    Dev<int32_t> dpos(pos);
+    Dev<double> dinv(inv);
+    cuda::QkvRopeOut o;
+    o.q32 = q32.p, o.k32 = k32.p, o.v32 = v32.p, o.k_pre32 = kpre.p;
+    cuda::QkNorm qk;
+    qk.q = dqn.p, qk.k = dkn.p, qk.eps = 1e-6f;
+    cuda::qkv_bias_rope(dqkv.p, nullptr, dpos.p, m, H, Hkv, hd, true, dinv.p, o, nullptr, qk);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto gq = q32.get(), gk = k32.get(), gv = v32.get(), gkp = kpre.get();
+    for (int i = 0; i < m; ++i) {
+      std::vector<float> r(qkv.begin() + size_t(i) * row, qkv.begin() + size_t(i + 1) * row);
+      rms_norm(r.data(), qn.data(), r.data(), H, hd, 1e-6f);
+      rms_norm(r.data() + qd, kn.data(), r.data() + qd, Hkv, hd, 1e-6f);
+      for (int c = 0; c < kvd; ++c)
+        ASSERT_NEAR(gkp[size_t(i) * kvd + c], r[qd + c], 1e-5f * (1.f + std::fabs(r[qd + c])));
+      apply_rope(r.data(), H + Hkv, hd, pos[i], RopeLayout::NeoX, theta);
+      for (int c = 0; c < qd; ++c)
+        ASSERT_NEAR(gq[size_t(i) * qd + c], r[c], 2e-5f * (1.f + std::fabs(r[c]))) << i << " " << c;
+      for (int c = 0; c < kvd; ++c) {
+        ASSERT_NEAR(gk[size_t(i) * kvd + c], r[qd + c], 2e-5f * (1.f + std::fabs(r[qd + c])));
+        ASSERT_EQ(gv[size_t(i) * kvd + c], r[qd + kvd + c]);  // V is not normed
+      }
+    }
+  }
+  // windowed causal softmax: 2 matrices of 5 rows × 12 columns, rows at 7..11, window 4
+  {
+    const int rows = 5, cols = 12, r0 = 7, win = 4;
+    auto S = randn(2 * size_t(rows) * cols, g, 4.f);
+    Dev<float> dS(S);
+    Dev<uint16_t> dP(S.size());
+    cuda::causal_softmax(dS.p, 2, rows * cols, rows, cols, r0, 0.7f, dP.p, nullptr, win);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto hp = dP.get();
+    for (int b = 0; b < 2; ++b)
+      for (int i = 0; i < rows; ++i) {
+        const int lim = r0 + i + 1, lo = r0 + i - win + 1;
+        double mx = -1e300, sum = 0;
+        for (int j = lo; j < lim; ++j) mx = std::max(mx, 0.7 * S[(size_t(b) * rows + i) * cols + j]);
+        for (int j = lo; j < lim; ++j) sum += std::exp(0.7 * S[(size_t(b) * rows + i) * cols + j] - mx);
+        for (int j = 0; j < cols; ++j) {
+          const double rf =
+              j >= lo && j < lim ? std::exp(0.7 * S[(size_t(b) * rows + i) * cols + j] - mx) / sum : 0.0;
+          ASSERT_NEAR(fp16_to_fp32(hp[(size_t(b) * rows + i) * cols + j]), rf, 1e-3 * rf + 1e-7) << b << i << j;
+        }
+      }
+  }
 }
 
 // sample_rows against engine::sample_reference (the definition's host
