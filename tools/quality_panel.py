@@ -77,8 +77,9 @@ PROTOCOL = {
                          "evalr/gtq+off-K2", "evalr/gtq+off-K4", "eval/gtq-K3", "eval/q4_0", "eval/kivi", "eval/q8_0"]},
     # RateQuant over KIVI (rq/ cells): its own calibration with 2 sensitivity sequences of 512 (backward passes).
     "qwen15": {"calib_tokens": 1024, "sens_seqs": 0, "curves": None, "ppl_seeds": 1, "ratequant": False,
-               "ratequant_kivi": True, "rq_sens_seqs": 2,
-               "llama": False, "tasq": False,
+               "ratequant_kivi": True, "rq_sens_seqs": 2, "side_tokens": 1024,  # the sensitivity's 2 x 512 tokens
+               # TaSQ / CQ K-only rows: at d = 128 TaSQ's fp16 scale is 1/16 bit (2 x 128 channels): 1.3125 stored b
+               "llama": False, "tasq": True,
                # rows re-run at SEEDS seeds once every 1-seed row is done (eval3/<row>.json replaces eval/<row>.json)
                # (cells the grid left unrun; run seeds 1.. of a finished 1-seed row with "seeds_more" instead)
                "seeds3": ["gtq+off-full-4.25", "gtq+off-K3V3", "gtq+off-K4V4", "gtq+off-K2V2", "uniform-K3V3", "gtq-K3V3"],
@@ -265,6 +266,47 @@ def model_cells(m):
                             "cmd": [RATEKV, "plan", "--stats", rq_stats, "-o", plan, "--force", "-q"] + args,
                             "params": {"args": args, "stats": rq_stats}})
                 evals.append((name, ["--plan", plan], "kv", plan))
+        # Side calibration of RateQuant (docs/quality_results.md §8): K-only and V-only uniform KIVI caches at 2 and
+        # 3 code bits evaluated on the CALIBRATION text (the sensitivity's own tokens); the key weight is the ratio
+        # of their next-token KLDs over the ratio RateQuant's model predicts (Σ w·α·β^-b per side), and RateQuant
+        # over KIVI at 2.5 code bits is re-planned with it (`plan --key-weight`), evaluated like its other rows.
+        if pr.get("ratequant_kivi") or pr["ratequant"]:
+            kst = f"{m}/calib_stats_rq.safetensors" if pr.get("ratequant_kivi") else stats
+            splans = []
+            for side, b in SIDE_PLANS:
+                name = f"{side}only-kivi{b}"
+                args = (["--method", "uniform", "--quantizer", "kivi", "--vquantizer", "fp16", "--kbits", str(b),
+                         "--vbits", "16"] if side == "k" else
+                        ["--method", "uniform", "--quantizer", "fp16", "--vquantizer", "kivi", "--kbits", "16",
+                         "--vbits", str(b)]) + ["--budget-unit", "code"]
+                plan = f"{m}/side/{name}.json"
+                splans.append(plan)
+                out.append({"id": f"{m}/side/plan/{name}", "kind": "plan", "model": m, "out": plan, "after": [kst],
+                            "cmd": [RATEKV, "plan", "--stats", kst, "-o", plan, "--force", "-q"] + args,
+                            "params": {"args": args, "stats": kst}})
+            scell = f"{m}/side/side.json"
+            stoks = pr.get("side_tokens", 2048)
+            out.append({"id": f"{m}/side/eval", "kind": "eval", "model": m, "row": "side", "out": scell, "plan": None,
+                        "plans": splans, "after": splans,
+                        "cmd": [RATEKV, "eval", "-m", mpath, "-f", calib, "--tokens", str(stoks), "--ctx", str(CTX),
+                                "--seeds", "1", "--query-stride", "8", "--reference-cache", f"{m}/side/reference",
+                                "--no-ppl-k", "--json", scell + ".report", "--force"]
+                               + [x for pl in splans for x in ("--plan", pl)],
+                        "params": {"tokens": stoks, "ctx": CTX, "seeds": 1, "mode": "side", "plans": splans}})
+            # kw: the gradient sensitivity with the side calibration's key weight; flat-kw: no per-component
+            # sensitivity (every w_i = 1, `--sensitivity none`: the curves' α alone) with that estimator's key weight.
+            for name, sens in (("ratequant-kivi-2.5-kw", "grad"), ("ratequant-kivi-2.5-flat-kw", "none")):
+                kw = (side_key_weight(os.path.join(PANEL_ROOT, scell), os.path.join(PANEL_ROOT, kst), sens)
+                      if PANEL_ROOT else None)
+                if kw is None:
+                    continue
+                args = ["--method", "ratequant", "--quantizer", "kivi", "--bits", "2.5", "--budget-unit", "code",
+                        "--sensitivity", sens, "--key-weight", f"{kw['key_weight']:.4g}"]
+                plan = f"{m}/plans/{name}.json"
+                out.append({"id": f"{m}/rq/plan/{name}", "kind": "plan", "model": m, "out": plan, "after": [kst, scell],
+                            "cmd": [RATEKV, "plan", "--stats", kst, "-o", plan, "--force", "-q"] + args,
+                            "params": {"args": args, "stats": kst}})
+                evals.append((name, ["--plan", plan], "kv", plan))
         # Per-layer attention-logit MAE / KL of every TQ plan at MAE_SEEDS seeds on the same windows, from the
         # reference cache's fp32 activations (no perplexity pass); needs the cache written by a first eval.
         mcell = f"{m}/mae/all.json"
@@ -324,6 +366,62 @@ def model_cells(m):
             out.append({"id": f"{m}/fit/{name}", "kind": "plan", "model": m, "out": f"{m}/plans/{name}.s0.json",
                         "cmd": [RATEKV, "plan", "--method", "tasq", "-m", mpath, "-f", calib, "-o", plan, "--force",
                                 "--json"] + args, "params": {"args": args}})
+    return out
+
+
+SIDE_PLANS = [("k", 2), ("v", 2), ("k", 3), ("v", 3)]
+PANEL_ROOT = None  # set by run/report/status: the panel directory (the key weight is read from a finished side cell)
+
+
+def read_safetensors(path, names):
+    """float32 tensors `names` of a safetensors file as flat lists, and its ratekv metadata (stdlib only)."""
+    import array
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        out = {}
+        for name in names:
+            t = head[name]
+            assert t["dtype"] == "F32", (path, name, t["dtype"])
+            a, b = t["data_offsets"]
+            f.seek(8 + n + a)
+            v = array.array("f")
+            v.frombytes(f.read(b - a))
+            out[name] = (list(v), t["shape"])
+    return out, json.loads(head["__metadata__"]["ratekv"])
+
+
+def side_key_weight(side_json, stats_path, sensitivity="grad"):
+    """RateQuant's side calibration from a finished side cell: per side s and width b, the measured next-token KLD
+    of the s-only KIVI cache and RateQuant's prediction P_s(b) = Σ_(s components) w_i α_i β_s^(-b) (w: the
+    `sensitivity` estimator, "grad" or "none" = 1; KIVI's fitted curves: what the allocator minimizes); key_weight =
+    the geometric mean over b of (KLD_K / KLD_V) / (P_K / P_V). None while the cell is not done."""
+    if not os.path.exists(side_json):
+        return None
+    with open(side_json) as f:
+        rep = json.load(f)["report"]
+    t, meta = read_safetensors(stats_path, ["grad_sq_k_post", "grad_sq_v", "curves.kivi.alpha_k", "curves.kivi.alpha_v"])
+    d = t["grad_sq_k_post"][1][-1]
+    cur = meta["curves"]["kivi"]
+    out = {"widths": {}}
+    logs = []
+    for b in sorted({b for _, b in SIDE_PLANS}):
+        kld, pred = {}, {}
+        for side, key in (("k", "k"), ("v", "v")):
+            p = next(p for p in rep["plans"] if p["name"] == f"{side}only-kivi{b}")
+            kld[side] = p["next_token"]["kv"]["kld_mean"]["mean"]
+            g = t["grad_sq_k_post" if side == "k" else "grad_sq_v"][0]
+            alpha = t[f"curves.kivi.alpha_{key}"][0]
+            w = [sum(g[i * d:(i + 1) * d]) if sensitivity == "grad" else 1.0 for i in range(len(alpha))]
+            pred[side] = sum(wi * ai for wi, ai in zip(w, alpha)) * cur[f"beta_{key}"] ** (-b)
+        ratio = (kld["k"] / kld["v"]) / (pred["k"] / pred["v"])
+        logs.append(math.log(ratio))
+        out["widths"][str(b)] = {"kld_k": kld["k"], "kld_v": kld["v"], "pred_k": pred["k"], "pred_v": pred["v"],
+                                 "measured_k_over_v": kld["k"] / kld["v"], "predicted_k_over_v": pred["k"] / pred["v"],
+                                 "ratio": ratio}
+    out["key_weight"] = math.exp(sum(logs) / len(logs))
+    out["text"], out["tokens"] = rep["text"]["file"], rep["n_tokens"]
     return out
 
 
@@ -475,12 +573,14 @@ def run_cell(c, root, dry):
 
 
 def cmd_run(a):
-    root = os.path.abspath(a.out)
+    global PANEL_ROOT
+    root = PANEL_ROOT = os.path.abspath(a.out)
     os.makedirs(root, exist_ok=True)
-    grid = cells(a.models.split(","))
     only = re.compile(a.only) if a.only else None
-    # Passes repeat until nothing new can run (plans wait for their statistics, evals for plans).
+    # Passes repeat until nothing new can run (plans wait for their statistics, evals for plans); the grid is
+    # rebuilt every pass (a key-weighted RateQuant plan appears once its side cell is done).
     while True:
+        grid = cells(a.models.split(","))
         progressed = False
         for c in grid:
             if only and not only.search(c["id"]):
@@ -493,7 +593,8 @@ def cmd_run(a):
 
 
 def cmd_status(a):
-    root = os.path.abspath(a.out)
+    global PANEL_ROOT
+    root = PANEL_ROOT = os.path.abspath(a.out)
     for c in cells(a.models.split(",")):
         print(f"{'done' if cell_done(c, root) else '----'}  {c['id']}")
 
@@ -682,7 +783,8 @@ def fmt(x, digits=3):
 
 
 def cmd_report(a):
-    root = os.path.abspath(a.out)
+    global PANEL_ROOT
+    root = PANEL_ROOT = os.path.abspath(a.out)
     doc = {"format": "ratekv-quality-panel", "version": 1,
            "settings": {"eval_text": "eval.txt", "calib_text": "calib.txt", "eval_tokens": EVAL_TOKENS, "ctx": CTX,
                         "windows": EVAL_TOKENS // CTX, "scored_tokens": (EVAL_TOKENS // CTX) * (CTX - CTX // 2 - 1),

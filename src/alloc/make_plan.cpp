@@ -178,9 +178,14 @@ const DistortionCurves& curves_of(const Ctx& c, const std::string& name) {
 RateQuantProblem ratequant_problem(const Ctx& c, const std::string& curves_name, int b_min, int b_max,
                                    int64_t total) {
   const auto& st = c.st;
+  // "none": w_i = 1 for every component (the curves alone; with key_weight, the side calibration's ratio).
+  const size_t n_comp = (size_t)st.model.n_layers * st.model.n_kv_heads;
+  const Sensitivity ones{std::vector<double>(n_comp, 1.0), std::vector<double>(n_comp, 1.0)};
   auto sit = st.sensitivity.find(c.rq.sensitivity);
-  check_param(sit != st.sensitivity.end(), "PlanRequest.sensitivity",
-              "\"{}\": not in the statistics file (it has: {})", c.rq.sensitivity, keys_of(st.sensitivity));
+  check_param(c.rq.sensitivity == "none" || sit != st.sensitivity.end(), "PlanRequest.sensitivity",
+              "\"{}\": not in the statistics file (it has: {}; \"none\" weighs every component 1)", c.rq.sensitivity,
+              keys_of(st.sensitivity));
+  const Sensitivity& sens = c.rq.sensitivity == "none" ? ones : sit->second;
   auto cit = st.curves.find(curves_name);
   check(cit != st.curves.end(), "distortion curves \"{}\": not in the statistics file (it has: {})", curves_name,
         keys_of(st.curves));
@@ -188,7 +193,7 @@ RateQuantProblem ratequant_problem(const Ctx& c, const std::string& curves_name,
   RateQuantProblem p;
   for (size_t i = 0; i < n; ++i)
     for (int side = 0; side < 2; ++side) {
-      p.weight.push_back(side == 0 ? sit->second.k[i] : sit->second.v[i]);
+      p.weight.push_back(side == 0 ? c.rq.key_weight * sens.k[i] : sens.v[i]);
       p.alpha.push_back(side == 0 ? cit->second.alpha_k[i] : cit->second.alpha_v[i]);
       p.beta.push_back(side == 0 ? cit->second.beta_k : cit->second.beta_v);
       p.b_min.push_back(b_min);
@@ -256,6 +261,13 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     if (q == "kivi" || q == "quarot")
       check_param(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0, "PlanRequest.group_size",
                   "{}: expected a divisor of head_dim {} for {}", rq.group_size, st.model.head_dim, q);
+  check_param(std::isfinite(rq.key_weight) && rq.key_weight > 0, "PlanRequest.key_weight",
+              "{}: expected a finite factor > 0 (1 = the sensitivities as measured)", rq.key_weight);
+  check_param(rq.key_weight == 1.0 || rq.method == "ratequant" || rq.method == "ratequant+block-gtq" ||
+                  (rq.method == "uniform" && rq.avg_bits),
+              "PlanRequest.key_weight", "{} with method {}: the key weight scales RateQuant's sensitivities (methods "
+              "ratequant, ratequant+block-gtq, or uniform with an average budget); this plan uses none",
+              rq.key_weight, rq.method);
   check_param(rq.key_offset == "none" || rq.key_offset == "mean", "PlanRequest.key_offset",
               "\"{}\": expected none or mean", rq.key_offset);
   const bool centered = rq.key_offset == "mean";

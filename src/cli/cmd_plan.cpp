@@ -220,7 +220,7 @@ const FlagNames kPlanFlags = {
     {"PlanRequest.v_quantizer", "--vquantizer"},  {"PlanRequest.curves_from", "--curves-from"},
     {"PlanRequest.sensitivity", "--sensitivity"}, {"PlanRequest.group_size", "--group-size"},
     {"PlanRequest.fp16_window", "--fp16-window"}, {"PlanRequest.sink_tokens", "--sink-tokens"},
-    {"PlanRequest.key_offset", "--key-offset"},
+    {"PlanRequest.key_offset", "--key-offset"},   {"PlanRequest.key_weight", "--key-weight"},
     {"load_alloc_stats.path", "--stats"},         {"capture_for_fit.ctx", "--ctx"},
     {"FitOptions.method", "--method"},            {"FitOptions.values", "--vquantizer"},
     {"FitOptions.group", "--group"},              {"FitOptions.centroids", "--centroids"},
@@ -297,7 +297,13 @@ const Registrar reg("plan", [](CLI::App& app) {
                 "tasq/cq: k-means seeds for the --also ablations no-* (default: --kmeans-seeds; file names keep .s<k>)");
   c->add_option("--curves-from", a->rq.curves_from,
                 "allocate with another quantizer's fitted (α, β) curves (the mismatch experiment)");
-  c->add_option("--sensitivity", a->rq.sensitivity, "sensitivity estimator in the stats (grad | activation)")
+  c->add_option("--sensitivity", a->rq.sensitivity,
+                "sensitivity estimator in the stats (grad | activation), or none (every component weighs 1: the "
+                "curves alone)")
+      ->capture_default_str();
+  c->add_option("--key-weight", a->rq.key_weight,
+                "ratequant (and uniform --bits): multiply the key sensitivities by this factor (side calibration, "
+                "docs/quality_results.md §8)")
       ->capture_default_str();
   c->add_option("--group-size", a->rq.group_size, "kivi / quarot scale group")->capture_default_str();
   c->add_option("--fp16-window", a->rq.fp16_window, "recent tokens kept in fp16")->capture_default_str();

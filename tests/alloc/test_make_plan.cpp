@@ -301,7 +301,16 @@ TEST(MakePlan, RateQuantSpendsTheExactBudget) {
   rq.curves_from.clear();
   rq.sensitivity = "fisher";
   EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
-            "PlanRequest.sensitivity \"fisher\": not in the statistics file (it has: activation, grad)");
+            "PlanRequest.sensitivity \"fisher\": not in the statistics file (it has: activation, grad; \"none\" weighs "
+            "every component 1)");
+  // "none" weighs every component 1: the synthetic "activation" estimator is all ones, a second route.
+  rq.sensitivity = "none";
+  PlanDiagnostics dn, da;
+  make_plan(st, rq, &dn);
+  rq.sensitivity = "activation";
+  make_plan(st, rq, &da);
+  EXPECT_EQ(dn.ratequant->bits, da.ratequant->bits);
+  EXPECT_NE(dn.ratequant->bits, dg.ratequant->bits);  // and differs from the "grad" weights'
   rq.sensitivity = "grad";
   rq.avg_bits = 2.45;
   EXPECT_NE(error_of([&] { make_plan(st, rq); }).find("is not a whole number of bits"), std::string::npos);
@@ -329,6 +338,72 @@ TEST(MakePlan, RateQuantSpendsTheExactBudget) {
   ASSERT_TRUE(du.uniform_split.has_value());
   EXPECT_EQ(du.uniform_split->k_bits + du.uniform_split->v_bits, 5);
   EXPECT_EQ(up.layers[1][0].key.groups[0].bits, du.uniform_split->k_bits);
+}
+
+// key_weight scales the key sensitivities: the same allocation as the stats with every key α scaled by the
+// factor (a_i = w_i α_i; a different route through the statistics), more bits to keys as it grows, and the
+// uniform baseline's split follows it.
+TEST(MakePlan, RateQuantKeyWeightScalesTheKeySensitivities) {
+  const CalibStats st = synthetic_stats();
+  PlanRequest rq;
+  rq.method = "ratequant";
+  rq.budget_unit = "code";
+  rq.avg_bits = 2.5;
+  auto alloc_of = [](const CalibStats& s, const PlanRequest& r) {
+    PlanDiagnostics dg;
+    make_plan(s, r, &dg);
+    return dg.ratequant->bits;
+  };
+  auto key_sum = [](const std::vector<int>& b) {
+    int k = 0;
+    for (size_t i = 0; i < b.size(); i += 2) k += b[i];
+    return k;
+  };
+  const std::vector<int> base = alloc_of(st, rq);
+  for (double w : {0.25, 7.0, 40.0}) {
+    rq.key_weight = w;
+    CalibStats scaled = st;
+    for (double& a : scaled.curves.at("tq-mse").alpha_k) a *= w;
+    PlanRequest plain = rq;
+    plain.key_weight = 1.0;
+    const std::vector<int> got = alloc_of(st, rq);
+    EXPECT_EQ(got, alloc_of(scaled, plain)) << "key_weight " << w;
+    int total = 0;
+    for (int b : got) total += b;
+    EXPECT_EQ(total, 30);
+    if (w > 1) {
+      EXPECT_GE(key_sum(got), key_sum(base)) << w;
+    } else {
+      EXPECT_LE(key_sum(got), key_sum(base)) << w;
+    }
+  }
+  rq.key_weight = 40.0;
+  const std::vector<int> heavy = alloc_of(st, rq);
+  EXPECT_GT(key_sum(heavy), key_sum(base));  // this instance moves bits to keys at 40x
+  // The uniform baseline at 2.5: a key weight of 1e4 (resp. 1e-4) makes K3V2 (K2V3) the predicted better split.
+  PlanRequest u;
+  u.method = "uniform";
+  u.budget_unit = "code";
+  u.avg_bits = 2.5;
+  for (auto [w, kb] : {std::pair{1e4, 3}, std::pair{1e-4, 2}}) {
+    u.key_weight = w;
+    PlanDiagnostics du;
+    make_plan(st, u, &du);
+    ASSERT_TRUE(du.uniform_split.has_value());
+    EXPECT_EQ(du.uniform_split->k_bits, kb) << w;
+  }
+  // Bad factors and methods that have no sensitivities are refused, naming the field.
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    rq.key_weight = bad;
+    EXPECT_NE(error_of([&] { make_plan(st, rq); }).find("PlanRequest.key_weight"), std::string::npos) << bad;
+  }
+  PlanRequest g;
+  g.method = "block-gtq";
+  g.key_weight = 2.0;
+  EXPECT_NE(error_of([&] { make_plan(st, g); }).find("PlanRequest.key_weight 2 with method block-gtq"),
+            std::string::npos);
+  g.method = "uniform";  // a uniform plan without an average budget uses no sensitivity either
+  EXPECT_NE(error_of([&] { make_plan(st, g); }).find("PlanRequest.key_weight"), std::string::npos);
 }
 
 // RateQuant hands out only widths its curves were fitted at (DistortionCurves::bits).

@@ -84,7 +84,12 @@ TEST_F(CliFlagNames, LibraryErrorsNameTheFlag) {
                "--kbits 2.5: with budget unit \"code\" a uniform codec needs a whole number of bits");
   expect_error("plan --method uniform --bmin 3 --bmax 2", "--bmax 2: uniform needs a highest width in 3..8");
   expect_error("plan --method ratequant --bits 3 --sensitivity fisher",
-               "--sensitivity \"fisher\": not in the statistics file (it has: grad)");
+               "--sensitivity \"fisher\": not in the statistics file (it has: grad; \"none\" weighs every component 1)");
+  expect_error("plan --method ratequant --bits 3 --key-weight 0",
+               "--key-weight 0: expected a finite factor > 0 (1 = the sensitivities as measured)");
+  expect_error("plan --method block-gtq --key-weight 2",
+               "--key-weight 2 with method block-gtq: the key weight scales RateQuant's sensitivities (methods "
+               "ratequant, ratequant+block-gtq, or uniform with an average budget); this plan uses none");
   expect_error("plan --method uniform --quantizer kivi --group-size 3",
                "--group-size 3: expected a divisor of head_dim 4 for kivi");
   expect_error("plan --method uniform --fp16-window -1", "--fp16-window -1: expected >= 0");

@@ -69,7 +69,13 @@ struct PlanRequest {
   std::string quantizer = "tq-mse";  ///< codec: tq-mse | kivi | quarot (+ q8_0 | q4_0 | fp16 for uniform)
   std::string v_quantizer;           ///< uniform only: value codec if different ("" = quantizer)
   std::string curves_from;           ///< curves used to allocate ("" = quantizer's own)
-  std::string sensitivity = "grad";  ///< sensitivity estimator name in the stats
+  std::string sensitivity = "grad";  ///< sensitivity estimator name in the stats, or "none" (every w_i = 1)
+  /// ratequant methods and the uniform RateQuant baseline (avg_bits): every key component's
+  /// sensitivity w_i is multiplied by this factor (finite, > 0; 1 = RateQuant as published). The
+  /// side calibration of docs/quality_results.md §8 measures it on calibration text: the ratio of
+  /// the next-token KLD of a K-only and a V-only uniform cache at one width over the ratio
+  /// Σ_K w·D / Σ_V w·D that RateQuant's model predicts for them (docs/design.md §4.1).
+  double key_weight = 1.0;
   int group_size = 32;               ///< kivi / quarot scale group
   std::string stats_file;            ///< recorded in the plan
   /// "none" | "mean": keys get the pre-RoPE offset μ = stats.k_pre_mean of their (layer, head)
