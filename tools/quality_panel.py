@@ -851,6 +851,38 @@ def cmd_report(a):
         for c in vq:
             md.append(f"- {c['a']} vs {c['b']} (K only; stored K {c['stored_bits_k_a']:.4f} vs {c['stored_bits_k_b']:.4f} "
                       f"bits): PPL {c['ppl_a']:.3f} vs {c['ppl_b']:.3f}, KLD {c['kld_a']:.4f} vs {c['kld_b']:.4f}")
+        # RateQuant over KIVI at 2.5 code bits (as published, side-calibrated) against the better uniform split.
+        splits = [r for r in rows if r["plan"] in ("uniform-kivi-K3V2", "uniform-kivi-K2V3", "uniform-kivi-2.5")
+                  and r.get("ppl")]
+        best = min(splits, key=lambda r: r["ppl"]) if splits else None
+        rqc = []
+        for name in ("ratequant-kivi-2.5", "ratequant-kivi-2.5-kw", "ratequant-kivi-2.5-flat-kw"):
+            r = next((r for r in rows if r["plan"] == name and r.get("ppl")), None)
+            if r and best:
+                rqc.append({"a": name, "b": best["plan"], "stored_bits_a": (r["stored_bits_k"] + r["stored_bits_v"]) / 2,
+                            "stored_bits_b": (best["stored_bits_k"] + best["stored_bits_v"]) / 2, "ppl_a": r["ppl"],
+                            "ppl_b": best["ppl"], "kld_a": r["kld_mean"], "kld_b": best["kld_mean"],
+                            "below": r["ppl"] < best["ppl"]})
+                md.append(f"- {name} vs the better uniform split {best['plan']} (stored {rqc[-1]['stored_bits_a']:.4f} vs "
+                          f"{rqc[-1]['stored_bits_b']:.4f} b, KIVI deterministic: 1 seed): PPL {r['ppl']:.3f} vs "
+                          f"{best['ppl']:.3f}, KLD {r['kld_mean']:.4f} vs {best['kld_mean']:.4f}: "
+                          f"{'below' if rqc[-1]['below'] else 'not below'}")
+        doc["models"][m]["ratequant_kivi_comparisons"] = rqc
+        # RateQuant's side calibration (side/ cells): measured K-only / V-only KLD ratio vs the model's prediction.
+        pr = PROTOCOL[m]
+        kst = os.path.join(root, m, "calib_stats_rq.safetensors" if pr.get("ratequant_kivi") else "calib_stats.safetensors")
+        scell = os.path.join(root, m, "side", "side.json")
+        if os.path.exists(scell) and os.path.exists(kst):
+            with open(scell) as f:
+                sdoc = json.load(f)
+            sc = {"command": clean_cmd(sdoc["command"]), "note": sdoc.get("note"),
+                  "estimators": {e: side_key_weight(scell, kst, e) for e in ("grad", "none")}}
+            doc["models"][m]["ratequant_side_calibration"] = sc
+            g = sc["estimators"]["grad"]
+            md.append(f"- RateQuant side calibration ({g['text']}, {g['tokens']} tokens; KIVI K-only vs V-only): "
+                      + "; ".join(f"{b} b: KLD {w['kld_k']:.4f} / {w['kld_v']:.4f}, measured K/V {w['measured_k_over_v']:.2f}, "
+                                  f"predicted (grad) {w['predicted_k_over_v']:.2f}" for b, w in g["widths"].items())
+                      + f"; key weight grad {g['key_weight']:.3g}, none {sc['estimators']['none']['key_weight']:.3g}")
         for c in cmps:
             md.append(f"- {c['a']} vs {c['b']} (stored K {c['stored_bits_k_a']:.4f} vs {c['stored_bits_k_b']:.4f} "
                       f"bits): lower per-layer MAE in {c['layers_lower']}/{c['n_layers']} layers, mean reduction "
