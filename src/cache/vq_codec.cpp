@@ -74,10 +74,13 @@ void VqCodec::encode(const float* x, float s, int32_t* codes) const {
     int32_t arg = 0;
     for (int j = 0; j < k_; ++j) {
       const float* c = cb + static_cast<size_t>(j) * g_;
+      // dist = fma(e, e, dist) explicitly: the same bits whether or not the
+      // compiler contracts (GCC does for C++ on FMA targets, -march=native)
+      // and on the GPU encoder (cuda::vq_append, __fmaf_rn).
       float dist = 0.0f;
       for (int i = 0; i < g_; ++i) {
         const float e = yp[i] - c[i];
-        dist += e * e;
+        dist = std::fma(e, e, dist);
       }
       if (dist < best) {
         best = dist;

@@ -3,7 +3,8 @@
 // space), shared fp16 scales and fp16 rows written for decode append and
 // prefill. Reference: cache::encode_vq_token (include/ratekv/cache/
 // vq_page_codec.h); the arithmetic of each index matches it operation for
-// operation (IEEE-rounded intrinsics, no FMA contraction).
+// operation (IEEE-rounded intrinsics; the distance as fma(e, e, Σ), as
+// VqCodec::encode writes it).
 //
 // Grid (n_tokens, batch), 256 threads: one CTA per token, both sides one after
 // the other. Per vq side: the shared scale (double tree reduction over the
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) vq_encode_kernel(const VqEncodeTable
         float dist = 0.0f;
         for (int q = 0; q < g; ++q) {
           const float e = __fsub_rn(y[q], c[q]);
-          dist = __fadd_rn(dist, __fmul_rn(e, e));
+          dist = __fmaf_rn(e, e, dist);
         }
         if (dist < best) {
           best = dist;

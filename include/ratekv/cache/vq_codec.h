@@ -8,7 +8,9 @@
 //                                     (channel_scale; all ones for CQ)
 //   s_p   = fp16(RMS over all KV heads and channels of y)   (shared scale;
 //                                     1 when the codec has norm "none")
-//   z_G   = argmin_j ‖y[G]/s_p − C_G[j]‖²   (squared Euclidean, ties → lowest j)
+//   z_G   = argmin_j ‖y[G]/s_p − C_G[j]‖²   (squared Euclidean, ties → lowest j;
+//                                     fp32, Σ over the group's coordinates in
+//                                     order as fma(e, e, Σ), e = y_i − c_i)
 //   x̂[G]  = s_p · C̃_G[z_G],  C̃_G[j]_i = C_G[j]_i / a_{G_i}
 // The inverse weighting is folded into the reconstruction codewords C̃ when
 // the codec is built, so decoding is one lookup and one multiply. For keys x

@@ -9,11 +9,10 @@
 //   s   = fp16(sqrt(Σ_h Σ_c (a_c x_c)² / (H·d)))  (shared scale, double sum;
 //         1 without one; the smallest fp16 subnormal when it rounds to 0)
 //   y_c = (a_c · x_c) · (1/s)                     (fp32, in that order)
-//   z_G = argmin_j Σ_i (y_{G_i} − C_G[j]_i)²      (fp32, i in order, no FMA
-//         contraction; ties → lowest j)
+//   z_G = argmin_j Σ_i (y_{G_i} − C_G[j]_i)²      (fp32, i in order, each term
+//         added as fma(e, e, Σ); ties → lowest j)
 // The kernel does the same fp32 operations in the same order (IEEE-rounded
-// intrinsics, no contraction), so the indices equal the reference's for equal
-// s. The shared scale's double sum is reduced in another order (a tree over
+// intrinsics, __fmaf_rn), so the indices equal the reference's for equal s. The shared scale's double sum is reduced in another order (a tree over
 // the H·d terms): it differs from the reference's sequential sum by a few
 // units in the last place of a double (relative ≲ H·d·2⁻⁵³), so the fp16
 // scale can differ only when the RMS lies that close to an fp16 rounding
