@@ -3,8 +3,9 @@
 // evaluation / chunked prefill over cuda::vq_dequantize) against the CPU
 // runtime with the CPU packed cache of the same plan, on identical synthetic
 // weights (tiny-llama: 2 layers, GQA 2, head_dim 64, interleaved RoPE; and a
-// qwen2-shaped tiny model: biases, NeoX RoPE, GQA 4, 1 KV head). GPU only:
-// skipped without a device.
+// qwen2-shaped tiny model: biases, NeoX RoPE, GQA 4, 1 KV head), and fp16
+// keys over TQ-MSE values (-ctk f16 -ctv tq3: keys in the vq pages too). GPU
+// only: skipped without a device.
 //
 // The plans: TaSQ-style keys (groups of 8 channels of shuffled RoPE pairs,
 // 2^6 centroids, shared fp16 scale, channel weights in [0.5, 2]) and values
@@ -35,6 +36,7 @@
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
 #include "ratekv/engine/engine.h"
+#include "ratekv/eval/baseline_plans.h"
 #include "ratekv/model/synthetic.h"
 
 namespace {
@@ -240,6 +242,11 @@ TEST(EngineVq, TasqPlansMatchTheCpuRuntime) {
       compare(m->model, m->cfg, codecs, name.c_str(), 97, 0);
       compare(m->model, m->cfg, codecs, name.c_str(), 97, 64);  // chunked: earlier chunks dequantized (RoPE at their positions)
     }
+  // fp16 keys (post-RoPE rows in the vq pages) over TQ-MSE 3-bit values (-ctk f16 -ctv tq3).
+  Tiny& m = tiny_llama();
+  auto f16k = std::make_shared<const cache::PlanCodecs>(eval::cache_type_plan("f16", "tq3", m.cfg, 7), m.cfg);
+  compare(m.model, m.cfg, f16k, "llama fp16 K + TQ3 V", 97, 0);
+  compare(m.model, m.cfg, f16k, "llama fp16 K + TQ3 V", 97, 64);
 }
 
 // Sequences of unequal lengths (5, 37, and 70 + 300 synthetic tokens written
