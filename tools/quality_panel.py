@@ -295,13 +295,22 @@ def model_cells(m):
                         "params": {"tokens": stoks, "ctx": CTX, "seeds": 1, "mode": "side", "plans": splans}})
             # kw: the gradient sensitivity with the side calibration's key weight; flat-kw: no per-component
             # sensitivity (every w_i = 1, `--sensitivity none`: the curves' α alone) with that estimator's key weight.
-            for name, sens in (("ratequant-kivi-2.5-kw", "grad"), ("ratequant-kivi-2.5-flat-kw", "none")):
+            # -b2: widths from 2 bits (`--bmin 2`; the curves are fitted at 1..5 and RateQuant hands 1-bit KIVI to
+            # some components, which the flat plans show to be far costlier than the fitted curve says).
+            rq_rows = [("ratequant-kivi-2.5-kw", "grad", 1), ("ratequant-kivi-2.5-flat-kw", "none", 1),
+                       ("ratequant-kivi-2.5-b2", "grad", 2), ("ratequant-kivi-2.5-kw-b2", "grad", 2),
+                       ("ratequant-kivi-2.5-flat-kw-b2", "none", 2)]
+            for name, sens, bmin in rq_rows:
                 kw = (side_key_weight(os.path.join(PANEL_ROOT, scell), os.path.join(PANEL_ROOT, kst), sens)
                       if PANEL_ROOT else None)
                 if kw is None:
                     continue
                 args = ["--method", "ratequant", "--quantizer", "kivi", "--bits", "2.5", "--budget-unit", "code",
-                        "--sensitivity", sens, "--key-weight", f"{kw['key_weight']:.4g}"]
+                        "--sensitivity", sens]
+                if "-kw" in name:
+                    args += ["--key-weight", f"{kw['key_weight']:.4g}"]
+                if bmin != 1:
+                    args += ["--bmin", str(bmin)]
                 plan = f"{m}/plans/{name}.json"
                 out.append({"id": f"{m}/rq/plan/{name}", "kind": "plan", "model": m, "out": plan, "after": [kst, scell],
                             "cmd": [RATEKV, "plan", "--stats", kst, "-o", plan, "--force", "-q"] + args,
@@ -856,7 +865,8 @@ def cmd_report(a):
                   and r.get("ppl")]
         best = min(splits, key=lambda r: r["ppl"]) if splits else None
         rqc = []
-        for name in ("ratequant-kivi-2.5", "ratequant-kivi-2.5-kw", "ratequant-kivi-2.5-flat-kw"):
+        for name in ("ratequant-kivi-2.5", "ratequant-kivi-2.5-kw", "ratequant-kivi-2.5-flat-kw", "ratequant-kivi-2.5-b2",
+                     "ratequant-kivi-2.5-kw-b2", "ratequant-kivi-2.5-flat-kw-b2"):
             r = next((r for r in rows if r["plan"] == name and r.get("ppl")), None)
             if r and best:
                 rqc.append({"a": name, "b": best["plan"], "stored_bits_a": (r["stored_bits_k"] + r["stored_bits_v"]) / 2,
