@@ -205,7 +205,7 @@ TEST(CudaVqEncode, DequantizeMatchesReferenceDecoder) {
       std::mt19937 rng(400 + (int)vals);
       const int d = rope == RopeLayout::NeoX ? 128 : 64, H = rope == RopeLayout::NeoX ? 2 : 3, T = 64 + 97;
       const ModelConfig cfg = vq_config(d, H, 2, rope);
-      auto codecs = vq_codecs(cfg, 8, 7, 5, vals, 401);
+      auto codecs = vq_codecs(cfg, 8, 7, 4, vals, 401);  // 4-bit TQ-MSE values: no extension pages
       cache::PackedKVCache cache(cfg.kv_shape(T), codecs);
       std::vector<int32_t> pos(T);
       std::iota(pos.begin(), pos.end(), 0);

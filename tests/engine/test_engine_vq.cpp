@@ -15,17 +15,35 @@
 // are), picked at random: a codebook that covers the data, as k-means'
 // initialization would (the fit, tasq/fit.h, is not built on the GPU machine).
 //
-// Bound: the GPU's K/V differ from the CPU's by the bf16/fp16 roundings of
-// the forward pass (relative ε ≈ 3e-3, tests/engine/test_engine.cpp); an index
-// flips where a group vector lies within ε of a Voronoi boundary of its
-// codebook and then moves to the neighbouring codeword, as a scalar code
-// flips to the neighbouring level. So the logits are held to the packed
-// bound of test_engine.cpp, 0.1 (relative L2 per row), every prefill row and
-// every decode step; greedy tokens agree wherever the CPU's top-2 margin
-// exceeds 0.5 (the NIAH comparison's packed allowance).
+// Bound. No fixed bound holds for these coarse quantizers (6 index bits per
+// 8 channels: 0.75 bits per key channel; measured on the H200, 2026-12-02:
+// worst prefill row 0.09–0.31 rel L2, decode steps 0.07–0.12, greedy tokens
+// agreeing). The GPU's K/V differ from the CPU's by the bf16 / fp16
+// roundings of the forward pass (relative ε ≈ 1e-3 – 3e-3); an index flips
+// where a group vector lies within ε of a Voronoi boundary of its codebook
+// and then moves by a whole cell — with 64 codewords in 8 dimensions a cell
+// is as wide as the vectors themselves, so a few % of flipped groups move K̂
+// by ~0.1–0.2 relative (a 4-bit scalar code moves by one level, 0.3σ: hence
+// test_engine.cpp's fixed 0.1 for K4V4). The reference is that noise measured
+// in the same run: the CPU runtime with the same plan whose K/V are
+// perturbed before the cache (each element times 1 + ε·N(0, 1), ε = 3e-3,
+// test_engine.cpp's estimate of the GPU's K/V difference; three seeds, the
+// largest) against the CPU runtime as is, over the same rows / steps. (Rounding
+// K/V to bf16 instead was measured too small a reference on the qwen2 model:
+// 0.014, against 0.07–0.34 at ε = 3e-3 (by seed) and the GPU's 0.26 — a
+// deterministic rounding happened to flip almost no index there. Measured
+// here on the CPU, three seeds: prefill references 0.15–0.46, decode
+// 0.13–0.23.) The GPU passes if its
+// worst prefill row and its worst decode step are within 2x the CPU's noisy
+// worst (+0.02, the fp16 bound's scale), as
+// EngineSmolLM2.NiahAnswersAndVerdictsMatchCpu judges K3V3 (a bug — a wrong
+// position, index or scale — moves the logits by O(1), far past it); greedy
+// tokens agree wherever the CPU's top-2 margin exceeds 0.5 (the NIAH
+// comparison's packed allowance).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -50,6 +68,7 @@ using engine_test::have_gpu;
 using engine_test::rel_l2;
 
 constexpr uint64_t kSeed = 20261202;
+constexpr double kNoise = 3e-3;  // relative K/V noise of the CPU reference (file comment)
 
 enum class Values { cq, fp16, tq3 };
 
@@ -65,6 +84,38 @@ class CaptureCache : public DenseKVCache {
     DenseKVCache::append(layer, n, pos, kp, k_post, vv);
   }
   std::vector<std::vector<float>> k_pre, v;
+};
+
+// The CPU packed cache with K/V perturbed before they are stored: every
+// element of k_pre, k and v times (1 + ε·N(0, 1)), seeded — the noise
+// reference of the file comment.
+class NoisyKVCache : public KVCache {
+ public:
+  NoisyKVCache(const KVCacheShape& s, std::shared_ptr<const cache::PlanCodecs> c, double eps, uint32_t seed)
+      : inner_(s, std::move(c)), eps_(eps), rng_(seed) {}
+  const KVCacheShape& shape() const override { return inner_.shape(); }
+  void append(int layer, int64_t n, const int32_t* pos, const float* kp, const float* k, const float* v) override {
+    const size_t m = static_cast<size_t>(n) * shape().n_kv_heads * shape().head_dim;
+    std::vector<float> a(kp, kp + m), b(k, k + m), c(v, v + m);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    for (size_t i = 0; i < m; ++i) {
+      a[i] = static_cast<float>(a[i] * (1 + eps_ * nd(rng_)));
+      b[i] = static_cast<float>(b[i] * (1 + eps_ * nd(rng_)));
+      c[i] = static_cast<float>(c[i] * (1 + eps_ * nd(rng_)));
+    }
+    inner_.append(layer, n, pos, a.data(), b.data(), c.data());
+  }
+  void attend(int layer, int64_t n, const int32_t* pos, const float* q, float* out, const AttnParams& p) override {
+    inner_.attend(layer, n, pos, q, out, p);
+  }
+  int64_t n_tokens() const override { return inner_.n_tokens(); }
+  void clear() override { inner_.clear(); }
+  size_t bytes() const override { return inner_.bytes(); }
+
+ private:
+  cache::PackedKVCache inner_;
+  double eps_;
+  std::mt19937 rng_;
 };
 
 std::vector<int32_t> random_tokens(int n, int V, uint32_t seed) {
@@ -158,11 +209,11 @@ double top2_margin(const float* x, int n) {
 }
 
 // GPU evaluation prefill (every row's logits; one piece, or chunks of
-// `chunk`) + greedy decode steps vs the CPU runtime with its packed cache.
+// `chunk`) + greedy decode steps vs the CPU runtime with its packed cache,
+// judged against the CPU's own noise (NoisyKVCache, file comment).
 void compare(Model& cpu, const ModelConfig& c, std::shared_ptr<const cache::PlanCodecs> codecs, const char* name,
              int n, int chunk) {
   const int V = c.n_vocab, n_dec = 8;
-  const double bound = 0.1;
   EngineOptions o;
   o.max_prefill_tokens = chunk > 0 ? chunk : 128;
   o.prefill_score_bytes = size_t{1} << 20;
@@ -178,17 +229,25 @@ void compare(Model& cpu, const ModelConfig& c, std::shared_ptr<const cache::Plan
   else
     eng->prefill(s, prompt, PrefillMode::evaluation, g_pre);
   cache::PackedKVCache kv(c.kv_shape(n + n_dec), codecs);
-  std::vector<float> c_pre(size_t(n) * V);
+  std::vector<std::unique_ptr<NoisyKVCache>> noisy;
+  for (uint32_t seed : {1u, 2u, 3u})
+    noisy.push_back(std::make_unique<NoisyKVCache>(c.kv_shape(n + n_dec), codecs, kNoise, seed));
+  std::vector<float> c_pre(size_t(n) * V), r_pre(size_t(n) * V);
   cpu.forward(prompt, 0, kv, c_pre.data(), true);
-  double worst = 0;
+  double worst = 0, floor_pre = 0;
   for (int i = 0; i < n; ++i) worst = std::max(worst, rel_l2(g_pre, c_pre, size_t(i) * V, V));
-  std::printf("  %s prefill (evaluation, chunk %d, %d tokens): worst row rel L2 %.3e\n", name, chunk, n, worst);
-  EXPECT_LT(worst, bound) << name;
+  for (auto& r : noisy) {
+    cpu.forward(prompt, 0, *r, r_pre.data(), true);
+    for (int i = 0; i < n; ++i) floor_pre = std::max(floor_pre, rel_l2(r_pre, c_pre, size_t(i) * V, V));
+  }
+  std::printf("  %s prefill (evaluation, chunk %d, %d tokens): worst row rel L2 %.3e (CPU K/V-noise reference %.3e)\n",
+              name, chunk, n, worst, floor_pre);
+  EXPECT_LT(worst, 2 * floor_pre + 0.02) << name;
   int32_t tok = argmax(g_pre.data() + size_t(n - 1) * V, V);
   int agree = 0, decided = 0;
-  std::vector<float> c_log(V), g_log(V);
+  std::vector<float> c_log(V), g_log(V), r_log(V);
   std::copy(c_pre.end() - V, c_pre.end(), c_log.begin());
-  double worst_dec = 0;
+  double worst_dec = 0, floor_dec = 0;
   for (int k = 0; k < n_dec; ++k) {
     if (top2_margin(c_log.data(), V) > 0.5) {
       ++decided;
@@ -197,14 +256,17 @@ void compare(Model& cpu, const ModelConfig& c, std::shared_ptr<const cache::Plan
     int32_t next = 0;
     eng->decode(std::span<const int>(&s, 1), std::span<const int32_t>(&tok, 1), 1, std::span<int32_t>(&next, 1), g_log);
     cpu.forward(std::span<const int32_t>(&tok, 1), n + k, kv, c_log.data(), false);
-    const double e = rel_l2(g_log, c_log, 0, V);
-    worst_dec = std::max(worst_dec, e);
-    EXPECT_LT(e, bound) << name << " decode step " << k;
+    worst_dec = std::max(worst_dec, rel_l2(g_log, c_log, 0, V));
+    for (auto& r : noisy) {
+      cpu.forward(std::span<const int32_t>(&tok, 1), n + k, *r, r_log.data(), false);
+      floor_dec = std::max(floor_dec, rel_l2(r_log, c_log, 0, V));
+    }
     EXPECT_EQ(next, argmax(g_log.data(), V));
     tok = next;
   }
-  std::printf("  %s decode: worst step rel L2 %.3e; greedy %d of %d decided steps agree\n", name, worst_dec, agree,
-              decided);
+  std::printf("  %s decode: worst step rel L2 %.3e (CPU K/V-noise reference %.3e); greedy %d of %d decided steps agree\n",
+              name, worst_dec, floor_dec, agree, decided);
+  EXPECT_LT(worst_dec, 2 * floor_dec + 0.02) << name;
   EXPECT_EQ(agree, decided) << name;
 }
 
