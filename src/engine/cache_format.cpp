@@ -60,8 +60,9 @@ SideGroups side_groups(const cache::PlanCodecs& codecs, int l, int h, int s) {
     if (tq.bits() == 0) return;
     if (tq.bits() < packed::kMinBits || tq.bits() > packed::kMaxBits) {
       r.error = fmt::format(
-          "GPU engine: {}: a {}-bit group; the GPU quantizers write 0..4-bit groups only (5..8-bit groups, the "
-          "extension pages of the CPU packed cache: not on the GPU yet, engine issue 2 of 3)",
+          "GPU engine: {}: a {}-bit group; the GPU quantizers write 0..4-bit groups only (5..8-bit groups are the "
+          "CPU packed cache's extension pages, not written on the GPU: serve this plan with --device cpu, or make "
+          "it with at most 4 bits per group, PlanRequest.b_max / ratekv plan --bmax 4)",
           field, tq.bits());
       return;
     }
