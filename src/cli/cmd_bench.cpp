@@ -673,9 +673,9 @@ Registrar reg("bench", [](CLI::App& app) {
   cmd->add_option("--stream-batch", a->stream_batch, "--requests: most sequences decoded together")
       ->capture_default_str();
   cmd->add_flag("--profile", a->profile, "cuda: time each part of a decode step (GEMMs, attention, append, rest)");
-  cmd->add_option("--fp16-kernel", a->fp16_kernel, "cuda fp16 decode kernel: 0 automatic, 1 rows16, 2 n8")
+  cmd->add_option("--fp16-kernel", a->fp16_kernel, "cuda fp16 decode kernel: 0 automatic, 1 rows16, 2 n8, 3 n8_fused")
       ->capture_default_str()
-      ->check(CLI::Range(0, 2));
+      ->check(CLI::Range(0, 3));
   cmd->callback([a, cmd] {
     std::string line = "ratekv bench";
     for (const auto* o : cmd->get_options())

@@ -46,6 +46,8 @@ WorkspaceView carve_workspace(void* ws, size_t ws_bytes, int batch, int n_heads,
   w.part.m = reinterpret_cast<float*>(p);
   p += rows * n_splits * sizeof(float);
   w.part.l = reinterpret_cast<float*>(p);
+  p += rows * n_splits * sizeof(float);
+  w.counters = reinterpret_cast<int*>(p);
   w.part.n_splits = n_splits;
   w.part.o_dim = kRotDim;
   return w;
@@ -65,10 +67,11 @@ template <typename TQ>
 __global__ void __launch_bounds__(256) rotate_query_kernel(
     const TQ* __restrict__ q, int head_dim, int n_heads, int gqa, float scale,
     const HeadTables* __restrict__ tables, const float* __restrict__ rot,
-    const int32_t* __restrict__ chans, __half* __restrict__ out) {
+    const int32_t* __restrict__ chans, __half* __restrict__ out, int* __restrict__ zero) {
   constexpr int kMaxGqa = 16;
   __shared__ float qs[kMaxGqa][256];
   allow_dependent_launch();  // the attention kernel's prologue may overlap this one
+  if (zero && blockIdx.y == 0 && threadIdx.x == 0) zero[blockIdx.x] = 0;  // arrival counter of (b, KV head)
   const int n_kv = n_heads / gqa;
   const int b = blockIdx.x / n_kv, h = blockIdx.x % n_kv;
   const int row0 = b * n_heads + h * gqa;  // first query row of this KV head
@@ -131,17 +134,17 @@ __global__ void __launch_bounds__(256) rotate_query_kernel(
 
 void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,
                          float scale, const HeadTables* tables, const float* rot,
-                         const int32_t* chans, __half* out, cudaStream_t stream) {
+                         const int32_t* chans, __half* out, cudaStream_t stream, int* zero_counters) {
   require(gqa >= 1 && gqa <= 16 && n_heads % gqa == 0 && head_dim <= 256,
           "cuda decode attention: query rotation supports GQA 1..16 and head_dim <= 256 (got GQA ",
           gqa, ", head_dim ", head_dim, ")");
   const dim3 grid(batch * (n_heads / gqa), kRotDim / 8);  // (batch, KV head) × 8 coordinates
   if (q_f16)
     rotate_query_kernel<__half><<<grid, 256, 0, stream>>>(
-        static_cast<const __half*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out);
+        static_cast<const __half*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out, zero_counters);
   else
     rotate_query_kernel<float><<<grid, 256, 0, stream>>>(
-        static_cast<const float*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out);
+        static_cast<const float*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out, zero_counters);
   RATEKV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -198,6 +198,7 @@ inline void require_no_window(const DecodeBatch& batch, const char* what) {
 struct WorkspaceView {
   __half* q;  // (batch·n_heads, q_dim)
   Partials part;
+  int* counters;  // (batch·n_heads) int32: the fused fp16 kernel's arrival counters
 };
 WorkspaceView carve_workspace(void* ws, size_t ws_bytes, int batch, int n_heads, int head_dim,
                               int n_splits);
@@ -240,10 +241,13 @@ void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const 
                         cudaStream_t stream);
 
 /// Launches the query prologue: (batch·n_heads, kMaxTiles·16) fp16 rows of
-/// scale·Π_g q_g per key group (tables == nullptr: scale·q, unrotated).
+/// scale·Π_g q_g per key group (tables == nullptr: scale·q, unrotated); with
+/// zero_counters it also sets zero_counters[b·n_kv_heads + h] = 0 for every
+/// (sequence, KV head) (the fused fp16 kernel's arrival counters).
 void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,
                          float scale, const HeadTables* tables, const float* rot,
-                         const int32_t* chans, __half* out, cudaStream_t stream);
+                         const int32_t* chans, __half* out, cudaStream_t stream,
+                         int* zero_counters = nullptr);
 
 /// Launches the split-K epilogue (splitk_lse_merge.cu): the log-sum-exp merge
 /// of the split states and the back-rotation,
@@ -257,10 +261,13 @@ int fp16_n8_warps_per_sm(int head_dim);
 
 /// Launches the GQA ≤ 8 fp16 kernel (decode_attention_fp16_n8.cu) over the fp16
 /// pages of `pool`: split states into w.part (merge with launch_merge, no
-/// tables). Throws Error for GQA > 8 or head_dim ∉ {64, 128, 256}.
+/// tables) — or, with fused_out, merged into fused_out (batch·n_heads,
+/// head_dim) fp32 by the last CTA of each (sequence, KV head) to finish
+/// (w.counters zeroed by the query kernel before). Throws Error for GQA > 8
+/// or head_dim ∉ {64, 128, 256}.
 void launch_fp16_n8(int n_kv_heads, int head_dim, const DecodeBatch& batch, const uint16_t* pool,
                     const WorkspaceView& w, int tiles_per_split, int n_heads, int gqa,
-                    cudaStream_t stream);
+                    cudaStream_t stream, float* fused_out = nullptr);
 
 /// Launches the generic (non-tensor-core) attention kernel over the pages of
 /// `pool` (and `ext_pool` for 5..8-bit groups): split states into w.part

@@ -161,9 +161,15 @@ void launch_fp16(int n_kv_heads, const DecodeBatch& batch, const uint16_t* pool,
 
 namespace {
 bool use_n8(int gqa, Fp16DecodeVariant variant) {
-  return variant == Fp16DecodeVariant::n8 || (variant == Fp16DecodeVariant::automatic && gqa <= 8);
+  return variant == Fp16DecodeVariant::n8 || variant == Fp16DecodeVariant::n8_fused ||
+         (variant == Fp16DecodeVariant::automatic && gqa <= 8);
 }
 }  // namespace
+
+bool fp16_fused_merge(int gqa, int n_splits, Fp16DecodeVariant variant) {
+  return variant == Fp16DecodeVariant::n8_fused ||
+         (variant == Fp16DecodeVariant::automatic && gqa <= 8 && n_splits <= kFp16FusedMaxSplits);
+}
 
 int fp16_default_splits(int batch, int n_kv_heads, int n_heads, int head_dim, int max_seq_len,
                         Fp16DecodeVariant variant) {
@@ -193,8 +199,8 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
                   n_kv_heads);
   const int gqa = n_heads / n_kv_heads;
   detail::require(gqa <= 16, "fp16_decode_attention: GQA ", gqa, " > 16 unsupported");
-  detail::require(variant != Fp16DecodeVariant::n8 || gqa <= 8, "fp16_decode_attention: the n8 kernel needs GQA <= 8, got ",
-                  gqa);
+  detail::require((variant != Fp16DecodeVariant::n8 && variant != Fp16DecodeVariant::n8_fused) || gqa <= 8,
+                  "fp16_decode_attention: the n8 kernel needs GQA <= 8, got ", gqa);
   auto stream = static_cast<cudaStream_t>(stream_);
   const int span = detail::decode_span(batch, 16);  // max_seq_len, or the window's tiles
   if (n_splits <= 0) n_splits = fp16_default_splits(batch.batch, n_kv_heads, n_heads, head_dim, span, variant);
@@ -210,11 +216,15 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
       detail::throw_error(detail::cat("fp16_decode_attention: head_dim ", head_dim,
                                       " has no kernel (64, 128, 256)"));
   }
+  const bool fused = fp16_fused_merge(gqa, n_splits, variant);
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, n_heads, head_dim, gqa, scale,
-                              nullptr, nullptr, nullptr, w.q, stream);
+                              nullptr, nullptr, nullptr, w.q, stream, fused ? w.counters : nullptr);
   if (use_n8(gqa, variant)) {
-    detail::launch_fp16_n8(n_kv_heads, head_dim, batch, pool, w, tps, n_heads, gqa, stream);
-    detail::launch_splitk_lse_merge(w, batch.batch, n_heads, gqa, head_dim, nullptr, nullptr, nullptr, out, stream);
+    detail::launch_fp16_n8(n_kv_heads, head_dim, batch, pool, w, tps, n_heads, gqa, stream,
+                           fused ? out : nullptr);
+    if (!fused)
+      detail::launch_splitk_lse_merge(w, batch.batch, n_heads, gqa, head_dim, nullptr, nullptr, nullptr, out,
+                                      stream);
     return;
   }
   switch (head_dim) {

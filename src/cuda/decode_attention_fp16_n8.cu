@@ -50,11 +50,12 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   return y;
 }
 
+// One warp's split: its state into `part` (or the empty state).
 template <int D>
-__global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
+__device__ __forceinline__ void n8_split(
     const __half* __restrict__ pool, int n_kv_heads, const int32_t* __restrict__ page_table,
     int max_pages, const int32_t* __restrict__ seq_lens, int window, int tiles_per_split, int n_heads, int gqa,
-    const __half* __restrict__ qs, Partials part) {
+    const __half* __restrict__ qs, const Partials& part) {
   constexpr int NT = D / 16;           // 16-channel tiles
   constexpr int kChunks = D / 8;       // 16-byte chunks per token row
   constexpr int S = kN8Stages<D>;
@@ -216,16 +217,74 @@ __global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
   }
 }
 
-template <int D>
+// The fused merge (Fused): after its warps' states are stored, each CTA
+// counts itself in at counters[b·n_kv_heads + h]; the last of the (b, h)'s
+// gridDim.x CTAs merges the row's n_splits states as splitk_lse_merge does
+// (M = max m_s, w_s = 2^(m_s − M), out = Σ w_s o_s / Σ w_s l_s; empty splits
+// weigh 0), thread (row r, channel quad c) reading its float4 of every split.
+template <int D, bool Fused>
+__global__ void __launch_bounds__(32 * kN8Warps) fp16_n8_kernel(
+    const __half* __restrict__ pool, int n_kv_heads, const int32_t* __restrict__ page_table,
+    int max_pages, const int32_t* __restrict__ seq_lens, int window, int tiles_per_split, int n_heads, int gqa,
+    const __half* __restrict__ qs, Partials part, int* __restrict__ counters, float* __restrict__ out) {
+  n8_split<D>(pool, n_kv_heads, page_table, max_pages, seq_lens, window, tiles_per_split, n_heads, gqa, qs, part);
+  if constexpr (Fused) {
+    __shared__ int last;
+    grid_dependency_wait();  // the counters were zeroed by the query kernel (a warp past n_splits never waited)
+    __threadfence();  // this thread's state stores, device-wide, before the CTA counts itself in
+    __syncthreads();
+    const int h = blockIdx.y, b = blockIdx.z;
+    if (threadIdx.x == 0) last = atomicAdd(&counters[b * n_kv_heads + h], 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    constexpr int kQuads = D / 4, kRowsPerPass = 32 * kN8Warps / kQuads;
+    const int cq = threadIdx.x % kQuads, r0 = threadIdx.x / kQuads;
+    const int ns = part.n_splits, row_base = b * n_heads + h * gqa;
+    for (int r = r0; r < gqa; r += kRowsPerPass) {
+      const size_t base = (size_t)(row_base + r) * ns;
+      float M = -INFINITY;
+      for (int s = 0; s < ns; ++s) M = fmaxf(M, __ldcg(part.m + base + s));
+      float L = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+      for (int s = 0; s < ns; ++s) {
+        const float ms = __ldcg(part.m + base + s);
+        const float w = ms == -INFINITY ? 0.f : exp2f(ms - M);  // empty splits weigh 0
+        L = fmaf(w, __ldcg(part.l + base + s), L);
+        const float4 o = __ldcg(reinterpret_cast<const float4*>(part.o + (base + s) * part.o_dim) + cq);
+        acc.x = fmaf(w, o.x, acc.x);
+        acc.y = fmaf(w, o.y, acc.y);
+        acc.z = fmaf(w, o.z, acc.z);
+        acc.w = fmaf(w, o.w, acc.w);
+      }
+      const float il = 1.f / L;
+      float* dst = out + (size_t)(row_base + r) * D + 4 * cq;
+      dst[0] = acc.x * il;
+      dst[1] = acc.y * il;
+      dst[2] = acc.z * il;
+      dst[3] = acc.w * il;
+    }
+  }
+}
+
+template <int D, bool Fused>
 void launch_d(int n_kv_heads, const DecodeBatch& batch, const uint16_t* pool, const WorkspaceView& w,
-              int tiles_per_split, int n_heads, int gqa, cudaStream_t stream) {
+              int tiles_per_split, int n_heads, int gqa, cudaStream_t stream, float* out) {
   const size_t smem = (size_t)kN8Warps * kN8Stages<D> * 2 * kTileBytes<D>;
   static int smem_set[kMaxDevices] = {};
-  set_smem_limit(reinterpret_cast<const void*>(fp16_n8_kernel<D>), smem, smem_set);
+  set_smem_limit(reinterpret_cast<const void*>(fp16_n8_kernel<D, Fused>), smem, smem_set);
   const dim3 grid((w.part.n_splits + kN8Warps - 1) / kN8Warps, n_kv_heads, batch.batch);
-  launch_pdl(fp16_n8_kernel<D>, grid, dim3(32 * kN8Warps), smem, stream,
+  launch_pdl(fp16_n8_kernel<D, Fused>, grid, dim3(32 * kN8Warps), smem, stream,
              reinterpret_cast<const __half*>(pool), n_kv_heads, batch.page_table, batch.max_pages,
-             batch.seq_lens, batch.window, tiles_per_split, n_heads, gqa, (const __half*)w.q, w.part);
+             batch.seq_lens, batch.window, tiles_per_split, n_heads, gqa, (const __half*)w.q, w.part, w.counters, out);
+}
+
+template <int D>
+void launch_d(int n_kv_heads, const DecodeBatch& batch, const uint16_t* pool, const WorkspaceView& w,
+              int tiles_per_split, int n_heads, int gqa, cudaStream_t stream, float* out) {
+  if (out) launch_d<D, true>(n_kv_heads, batch, pool, w, tiles_per_split, n_heads, gqa, stream, out);
+  else launch_d<D, false>(n_kv_heads, batch, pool, w, tiles_per_split, n_heads, gqa, stream, nullptr);
 }
 
 }  // namespace
@@ -238,12 +297,12 @@ int fp16_n8_warps_per_sm(int head_dim) {
 
 void launch_fp16_n8(int n_kv_heads, int head_dim, const DecodeBatch& batch, const uint16_t* pool,
                     const WorkspaceView& w, int tiles_per_split, int n_heads, int gqa,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, float* fused_out) {
   require(gqa >= 1 && gqa <= 8, "fp16 decode attention (GQA ≤ 8 kernel): GQA ", gqa);
   switch (head_dim) {
-    case 64: return launch_d<64>(n_kv_heads, batch, pool, w, tiles_per_split, n_heads, gqa, stream);
-    case 128: return launch_d<128>(n_kv_heads, batch, pool, w, tiles_per_split, n_heads, gqa, stream);
-    case 256: return launch_d<256>(n_kv_heads, batch, pool, w, tiles_per_split, n_heads, gqa, stream);
+    case 64: return launch_d<64>(n_kv_heads, batch, pool, w, tiles_per_split, n_heads, gqa, stream, fused_out);
+    case 128: return launch_d<128>(n_kv_heads, batch, pool, w, tiles_per_split, n_heads, gqa, stream, fused_out);
+    case 256: return launch_d<256>(n_kv_heads, batch, pool, w, tiles_per_split, n_heads, gqa, stream, fused_out);
     default: throw_error(cat("fp16 decode attention: head_dim ", head_dim, " has no kernel (64, 128, 256)"));
   }
 }

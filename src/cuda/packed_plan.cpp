@@ -20,11 +20,13 @@ using packed::Side;
 namespace {
 constexpr int kRotDim = detail::kMaxTiles * 16;  // row stride of rotated q / partial o
 
+// Uploads v (nothing for an empty v) and adds its bytes to `tally`.
 template <typename T>
-T* upload(const std::vector<T>& v) {
+T* upload(const std::vector<T>& v, size_t& tally) {
   T* d = nullptr;
   if (v.empty()) return nullptr;
   RATEKV_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  tally += v.size() * sizeof(T);
   RATEKV_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
@@ -36,8 +38,9 @@ bool uses_int8_keys(const PackedPlan& plan, PackedDecodeVariant variant) {
 }
 
 PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
-                       std::span<const float> rotations, std::span<const float> levels)
-    : layout_(layout), n_heads_(n_heads), dev_(std::make_unique<Device>()) {
+                       std::span<const float> rotations, std::span<const float> levels,
+                       PrefillMatrices prefill)
+    : layout_(layout), n_heads_(n_heads), prefill_(prefill), dev_(std::make_unique<Device>()) {
   build(rotations, levels);
 }
 
@@ -190,12 +193,12 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
     ub = ub < 0 ? b : (ub == b ? ub : 0);
   }
   dev_->uniform_bits = std::max(ub, 0);
-  dev_->heads = upload(dev_->host_heads);
-  dev_->wide = upload(dev_->host_wide);
-  dev_->rotations = upload(rot);
-  dev_->channels = upload(chans);
-  dev_->levels = upload(lvl);
-  if (!dev_->has_wide) {
+  dev_->heads = upload(dev_->host_heads, device_bytes_);
+  dev_->wide = upload(dev_->host_wide, device_bytes_);
+  dev_->rotations = upload(rot, device_bytes_);
+  dev_->channels = upload(chans, device_bytes_);
+  dev_->levels = upload(lvl, device_bytes_);
+  if (!dev_->has_wide && prefill_ != PrefillMatrices::none) {
     // Dense per-(side, head) rotation for the prefill GEMM (head_tables.h).
     std::vector<float> m32((size_t)2 * hkv * d * d, 0.f);
     for (int s = 0; s < 2; ++s)
@@ -212,11 +215,31 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
           off += m;
         }
       }
-    std::vector<uint16_t> m16(m32.size());
-    for (size_t i = 0; i < m32.size(); ++i) m16[i] = fp32_to_fp16(m32[i]);
-    dev_->prefill_m32 = upload(m32);
-    dev_->prefill_m16 = upload(m16);
+    if (prefill_ == PrefillMatrices::both || prefill_ == PrefillMatrices::f16) {
+      std::vector<uint16_t> m16(m32.size());
+      for (size_t i = 0; i < m32.size(); ++i) m16[i] = fp32_to_fp16(m32[i]);
+      dev_->prefill_m16 = upload(m16, device_bytes_);
+    }
+    if (prefill_ == PrefillMatrices::both || prefill_ == PrefillMatrices::f32)
+      dev_->prefill_m32 = upload(m32, device_bytes_);
   }
+}
+
+size_t packed_plan_device_bytes(const packed::LayerLayout& layout, PrefillMatrices prefill) {
+  const size_t hkv = (size_t)layout.n_kv_heads(), d = (size_t)layout.head_dim();
+  size_t rot = 0, chans = 0, lvl = 0;  // element counts, as build() gathers them
+  for (size_t h = 0; h < hkv; ++h)
+    for (Side side : {Side::key, Side::value})
+      for (const packed::GroupLayout& G : layout.head((int)h).side(side)) {
+        rot += (size_t)G.dim * G.dim;
+        chans += (size_t)G.dim;
+        lvl += size_t{1} << G.bits;
+      }
+  size_t b = hkv * (sizeof(HeadTables) + sizeof(detail::WideTables)) + 4 * rot + 4 * chans + 4 * lvl;
+  const size_t m = 2 * hkv * d * d;
+  if (prefill == PrefillMatrices::both || prefill == PrefillMatrices::f16) b += 2 * m;
+  if (prefill == PrefillMatrices::both || prefill == PrefillMatrices::f32) b += 4 * m;
+  return b;
 }
 
 PackedPlan::~PackedPlan() {
@@ -231,7 +254,8 @@ PackedPlan::~PackedPlan() {
 
 size_t decode_workspace_bytes(int batch, int n_heads, int /*head_dim*/, int n_splits) {
   const size_t rows = (size_t)batch * n_heads;
-  return rows * kRotDim * sizeof(uint16_t) + rows * n_splits * (kRotDim + 2) * sizeof(float) + 256;
+  return rows * kRotDim * sizeof(uint16_t) + rows * n_splits * (kRotDim + 2) * sizeof(float) +
+         rows * sizeof(int32_t) + 256;
 }
 
 namespace {
@@ -263,7 +287,26 @@ int default_splits(int batch, int n_kv_heads, int max_seq_len) {
   return whole_ctas(std::min(want, (pages + 1) / 2));
 }
 
+namespace {
+int packed_default_splits(int gqa, int head_dim, int n_kv_heads, bool has_wide, int batch,
+                          int max_seq_len);
+}  // namespace
+
 int default_splits(const PackedPlan& plan, int batch, int max_seq_len) {
+  return packed_default_splits(plan.gqa(), plan.head_dim(), plan.layout().n_kv_heads(),
+                               plan.device().has_wide, batch, max_seq_len);
+}
+
+int default_splits(const packed::LayerLayout& layout, int n_heads, int batch, int max_seq_len) {
+  check(layout.n_kv_heads() > 0 && n_heads % layout.n_kv_heads() == 0,
+        "default_splits: n_heads {} is not a multiple of n_kv_heads {}", n_heads, layout.n_kv_heads());
+  return packed_default_splits(n_heads / layout.n_kv_heads(), layout.head_dim(), layout.n_kv_heads(),
+                               false, batch, max_seq_len);
+}
+
+namespace {
+int packed_default_splits(int gqa, int head_dim, int n_kv_heads, bool has_wide, int batch,
+                          int max_seq_len) {
   // Measured on the H200 (docs/cuda_results.md, split sweeps of device runs 3
   // and 9): a warp's fixed cost (head tables, query fragments, first page in
   // flight, partial state) wants ≥ 2 pages per split (with the programmatic
@@ -271,18 +314,19 @@ int default_splits(const PackedPlan& plan, int batch, int max_seq_len) {
   // (< 1024 warps) prefer one page per split; never more than one full wave
   // (warps per SM of the instance: 16 for GQA ≤ 8 at head_dim ≤ 128, 12 for
   // the 16-row general instance, fewer at head_dim 256).
-  const bool r8 = plan.gqa() <= 8, wide = plan.head_dim() > 128;
+  const bool r8 = gqa <= 8, wide = head_dim > 128;
   const int warps = r8 ? (wide ? 8 : 16) : (wide ? 4 : 12);
   const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
-  const int rows = batch * plan.layout().n_kv_heads();
+  const int rows = batch * n_kv_heads;
   // 5..8-bit plans run on the generic kernel (one CTA per split): one page
   // per split, at most 2048 splits.
-  if (plan.device().has_wide) return std::max(1, std::min(pages, 2048));
+  if (has_wide) return std::max(1, std::min(pages, 2048));
   const int wave = std::max(1, sm_count() * warps / rows);
   const int small_grid = std::min(pages, (1024 + rows - 1) / rows);
   const int want = std::max((pages + 1) / 2, small_grid);
   return whole_ctas(std::max(1, std::min(wave, want)));
 }
+}  // namespace
 
 namespace detail {
 

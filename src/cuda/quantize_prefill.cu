@@ -386,8 +386,24 @@ void cublas_ok(cublasStatus_t st, const char* what) {
 
 }  // namespace
 
+namespace {
+constexpr size_t kWorkspaceCap = size_t{64} << 20;  // rotated rows of one chunk, both sides
+// Rows of one chunk of the rotation GEMM whose fp32 output of both sides fits
+// `cap` bytes: a multiple of 64 (≥ 64).
+int chunk_rows(size_t row_bytes, size_t cap) {
+  return std::max<int>(packed::kPageTokens, (int)(cap / row_bytes) / packed::kPageTokens * packed::kPageTokens);
+}
+}  // namespace
+
+size_t prefill_scratch_bytes(int n_kv_heads, int head_dim, int64_t rows) {
+  const size_t row_bytes = (size_t)2 * n_kv_heads * head_dim * sizeof(float);
+  const int64_t r = (std::max<int64_t>(rows, 1) + packed::kPageTokens - 1) / packed::kPageTokens * packed::kPageTokens;
+  return (size_t)std::min<int64_t>(r, chunk_rows(row_bytes, kWorkspaceCap)) * row_bytes;
+}
+
 void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool, const void* k,
-                    const void* v, int n_tokens, DType dtype, void* stream_, PrefillVariant variant) {
+                    const void* v, int n_tokens, DType dtype, void* stream_, PrefillVariant variant,
+                    const PrefillScratch* scratch) {
   detail::check_batch(batch, "packed_prefill");
   detail::require(pool && k && v, "packed_prefill: pool, k and v must be device pointers");
   detail::require(!plan.device().has_wide, "packed_prefill: the plan has 5..8-bit groups (extension "
@@ -439,16 +455,17 @@ void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* p
     return;
   }
   detail::require(variant == PrefillVariant::tensor_cores, "packed_prefill: unknown variant ", (int)variant);
-  detail::require(D.prefill_m16 && D.prefill_m32, "packed_prefill: the plan has no prefill rotation matrices");
-  // Rows of the GEMM per chunk: the fp32 output of both sides ≤ 64 MiB.
+  detail::require(f16 ? D.prefill_m16 != nullptr : D.prefill_m32 != nullptr,
+                  "packed_prefill: the plan has no prefill rotation matrix for ", f16 ? "fp16" : "fp32",
+                  " inputs (built with PrefillMatrices::", f16 ? "f32 or none)" : "f16 or none)");
+  // Rows of the GEMM per chunk: the fp32 output of both sides ≤ 64 MiB, or
+  // what the caller's scratch buffer holds.
   const size_t row_bytes = (size_t)2 * hkv * d * sizeof(float);
-  constexpr size_t kWorkspaceCap = size_t{64} << 20;
-  const int cap_rows = std::max<int>(packed::kPageTokens,
-                                     (int)(kWorkspaceCap / row_bytes) / packed::kPageTokens * packed::kPageTokens);
   const size_t total_rows = (size_t)batch.batch * n_tokens;
-  const size_t ws_rows = std::min<size_t>(total_rows, (size_t)cap_rows);
-  // Stream-ordered workspace, freed on every exit (an exception from cuBLAS or
-  // a launch check included).
+  int cap_rows = chunk_rows(row_bytes, kWorkspaceCap);
+  size_t ws_rows = std::min<size_t>(total_rows, (size_t)cap_rows);
+  // Stream-ordered workspace (no scratch), freed on every exit (an exception
+  // from cuBLAS or a launch check included).
   struct AsyncBuffer {
     float* p = nullptr;
     cudaStream_t s;
@@ -456,11 +473,32 @@ void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* p
       if (p) cudaFreeAsync(p, s);
     }
   } buf{nullptr, stream};
-  RATEKV_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf.p), ws_rows * row_bytes, stream));
-  float* const ws = buf.p;
+  float* ws = nullptr;
+  cublasHandle_t cb = nullptr;
+  if (scratch) {
+    detail::require(scratch->cublas && scratch->buffer, "packed_prefill: scratch needs a cuBLAS handle and a buffer");
+    const size_t have = scratch->bytes / row_bytes;
+    detail::require(have >= (size_t)packed::kPageTokens || have >= total_rows, "packed_prefill: scratch buffer of ",
+                    scratch->bytes, " bytes holds ", have, " rows; at least ", packed::kPageTokens,
+                    " (prefill_scratch_bytes(", hkv, ", ", d, ", 64) = ", prefill_scratch_bytes(hkv, d, 64), ")");
+    cb = static_cast<cublasHandle_t>(scratch->cublas);
+    cudaStream_t bound = nullptr;
+    cublas_ok(cublasGetStream(cb, &bound), "cublasGetStream (scratch handle)");
+    detail::require(bound == stream, "packed_prefill: the scratch cuBLAS handle is bound to another stream");
+    if (have >= total_rows) {
+      ws_rows = total_rows;
+    } else {
+      cap_rows = (int)std::min<size_t>(have / packed::kPageTokens * packed::kPageTokens, (size_t)INT32_MAX / 2);
+      ws_rows = (size_t)cap_rows;
+    }
+    ws = static_cast<float*>(scratch->buffer);
+  } else {
+    RATEKV_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf.p), ws_rows * row_bytes, stream));
+    ws = buf.p;
+    cb = prefill_cublas(stream);
+  }
   float* yk = ws;
   float* yv = ws + ws_rows * hkv * d;
-  cublasHandle_t cb = prefill_cublas(stream);
   const size_t in_el = f16 ? 2 : 4;
   // Y rows [r0, r0 + rows) of both sides: column-major Yᵀ (d × rows per head,
   // ld hkv·d) = Mᵀ (d × d, M row-major) · Xᵀ (d × rows, ld hkv·d), one batch
@@ -497,8 +535,10 @@ void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* p
         quantize(std::true_type{}, yk, yv, b, 1, p0, nc);
       }
   }
-  buf.p = nullptr;
-  RATEKV_CUDA_CHECK(cudaFreeAsync(ws, stream));
+  if (buf.p) {
+    buf.p = nullptr;
+    RATEKV_CUDA_CHECK(cudaFreeAsync(ws, stream));
+  }
 }
 
 }  // namespace ratekv::cuda

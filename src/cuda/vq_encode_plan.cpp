@@ -18,10 +18,11 @@ using packed::VqSideKind;
 
 namespace {
 template <typename T>
-T* upload(const std::vector<T>& v) {
+T* upload(const std::vector<T>& v, size_t& tally) {
   T* d = nullptr;
   if (v.empty()) return nullptr;
   RATEKV_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  tally += v.size() * sizeof(T);
   RATEKV_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
@@ -111,17 +112,23 @@ VqEncodePlan::VqEncodePlan(const packed::VqLayerLayout& layout, std::span<const 
         channel_scale.size(), a_used);
   check(ch_used == channels.size(), "cuda vq encode plan: channels has {} ints, the layout uses {}", channels.size(),
         ch_used);
-  dev_->codebooks = upload(cb);
-  dev_->channel_scale = upload(a);
-  dev_->channels = upload(ch);
-  dev_->cb_offset = upload(cb_off);
+  dev_->codebooks = upload(cb, device_bytes_);
+  dev_->channel_scale = upload(a, device_bytes_);
+  dev_->channels = upload(ch, device_bytes_);
+  dev_->cb_offset = upload(cb_off, device_bytes_);
   RATEKV_CUDA_CHECK(cudaMalloc(&dev_->status, sizeof(int)));
+  device_bytes_ += sizeof(int);
   RATEKV_CUDA_CHECK(cudaMemset(dev_->status, 0, sizeof(int)));
   T.codebooks = dev_->codebooks;
   T.cb_offset = dev_->cb_offset;
   T.channel_scale = dev_->channel_scale;
   T.channels = dev_->channels;
   T.status = dev_->status;
+}
+
+size_t vq_encode_plan_device_bytes(int n_kv_heads, int head_dim, size_t n_codebook) {
+  const size_t per_side = (size_t)n_kv_heads * 2;
+  return 4 * n_codebook + 4 * per_side * head_dim + 4 * per_side * head_dim + 8 * per_side + sizeof(int);
 }
 
 VqEncodePlan::~VqEncodePlan() {

@@ -22,10 +22,11 @@ using packed::VqSideKind;
 
 namespace {
 template <typename T>
-T* upload(const std::vector<T>& v) {
+T* upload(const std::vector<T>& v, size_t& tally) {
   T* d = nullptr;
   if (v.empty()) return nullptr;
   RATEKV_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  tally += v.size() * sizeof(T);
   RATEKV_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
@@ -133,10 +134,10 @@ VqPlan::VqPlan(const packed::VqLayerLayout& layout, int n_heads, std::span<const
         ch_used);
   std::vector<double> freq(d / 2);
   for (int i = 0; i < d / 2; ++i) freq[i] = std::pow(rope.theta, -2.0 * i / d);  // as ratekv::rope_frequency
-  dev_->codewords = upload(cw);
-  dev_->channels = upload(ch);
-  dev_->offsets = upload(offs);
-  dev_->freq = upload(freq);
+  dev_->codewords = upload(cw, device_bytes_);
+  dev_->channels = upload(ch, device_bytes_);
+  dev_->offsets = upload(offs, device_bytes_);
+  dev_->freq = upload(freq, device_bytes_);
   T.codewords = dev_->codewords;
   T.channels = dev_->channels;
   T.cw_offset = dev_->offsets;
@@ -151,10 +152,18 @@ VqPlan::~VqPlan() {
   cudaFree(dev_->freq);
 }
 
+size_t vq_plan_device_bytes(int n_kv_heads, int head_dim, size_t n_codewords, size_t n_channels) {
+  return 4 * n_codewords + 4 * n_channels + 8 * (size_t)4 * n_kv_heads + 8 * (size_t)(head_dim / 2);
+}
+
 int default_splits(const VqPlan& plan, int batch, int max_seq_len) {
+  return vq_default_splits(plan.n_kv_heads(), batch, max_seq_len);
+}
+
+int vq_default_splits(int n_kv_heads, int batch, int max_seq_len) {
   // One CTA per split; enough CTAs to cover the GPU at small batch, ≥ 1 page each.
   const int pages = (max_seq_len + packed::kPageTokens - 1) / packed::kPageTokens;
-  const int rows = std::max(1, batch * plan.n_kv_heads());
+  const int rows = std::max(1, batch * n_kv_heads);
   return std::max(1, std::min(pages, (1024 + rows - 1) / rows));
 }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 
 #include "ratekv/engine/engine.h"
+#include "ratekv/format/packed_format.h"
+#include "ratekv/format/packed_vq_format.h"
 #include "ratekv/model/synthetic.h"
 
 namespace ratekv::engine::detail {
@@ -74,10 +76,64 @@ inline size_t weight_bytes(const ModelConfig& c, bool untied) {
   return b;
 }
 
-/// Decode-only bytes per batch row outside activations (attention q/out
-/// copies, lengths, history).
-inline size_t decode_bytes(const Dims& m, int B) {
-  return static_cast<size_t>(B) * (4 * m.qd + 16 + 4 * kHistorySteps) + 64;
+/// The context limit (tokens): EngineOptions::context_limit, else the
+/// model's trained context.
+inline int64_t context_limit(const ModelConfig& c, const EngineOptions& o) {
+  return o.context_limit > 0 ? o.context_limit : c.n_ctx_train;
 }
+/// Page-table row length: ⌈context limit / 64⌉ pages.
+inline int64_t max_seq_pages(const ModelConfig& c, const EngineOptions& o) {
+  return (context_limit(c, o) + packed::kPageTokens - 1) / packed::kPageTokens;
+}
+
+/// Decode and page-table state: per batch row the position, the length, the
+/// argmax history (kHistorySteps int32), temperature, top-k, top-p (4 bytes
+/// each) and the uniform (8); the step counter, a zero and a start position
+/// (4 bytes each); the decode page tables (max_batch rows) and the prefill's
+/// page-table row (int32 per page).
+inline size_t decode_state_bytes(int B, int64_t max_pages) {
+  return static_cast<size_t>(B) * (4 + 4 + 4 * kHistorySteps + 4 + 4 + 4 + 8) + 3 * 4 +
+         4 * static_cast<size_t>(B) * max_pages + 4 * static_cast<size_t>(max_pages);
+}
+
+/// Prefill attention's score (fp32) and probability (fp16) buffers: one
+/// entry each per 6 bytes of EngineOptions::prefill_score_bytes.
+inline size_t score_bytes(const EngineOptions& o) { return o.prefill_score_bytes / 6 * 4; }
+inline size_t prob_bytes(const EngineOptions& o) { return o.prefill_score_bytes / 6 * 2; }
+
+/// Whether any layer is a sliding-window layer (Gemma 3).
+inline bool any_sliding(const ModelConfig& c) {
+  for (int l = 0; l < c.n_layers; ++l)
+    if (c.is_sliding(l)) return true;
+  return false;
+}
+
+/// Whether layer l of a packed format has a cuda::PackedPlan: every layer
+/// without vq pages, and a vq layer whose values are tq-mse (in its scalar
+/// pages); a vq layer with vq or fp16 values has none.
+inline bool has_packed_plan(const CacheFormat& f, int l) {
+  const CacheFormat::VqLayer* vq = f.vq(l);
+  return !f.is_fp16() && (!vq || vq->layout.side(packed::Side::value).kind == packed::VqSideKind::none);
+}
+
+/// Decode attention's split-K workspace (memory_plan.cpp): the largest
+/// cuda::decode_workspace_bytes over batch sizes 1..max_batch with the split
+/// count of every kernel the engine may run (both fp16 kernels; each
+/// layer's packed or vq instance) at the context limit and at the short lengths
+/// 64, 256, 1024, 4096 (splits grow as lengths shrink), plus 8 splits.
+size_t decode_workspace_bytes(const ModelConfig& c, const CacheFormat& f, const EngineOptions& o);
+
+/// Device tables: every layer's cuda::PackedPlan (packed formats, with the
+/// fp32 prefill matrices: the engine's K/V are fp32), VqPlan and VqEncodePlan
+/// (layers with vq pages), the RoPE inverse
+/// frequencies (fp64; twice with sliding layers: their local base) and the
+/// read probe's sink (memory_plan.cpp).
+size_t table_bytes(const ModelConfig& c, const CacheFormat& f);
+
+/// Packed prefill's rotated-row buffer (cuda::PrefillScratch) for a
+/// max_prefill_tokens prompt (capped at its 64 MiB chunk; fill_synthetic's
+/// longer runs go in chunks); 0 for the fp16 cache and for formats without a
+/// PackedPlan (memory_plan.cpp).
+size_t prefill_rotation_bytes(const ModelConfig& c, const CacheFormat& f, const EngineOptions& o);
 
 }  // namespace ratekv::engine::detail

@@ -91,6 +91,23 @@ struct Engine::Impl {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   DevMem blas_ws;
+  // Bytes requested from cudaMalloc so far (make_impl checks the sum against
+  // the memory plan).
+  size_t allocated = 0;
+  DevMem alloc(size_t n) {
+    DevMem d(n);
+    allocated += n;
+    return d;
+  }
+  // Packed prefill's rotated rows (cuda::PrefillScratch with blas).
+  DevMem prefill_rot;
+  cuda::PrefillScratch prefill_scratch() const {
+    cuda::PrefillScratch s;
+    s.cublas = blas;
+    s.buffer = prefill_rot.p;
+    s.bytes = prefill_rot.bytes;
+    return s;
+  }
 
   // weights
   struct Layer {
@@ -258,8 +275,10 @@ struct Engine::Impl {
   }
 
   cuda::Fp16DecodeVariant fp16_variant(int v) const {
-    return v == 1 ? cuda::Fp16DecodeVariant::rows16 : v == 2 ? cuda::Fp16DecodeVariant::n8
-                                                             : cuda::Fp16DecodeVariant::automatic;
+    return v == 1   ? cuda::Fp16DecodeVariant::rows16
+           : v == 2 ? cuda::Fp16DecodeVariant::n8
+           : v == 3 ? cuda::Fp16DecodeVariant::n8_fused
+                    : cuda::Fp16DecodeVariant::automatic;
   }
 
   // Decode attention of layer l for B rows (q32 → o32); sliding layers
@@ -289,10 +308,13 @@ struct Engine::Impl {
                     bool decode) {
     if (fmt.vq(l)) cuda::vq_append(*vq_enc[l], db, vq_pages(l), kpre, k, v, n, stream);
     if (!plans[l]) return;
-    if (decode)
+    if (decode) {
       cuda::packed_append(*plans[l], db, pages(l), k, v, cuda::DType::f32, stream);
-    else
-      cuda::packed_prefill(*plans[l], db, pages(l), k, v, n, cuda::DType::f32, stream);
+    } else {
+      const cuda::PrefillScratch scratch = prefill_scratch();  // the engine's handle and buffer: no allocation
+      cuda::packed_prefill(*plans[l], db, pages(l), k, v, n, cuda::DType::f32, stream,
+                           cuda::PrefillVariant::tensor_cores, &scratch);
+    }
   }
 
   // fp16 K, V (n, Hkv, hd) of n tokens of layer l's packed pages (page-table
@@ -610,7 +632,7 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
   check(cudaGetDeviceCount(&n_dev) == cudaSuccess && n_dev > 0, "GPU engine: no CUDA device visible");
   auto I = std::make_unique<Engine::Impl>(cfg, std::move(fmt), opt);
   I->untied = untied;
-  I->ctx_limit = opt.context_limit > 0 ? opt.context_limit : cfg.n_ctx_train;
+  I->ctx_limit = detail::context_limit(cfg, opt);
   check(I->ctx_limit <= (int64_t{1} << 31) - 64, "GPU engine: context limit {} exceeds 2^31 positions", I->ctx_limit);
   check(opt.max_prefill_tokens <= I->ctx_limit, "GPU engine: max_prefill_tokens {} exceeds the context limit {}",
         opt.max_prefill_tokens, I->ctx_limit);
@@ -620,132 +642,112 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
   RATEKV_CUDA_OK(cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking));
   RATEKV_CUBLAS_OK(cublasCreate(&I->blas));
   RATEKV_CUBLAS_OK(cublasSetStream(I->blas, I->stream));
-  I->blas_ws = DevMem(detail::kCublasWorkspace);
+  I->blas_ws = I->alloc(detail::kCublasWorkspace);
   RATEKV_CUBLAS_OK(cublasSetWorkspace(I->blas, I->blas_ws.p, I->blas_ws.bytes));
   RATEKV_CUDA_OK(cudaEventCreate(&I->ev0));
   RATEKV_CUDA_OK(cudaEventCreate(&I->ev1));
   const detail::Dims& m = I->dims;
   // Weights (filled by the caller).
-  I->embd = DevMem(2 * size_t(m.V * m.d));
-  if (untied) I->lm_head_mem = DevMem(2 * size_t(m.V * m.d));
+  I->embd = I->alloc(2 * size_t(m.V * m.d));
+  if (untied) I->lm_head_mem = I->alloc(2 * size_t(m.V * m.d));
   I->lm_head = untied ? I->lm_head_mem.as<uint16_t>() : I->embd.as<uint16_t>();
-  I->out_norm = DevMem(4 * size_t(m.d));
+  I->out_norm = I->alloc(4 * size_t(m.d));
   I->layers.resize(cfg.n_layers);
   for (auto& L : I->layers) {
-    L.wqkv = DevMem(2 * size_t(m.qkvd * m.d));
-    L.wo = DevMem(2 * size_t(m.d * m.qd));
-    L.wgu = DevMem(2 * size_t(2 * m.dff * m.d));
-    L.wdown = DevMem(2 * size_t(m.d * m.dff));
-    L.attn_norm = DevMem(4 * size_t(m.d));
-    L.ffn_norm = DevMem(4 * size_t(m.d));
-    if (cfg.qkv_bias) L.bias = DevMem(4 * size_t(m.qkvd));
-    if (cfg.qk_norm) L.q_norm = DevMem(4 * size_t(m.hd)), L.k_norm = DevMem(4 * size_t(m.hd));
-    if (cfg.post_norms) L.post_attn = DevMem(4 * size_t(m.d)), L.post_ffn = DevMem(4 * size_t(m.d));
+    L.wqkv = I->alloc(2 * size_t(m.qkvd * m.d));
+    L.wo = I->alloc(2 * size_t(m.d * m.qd));
+    L.wgu = I->alloc(2 * size_t(2 * m.dff * m.d));
+    L.wdown = I->alloc(2 * size_t(m.d * m.dff));
+    L.attn_norm = I->alloc(4 * size_t(m.d));
+    L.ffn_norm = I->alloc(4 * size_t(m.d));
+    if (cfg.qkv_bias) L.bias = I->alloc(4 * size_t(m.qkvd));
+    if (cfg.qk_norm) L.q_norm = I->alloc(4 * size_t(m.hd)), L.k_norm = I->alloc(4 * size_t(m.hd));
+    if (cfg.post_norms) L.post_attn = I->alloc(4 * size_t(m.d)), L.post_ffn = I->alloc(4 * size_t(m.d));
   }
   std::vector<double> inv(cfg.head_dim / 2);
   for (int i = 0; i < cfg.head_dim / 2; ++i) inv[i] = rope_frequency(i, cfg.head_dim, cfg.rope_theta);
-  I->inv_freq = DevMem(8 * inv.size());
+  I->inv_freq = I->alloc(8 * inv.size());
   RATEKV_CUDA_OK(cudaMemcpy(I->inv_freq.p, inv.data(), 8 * inv.size(), cudaMemcpyHostToDevice));
   bool any_sliding = false;
   for (int l = 0; l < cfg.n_layers; ++l) any_sliding = any_sliding || cfg.is_sliding(l);
   if (any_sliding) {  // sliding layers' RoPE base (Gemma 3's local θ)
     for (int i = 0; i < cfg.head_dim / 2; ++i) inv[i] = rope_frequency(i, cfg.head_dim, cfg.rope_theta_swa);
-    I->inv_freq_swa = DevMem(8 * inv.size());
+    I->inv_freq_swa = I->alloc(8 * inv.size());
     RATEKV_CUDA_OK(cudaMemcpy(I->inv_freq_swa.p, inv.data(), 8 * inv.size(), cudaMemcpyHostToDevice));
   }
   // Activations.
   I->rows = detail::activation_rows(opt);
   I->lrows = detail::logit_rows(opt);
   const size_t R = static_cast<size_t>(I->rows);
-  I->x = DevMem(4 * R * m.d);
-  I->xn = DevMem(2 * R * m.d);
-  I->qkv = DevMem(4 * R * m.qkvd);
-  I->q16 = DevMem(2 * R * m.qd);
-  I->k32 = DevMem(4 * R * m.kvd);
-  if (I->fmt.has_vq()) I->k_pre32 = DevMem(4 * R * m.kvd);
-  I->v32 = DevMem(4 * R * m.kvd);
-  I->k16 = DevMem(2 * R * m.kvd);
-  I->v16 = DevMem(2 * R * m.kvd);
-  I->q32 = DevMem(4 * R * m.qd);
-  I->o32 = DevMem(4 * R * m.qd);
-  I->att16 = DevMem(2 * R * m.qd);
-  I->tmp = DevMem(4 * R * m.d);
-  I->gu = DevMem(8 * R * m.dff);
-  I->h16 = DevMem(2 * R * m.dff);
-  I->tok = DevMem(4 * R);
-  I->pos = DevMem(4 * R);
-  I->logits = DevMem(4 * size_t(I->lrows) * m.V);
+  I->x = I->alloc(4 * R * m.d);
+  I->xn = I->alloc(2 * R * m.d);
+  I->qkv = I->alloc(4 * R * m.qkvd);
+  I->q16 = I->alloc(2 * R * m.qd);
+  I->k32 = I->alloc(4 * R * m.kvd);
+  if (I->fmt.has_vq()) I->k_pre32 = I->alloc(4 * R * m.kvd);
+  I->v32 = I->alloc(4 * R * m.kvd);
+  I->k16 = I->alloc(2 * R * m.kvd);
+  I->v16 = I->alloc(2 * R * m.kvd);
+  I->q32 = I->alloc(4 * R * m.qd);
+  I->o32 = I->alloc(4 * R * m.qd);
+  I->att16 = I->alloc(2 * R * m.qd);
+  I->tmp = I->alloc(4 * R * m.d);
+  I->gu = I->alloc(8 * R * m.dff);
+  I->h16 = I->alloc(2 * R * m.dff);
+  I->tok = I->alloc(4 * R);
+  I->pos = I->alloc(4 * R);
+  I->logits = I->alloc(4 * size_t(I->lrows) * m.V);
   const int B = opt.max_batch;
   I->max_pages = static_cast<int>(PagePool::pages_for(I->ctx_limit));
-  I->d_pos = DevMem(4 * size_t(B));
-  I->d_lens = DevMem(4 * size_t(B));
-  I->d_hist = DevMem(4 * size_t(B) * detail::kHistorySteps);
-  I->d_count = DevMem(4);
-  I->d_temp = DevMem(4 * size_t(B));
-  I->d_topk = DevMem(4 * size_t(B));
-  I->d_topp = DevMem(4 * size_t(B));
-  I->d_uni = DevMem(8 * size_t(B));
-  I->d_zero = DevMem(4);
-  I->d_start = DevMem(4);
+  I->d_pos = I->alloc(4 * size_t(B));
+  I->d_lens = I->alloc(4 * size_t(B));
+  I->d_hist = I->alloc(4 * size_t(B) * detail::kHistorySteps);
+  I->d_count = I->alloc(4);
+  I->d_temp = I->alloc(4 * size_t(B));
+  I->d_topk = I->alloc(4 * size_t(B));
+  I->d_topp = I->alloc(4 * size_t(B));
+  I->d_uni = I->alloc(8 * size_t(B));
+  I->d_zero = I->alloc(4);
+  I->d_start = I->alloc(4);
   RATEKV_CUDA_OK(cudaMemset(I->d_zero.p, 0, 4));
-  I->d_pt = DevMem(4 * size_t(B) * I->max_pages);
-  I->p_pt = DevMem(4 * size_t(I->max_pages));
+  I->d_pt = I->alloc(4 * size_t(B) * I->max_pages);
+  I->p_pt = I->alloc(4 * size_t(I->max_pages));
   RATEKV_CUDA_OK(cudaMemset(I->d_pt.p, 0, I->d_pt.bytes));
-  I->probe_sink = DevMem(4 * cuda::kReadProbeBlocks);
-  I->scores = DevMem(opt.prefill_score_bytes / 6 * 4 / 4 * 4);
-  I->probs = DevMem(opt.prefill_score_bytes / 6 * 2 / 2 * 2);
+  I->probe_sink = I->alloc(4 * cuda::kReadProbeBlocks);
+  I->scores = I->alloc(detail::score_bytes(opt));
+  I->probs = I->alloc(detail::prob_bytes(opt));
   I->key_tile = detail::key_tile_tokens(cfg, opt);
-  I->tile_k = DevMem(2 * size_t(I->key_tile) * m.kvd);
-  I->tile_v = DevMem(2 * size_t(I->key_tile) * m.kvd);
-  I->m_stat = DevMem(4 * R * m.H);
-  I->l_stat = DevMem(4 * R * m.H);
-  // Packed plans (device tables) and the decode workspace.
-  size_t ws = 0;
-  for (int b = 1; b <= B; ++b) {
-    // Both fp16 kernels (time_attention compares them).
-    int splits = std::max(
-        cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, (int)I->ctx_limit),
-        cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, (int)I->ctx_limit,
-                                  cuda::Fp16DecodeVariant::rows16));
-    if (!I->fmt.is_fp16() && b == 1) {
-      I->plans.resize(cfg.n_layers);
-      I->vq_plans.resize(cfg.n_layers);
-      I->vq_enc.resize(cfg.n_layers);
-      for (int l = 0; l < cfg.n_layers; ++l) {
-        const CacheFormat::VqLayer* vq = I->fmt.vq(l);
-        // A vq layer's scalar pages hold its tq-mse values, if any (VqPlan reads them).
-        if (!vq || vq->layout.side(packed::Side::value).kind == packed::VqSideKind::none)
-          I->plans[l] = std::make_unique<cuda::PackedPlan>(I->fmt.layout(l), cfg.n_heads, I->fmt.rotations(l),
-                                                           I->fmt.levels(l));
-        if (!vq) continue;
-        I->vq_plans[l] = std::make_unique<cuda::VqPlan>(
-            vq->layout, cfg.n_heads, vq->codewords, vq->channels,
-            cuda::VqRope{cfg.rope_layout == RopeLayout::NeoX, cfg.layer_rope_theta(l)}, I->plans[l].get());
-        I->vq_enc[l] = std::make_unique<cuda::VqEncodePlan>(vq->layout, vq->codebooks, vq->channel_scale,
-                                                             vq->channels);
+  I->tile_k = I->alloc(2 * size_t(I->key_tile) * m.kvd);
+  I->tile_v = I->alloc(2 * size_t(I->key_tile) * m.kvd);
+  I->m_stat = I->alloc(4 * R * m.H);
+  I->l_stat = I->alloc(4 * R * m.H);
+  // Packed plans (device tables, the fp32 prefill matrices: the engine's K/V
+  // are fp32), the packed prefill's rotated rows, the decode workspace.
+  // TaSQ / CQ layers (CacheFormat::vq): their vq pages' decode and encode
+  // tables; a vq layer's scalar pages hold its tq-mse values, if any
+  // (VqPlan reads them), else it has no PackedPlan.
+  if (!I->fmt.is_fp16()) {
+    I->plans.resize(cfg.n_layers);
+    I->vq_plans.resize(cfg.n_layers);
+    I->vq_enc.resize(cfg.n_layers);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const CacheFormat::VqLayer* vq = I->fmt.vq(l);
+      if (detail::has_packed_plan(I->fmt, l)) {
+        I->plans[l] = std::make_unique<cuda::PackedPlan>(I->fmt.layout(l), cfg.n_heads, I->fmt.rotations(l),
+                                                         I->fmt.levels(l), cuda::PrefillMatrices::f32);
+        I->allocated += I->plans[l]->device_bytes();
       }
+      if (!vq) continue;
+      I->vq_plans[l] = std::make_unique<cuda::VqPlan>(
+          vq->layout, cfg.n_heads, vq->codewords, vq->channels,
+          cuda::VqRope{cfg.rope_layout == RopeLayout::NeoX, cfg.layer_rope_theta(l)}, I->plans[l].get());
+      I->vq_enc[l] = std::make_unique<cuda::VqEncodePlan>(vq->layout, vq->codebooks, vq->channel_scale,
+                                                           vq->channels);
+      I->allocated += I->vq_plans[l]->device_bytes() + I->vq_enc[l]->device_bytes();
     }
-    for (int l = 0; l < cfg.n_layers && !I->fmt.is_fp16(); ++l)
-      splits = std::max(splits, I->vq_plans[l] ? cuda::default_splits(*I->vq_plans[l], b, (int)I->ctx_limit)
-                                               : cuda::default_splits(*I->plans[l], b, (int)I->ctx_limit));
-    // Splits grow as lengths shrink (more pages per wave); bound them by the
-    // shortest length a step can have as well, and by the spans sliding
-    // layers read (cuda::DecodeBatch::window).
-    std::vector<int> spans = {64, 256, 1024, 4096};
-    if (any_sliding)
-      for (int unit : {16, packed::kPageTokens})
-        spans.push_back(static_cast<int>(window_span_tokens(I->ctx_limit, cfg.sliding_window, unit)));
-    for (int len : spans) {
-      splits = std::max(splits, cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, len));
-      splits = std::max(splits, cuda::fp16_default_splits(b, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, len,
-                                                          cuda::Fp16DecodeVariant::rows16));
-      for (int l = 0; l < cfg.n_layers && !I->fmt.is_fp16(); ++l)
-        splits = std::max(splits, I->vq_plans[l] ? cuda::default_splits(*I->vq_plans[l], b, len)
-                                                 : cuda::default_splits(*I->plans[l], b, len));
-    }
-    ws = std::max(ws, cuda::decode_workspace_bytes(b, cfg.n_heads, cfg.head_dim, splits + 8));
   }
-  I->attn_ws = DevMem(ws);
+  I->prefill_rot = I->alloc(detail::prefill_rotation_bytes(cfg, I->fmt, opt));
+  I->attn_ws = I->alloc(detail::decode_workspace_bytes(cfg, I->fmt, opt));
   // The page pool: the same number of pages in every layer, its memory ours.
   PagePoolOptions po;
   po.pages = I->mem.pages;
@@ -755,9 +757,15 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
   I->pool.emplace(PagePool::for_format(I->fmt, po));
   I->pool_mem.reserve(cfg.n_layers);
   for (int l = 0; l < cfg.n_layers; ++l) {
-    I->pool_mem.emplace_back(I->pool->layer_bytes(l));
+    I->pool_mem.push_back(I->alloc(I->pool->layer_bytes(l)));
     I->pool->bind_layer(l, I->pool_mem.back().p, I->pool_mem.back().bytes);
   }
+  // Every allocation is in the plan (a buffer added here without its plan
+  // entry is a bug the plan's refusals would miss).
+  check(I->allocated == I->mem.allocated(),
+        "GPU engine: internal error: the memory plan counts {} bytes (weights {}, activations {}, workspace {}, pool "
+        "{}) but construction allocated {}",
+        I->mem.allocated(), I->mem.weights, I->mem.activations, I->mem.workspace, I->mem.pool, I->allocated);
   return I;
 }
 

@@ -8,7 +8,10 @@
 #include "buffer_sizes.h"
 #include "ratekv/common/error.h"
 #include "ratekv/cuda/decode_attention.h"
+#include "ratekv/cuda/model_kernels.h"
+#include "ratekv/cuda/vq_encode.h"
 #include "ratekv/engine/engine.h"
+#include "ratekv/model/sliding_window.h"
 
 namespace ratekv::engine {
 
@@ -16,28 +19,63 @@ namespace {
 
 double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
 
-/// Largest decode workspace over batch sizes 1..max_batch: split states for
-/// at most one wave of 16 resident warps per SM of `sm_count` (the packed
-/// kernels' bound; the fp16 kernels stay under it), plus 8.
-size_t decode_workspace(const ModelConfig& c, int max_batch, int sm_count) {
-  size_t best = 0;
-  for (int b = 1; b <= max_batch; ++b) {
-    const int splits = (sm_count * 16 + b * c.n_kv_heads - 1) / (b * c.n_kv_heads) + 8;
-    best = std::max(best, cuda::decode_workspace_bytes(b, c.n_heads, c.head_dim, splits));
+}  // namespace
+
+namespace detail {
+
+size_t decode_workspace_bytes(const ModelConfig& c, const CacheFormat& f, const EngineOptions& o) {
+  const int ctx = static_cast<int>(std::min<int64_t>(context_limit(c, o), std::numeric_limits<int>::max()));
+  size_t ws = 0;
+  for (int b = 1; b <= o.max_batch; ++b) {
+    int splits = 0;
+    // Splits grow as lengths shrink (more pages per wave): the context limit,
+    // short lengths, and the spans sliding layers read (cuda::DecodeBatch::window).
+    std::vector<int> lens = {ctx, 64, 256, 1024, 4096};
+    if (any_sliding(c))
+      for (int unit : {16, packed::kPageTokens})
+        lens.push_back(static_cast<int>(window_span_tokens(ctx, c.sliding_window, unit)));
+    for (int len : lens) {
+      // Both fp16 kernels (Engine::time_attention compares them).
+      splits = std::max(splits, cuda::fp16_default_splits(b, c.n_kv_heads, c.n_heads, c.head_dim, len));
+      splits = std::max(splits, cuda::fp16_default_splits(b, c.n_kv_heads, c.n_heads, c.head_dim, len,
+                                                          cuda::Fp16DecodeVariant::rows16));
+      for (int l = 0; l < c.n_layers && !f.is_fp16(); ++l)
+        splits = std::max(splits, f.vq(l) ? cuda::vq_default_splits(c.n_kv_heads, b, len)
+                                          : cuda::default_splits(f.layout(l), c.n_heads, b, len));
+    }
+    ws = std::max(ws, cuda::decode_workspace_bytes(b, c.n_heads, c.head_dim, splits + 8));
   }
-  return best;
+  return ws;
 }
 
-}  // namespace
+size_t table_bytes(const ModelConfig& c, const CacheFormat& f) {
+  size_t b = 8 * static_cast<size_t>(c.head_dim / 2) * (any_sliding(c) ? 2 : 1) +  // RoPE (and local RoPE)
+             4 * static_cast<size_t>(cuda::kReadProbeBlocks);
+  for (int l = 0; l < c.n_layers && !f.is_fp16(); ++l) {
+    if (has_packed_plan(f, l)) b += cuda::packed_plan_device_bytes(f.layout(l), cuda::PrefillMatrices::f32);
+    if (const CacheFormat::VqLayer* vq = f.vq(l))
+      b += cuda::vq_plan_device_bytes(c.n_kv_heads, c.head_dim, vq->codewords.size(), vq->channels.size()) +
+           cuda::vq_encode_plan_device_bytes(c.n_kv_heads, c.head_dim, vq->codebooks.size());
+  }
+  return b;
+}
+
+size_t prefill_rotation_bytes(const ModelConfig& c, const CacheFormat& f, const EngineOptions& o) {
+  bool any = false;  // a layer whose tq-mse sides packed_prefill writes
+  for (int l = 0; l < c.n_layers && !f.is_fp16(); ++l) any = any || has_packed_plan(f, l);
+  return any ? cuda::prefill_scratch_bytes(c.n_kv_heads, c.head_dim, o.max_prefill_tokens) : 0;
+}
+
+}  // namespace detail
 
 const char* prefill_mode_name(PrefillMode m) { return m == PrefillMode::evaluation ? "evaluation" : "serving"; }
 
 std::string MemoryPlan::summary() const {
   return fmt::format(
-      "memory plan: {:.2f} GiB free = weights {:.2f} + activations {:.2f} + workspace {:.2f} + reserve {:.2f} + "
-      "page pool {:.2f} GiB ({} pages per layer = {} tokens)",
-      gib(device_free), gib(weights), gib(activations), gib(workspace), gib(reserve), gib(pool), pages,
-      capacity_tokens);
+      "memory plan: {:.2f} GiB free = weights {:.2f} + activations {:.2f} + workspace {:.2f} (of it tables {:.3f}, "
+      "prefill rotation {:.3f}) + reserve {:.2f} + page pool {:.2f} GiB ({} pages per layer = {} tokens)",
+      gib(device_free), gib(weights), gib(activations), gib(workspace), gib(tables), gib(prefill_rotation),
+      gib(reserve), gib(pool), pages, capacity_tokens);
 }
 
 MemoryPlan plan_memory(const ModelConfig& cfg, bool untied_lm_head, const CacheFormat& fmt, const EngineOptions& opt,
@@ -52,19 +90,14 @@ MemoryPlan plan_memory(const ModelConfig& cfg, bool untied_lm_head, const CacheF
   MemoryPlan p;
   p.device_free = device_free;
   p.weights = detail::weight_bytes(cfg, untied_lm_head);
-  p.activations = detail::activation_rows(opt) * detail::activation_row_bytes(m) +
-                  static_cast<size_t>(detail::logit_rows(opt) * m.V * 4) + detail::decode_bytes(m, opt.max_batch);
-  size_t tables = 0;  // packed plans: rotations, levels, head tables on the device
-  if (!fmt.is_fp16())
-    for (int l = 0; l < cfg.n_layers; ++l)
-      tables += 4 * (fmt.rotations(l).size() + fmt.levels(l).size()) + size_t{8192} * cfg.n_kv_heads;
-  for (int l = 0; l < cfg.n_layers && fmt.has_vq(); ++l)
-    if (const CacheFormat::VqLayer* vq = fmt.vq(l))  // cuda::VqPlan + VqEncodePlan tables
-      tables += 4 * (vq->codewords.size() + vq->codebooks.size() + 2 * vq->channels.size()) +
-                size_t{16} * cfg.n_kv_heads * cfg.head_dim + size_t{8192};
+  p.activations = static_cast<size_t>(detail::activation_rows(opt)) * detail::activation_row_bytes(m) +
+                  static_cast<size_t>(detail::logit_rows(opt) * m.V * 4) +
+                  detail::decode_state_bytes(opt.max_batch, detail::max_seq_pages(cfg, opt));
   if (fmt.has_vq()) p.activations += detail::activation_rows(opt) * 4 * static_cast<size_t>(m.kvd);  // k_pre32
-  p.workspace = detail::kCublasWorkspace + decode_workspace(cfg, opt.max_batch, 132) + opt.prefill_score_bytes + tables +
-                detail::chunk_scratch_bytes(cfg, opt);
+  p.tables = detail::table_bytes(cfg, fmt);
+  p.prefill_rotation = detail::prefill_rotation_bytes(cfg, fmt, opt);
+  p.workspace = detail::kCublasWorkspace + detail::decode_workspace_bytes(cfg, fmt, opt) + detail::score_bytes(opt) +
+                detail::prob_bytes(opt) + detail::chunk_scratch_bytes(cfg, opt) + p.tables + p.prefill_rotation;
   p.reserve = opt.reserve_bytes;
   const size_t fixed = p.weights + p.activations + p.workspace + p.reserve;
   const size_t per_page = fmt.page_bytes_all_layers();

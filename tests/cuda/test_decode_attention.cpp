@@ -5,6 +5,7 @@
 // cuda::uses_int8_keys), ref::fp16_decode_attention, ref::packed_append /
 // ref::packed_prefill — on random pages and on real SmolLM2 K/V/Q
 // (RATEKV_CUDA_CAPTURE). Needs a GPU: skips when none is visible.
+#include <cublas_v2.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -376,12 +377,20 @@ TEST(CudaFp16Decode, AgainstReference) {
                      {256, 1, 1, {97}},
                      {64, 1, 12, {130, 7}}};
   uint32_t seed = 7;
-  // Both kernels (the GQA ≤ 8 one rejects GQA 12, which only rows16 runs).
-  for (const cuda::Fp16DecodeVariant var : {cuda::Fp16DecodeVariant::rows16, cuda::Fp16DecodeVariant::n8})
-  for (const C& c : cases) {
-    if (var == cuda::Fp16DecodeVariant::n8 && c.gqa > 8) continue;
-    SCOPED_TRACE("d=" + std::to_string(c.d) + " gqa=" + std::to_string(c.gqa) +
-                 (var == cuda::Fp16DecodeVariant::n8 ? " n8" : " rows16"));
+  using V = cuda::Fp16DecodeVariant;
+  const std::pair<V, const char*> variants[] = {
+      {V::rows16, "rows16"}, {V::n8, "n8"}, {V::n8_fused, "n8_fused"}, {V::automatic, "automatic"}};
+  // Every kernel (the GQA ≤ 8 ones reject GQA 12, which only rows16 and
+  // automatic run) at the generic default split count and, for the n8 kernel
+  // with and without the in-kernel merge, at 3 splits (a CTA with a warp past
+  // the last split), 33 (automatic: the separate merge; more splits than
+  // tiles for the short sequences: empty splits weigh 0) and 1.
+  for (const auto& [var, vname] : variants)
+  for (const C& c : cases)
+  for (const int split_case : {0, 1, 3, 33}) {
+    const bool n8_kernel = var == V::n8 || var == V::n8_fused || (var == V::automatic && c.gqa <= 8);
+    if ((var == V::n8 || var == V::n8_fused) && c.gqa > 8) continue;
+    if (split_case != 0 && !n8_kernel) continue;
     std::mt19937 rng(seed++);
     TestBatch B = make_batch(c.lens, rng);
     const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
@@ -396,18 +405,29 @@ TEST(CudaFp16Decode, AgainstReference) {
     DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
     DevBuf<float> dq(q), dout((size_t)nb * hq * c.d);
     CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));
-    const int splits = cuda::default_splits(nb, c.hkv, B.max_len);
+    const int splits = split_case != 0 ? split_case : cuda::default_splits(nb, c.hkv, B.max_len);
+    SCOPED_TRACE("d=" + std::to_string(c.d) + " gqa=" + std::to_string(c.gqa) + " " + vname + " splits " +
+                 std::to_string(splits) + (n8_kernel && cuda::fp16_fused_merge(c.gqa, splits, var) ? " (fused merge)" : ""));
+    EXPECT_EQ(cuda::fp16_fused_merge(c.gqa, splits, var),
+              var == V::n8_fused || (var == V::automatic && c.gqa <= 8 && splits <= cuda::kFp16FusedMaxSplits));
     const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, splits);
     DevBuf<uint8_t> ws(ws_bytes);
     cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
-    cuda::fp16_decode_attention(hq, c.hkv, c.d, db, dpool.p, dq.p, DType::f32, scale, dout.p,
-                                ws.p, ws_bytes, splits, nullptr, var);
-    CK(cudaDeviceSynchronize());
-    const auto out = dout.get();
+    // Garbage in the workspace (the fused merge's arrival counters must be
+    // zeroed by the call itself), and a second call on the same workspace
+    // (a CUDA graph replay's situation) must give the same rows.
+    CK(cudaMemset(ws.p, 0x5a, ws_bytes));
     const std::vector<float> reference = ref::fp16_decode_attention(hq, c.hkv, c.d, B.ref(), pool, q, scale);
-    for (int b = 0; b < nb; ++b) {
-      const size_t n = (size_t)hq * c.d;
-      EXPECT_LT(rel_err(out, reference, (size_t)b * n, n), 1e-3) << "sequence " << b;
+    for (int call = 0; call < 2; ++call) {
+      CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));
+      cuda::fp16_decode_attention(hq, c.hkv, c.d, db, dpool.p, dq.p, DType::f32, scale, dout.p,
+                                  ws.p, ws_bytes, splits, nullptr, var);
+      CK(cudaDeviceSynchronize());
+      const auto out = dout.get();
+      for (int b = 0; b < nb; ++b) {
+        const size_t n = (size_t)hq * c.d;
+        EXPECT_LT(rel_err(out, reference, (size_t)b * n, n), 1e-3) << "sequence " << b << " call " << call;
+      }
     }
   }
 }
@@ -518,6 +538,10 @@ TEST(CudaPackedAppend, MatchesReferenceQuantizerAndTouchesOnlyItsToken) {
 //    u = 2^-11; 2^-10 allowed in case the library truncates): bound 5.5e-4
 //    (fp16) / 2.1e-3 (fp32); such a code is one level off. The typical error
 //    is ~u/√(3m), so flips are rare: at most 1 % of the codes (+1).
+// A third pass runs tensor_cores with a cuda::PrefillScratch (the caller's
+// cuBLAS handle on its own stream, a 64-row buffer: every prompt longer than
+// 64 tokens in chunks) and a plan holding only the prefill matrix of the
+// input's dtype (what the GPU engine does), under the same bound.
 void run_prefill_case(int d, bool mixed, DType dtype, const std::vector<int>& starts, int n_tokens,
                       uint32_t seed, Special sp = Special::none) {
   SCOPED_TRACE("d=" + std::to_string(d) + (mixed ? " mixed" : " uniform K3V2") +
@@ -555,14 +579,29 @@ void run_prefill_case(int d, bool mixed, DType dtype, const std::vector<int>& st
   HostPagePool reference{&L, before};
   ref::packed_prefill(rplan, B.ref(), reference.bytes, k, v, n_tokens);
   const int checked = nb * n_tokens * hkv * 2 * d;
-  for (const auto var : {cuda::PrefillVariant::fp32, cuda::PrefillVariant::tensor_cores}) {
+  // The scratch pass's resources.
+  const cuda::PackedPlan plan1(L, hq, P.rot, P.lvl,
+                               dtype == DType::f16 ? cuda::PrefillMatrices::f16 : cuda::PrefillMatrices::f32);
+  cudaStream_t st = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  DevBuf<uint8_t> blas_ws(size_t{4} << 20), rows(cuda::prefill_scratch_bytes(hkv, d, 64));
+  ASSERT_EQ(cublasSetStream(h, st), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetWorkspace(h, blas_ws.p, blas_ws.n), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(rows.n, size_t{64} * 2 * hkv * d * 4);
+  const cuda::PrefillScratch scratch{h, rows.p, rows.n};
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto var = pass == 0 ? cuda::PrefillVariant::fp32 : cuda::PrefillVariant::tensor_cores;
     const bool tc = var == cuda::PrefillVariant::tensor_cores;
-    SCOPED_TRACE(tc ? "tensor_cores" : "fp32");
+    SCOPED_TRACE(pass == 0 ? "fp32" : pass == 1 ? "tensor_cores" : "tensor_cores with scratch");
     DevBuf<uint8_t> dpool(before);
-    if (dtype == DType::f16)
-      cuda::packed_prefill(plan, db, dpool.p, dk16.p, dv16.p, n_tokens, dtype, nullptr, var);
+    const void* kp = dtype == DType::f16 ? (const void*)dk16.p : dk.p;
+    const void* vp = dtype == DType::f16 ? (const void*)dv16.p : dv.p;
+    if (pass < 2)
+      cuda::packed_prefill(plan, db, dpool.p, kp, vp, n_tokens, dtype, nullptr, var);
     else
-      cuda::packed_prefill(plan, db, dpool.p, dk.p, dv.p, n_tokens, dtype, nullptr, var);
+      cuda::packed_prefill(plan1, db, dpool.p, kp, vp, n_tokens, dtype, st, var, &scratch);
     CK(cudaDeviceSynchronize());
     CK(cudaGetLastError());
     const auto after = dpool.get();
@@ -575,6 +614,8 @@ void run_prefill_case(int d, bool mixed, DType dtype, const std::vector<int>& st
     EXPECT_LE(diff, tc ? 1 + checked / 100 : 1 + checked / 100000);
     EXPECT_TRUE(expect.bytes == after) << "bytes outside the prefilled tokens changed, or bit placement differs";
   }
+  cublasDestroy(h);
+  CK(cudaStreamDestroy(st));
 }
 
 TEST(CudaPackedPrefill, MatchesReferenceQuantizerAndTouchesOnlyItsTokens) {
@@ -610,6 +651,37 @@ TEST(CudaPackedPrefill, RejectsBadArguments) {
   cuda::DecodeBatch db{dpt.p, 1, dlen.p, 1, 64};
   EXPECT_THROW(cuda::packed_prefill(plan, db, pool.p, x.p, x.p, 0, DType::f32, nullptr), ratekv::Error);
   EXPECT_THROW(cuda::packed_prefill(plan, db, pool.p, nullptr, x.p, 1, DType::f32, nullptr), ratekv::Error);
+  // A plan without the matrix of the input's dtype; a scratch buffer under 64
+  // rows (for a longer prompt); a scratch handle bound to another stream.
+  const cuda::PackedPlan p16(*P.layout, 1, P.rot, P.lvl, cuda::PrefillMatrices::f16);
+  EXPECT_THROW(cuda::packed_prefill(p16, db, pool.p, x.p, x.p, 1, DType::f32, nullptr), ratekv::Error);
+  const cuda::PackedPlan none(*P.layout, 1, P.rot, P.lvl, cuda::PrefillMatrices::none);
+  EXPECT_EQ(none.device_bytes(), cuda::packed_plan_device_bytes(*P.layout, cuda::PrefillMatrices::none));
+  EXPECT_EQ(p16.device_bytes(), cuda::packed_plan_device_bytes(*P.layout, cuda::PrefillMatrices::f16));
+  EXPECT_EQ(plan.device_bytes(), cuda::packed_plan_device_bytes(*P.layout, cuda::PrefillMatrices::both));
+  EXPECT_THROW(cuda::packed_prefill(none, db, pool.p, x.p, x.p, 1, DType::f32, nullptr), ratekv::Error);
+  cudaStream_t st = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(h, st), CUBLAS_STATUS_SUCCESS);
+  DevBuf<uint8_t> small(cuda::prefill_scratch_bytes(1, 64, 64) - 1);
+  DevBuf<int32_t> dpt2(std::vector<int32_t>{0, 1}), dlen2(std::vector<int32_t>{0});
+  DevBuf<uint8_t> pool2(2 * P.layout->page_bytes());
+  DevBuf<float> x2(100 * 64);
+  const cuda::DecodeBatch db2{dpt2.p, 2, dlen2.p, 1, 100};
+  const cuda::PrefillScratch too_small{h, small.p, small.n};
+  EXPECT_THROW(cuda::packed_prefill(plan, db2, pool2.p, x2.p, x2.p, 100, DType::f32, st,
+                                    cuda::PrefillVariant::tensor_cores, &too_small),
+               ratekv::Error);
+  DevBuf<uint8_t> enough(cuda::prefill_scratch_bytes(1, 64, 100));
+  const cuda::PrefillScratch other_stream{h, enough.p, enough.n};
+  EXPECT_THROW(cuda::packed_prefill(plan, db2, pool2.p, x2.p, x2.p, 100, DType::f32, nullptr,
+                                    cuda::PrefillVariant::tensor_cores, &other_stream),
+               ratekv::Error);
+  CK(cudaStreamSynchronize(st));
+  cublasDestroy(h);
+  CK(cudaStreamDestroy(st));
 }
 
 TEST(CudaPackedPlan, RejectsUnsupportedCombinations) {

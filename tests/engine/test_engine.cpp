@@ -712,7 +712,7 @@ TEST(Engine, PoolsOver4GiBPerLayer) {
 }
 
 // A tiny model through every path (both caches, both prefill modes, batched
-// decode, both fp16 kernels), with decode steps as CUDA graph replays or as
+// decode, the fp16 kernels rows16, n8 and n8_fused), with decode steps as CUDA graph replays or as
 // eager launches: what compute-sanitizer memcheck and racecheck run
 // (tools/device/run_engine.sh runs the two launch modes in separate
 // processes, so a sanitizer report names the mode).
@@ -745,7 +745,7 @@ struct PathCase {
   const char* type;
   int fp16_kernel;
 };
-constexpr PathCase kPaths[] = {{"f16", 1}, {"f16", 2}, {"K3", 2}};
+constexpr PathCase kPaths[] = {{"f16", 1}, {"f16", 2}, {"f16", 3}, {"K3", 2}};
 
 TEST(EngineSanitize, TinyModelEager) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
@@ -772,6 +772,70 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// The memory plan is every byte the engine allocates (ratekv/engine/engine.h
+// MemoryPlan): device memory in use after Engine::create + a prefill (the
+// packed tensor-core prefill: plan matrices, rotated rows, the engine's cuBLAS
+// handle) + decode steps (a CUDA graph) minus before equals the plan's
+// allocated() within a slack of 64 MiB for what the plan leaves to the
+// reserve: cudaMalloc's rounding (the driver hands out 2 MiB pages; ~70
+// allocations here), cuBLAS's handle state and the decode graph. A first
+// engine runs the same work before the measurement, so the kernel modules
+// (loaded lazily on first launch) are resident in both readings. Then a
+// reserve that leaves one byte less than the plan's fixed part is refused by
+// the plan, before anything is allocated.
+TEST(Engine, MemoryPlanIsWhatTheEngineAllocates) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const ModelConfig c = synthetic_config("llama-3.1-8b", 2);
+  for (const std::string type : {"K3", "f16"}) {
+    SCOPED_TRACE(type);
+    EngineOptions o;
+    o.max_batch = 4;
+    o.max_prefill_tokens = 2048;
+    o.pool_bytes = size_t{1} << 30;
+    o.context_limit = 32768;
+    const std::vector<int32_t> prompt = random_tokens(1500, c.n_vocab, 3);
+    auto work = [&](Engine& e) {
+      const int s = e.add_sequence(1600);
+      e.prefill(s, prompt, PrefillMode::serving, {});
+      e.fill_synthetic(s, 36, 2);
+      const int32_t t0 = 7;
+      std::vector<int32_t> out(8);
+      e.decode(std::span<const int>(&s, 1), std::span<const int32_t>(&t0, 1), 8, out);
+    };
+    work(*Engine::create_synthetic(c, true, kSeed, format_for(type, c), o));  // modules loaded
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    size_t free0 = 0, free1 = 0, total = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+    auto eng = Engine::create_synthetic(c, true, kSeed, format_for(type, c), o);
+    work(*eng);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+    const engine::MemoryPlan& p = eng->memory();
+    const size_t used = free0 - free1, planned = p.allocated();
+    std::printf("%s: device memory used %zu bytes, plan %zu (weights %zu, activations %zu, workspace %zu of it tables "
+                "%zu, prefill rotation %zu, pool %zu): %+.2f MiB outside the plan\n",
+                type.c_str(), used, planned, p.weights, p.activations, p.workspace, p.tables, p.prefill_rotation,
+                p.pool, (static_cast<double>(used) - static_cast<double>(planned)) / (1 << 20));
+    EXPECT_GE(used, planned);
+    EXPECT_LE(used, planned + (size_t{64} << 20));
+    if (type == "K3") {
+      EXPECT_GT(p.prefill_rotation, size_t{0});
+      EXPECT_GT(p.tables, size_t{2} * 2 * 8 * 128 * 128 * 4);  // both layers' fp32 prefill matrices
+    }
+    const size_t fixed = p.weights + p.activations + p.workspace;
+    eng.reset();
+    ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+    EngineOptions tight = o;
+    tight.pool_bytes = 0;
+    tight.reserve_bytes = free0 - fixed - p.pool / p.pages + 1;  // one page of every layer short by a byte
+    const std::string why =
+        error_of([&] { Engine::create_synthetic(c, true, kSeed, format_for(type, c), tight); });
+    EXPECT_NE(why.find("but the device has"), std::string::npos) << why;
+    ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+    EXPECT_EQ(free1, free0) << "the refused engine allocated device memory";
+  }
 }
 
 TEST(Engine, RequestsThatDoNotFitAreRefusedBeforeWork) {

@@ -8,6 +8,7 @@
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
+#include "ratekv/cuda/decode_attention.h"
 #include "ratekv/engine/cache_format.h"
 #include "ratekv/engine/engine.h"
 #include "ratekv/eval/baseline_plans.h"
@@ -225,6 +226,85 @@ TEST(EngineMemoryPlan, ArithmeticAndRefusal) {
   engine::EngineOptions bad = o;
   bad.max_batch = 0;
   EXPECT_THROW(engine::plan_memory(c, true, k3, bad, free_b), Error);
+}
+
+// Every part of the plan against a count written out here from the engine's
+// buffers (Llama-3.1-8B widths, 2 layers, K3V3; max_batch 4, 2048-token
+// prefill, context 32768): activations are the per-token buffers of 2048 rows,
+// the logits of 512 rows and the decode state (per row: position, length,
+// 4096-step history, temperature, top-k, top-p, uniform; the page tables of
+// 4 rows + the prefill's, 512 pages each); workspace the 64 MiB cuBLAS
+// workspace, 1 GiB of prefill scores/probabilities (6 bytes an entry), the
+// chunked prefill's key tiles (2688 keys of K and V: the largest multiple of
+// 64 whose scores for 2048 rows × 32 heads fit 1 GiB) and softmax state, the
+// decode split states, the packed plans' tables and the prefill's rotated rows
+// (2048 rows × 2 sides × 8 heads × 128 fp32 = 16 MiB; capped at 64 MiB for
+// longer prompts). The decode workspace is checked to cover every kernel's
+// split count at every length the engine may decode (its exact size is
+// checked on the GPU by Engine.MemoryPlanIsWhatTheEngineAllocates).
+TEST(EngineMemoryPlan, EveryBufferCounted) {
+  const ModelConfig c = synthetic_config("llama-3.1-8b", 2);
+  const CacheFormat k3 = CacheFormat::packed(codecs(eval::cache_type_plan("tq3", "tq3", c), c));
+  engine::EngineOptions o;
+  o.max_batch = 4;
+  o.max_prefill_tokens = 2048;
+  o.context_limit = 32768;
+  const size_t free_b = size_t{139} << 30;
+  const engine::MemoryPlan p = engine::plan_memory(c, true, k3, o, free_b);
+  const size_t d = 4096, qd = 4096, kvd = 1024, qkvd = 6144, dff = 14336, V = 128256, H = 32, R = 2048, B = 4;
+  const size_t row = 4 * d /*x*/ + 2 * d /*xn*/ + 4 * qkvd /*qkv*/ + 2 * qd /*q16*/ + 4 * kvd + 4 * kvd /*k32 v32*/ +
+                     2 * kvd + 2 * kvd /*k16 v16*/ + 4 * qd /*q32*/ + 4 * qd /*o32*/ + 2 * qd /*att16*/ + 4 * d /*tmp*/ +
+                     8 * dff /*gate|up*/ + 2 * dff /*h16*/ + 4 + 4 /*token, position*/;
+  const size_t max_pages = 32768 / 64;
+  const size_t decode_state = B * (4 + 4 + 4 * 4096 + 4 + 4 + 4 + 8) + 3 * 4 + 4 * B * max_pages + 4 * max_pages;
+  EXPECT_EQ(p.activations, R * row + 4 * 512 * V + decode_state);
+  // Packed plan tables per layer: Π (8 heads × 2 sides × 128² fp32), channel
+  // lists (8 × 2 × 128 int32), levels (8 × 2 × 8 fp32), the fp32 prefill
+  // matrix (2 × 8 × 128² fp32), and per KV head its fixed-size head tables.
+  const packed::LayerLayout& L = k3.layout(0);
+  const size_t group_tables = 4 * (8 * 2 * 128 * 128) + 4 * (8 * 2 * 128) + 4 * (8 * 2 * 8);
+  const size_t none = cuda::packed_plan_device_bytes(L, cuda::PrefillMatrices::none);
+  ASSERT_GT(none, group_tables);
+  const size_t head_tables = none - group_tables;
+  EXPECT_EQ(head_tables % 8, 0u);
+  EXPECT_LE(head_tables / 8, size_t{8192});  // fixed-size per-head tables (src/cuda/head_tables.h)
+  const size_t m = 2 * 8 * 128 * 128;
+  EXPECT_EQ(cuda::packed_plan_device_bytes(L, cuda::PrefillMatrices::f32), none + 4 * m);
+  EXPECT_EQ(cuda::packed_plan_device_bytes(L, cuda::PrefillMatrices::f16), none + 2 * m);
+  EXPECT_EQ(cuda::packed_plan_device_bytes(L, cuda::PrefillMatrices::both), none + 6 * m);
+  const size_t tables = 2 * (none + 4 * m) + 8 * 64 /*RoPE frequencies*/ + 4 * 2048 /*probe sink*/;
+  EXPECT_EQ(p.tables, tables);
+  EXPECT_EQ(p.prefill_rotation, size_t{2048} * 2 * 8 * 128 * 4);
+  const size_t gib = size_t{1} << 30;
+  const size_t scores = gib / 6 * 4 + gib / 6 * 2;
+  const size_t key_tile = 2688;
+  ASSERT_LE(6 * key_tile * H * R, gib);
+  ASSERT_GT(6 * (key_tile + 64) * H * R, gib);
+  const size_t chunk = 2 * 2 * key_tile * kvd + 2 * 4 * R * H;
+  ASSERT_GT(p.workspace, (size_t{64} << 20) + scores + chunk + tables + p.prefill_rotation);
+  const size_t decode_ws = p.workspace - ((size_t{64} << 20) + scores + chunk + tables + p.prefill_rotation);
+  for (int b = 1; b <= 4; ++b)
+    for (int len : {1, 64, 100, 4096, 5000, 32768}) {
+      int splits = std::max(cuda::fp16_default_splits(b, 8, 32, 128, len),
+                            cuda::fp16_default_splits(b, 8, 32, 128, len, cuda::Fp16DecodeVariant::rows16));
+      splits = std::max(splits, cuda::default_splits(L, 32, b, len));
+      EXPECT_GE(decode_ws, cuda::decode_workspace_bytes(b, 32, 128, splits)) << "B " << b << " length " << len;
+    }
+  EXPECT_LE(decode_ws, size_t{64} << 20);
+  EXPECT_EQ(p.allocated(), p.weights + p.activations + p.workspace + p.pool);
+  // A prompt past the 64 MiB rotation chunk: the buffer stays at the chunk.
+  engine::EngineOptions longp = o;
+  longp.max_prefill_tokens = 30000;
+  EXPECT_EQ(engine::plan_memory(c, true, k3, longp, free_b).prefill_rotation, size_t{64} << 20);
+  // A 97-token prompt: whole 64-row blocks (128 rows).
+  engine::EngineOptions shortp = o;
+  shortp.max_prefill_tokens = 97;
+  EXPECT_EQ(engine::plan_memory(c, true, k3, shortp, free_b).prefill_rotation, size_t{128} * 2 * 8 * 128 * 4);
+  // The fp16 cache has no packed tables and no rotation buffer.
+  const engine::MemoryPlan f = engine::plan_memory(c, true, CacheFormat::fp16(c), o, free_b);
+  EXPECT_EQ(f.tables, 8 * 64 + 4 * 2048u);
+  EXPECT_EQ(f.prefill_rotation, 0u);
+  EXPECT_EQ(f.activations, p.activations);
 }
 
 // The engine refuses what it does not run before touching the GPU: an

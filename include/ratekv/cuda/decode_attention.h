@@ -76,10 +76,17 @@ struct DecodeBatch {
 /// n_heads is not a multiple of n_kv_heads, GQA > 16, head_dim ∉ {64,128,256},
 /// or the padded groups of a side need more tiles than the kernels hold
 /// (head_dim/16 + 2 for head_dim ≤ 128, 16 for 256).
+/// Which dense rotation matrices a PackedPlan uploads for packed_prefill's
+/// tensor-core variant (PackedPlan::Device::prefill_m16 / prefill_m32, 2 ·
+/// n_kv_heads · head_dim² values each): f16 for fp16 K/V inputs, f32 for fp32
+/// inputs (the GPU engine's), both (the default: any input), none (plans that
+/// only decode or use PrefillVariant::fp32).
+enum class PrefillMatrices { both, f16, f32, none };
+
 class PackedPlan {
  public:
   PackedPlan(const packed::LayerLayout& layout, int n_heads, std::span<const float> rotations,
-             std::span<const float> levels);
+             std::span<const float> levels, PrefillMatrices prefill = PrefillMatrices::both);
   /// A plan with groups of 5..8 bits (docs/packed_format.md §5, the CPU
   /// packed cache's PackedKVCache::ext_layout): `layout` holds every group
   /// (a b-bit group as its low 4-bit part), `ext` the high (b − 4)-bit parts
@@ -105,14 +112,29 @@ class PackedPlan {
 
   struct Device;  ///< device-side tables (opaque)
   const Device& device() const { return *dev_; }
+  /// Bytes of device memory this plan allocated (every table, as requested
+  /// from cudaMalloc); equals packed_plan_device_bytes(layout(), prefill) for
+  /// a plan without 5..8-bit groups.
+  size_t device_bytes() const { return device_bytes_; }
 
  private:
   void build(std::span<const float> rotations, std::span<const float> levels);
   packed::LayerLayout layout_;
   std::optional<packed::LayerLayout> ext_;
   int n_heads_;
+  PrefillMatrices prefill_ = PrefillMatrices::both;
+  size_t device_bytes_ = 0;
   std::unique_ptr<Device> dev_;
 };
+
+/// Device bytes a PackedPlan(layout, n_heads, …, prefill) allocates, computed
+/// from the layout alone (no GPU needed; the memory plan of the GPU engine,
+/// ratekv/engine/engine.h, counts it before any allocation): per KV head one
+/// head table and one wide table, every group's Π (dim² fp32), channel list
+/// (dim int32) and 2^bits fp32 levels, and the prefill matrices `prefill`
+/// asks for (2 · n_kv_heads · head_dim² · 2 or 4 bytes). Plans with an
+/// extension layout (5..8-bit groups) are not covered.
+size_t packed_plan_device_bytes(const packed::LayerLayout& layout, PrefillMatrices prefill);
 
 /// Which kernel runs (plans of 1..4-bit groups; 5..8-bit ones always take the
 /// generic kernel):
@@ -152,6 +174,10 @@ int default_splits(int batch, int n_kv_heads, int max_seq_len);
 /// what packed_decode_attention uses for n_splits = 0, so size its workspace
 /// with decode_workspace_bytes(…, default_splits(plan, batch, max_seq_len)).
 int default_splits(const PackedPlan& plan, int batch, int max_seq_len);
+/// default_splits(plan, …) of a plan built from `layout` (no extension
+/// layout) with n_heads query heads, without building it (no GPU tables; the
+/// GPU engine's memory plan sizes the decode workspace with it).
+int default_splits(const packed::LayerLayout& layout, int n_heads, int batch, int max_seq_len);
 
 /// Fused split-K decode attention over the packed cache:
 ///   out[b,q] = Σ_g Π_gᵀ Σ_t softmax_t(scale · q·k̂_t) · n^V_{g,t} c_g[idx^V_{g,t}]
@@ -225,17 +251,30 @@ class VqPlan {
 
   struct Device;  ///< device-side tables (opaque)
   const Device& device() const { return *dev_; }
+  /// Bytes of device memory this plan allocated; equals
+  /// vq_plan_device_bytes(n_kv_heads(), head_dim(), codewords.size(), channels.size()).
+  size_t device_bytes() const { return device_bytes_; }
 
  private:
   std::unique_ptr<packed::VqLayerLayout> layout_;  // (this header does not include packed_vq_format.h)
   const PackedPlan* scalar_ = nullptr;
   int n_heads_, head_dim_, n_kv_heads_;
+  size_t device_bytes_ = 0;
   std::unique_ptr<Device> dev_;
 };
+
+/// Device bytes a VqPlan over n_kv_heads heads of head_dim with
+/// `n_codewords` codeword floats and `n_channels` channel entries allocates
+/// (no GPU needed; the GPU engine's memory plan): the codewords (fp32), the
+/// channel lists (int32), the codeword/channel offsets (int64, 4 per KV head)
+/// and the RoPE frequencies (fp64, head_dim / 2).
+size_t vq_plan_device_bytes(int n_kv_heads, int head_dim, size_t n_codewords, size_t n_channels);
 
 /// Split count vq_decode_attention uses for n_splits = 0 (size the workspace
 /// with decode_workspace_bytes(…, default_splits(plan, batch, max_seq_len))).
 int default_splits(const VqPlan& plan, int batch, int max_seq_len);
+/// The same for a VqPlan over n_kv_heads KV heads, without building it.
+int vq_default_splits(int n_kv_heads, int batch, int max_seq_len);
 
 /// Split-K decode attention over vq pages (correctness path: no tensor
 /// cores, no bandwidth target):
@@ -258,8 +297,26 @@ void vq_decode_attention(const VqPlan& plan, const DecodeBatch& batch, const uin
 ///  n8        — GQA ≤ 8: the query rows as the N side, 16-byte cp.async into
 ///              swizzled shared-memory rows, ldmatrix fragments
 ///              (decode_attention_fp16_n8.cu);
-///  automatic — n8 when GQA ≤ 8, else rows16.
-enum class Fp16DecodeVariant { automatic, rows16, n8 };
+///  n8_fused  — the n8 kernel whose last CTA of each (sequence, KV head) merges
+///              the split states itself (an arrival counter per (sequence, KV
+///              head) in the workspace, zeroed by the query kernel): two
+///              launches instead of three (query, attention, merge), for
+///              short contexts where the merge launch is a large part of the
+///              step (docs/cuda_results.md, session 8);
+///  automatic — GQA ≤ 8: n8_fused when the split count is ≤ kFp16FusedMaxSplits
+///              (each row's merge in the last CTA reads at most that many
+///              states: a tail of about one L2 round trip per 8 splits),
+///              else n8; GQA > 8: rows16.
+enum class Fp16DecodeVariant { automatic, rows16, n8, n8_fused };
+
+/// Largest split count at which Fp16DecodeVariant::automatic merges inside
+/// the n8 kernel (n8_fused).
+inline constexpr int kFp16FusedMaxSplits = 32;
+
+/// Whether fp16_decode_attention(…, n_splits, …, variant) merges inside the
+/// attention kernel (n8_fused) for these GQA and split counts (n_splits ≥ 1,
+/// after the default).
+bool fp16_fused_merge(int gqa, int n_splits, Fp16DecodeVariant variant);
 
 /// Split count fp16_decode_attention uses for n_splits = 0 with `variant`
 /// (size its workspace with decode_workspace_bytes(…, this)); ≥ 1, at most one
@@ -271,8 +328,8 @@ int fp16_default_splits(int batch, int n_kv_heads, int n_heads, int head_dim, in
 /// K (64, head_dim) then V (64, head_dim) fp16: page stride
 /// n_kv_heads · 2 · 64 · head_dim · 2 bytes. Query scaled and rounded to fp16;
 /// fp32 accumulation, P rounded to fp16. n_splits = 0 picks
-/// fp16_default_splits(…, variant). Throws Error for GQA > 16 (n8: > 8) or
-/// head_dim ∉ {64, 128, 256}.
+/// fp16_default_splits(…, variant). Throws Error for GQA > 16 (n8, n8_fused:
+/// > 8) or head_dim ∉ {64, 128, 256}.
 void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const DecodeBatch& batch,
                            const uint16_t* pool, const void* q, DType q_dtype, float scale,
                            float* out, void* workspace, size_t workspace_bytes, int n_splits,
@@ -303,6 +360,27 @@ void packed_append(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* po
 ///                 prompts on the H200: docs/cuda_results.md, session 7).
 enum class PrefillVariant { tensor_cores, fp32 };
 
+/// Caller-owned resources for packed_prefill's tensor_cores variant, so that
+/// it allocates nothing (the GPU engine reserves them in its memory plan):
+///   cublas — a cublasHandle_t already bound (cublasSetStream) to the stream
+///            packed_prefill runs on, with its workspace set (cublasSetWorkspace
+///            after cublasSetStream, which resets it);
+///   buffer — device memory for the rotated rows Y of both sides (fp32),
+///            `bytes` long: at least prefill_scratch_bytes(n_kv_heads,
+///            head_dim, 64); prompts longer than it holds run in chunks.
+struct PrefillScratch {
+  void* cublas = nullptr;
+  void* buffer = nullptr;
+  size_t bytes = 0;
+};
+
+/// Bytes of the rotated-row buffer packed_prefill uses for a call of `rows`
+/// rows (batch · n_tokens) of n_kv_heads heads of head_dim: min(rows rounded
+/// up to 64, the ≤ 64 MiB chunk) · 2 · n_kv_heads · head_dim · 4. What
+/// packed_prefill allocates itself without a PrefillScratch, and what a
+/// PrefillScratch needs to run such a call in one chunk.
+size_t prefill_scratch_bytes(int n_kv_heads, int head_dim, int64_t rows);
+
 /// Quantize-prefill of a whole prompt chunk, one call per layer: for every
 /// sequence b, the n_tokens vectors k[b, i], v[b, i] (i < n_tokens) are written
 /// at positions seq_lens[b] + i (seq_lens = lengths BEFORE the prefill; 0 for a
@@ -313,16 +391,19 @@ enum class PrefillVariant { tensor_cores, fp32 };
 ///   k, v : (batch, n_tokens, n_kv_heads, head_dim) fp32 or fp16
 /// The page table must map every touched page. Only the written tokens' bits
 /// change (partial first/last pages are merged with atomics). head_dim ≤ 256.
-/// tensor_cores allocates ≤ 64 MiB of stream-ordered workspace
-/// (cudaMallocAsync, freed on the stream; longer prompts run in chunks) and
-/// uses a cuBLAS handle (with its own 32 MiB workspace) per host thread,
-/// device and stream, freed when the thread exits.
+/// tensor_cores with `scratch` null allocates ≤ 64 MiB of stream-ordered
+/// workspace (cudaMallocAsync, freed on the stream; longer prompts run in
+/// chunks) and uses a cuBLAS handle (with its own 32 MiB workspace) per host
+/// thread, device and stream, freed when the thread exits; with `scratch` it
+/// allocates nothing and uses the caller's handle and buffer (PrefillScratch).
 /// Throws Error on n_tokens < 1, bad pointers, a dtype other than fp32/fp16,
-/// head_dim > 256, a plan with 5..8-bit groups, a plan without its prefill
-/// rotation matrices, and a failed allocation, cuBLAS call or launch. The
-/// caller advances seq_lens.
+/// head_dim > 256, a plan with 5..8-bit groups, a plan without the prefill
+/// rotation matrix of `dtype` (PrefillMatrices), a scratch buffer under 64
+/// rows or a scratch handle bound to another stream, and a failed
+/// allocation, cuBLAS call or launch. The caller advances seq_lens.
 void packed_prefill(const PackedPlan& plan, const DecodeBatch& batch, uint8_t* pool,
                     const void* k, const void* v, int n_tokens, DType dtype, void* stream,
-                    PrefillVariant variant = PrefillVariant::tensor_cores);
+                    PrefillVariant variant = PrefillVariant::tensor_cores,
+                    const PrefillScratch* scratch = nullptr);
 
 }  // namespace ratekv::cuda

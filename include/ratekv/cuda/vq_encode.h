@@ -59,12 +59,23 @@ class VqEncodePlan {
 
   struct Device;  ///< device-side tables (opaque)
   const Device& device() const { return *dev_; }
+  /// Bytes of device memory this plan allocated; equals
+  /// vq_encode_plan_device_bytes(n_kv_heads(), head_dim(), codebooks.size()).
+  size_t device_bytes() const { return device_bytes_; }
 
  private:
   std::unique_ptr<packed::VqLayerLayout> layout_;
   int head_dim_, n_kv_heads_;
+  size_t device_bytes_ = 0;
   std::unique_ptr<Device> dev_;
 };
+
+/// Device bytes a VqEncodePlan over n_kv_heads heads of head_dim with
+/// `n_codebook` codebook floats allocates (no GPU needed; the GPU engine's
+/// memory plan): the codebooks (fp32), per (KV head, side, channel) a scale
+/// (fp32) and a channel index (int32), per (KV head, side) a codebook offset
+/// (int64), and the 4-byte error flag.
+size_t vq_encode_plan_device_bytes(int n_kv_heads, int head_dim, size_t n_codebook);
 
 /// Writes n_tokens tokens of every sequence b of `batch` into the layer's vq
 /// pages `pool` (layout().page_bytes() each, under batch.page_table): token i

@@ -97,19 +97,28 @@ struct EngineOptions {
   int max_logit_rows = 0;              ///< LM-head rows per launch in prefill (0: max(max_batch, 512))
   bool cuda_graphs = true;             ///< decode steps as CUDA graph replays
   bool pages_descending = false;       ///< hand out the highest pages first (tests of 64-bit offsets)
-  int fp16_kernel = 0;                 ///< fp16 decode kernel: 0 automatic, 1 rows16, 2 n8 (cuda::Fp16DecodeVariant)
+  int fp16_kernel = 0;                 ///< fp16 decode kernel: 0 automatic, 1 rows16, 2 n8, 3 n8_fused (cuda::Fp16DecodeVariant)
 };
 
-/// The memory plan (bytes).
+/// The memory plan (bytes). weights + activations + workspace + pool is
+/// every byte the engine requests from cudaMalloc (its own buffers, the
+/// packed plans' tables and the packed prefill's rotation buffer and cuBLAS
+/// handle — the engine's); nothing is allocated after construction except
+/// CUDA graphs. Outside the plan, inside `reserve`: the CUDA context, loaded
+/// kernel modules, cuBLAS's handle state, graphs and cudaMalloc's rounding.
 struct MemoryPlan {
   size_t device_free = 0;    ///< free device memory when the plan was made
   size_t weights = 0;        ///< bf16 matrices and embeddings, fp32 norms and biases
-  size_t activations = 0;    ///< decode rows, prefill rows, logits
-  size_t workspace = 0;      ///< cuBLAS, decode split states, prefill scores
+  size_t activations = 0;    ///< decode rows, prefill rows, logits, decode state and page tables
+  size_t workspace = 0;      ///< cuBLAS, decode split states, prefill scores and key tiles, tables, prefill rotation
+  size_t tables = 0;         ///< of workspace: packed plans' device tables, RoPE frequencies, probe sink
+  size_t prefill_rotation = 0;  ///< of workspace: packed prefill's rotated rows (cuda::PrefillScratch)
   size_t reserve = 0;
   size_t pool = 0;           ///< pages · Σ_l page_bytes(l)
   int64_t pages = 0;         ///< pages per layer
   int64_t capacity_tokens = 0;  ///< pages · 64
+  /// weights + activations + workspace + pool: the bytes the engine allocates.
+  size_t allocated() const { return weights + activations + workspace + pool; }
   /// One line: each part in GiB and the capacity in tokens.
   std::string summary() const;
 };
