@@ -3,8 +3,9 @@
 // kernel of the same structure, with the device-to-device copy ceiling and a
 // read-only ceiling (cuda::read_probe: 16-byte loads, XOR-reduced, over 4 GiB;
 // and over each point's packed pool, the same bytes the kernel reads)
-// measured in the same run. The fp16 kernel is timed in both variants (rows16,
-// n8) at fp16_default_splits and n8 also at ¼, ½, 2x and 4x those splits; the
+// measured in the same run. The fp16 kernel is timed in its variants (rows16,
+// n8 with the separate merge, n8_fused with the in-kernel merge) at
+// fp16_default_splits and n8 also at ¼, ½, 2x and 4x those splits; the
 // row "fp16" is what fp16_decode_attention picks by default, "fp16_best_ms"
 // the fastest measured. Llama-3.1-8B (32 query / 8 KV heads) and
 // Qwen2.5-3B (16 / 2) attention shapes, head_dim 128, B up to 32, T up to 512K.
@@ -318,11 +319,16 @@ bool check_references(nlohmann::json& J) {
       const size_t ws_bytes = cuda::decode_workspace_bytes(B, S.n_heads, kD, splits);
       void* ws;
       CK(cudaMalloc(&ws, ws_bytes));
-      cuda::fp16_decode_attention(S.n_heads, S.n_kv_heads, kD, db, dpool, dq, cuda::DType::f32, scale, dout, ws,
-                                  ws_bytes, splits, nullptr);
-      CK(cudaDeviceSynchronize());
       const auto want = ref::fp16_decode_attention(S.n_heads, S.n_kv_heads, kD, rb, pool, q, scale);
-      row("fp16", "decode", max_rel_err(to_host(dout, q.size()), want, B), 1e-3);
+      using V = cuda::Fp16DecodeVariant;
+      for (const auto& [var, what] : {std::pair{V::automatic, "decode"}, std::pair{V::n8, "decode n8 (merge kernel)"},
+                                      std::pair{V::n8_fused, "decode n8_fused"}}) {
+        CK(cudaMemset(dout, 0xff, q.size() * 4));
+        cuda::fp16_decode_attention(S.n_heads, S.n_kv_heads, kD, db, dpool, dq, cuda::DType::f32, scale, dout, ws,
+                                    ws_bytes, splits, nullptr, var);
+        CK(cudaDeviceSynchronize());
+        row("fp16", what, max_rel_err(to_host(dout, q.size()), want, B), 1e-3);
+      }
       CK(cudaFree(dpool));
       CK(cudaFree(ws));
     }
@@ -396,7 +402,10 @@ bool check_references(nlohmann::json& J) {
 
 struct Args {
   std::string out = "cuda_decode_bench.json";
-  int reps = 30, only_b = 0, only_t = 0;
+  int reps = 30, only_b = 0;
+  std::vector<int> only_t;  // --only-T T[,T...]: these context lengths only (empty: all)
+  bool has_t(int T) const { return only_t.empty() || std::find(only_t.begin(), only_t.end(), T) != only_t.end(); }
+  bool check = true;  // --no-check: skip check_references (ncu profiling runs)
   std::string only_model, only_cache;  // only_cache: one packed layout, no fp16 row (profiling)
   bool demo = false, prefill = true, sweep = false;
 };
@@ -509,7 +518,7 @@ void run_prefill(const Args& A, Timer& timer, nlohmann::json& rows) {
   for (const Shape& S : {kLlama, kQwen}) {
     if (!A.only_model.empty() && A.only_model != S.model) continue;
     for (int T : {4096, 32768, 131072}) {
-      if (A.only_t && T != A.only_t) continue;
+      if (!A.has_t(T)) continue;
       const int B = 1;
       struct Lay {
         std::string name;
@@ -587,16 +596,25 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--out") && more) A.out = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && more) A.reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only-B") && more) A.only_b = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--only-T") && more) A.only_t = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only-T") && more) {
+      for (std::string t(argv[++i]); !t.empty();) {
+        const size_t c = t.find(',');
+        A.only_t.push_back(std::atoi(t.substr(0, c).c_str()));
+        t = c == std::string::npos ? "" : t.substr(c + 1);
+      }
+    }
     else if (!std::strcmp(argv[i], "--only-model") && more) A.only_model = argv[++i];
     else if (!std::strcmp(argv[i], "--only-cache") && more) A.only_cache = argv[++i];
     else if (!std::strcmp(argv[i], "--demo")) A.demo = true;
     else if (!std::strcmp(argv[i], "--no-prefill")) A.prefill = false;
     else if (!std::strcmp(argv[i], "--sweep-splits")) A.sweep = true;
+    else if (!std::strcmp(argv[i], "--no-check")) A.check = false;
     else {
       std::fprintf(stderr,
-                   "usage: bench_cuda_decode [--out FILE] [--reps N] [--only-B B] [--only-T T] "
-                   "[--only-model llama-3.1-8b|qwen2.5-3b] [--only-cache K3V3|...] [--no-prefill] [--sweep-splits] [--demo]\n");
+                   "usage: bench_cuda_decode [--out FILE] [--reps N] [--only-B B] [--only-T T[,T...]] "
+                   "[--only-model llama-3.1-8b|qwen2.5-3b] [--only-cache K3V3|...] [--no-prefill] [--sweep-splits] [--no-check] [--demo]\n"
+                   "  --no-check: skip the reference check (profiling runs under ncu only: their first launch\n"
+                   "  of a kernel is the timed point's; timings are not results then)\n");
       return 2;
     }
   }
@@ -608,7 +626,8 @@ int main(int argc, char** argv) {
   J["sms"] = prop.multiProcessorCount;
   J["l2_bytes"] = prop.l2CacheSize;
   J["head_dim"] = kD;
-  if (!check_references(J)) {
+  J["reference_check"] = A.check;
+  if (A.check && !check_references(J)) {
     std::ofstream(A.out) << J.dump(2) << "\n";
     std::fprintf(stderr, "a kernel disagrees with its named CPU reference: no timings\n");
     return 1;
@@ -674,7 +693,7 @@ int main(int argc, char** argv) {
   for (const Case& C : cases) {
     const Shape S = C.S;
     const int B = C.B, T = C.T;
-    if ((A.only_b && B != A.only_b) || (A.only_t && T != A.only_t) ||
+    if ((A.only_b && B != A.only_b) || !A.has_t(T) ||
         (!A.only_model.empty() && A.only_model != S.model))
       continue;
     const bool short_t = T <= 32768;  // graph replay where launch gaps can matter
@@ -729,7 +748,11 @@ int main(int argc, char** argv) {
       const int d_r16 = cuda::fp16_default_splits(B, S.n_kv_heads, S.n_heads, kD, T, r16);
       std::vector<Fp16Try> tries = {{"default", cuda::Fp16DecodeVariant::automatic, d_auto},
                                     {"rows16", r16, d_r16}};
-      if (d_n8 != d_auto) tries.push_back({"n8", n8v, d_n8});
+      // The n8 kernel with the separate merge kernel and with the in-kernel
+      // merge at its default splits (automatic picks one of them by
+      // cuda::fp16_fused_merge).
+      tries.push_back({"n8", n8v, d_n8});
+      tries.push_back({"n8_fused", cuda::Fp16DecodeVariant::n8_fused, d_n8});
       for (int sp : {d_n8 / 4, d_n8 / 2, d_n8 * 2, d_n8 * 4})
         if (sp >= 1 && sp <= (T + 15) / 16) tries.push_back({"n8", n8v, sp});
       int max_sp = 0;
@@ -764,7 +787,10 @@ int main(int argc, char** argv) {
       auto r = base_row("fp16");
       r.update({{"ms", fp16_ms}, {"ms_graph", graph_ms}, {"cache_bytes", bytes}, {"GBps", gbs},
                 {"frac_ceiling", gbs / ceiling}, {"frac_read_ceiling", gbs / read_ceiling},
-                {"read_probe_ms", probe_ms}, {"splits", d_auto}, {"fp16_variants", fvars},
+                {"read_probe_ms", probe_ms}, {"splits", d_auto},
+                {"fused_merge", cuda::fp16_fused_merge(S.n_heads / S.n_kv_heads, d_auto,
+                                                       cuda::Fp16DecodeVariant::automatic)},
+                {"fp16_variants", fvars},
                 {"fp16_best_ms", best_ms}, {"fp16_best", best_name}});
       rows.push_back(r);
       std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %8s  (read %.0f%%; best %s %.4f ms; probe %.4f ms)\n",

@@ -15,10 +15,14 @@
 # DEPS=DIR (the carried .devdeps): build with tools/device/build.sh against those
 # Debian packages (the GPU machine lacks fmt, spdlog, GoogleTest, …) in
 # /tmp/ratekv-build instead of the plain configure below.
-# STAGES="tests sanitize bench sdpa demo sass engine" (default: all but sass and
-# engine) picks stages; engine = test_engine's packed-cache prefill tests (needs
-# DEPS); BENCH_ARGS are passed to bench_cuda_decode; SDPA_ARGS to
-# sdpa_baseline.py (e.g. --prefill).
+# STAGES="tests sanitize bench sdpa demo sass engine ncu" (default: all but sass,
+# engine and ncu) picks stages; engine = test_engine's packed-cache prefill
+# tests and the memory-plan test (needs DEPS); ncu = Nsight Compute on the
+# packed K3V3 and Block-GTQ decode kernels at B=8, T=128K, Llama-3.1-8B shapes
+# (one launch each, --clock-control none, full cache flush), summarised by
+# tools/device/ncu_summary.py into ncu_summary.json / .md (raw CSV pages stay
+# in $OUT as ncu_<layout>.csv); BENCH_ARGS are passed to bench_cuda_decode;
+# SDPA_ARGS to sdpa_baseline.py (e.g. --prefill).
 set -uo pipefail
 OUT=${OUT:-/tmp/ratekv_cuda_out}
 STAGES=${STAGES:-"tests sanitize bench sdpa demo"}
@@ -64,7 +68,7 @@ if has tests; then
   say "cuda tests"
   CAP=${CAPTURE:-$ROOT/.devcap}
   [ -d "$CAP" ] && export RATEKV_CUDA_CAPTURE=$(cd "$CAP" && pwd)
-  timeout ${TEST_TIMEOUT:-300} $B/test_cuda --gtest_output=json:"$OUT/test_cuda.json" > "$OUT/test_cuda.log" 2>&1
+  timeout ${TEST_TIMEOUT:-300} $B/test_cuda --gtest_filter="${TEST_FILTER:-*}" --gtest_output=json:"$OUT/test_cuda.json" > "$OUT/test_cuda.log" 2>&1
   grep -vE "^\[ RUN|^\[       OK|rel err|move the reference" "$OUT/test_cuda.log" | tail -40 | tee -a "$LOG"
 fi
 if has sanitize; then
@@ -85,8 +89,28 @@ if has sdpa; then
 fi
 if has engine && [ -x $B/test_engine ]; then
   say "test_engine: packed-cache prefill paths (packed_prefill's tensor-core variant, fp32 inputs)"
-  timeout 240 $B/test_engine --gtest_filter='Engine.MatchesCpuPackedCacheK4V4:Engine.ChunkedPrefill*:Engine.PrefillModesAndDecodeAgreeWithPrefill' > "$OUT/test_engine.log" 2>&1
-  grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|rel L2|agree" "$OUT/test_engine.log" | tail -40 | tee -a "$LOG"
+  timeout 240 $B/test_engine --gtest_filter=${ENGINE_FILTER:-'Engine.MatchesCpuPackedCacheK4V4:Engine.ChunkedPrefill*:Engine.PrefillModesAndDecodeAgreeWithPrefill:Engine.MemoryPlanIsWhatTheEngineAllocates'} > "$OUT/test_engine.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|rel L2|agree|outside the plan" "$OUT/test_engine.log" | tail -40 | tee -a "$LOG"
+fi
+if has ncu; then
+  say "Nsight Compute: packed K3V3 and Block-GTQ decode kernels, Llama-3.1-8B shapes, B=8, T=128K"
+  command -v ncu >/dev/null || echo "ncu not on the PATH" | tee -a "$LOG"
+  RC=""
+  [ -f "$OUT/cuda_decode_bench.json" ] && RC=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['read_ceiling_GBps'])" "$OUT/cuda_decode_bench.json" 2>/dev/null)
+  NCU_IN=""
+  for L in K3V3 K3V3-blockgtq; do
+    timeout 240 ncu --clock-control none --cache-control all --kernel-name regex:gqa8_decode_kernel --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum,dram__bytes_read.sum.per_second,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active \
+      --csv --page raw $B/bench_cuda_decode --no-check --no-prefill --reps 1 --only-model llama-3.1-8b --only-B 8 \
+      --only-T 131072 --only-cache $L --out /tmp/ncu_bench_$L.json > "$OUT/ncu_$L.csv" 2> "$OUT/ncu_$L.err"
+    echo "ncu $L: rc $? ($(grep -c gqa8_decode_kernel "$OUT/ncu_$L.csv") profiled rows)" | tee -a "$LOG"
+    tail -3 "$OUT/ncu_$L.err" | tee -a "$LOG"
+    NCU_IN="$NCU_IN $L=$OUT/ncu_$L.csv"
+  done
+  python3 "$ROOT/tools/device/ncu_summary.py" --out-json "$OUT/ncu_summary.json" --out-md "$OUT/ncu_summary.md" \
+    ${RC:+--read-ceiling $RC} $NCU_IN 2>&1 | tee -a "$LOG"
 fi
 if has demo; then
   say "memory demo (32 layers, B=4, T=512K, K3V3)"

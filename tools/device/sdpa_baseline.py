@@ -25,6 +25,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--reps", type=int, default=30)
 ap.add_argument("--prefill", action="store_true")
+ap.add_argument("--only-T", default="", help="comma-separated context lengths: only these (bench_cuda_decode's --only-T)")
 args = ap.parse_args()
 
 D = 128
@@ -32,6 +33,9 @@ MODELS = {"llama-3.1-8b": (32, 8), "qwen2.5-3b": (16, 2)}
 CASES = [(m, B, T) for m in ("llama-3.1-8b", "qwen2.5-3b") for B in (1, 8, 32) for T in (4096, 32768, 131072)]
 CASES += [("llama-3.1-8b", 1, 524288), ("llama-3.1-8b", 8, 524288),
           ("qwen2.5-3b", 1, 524288), ("qwen2.5-3b", 8, 524288), ("qwen2.5-3b", 32, 524288)]
+if args.only_T:
+    keep = {int(t) for t in args.only_T.split(",")}
+    CASES = [c for c in CASES if c[2] in keep]
 
 dev = torch.device("cuda")
 flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
