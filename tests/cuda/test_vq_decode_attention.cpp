@@ -131,6 +131,9 @@ void run_case(const Case& c, uint32_t seed) {
   const VqTables tab = vq_tables(*codecs);
   const cuda::VqPlan plan(*L, hq, tab.codewords, tab.channels,
                           cuda::VqRope{cfg.rope_layout == RopeLayout::NeoX, cfg.rope_theta}, splan.get());
+  // What it allocated = the closed form the GPU engine's memory plan counts.
+  EXPECT_EQ(plan.device_bytes(), cuda::vq_plan_device_bytes(L->n_kv_heads(), L->head_dim(), tab.codewords.size(),
+                                                            tab.channels.size()));
   const ref::VqPlan rplan(*L, hq, tab.codewords, tab.channels,
                           ref::VqRope{cfg.rope_layout == RopeLayout::NeoX, cfg.rope_theta}, rsplan.get());
   const std::vector<int32_t> lens(c.lens.begin(), c.lens.end());

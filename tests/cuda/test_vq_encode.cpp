@@ -111,6 +111,8 @@ void run_case(const Case& c, uint32_t seed) {
     }
   const VqEncodeTables tab = vq_encode_tables(*codecs);
   const cuda::VqEncodePlan plan(L, tab.codebooks, tab.channel_scale, tab.channels);
+  // What it allocated = the closed form the GPU engine's memory plan counts.
+  EXPECT_EQ(plan.device_bytes(), cuda::vq_encode_plan_device_bytes(L.n_kv_heads(), L.head_dim(), tab.codebooks.size()));
   DevBuf<uint8_t> dpool(pool);
   DevBuf<int32_t> dpt(table), dlen(std::vector<int32_t>(c.before.begin(), c.before.end()));
   DevBuf<float> dkpre(kpre), dk(k), dv(v);
