@@ -89,7 +89,8 @@ if has sdpa; then
 fi
 if has engine && [ -x $B/test_engine ]; then
   say "test_engine: packed-cache prefill paths (packed_prefill's tensor-core variant, fp32 inputs)"
-  timeout 240 $B/test_engine --gtest_filter=${ENGINE_FILTER:-'Engine.MatchesCpuPackedCacheK4V4:Engine.ChunkedPrefill*:Engine.PrefillModesAndDecodeAgreeWithPrefill:Engine.MemoryPlanIsWhatTheEngineAllocates'} > "$OUT/test_engine.log" 2>&1
+  EF=${ENGINE_FILTER:-'Engine.MatchesCpuPackedCacheK4V4:Engine.ChunkedPrefill*:Engine.PrefillModesAndDecodeAgreeWithPrefill:Engine.MemoryPlanIsWhatTheEngineAllocates'}
+  timeout 240 $B/test_engine --gtest_filter="$EF" > "$OUT/test_engine.log" 2>&1
   grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|rel L2|agree|outside the plan" "$OUT/test_engine.log" | tail -40 | tee -a "$LOG"
 fi
 if has ncu; then
@@ -111,6 +112,8 @@ if has ncu; then
   done
   python3 "$ROOT/tools/device/ncu_summary.py" --out-json "$OUT/ncu_summary.json" --out-md "$OUT/ncu_summary.md" \
     ${RC:+--read-ceiling $RC} $NCU_IN 2>&1 | tee -a "$LOG"
+  # The raw pages in one archive (the device tool brings back at most 8 files).
+  (cd "$OUT" && tar -czf ncu_raw.tgz ncu_*.csv ncu_*.err && rm -f ncu_*.csv ncu_*.err)
 fi
 if has demo; then
   say "memory demo (32 layers, B=4, T=512K, K3V3)"
@@ -120,4 +123,11 @@ say "done"
 if [ -f "$OUT/cuda_decode_bench.json" ] && [ -f "$OUT/sdpa_flash.json" ]; then
   python3 "$ROOT/tools/device/summarize.py" "$OUT/cuda_decode_bench.json" "$OUT/sdpa_flash.json" $( [ -f "$OUT/demo.json" ] && echo "$OUT/demo.json") > "$OUT/table.md" 2>&1
   cat "$OUT/table.md"
+fi
+# PACK=1: everything but the logs, tables, summaries and result JSON in one
+# archive (the device tool brings back at most 8 files).
+if [ -n "${PACK:-}" ]; then
+  (cd "$OUT" && ls | grep -vE '^(all\.log|table\.md|ncu_summary\.(json|md)|cuda_decode_bench\.json|sdpa_flash\.json|ncu_raw\.tgz)$' > /tmp/rk_pack.txt
+   [ -s /tmp/rk_pack.txt ] && tar -czf rest.tgz -T /tmp/rk_pack.txt && xargs rm -f < /tmp/rk_pack.txt)
+  ls "$OUT"
 fi
