@@ -406,6 +406,7 @@ struct Args {
   std::vector<int> only_t;  // --only-T T[,T...]: these context lengths only (empty: all)
   bool has_t(int T) const { return only_t.empty() || std::find(only_t.begin(), only_t.end(), T) != only_t.end(); }
   bool check = true;  // --no-check: skip check_references (ncu profiling runs)
+  bool fp16_only = false;  // --fp16-only: the fp16 rows only (no packed layouts)
   std::string only_model, only_cache;  // only_cache: one packed layout, no fp16 row (profiling)
   bool demo = false, prefill = true, sweep = false;
 };
@@ -609,10 +610,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-prefill")) A.prefill = false;
     else if (!std::strcmp(argv[i], "--sweep-splits")) A.sweep = true;
     else if (!std::strcmp(argv[i], "--no-check")) A.check = false;
+    else if (!std::strcmp(argv[i], "--fp16-only")) A.fp16_only = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_cuda_decode [--out FILE] [--reps N] [--only-B B] [--only-T T[,T...]] "
-                   "[--only-model llama-3.1-8b|qwen2.5-3b] [--only-cache K3V3|...] [--no-prefill] [--sweep-splits] [--no-check] [--demo]\n"
+                   "[--only-model llama-3.1-8b|qwen2.5-3b] [--only-cache K3V3|...] [--no-prefill] [--sweep-splits] [--no-check] [--fp16-only] [--demo]\n"
                    "  --no-check: skip the reference check (profiling runs under ncu only: their first launch\n"
                    "  of a kernel is the timed point's; timings are not results then)\n");
       return 2;
@@ -685,6 +687,9 @@ int main(int argc, char** argv) {
   cases.push_back({kQwen, 1, 524288});
   cases.push_back({kQwen, 8, 524288});
   cases.push_back({kQwen, 32, 524288});
+  // A serving point past one wave of the fp16 kernel (the engine's step
+  // profile at depth 512, B = 109: attention ~4x off its bytes).
+  cases.push_back({kLlama, 109, 512});
 
   std::mt19937 rng(1);
   nlohmann::json rows = nlohmann::json::array();
@@ -808,7 +813,7 @@ int main(int argc, char** argv) {
     layouts.push_back({"K2V2", LayerLayout::uniform(kD, S.n_kv_heads, 2, 2)});
     layouts.push_back({"K3V3-blockgtq", block_gtq_k3v3(S.n_kv_heads)});
     for (const Layout& lay : layouts) {
-      if (!A.only_cache.empty() && lay.name != A.only_cache) continue;
+      if ((!A.only_cache.empty() && lay.name != A.only_cache) || A.fp16_only) continue;
       auto rot = rotations_identityish(lay.L, rng);
       auto lvl = levels_for(lay.L);
       cuda::PackedPlan plan(lay.L, S.n_heads, rot, lvl);

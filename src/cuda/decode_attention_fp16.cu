@@ -185,6 +185,11 @@ int fp16_default_splits(int batch, int n_kv_heads, int n_heads, int head_dim, in
   const int wave = std::max(1, sms * detail::fp16_n8_warps_per_sm(head_dim) / rows);
   int want = std::max(1, std::min(wave, tiles / 2));
   if (want >= 4) want = want / 4 * 4;  // whole CTAs of 4 warps
+  // Past one wave (rows > SMs · warps / 4: large batches) the wave bound gives
+  // 1..3 splits, and a CTA of 4 warps with 1..3 splits leaves the rest of its
+  // warps (and their shared memory) idle: give each of its 4 warps a split
+  // of ≥ 2 tiles instead (more, shorter chains; merged in the kernel).
+  if (want < 4) want = std::max(want, std::min(4, tiles / 2));
   return want;
 }
 

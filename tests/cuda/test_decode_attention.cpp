@@ -384,13 +384,9 @@ TEST(CudaFp16Decode, AgainstReference) {
   // automatic run) at the generic default split count and, for the n8 kernel
   // with and without the in-kernel merge, at 3 splits (a CTA with a warp past
   // the last split), 33 (automatic: the separate merge; more splits than
-  // tiles for the short sequences: empty splits weigh 0) and 1.
-  for (const auto& [var, vname] : variants)
-  for (const C& c : cases)
-  for (const int split_case : {0, 1, 3, 33}) {
-    const bool n8_kernel = var == V::n8 || var == V::n8_fused || (var == V::automatic && c.gqa <= 8);
-    if ((var == V::n8 || var == V::n8_fused) && c.gqa > 8) continue;
-    if (split_case != 0 && !n8_kernel) continue;
+  // tiles for the short sequences: empty splits weigh 0) and 1; one batch
+  // and reference per case.
+  for (const C& c : cases) {
     std::mt19937 rng(seed++);
     TestBatch B = make_batch(c.lens, rng);
     const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
@@ -404,29 +400,35 @@ TEST(CudaFp16Decode, AgainstReference) {
     DevBuf<uint16_t> dpool(pool);
     DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
     DevBuf<float> dq(q), dout((size_t)nb * hq * c.d);
-    CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));
-    const int splits = split_case != 0 ? split_case : cuda::default_splits(nb, c.hkv, B.max_len);
-    SCOPED_TRACE("d=" + std::to_string(c.d) + " gqa=" + std::to_string(c.gqa) + " " + vname + " splits " +
-                 std::to_string(splits) + (n8_kernel && cuda::fp16_fused_merge(c.gqa, splits, var) ? " (fused merge)" : ""));
-    EXPECT_EQ(cuda::fp16_fused_merge(c.gqa, splits, var),
-              var == V::n8_fused || (var == V::automatic && c.gqa <= 8 && splits <= cuda::kFp16FusedMaxSplits));
-    const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, splits);
-    DevBuf<uint8_t> ws(ws_bytes);
-    cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
-    // Garbage in the workspace (the fused merge's arrival counters must be
-    // zeroed by the call itself), and a second call on the same workspace
-    // (a CUDA graph replay's situation) must give the same rows.
-    CK(cudaMemset(ws.p, 0x5a, ws_bytes));
     const std::vector<float> reference = ref::fp16_decode_attention(hq, c.hkv, c.d, B.ref(), pool, q, scale);
-    for (int call = 0; call < 2; ++call) {
-      CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));
-      cuda::fp16_decode_attention(hq, c.hkv, c.d, db, dpool.p, dq.p, DType::f32, scale, dout.p,
-                                  ws.p, ws_bytes, splits, nullptr, var);
-      CK(cudaDeviceSynchronize());
-      const auto out = dout.get();
-      for (int b = 0; b < nb; ++b) {
-        const size_t n = (size_t)hq * c.d;
-        EXPECT_LT(rel_err(out, reference, (size_t)b * n, n), 1e-3) << "sequence " << b << " call " << call;
+    cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
+    for (const auto& [var, vname] : variants)
+    for (const int split_case : {0, 1, 3, 33}) {
+      const bool n8_kernel = var == V::n8 || var == V::n8_fused || (var == V::automatic && c.gqa <= 8);
+      if ((var == V::n8 || var == V::n8_fused) && c.gqa > 8) continue;
+      if (split_case != 0 && !n8_kernel) continue;
+      const int splits = split_case != 0 ? split_case : cuda::default_splits(nb, c.hkv, B.max_len);
+      SCOPED_TRACE("d=" + std::to_string(c.d) + " gqa=" + std::to_string(c.gqa) + " " + vname + " splits " +
+                   std::to_string(splits) +
+                   (n8_kernel && cuda::fp16_fused_merge(c.gqa, splits, var) ? " (fused merge)" : ""));
+      EXPECT_EQ(cuda::fp16_fused_merge(c.gqa, splits, var),
+                var == V::n8_fused || (var == V::automatic && c.gqa <= 8 && splits <= cuda::kFp16FusedMaxSplits));
+      const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, splits);
+      DevBuf<uint8_t> ws(ws_bytes);
+      // Garbage in the workspace (the fused merge's arrival counters must be
+      // zeroed by the call itself), and a second call on the same workspace
+      // (a CUDA graph replay's situation) must give the same rows.
+      CK(cudaMemset(ws.p, 0x5a, ws_bytes));
+      for (int call = 0; call < 2; ++call) {
+        CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));
+        cuda::fp16_decode_attention(hq, c.hkv, c.d, db, dpool.p, dq.p, DType::f32, scale, dout.p,
+                                    ws.p, ws_bytes, splits, nullptr, var);
+        CK(cudaDeviceSynchronize());
+        const auto out = dout.get();
+        for (int b = 0; b < nb; ++b) {
+          const size_t n = (size_t)hq * c.d;
+          EXPECT_LT(rel_err(out, reference, (size_t)b * n, n), 1e-3) << "sequence " << b << " call " << call;
+        }
       }
     }
   }

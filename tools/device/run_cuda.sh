@@ -21,7 +21,8 @@
 # packed K3V3 and Block-GTQ decode kernels at B=8, T=128K, Llama-3.1-8B shapes
 # (one launch each, --clock-control none, full cache flush), summarised by
 # tools/device/ncu_summary.py into ncu_summary.json / .md (raw CSV pages stay
-# in $OUT as ncu_<layout>.csv); BENCH_ARGS are passed to bench_cuda_decode;
+# in $OUT/ncu_raw.tgz; READ_CEILING_JSON names a bench JSON of an earlier call
+# when the bench stage is not in this one); BENCH_ARGS are passed to bench_cuda_decode;
 # SDPA_ARGS to sdpa_baseline.py (e.g. --prefill).
 set -uo pipefail
 OUT=${OUT:-/tmp/ratekv_cuda_out}
@@ -97,7 +98,8 @@ if has ncu; then
   say "Nsight Compute: packed K3V3 and Block-GTQ decode kernels, Llama-3.1-8B shapes, B=8, T=128K"
   command -v ncu >/dev/null || echo "ncu not on the PATH" | tee -a "$LOG"
   RC=""
-  [ -f "$OUT/cuda_decode_bench.json" ] && RC=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['read_ceiling_GBps'])" "$OUT/cuda_decode_bench.json" 2>/dev/null)
+  RCJ=${READ_CEILING_JSON:-$OUT/cuda_decode_bench.json}  # a bench JSON of this machine (its read_ceiling_GBps)
+  [ -f "$RCJ" ] && RC=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['read_ceiling_GBps'])" "$RCJ" 2>/dev/null)
   NCU_IN=""
   for L in K3V3 K3V3-blockgtq; do
     timeout 240 ncu --clock-control none --cache-control all --kernel-name regex:gqa8_decode_kernel --launch-count 1 \

@@ -33,6 +33,7 @@ MODELS = {"llama-3.1-8b": (32, 8), "qwen2.5-3b": (16, 2)}
 CASES = [(m, B, T) for m in ("llama-3.1-8b", "qwen2.5-3b") for B in (1, 8, 32) for T in (4096, 32768, 131072)]
 CASES += [("llama-3.1-8b", 1, 524288), ("llama-3.1-8b", 8, 524288),
           ("qwen2.5-3b", 1, 524288), ("qwen2.5-3b", 8, 524288), ("qwen2.5-3b", 32, 524288)]
+CASES += [("llama-3.1-8b", 109, 512)]  # a serving point (bench_cuda_decode has it too)
 if args.only_T:
     keep = {int(t) for t in args.only_T.split(",")}
     CASES = [c for c in CASES if c[2] in keep]

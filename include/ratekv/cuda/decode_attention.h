@@ -320,7 +320,9 @@ bool fp16_fused_merge(int gqa, int n_splits, Fp16DecodeVariant variant);
 
 /// Split count fp16_decode_attention uses for n_splits = 0 with `variant`
 /// (size its workspace with decode_workspace_bytes(…, this)); ≥ 1, at most one
-/// wave of the kernel's resident warps, ≥ 2 tiles of 16 tokens per split.
+/// wave of the kernel's resident warps, ≥ 2 tiles of 16 tokens per split —
+/// except that the n8 kernels get at least 4 splits (its CTA's 4 warps) when
+/// the sequence has ≥ 8 tiles, also past one wave (large batches).
 int fp16_default_splits(int batch, int n_kv_heads, int n_heads, int head_dim, int max_seq_len,
                         Fp16DecodeVariant variant = Fp16DecodeVariant::automatic);
 
