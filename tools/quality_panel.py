@@ -876,7 +876,8 @@ def cmd_report(a):
                 md.append(f"- {name} vs the better uniform split {best['plan']} (stored {rqc[-1]['stored_bits_a']:.4f} vs "
                           f"{rqc[-1]['stored_bits_b']:.4f} b, KIVI deterministic: 1 seed): PPL {r['ppl']:.3f} vs "
                           f"{best['ppl']:.3f}, KLD {r['kld_mean']:.4f} vs {best['kld_mean']:.4f}: "
-                          f"{'below' if rqc[-1]['below'] else 'not below'}")
+                          + ("below on PPL and KLD" if rqc[-1]["below"] and r["kld_mean"] < best["kld_mean"] else
+                             "below on PPL only" if rqc[-1]["below"] else "not below"))
         doc["models"][m]["ratequant_kivi_comparisons"] = rqc
         # RateQuant's side calibration (side/ cells): measured K-only / V-only KLD ratio vs the model's prediction.
         pr = PROTOCOL[m]
