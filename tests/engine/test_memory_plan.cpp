@@ -309,7 +309,7 @@ TEST(EngineMemoryPlan, EveryBufferCounted) {
 
 // The engine refuses what it does not run before touching the GPU: an
 // architecture outside llama / qwen2 / gemma3, weights that do not match, a
-// sliding window on a packed cache at GQA > 8 (tests/engine/test_engine_gemma3.cpp).
+// sliding window on a packed cache at GQA > 8 or with vq keys on a sliding layer.
 TEST(EngineCreate, RefusesUnknownArchitecturesAndMismatchedWeights) {
   ModelConfig g = synthetic_config("llama-3.1-8b", 1);
   g.arch = "gpt2";
@@ -326,6 +326,15 @@ TEST(EngineCreate, RefusesUnknownArchitecturesAndMismatchedWeights) {
         engine::EngineOptions{});
   });
   EXPECT_NE(why3.find("sliding_window 512 with a packed cache needs GQA <= 8"), std::string::npos) << why3;
+  // fp16 keys on every head make a vq layer (CacheFormat::vq): vq_decode_attention has no window.
+  ModelConfig gv = synthetic_config("gemma-3-270m", 6);
+  const std::string why4 = error_of([&] {
+    engine::Engine::create_synthetic(
+        gv, false, 1,
+        CacheFormat::packed(std::make_shared<const cache::PlanCodecs>(eval::cache_type_plan("f16", "tq3", gv, 7), gv)),
+        engine::EngineOptions{});
+  });
+  EXPECT_NE(why4.find("layer 0 slides (sliding_window 512) and its plan keys are vq"), std::string::npos) << why4;
   ModelConfig q = synthetic_config("qwen2.5-3b", 1);
   const std::string why2 =
       error_of([&] { engine::Engine::create(q, ModelWeights{}, CacheFormat::fp16(q), engine::EngineOptions{}); });
