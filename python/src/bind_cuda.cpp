@@ -48,6 +48,11 @@ class CudaPackedLayers {
             "tq-mse / tq-mse-grouped plans (TaSQ / CQ plans: the CPU PackedKVCache, or the GPU engine)",
             l, codecs->plan().method);
     for (int l = 0; l < fmt_.n_layers(); ++l)
+      check(fmt_.ext_layout(l) == nullptr,
+            "CUDA packed cache: plan: layers[{}] has 5..8-bit groups (extension pages); the CUDA packed cache serves "
+            "groups of at most 4 bits (such plans: the CPU PackedKVCache, or the GPU engine)",
+            l);
+    for (int l = 0; l < fmt_.n_layers(); ++l)
       plans_.push_back(std::make_unique<cuda::PackedPlan>(fmt_.layout(l), n_heads_, fmt_.rotations(l), fmt_.levels(l)));
   }
   CudaPackedLayers(const CudaPackedLayers&) = delete;

@@ -12,6 +12,10 @@ namespace ratekv::engine {
 
 namespace {
 
+// Widest TQ-MSE group: 5..8-bit groups keep their high bits in the extension
+// pages (docs/packed_format.md §5), as in the CPU packed cache.
+constexpr int kMaxWideBits = 8;
+
 // Where one (layer, KV head, side) is stored: scalar pages (TQ-MSE groups)
 // or the vq pages (a vq or fp16 codec).
 enum class Store { scalar, vq, fp16 };
@@ -58,12 +62,9 @@ SideGroups side_groups(const cache::PlanCodecs& codecs, int l, int h, int s) {
     // layout and reconstruct as 0, as in the CPU packed cache
     // (docs/packed_format.md §6; the GPU writers skip them, the readers write 0).
     if (tq.bits() == 0) return;
-    if (tq.bits() < packed::kMinBits || tq.bits() > packed::kMaxBits) {
-      r.error = fmt::format(
-          "GPU engine: {}: a {}-bit group; the GPU quantizers write 0..4-bit groups only (5..8-bit groups are the "
-          "CPU packed cache's extension pages, not written on the GPU: serve this plan with --device cpu, or make "
-          "it with at most 4 bits per group, PlanRequest.b_max / ratekv plan --bmax 4)",
-          field, tq.bits());
+    if (tq.bits() < packed::kMinBits || tq.bits() > kMaxWideBits) {
+      r.error = fmt::format("GPU engine: {}: a {}-bit group; the packed pages store 1..{}-bit groups", field,
+                            tq.bits(), kMaxWideBits);
       return;
     }
     if (tq.config().norm != quant::NormCoding::fp16 || tq.config().norm_correction) {
@@ -105,6 +106,7 @@ std::string plan_level_reason(const cache::PlanCodecs& codecs) {
 // the vq pages, so vq / fp16 values need vq / fp16 keys.
 struct LayerStores {
   Store store[2] = {Store::scalar, Store::scalar};
+  bool wide = false;  // a TQ-MSE group of 5..8 bits (extension pages)
   std::string error;
   bool has_vq() const { return store[0] != Store::scalar || store[1] != Store::scalar; }
 };
@@ -121,6 +123,7 @@ LayerStores layer_stores(const cache::PlanCodecs& codecs, int l) {
         return r;
       }
       if (h == 0) r.store[s] = g.store;
+      for (const auto& grp : g.groups) r.wide = r.wide || grp.first->bits() > packed::kMaxBits;
       if (g.store != r.store[s]) {
         r.error = fmt::format(
             "GPU engine: plan: layers[{}].heads[{}].{}: stored {} but head 0's {} is {}; a layer side is in the vq "
@@ -143,7 +146,12 @@ LayerStores layer_stores(const cache::PlanCodecs& codecs, int l) {
       }
     }
   }
-  if (r.store[0] == Store::scalar && r.store[1] != Store::scalar)
+  if (r.wide && r.has_vq())
+    r.error = fmt::format(
+        "GPU engine: plan: layers[{}]: 5..8-bit TQ-MSE groups beside vq / fp16 sides; the vq decode kernel reads "
+        "TQ-MSE values without extension pages (give that layer's values at most 4 bits)",
+        l);
+  else if (r.store[0] == Store::scalar && r.store[1] != Store::scalar)
     r.error = fmt::format(
         "GPU engine: plan: layers[{}].heads[0].value: a {} value side under TQ-MSE keys; the GPU's vq decode reads "
         "the keys from the vq pages (vq or fp16 keys), so vq / fp16 values need vq / fp16 keys",
@@ -187,19 +195,28 @@ CacheFormat CacheFormat::packed(std::shared_ptr<const cache::PlanCodecs> codecs,
     const LayerStores st = layer_stores(*codecs, l);
     if (!st.error.empty()) fail("{}", st.error);
     if (st.has_vq()) uniform = false;
-    std::vector<packed::HeadSpec> specs(c.n_kv_heads);
+    std::vector<packed::HeadSpec> specs(c.n_kv_heads), ext_specs(c.n_kv_heads);
+    bool any_wide = false;
     std::vector<float> rot, lvl;
     for (int h = 0; h < c.n_kv_heads; ++h)
       for (int s = 0; s < 2; ++s) {
         SideGroups sg = side_groups(*codecs, l, h, s);
         if (sg.store != Store::scalar) continue;  // in the vq pages
         auto& side = s == 0 ? specs[h].key : specs[h].value;
+        auto& ext_side = s == 0 ? ext_specs[h].key : ext_specs[h].value;
         int& ub = s == 0 ? kb : vb;
         if (sg.groups.size() != 1 || static_cast<int>(sg.groups[0].second.size()) != c.head_dim) uniform = false;
         for (auto& [tq, ch] : sg.groups) {
           if (ub < 0) ub = tq->bits();
           if (ub != tq->bits()) uniform = false;
-          side.push_back(packed::GroupSpec{ch, tq->bits()});
+          // A b-bit group (b = 5..8): its low 4 bits here, the high b − 4 in
+          // the extension layout, in the order of the wide groups (as
+          // PackedKVCache and cuda::PackedPlan(layout, ext, …) match them).
+          side.push_back(packed::GroupSpec{ch, std::min(tq->bits(), packed::kMaxBits)});
+          if (tq->bits() > packed::kMaxBits) {
+            ext_side.push_back(packed::GroupSpec{ch, tq->bits() - packed::kMaxBits});
+            any_wide = true;
+          }
           const Eigen::MatrixXd P = tq->rotation().matrix();
           const int m = tq->dim();
           for (int i = 0; i < m; ++i)
@@ -212,6 +229,11 @@ CacheFormat CacheFormat::packed(std::shared_ptr<const cache::PlanCodecs> codecs,
     f.page_bytes_.push_back(f.layouts_.back().page_bytes());
     f.rotations_.push_back(std::move(rot));
     f.levels_.push_back(std::move(lvl));
+    f.ext_.emplace_back();
+    if (any_wide) {
+      f.ext_.back().emplace(c.head_dim, std::move(ext_specs));
+      f.page_bytes_.back() += f.ext_.back()->page_bytes();
+    }
     f.vq_.emplace_back();
     if (!st.has_vq()) continue;
     packed::VqSideSpec spec[2];
@@ -282,6 +304,11 @@ bool CacheFormat::has_vq() const {
   for (const auto& v : vq_)
     if (v) return true;
   return false;
+}
+const packed::LayerLayout* CacheFormat::ext_layout(int layer) const {
+  if (fp16_) return nullptr;
+  const auto& e = ext_.at(layer);
+  return e ? &*e : nullptr;
 }
 size_t CacheFormat::scalar_page_bytes(int layer) const {
   const VqLayer* v = vq(layer);

@@ -17,6 +17,7 @@
 #include "ratekv/common/error.h"
 #include "ratekv/cuda/decode_attention.h"
 #include "ratekv/cuda/model_kernels.h"
+#include "ratekv/cuda/packed_wide.h"
 #include "ratekv/cuda/vq_encode.h"
 #include "ratekv/engine/page_pool.h"
 #include "ratekv/model/sliding_window.h"
@@ -130,7 +131,11 @@ struct Engine::Impl {
   int max_pages = 0;  // page-table row stride: ⌈context limit / 64⌉ (pool->max_seq_pages())
   uint8_t* pages(int l) const { return pool->layer_base(l); }
   uint16_t* fp16_pages(int l) const { return reinterpret_cast<uint16_t*>(pool->layer_base(l)); }
-  // A vq layer's vq pages follow its scalar pages in the layer's memory (CacheFormat).
+  // A layer's extension pages (high bits of 5..8-bit groups) follow its pages,
+  // a vq layer's vq pages its scalar pages, in the layer's memory (CacheFormat).
+  uint8_t* ext_pages(int l) const {
+    return pool->layer_base(l) + static_cast<size_t>(pool->pages()) * fmt.layout(l).page_bytes();
+  }
   uint8_t* vq_pages(int l) const {
     return pool->layer_base(l) + static_cast<size_t>(pool->pages()) * fmt.scalar_page_bytes(l);
   }
@@ -294,6 +299,9 @@ struct Engine::Impl {
     } else if (fmt.vq(l)) {
       cuda::vq_decode_attention(*vq_plans[l], db, vq_pages(l), pages(l), q32.p, cuda::DType::f32, scale,
                                 o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream);
+    } else if (fmt.ext_layout(l)) {  // 5..8-bit groups: the generic kernel with the extension pages
+      cuda::packed_decode_attention(*plans[l], db, pages(l), ext_pages(l), q32.p, cuda::DType::f32, scale,
+                                    o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream);
     } else {
       cuda::packed_decode_attention(*plans[l], db, pages(l), q32.p, cuda::DType::f32, scale,
                                     o32.as<float>(), attn_ws.p, attn_ws.bytes, 0, stream);
@@ -308,7 +316,9 @@ struct Engine::Impl {
                     bool decode) {
     if (fmt.vq(l)) cuda::vq_append(*vq_enc[l], db, vq_pages(l), kpre, k, v, n, stream);
     if (!plans[l]) return;
-    if (decode) {
+    if (fmt.ext_layout(l)) {  // 5..8-bit groups (decode and prefill alike)
+      cuda::packed_write_wide(*plans[l], db, pages(l), ext_pages(l), k, v, n, stream);
+    } else if (decode) {
       cuda::packed_append(*plans[l], db, pages(l), k, v, cuda::DType::f32, stream);
     } else {
       const cuda::PrefillScratch scratch = prefill_scratch();  // the engine's handle and buffer: no allocation
@@ -321,7 +331,10 @@ struct Engine::Impl {
   // row pt, positions pos0 …): packed_dequantize, and for a vq layer
   // vq_dequantize after it (its keys, and its values when in the vq pages).
   void dequantize(int l, const int32_t* pt, int n, int pos0, uint16_t* k, uint16_t* v) {
-    if (plans[l]) cuda::packed_dequantize(*plans[l], pages(l), pt, n, k, v, stream);
+    if (plans[l] && fmt.ext_layout(l))
+      cuda::packed_dequantize_wide(*plans[l], pages(l), ext_pages(l), pt, n, k, v, stream);
+    else if (plans[l])
+      cuda::packed_dequantize(*plans[l], pages(l), pt, n, k, v, stream);
     if (fmt.vq(l)) cuda::vq_dequantize(*vq_plans[l], vq_pages(l), pt, n, pos0, k, v, stream);
   }
 
@@ -732,7 +745,11 @@ std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, Cac
     I->vq_enc.resize(cfg.n_layers);
     for (int l = 0; l < cfg.n_layers; ++l) {
       const CacheFormat::VqLayer* vq = I->fmt.vq(l);
-      if (detail::has_packed_plan(I->fmt, l)) {
+      if (const packed::LayerLayout* ext = I->fmt.ext_layout(l)) {  // 5..8-bit groups: extension pages
+        I->plans[l] = std::make_unique<cuda::PackedPlan>(I->fmt.layout(l), *ext, cfg.n_heads, I->fmt.rotations(l),
+                                                         I->fmt.levels(l));
+        I->allocated += I->plans[l]->device_bytes();
+      } else if (detail::has_packed_plan(I->fmt, l)) {
         I->plans[l] = std::make_unique<cuda::PackedPlan>(I->fmt.layout(l), cfg.n_heads, I->fmt.rotations(l),
                                                          I->fmt.levels(l), cuda::PrefillMatrices::f32);
         I->allocated += I->plans[l]->device_bytes();

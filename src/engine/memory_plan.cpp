@@ -23,6 +23,22 @@ double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0
 
 namespace detail {
 
+// default_splits(plan, …) of a plan with 5..8-bit groups (the generic decode
+// kernel: one page per split, at most 2048; src/cuda/packed_plan.cpp).
+int wide_default_splits(int len) { return std::max(1, std::min((len + packed::kPageTokens - 1) / packed::kPageTokens, 2048)); }
+
+// PackedPlan(layout, ext, …)'s device bytes: packed_plan_device_bytes without
+// prefill matrices (a plan with 5..8-bit groups has none), with 2^b levels
+// for a wide group instead of the layout's 2^4.
+size_t wide_plan_device_bytes(const CacheFormat& f, int l) {
+  const packed::LayerLayout& L = f.layout(l);
+  size_t main_levels = 0;
+  for (int h = 0; h < L.n_kv_heads(); ++h)
+    for (packed::Side side : {packed::Side::key, packed::Side::value})
+      for (const packed::GroupLayout& G : L.head(h).side(side)) main_levels += size_t{1} << G.bits;
+  return cuda::packed_plan_device_bytes(L, cuda::PrefillMatrices::none) + 4 * (f.levels(l).size() - main_levels);
+}
+
 size_t decode_workspace_bytes(const ModelConfig& c, const CacheFormat& f, const EngineOptions& o) {
   const int ctx = static_cast<int>(std::min<int64_t>(context_limit(c, o), std::numeric_limits<int>::max()));
   size_t ws = 0;
@@ -40,8 +56,9 @@ size_t decode_workspace_bytes(const ModelConfig& c, const CacheFormat& f, const 
       splits = std::max(splits, cuda::fp16_default_splits(b, c.n_kv_heads, c.n_heads, c.head_dim, len,
                                                           cuda::Fp16DecodeVariant::rows16));
       for (int l = 0; l < c.n_layers && !f.is_fp16(); ++l)
-        splits = std::max(splits, f.vq(l) ? cuda::vq_default_splits(c.n_kv_heads, b, len)
-                                          : cuda::default_splits(f.layout(l), c.n_heads, b, len));
+        splits = std::max(splits, f.vq(l)           ? cuda::vq_default_splits(c.n_kv_heads, b, len)
+                                  : f.ext_layout(l) ? wide_default_splits(len)
+                                                    : cuda::default_splits(f.layout(l), c.n_heads, b, len));
     }
     ws = std::max(ws, cuda::decode_workspace_bytes(b, c.n_heads, c.head_dim, splits + 8));
   }
@@ -52,7 +69,10 @@ size_t table_bytes(const ModelConfig& c, const CacheFormat& f) {
   size_t b = 8 * static_cast<size_t>(c.head_dim / 2) * (any_sliding(c) ? 2 : 1) +  // RoPE (and local RoPE)
              4 * static_cast<size_t>(cuda::kReadProbeBlocks);
   for (int l = 0; l < c.n_layers && !f.is_fp16(); ++l) {
-    if (has_packed_plan(f, l)) b += cuda::packed_plan_device_bytes(f.layout(l), cuda::PrefillMatrices::f32);
+    if (f.ext_layout(l))
+      b += wide_plan_device_bytes(f, l);
+    else if (has_packed_plan(f, l))
+      b += cuda::packed_plan_device_bytes(f.layout(l), cuda::PrefillMatrices::f32);
     if (const CacheFormat::VqLayer* vq = f.vq(l))
       b += cuda::vq_plan_device_bytes(c.n_kv_heads, c.head_dim, vq->codewords.size(), vq->channels.size()) +
            cuda::vq_encode_plan_device_bytes(c.n_kv_heads, c.head_dim, vq->codebooks.size());

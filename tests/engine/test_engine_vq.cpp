@@ -4,8 +4,9 @@
 // runtime with the CPU packed cache of the same plan, on identical synthetic
 // weights (tiny-llama: 2 layers, GQA 2, head_dim 64, interleaved RoPE; and a
 // qwen2-shaped tiny model: biases, NeoX RoPE, GQA 4, 1 KV head), and fp16
-// keys over TQ-MSE values (-ctk f16 -ctv tq3: keys in the vq pages too). GPU
-// only: skipped without a device.
+// keys over TQ-MSE values (-ctk f16 -ctv tq3: keys in the vq pages too); and
+// RateQuant-style plans with 5..8-bit groups (extension pages). GPU only:
+// skipped without a device.
 //
 // The plans: TaSQ-style keys (groups of 8 channels of shuffled RoPE pairs,
 // 2^6 centroids, shared fp16 scale, channel weights in [0.5, 2]) and values
@@ -220,7 +221,6 @@ void compare(Model& cpu, const ModelConfig& c, std::shared_ptr<const cache::Plan
   o.pool_bytes = size_t{64} << 20;
   o.max_batch = 2;
   auto eng = Engine::create_synthetic(c, true, kSeed, CacheFormat::packed(codecs), o);
-  EXPECT_TRUE(eng->format().has_vq());
   const std::vector<int32_t> prompt = random_tokens(n, V, 11);
   std::vector<float> g_pre(size_t(n) * V);
   const int s = eng->add_sequence(n + n_dec);
@@ -301,6 +301,7 @@ TEST(EngineVq, TasqPlansMatchTheCpuRuntime) {
       const std::string name = std::string(m->cfg.arch) +
                                (v == Values::cq ? " TaSQ K6 + CQ V" : v == Values::fp16 ? " TaSQ K6 + fp16 V" : " TaSQ K6 + TQ3 V");
       auto codecs = tasq_plan(m->model, v, 7 + static_cast<uint32_t>(v));
+      ASSERT_TRUE(CacheFormat::packed(codecs).has_vq());
       compare(m->model, m->cfg, codecs, name.c_str(), 97, 0);
       compare(m->model, m->cfg, codecs, name.c_str(), 97, 64);  // chunked: earlier chunks dequantized (RoPE at their positions)
     }
@@ -309,6 +310,33 @@ TEST(EngineVq, TasqPlansMatchTheCpuRuntime) {
   auto f16k = std::make_shared<const cache::PlanCodecs>(eval::cache_type_plan("f16", "tq3", m.cfg, 7), m.cfg);
   compare(m.model, m.cfg, f16k, "llama fp16 K + TQ3 V", 97, 0);
   compare(m.model, m.cfg, f16k, "llama fp16 K + TQ3 V", 97, 64);
+}
+
+// RateQuant-style plans with 5..8-bit groups (issue 18 item 4a): per head and
+// side widths 2..8, the high bits of the wide groups in the extension pages
+// (cuda::packed_write_wide / packed_dequantize_wide, the generic decode
+// kernel), against the CPU runtime with the CPU packed cache as above.
+TEST(EngineWide, WidePlansMatchTheCpuRuntime) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (Tiny* m : {&tiny_llama(), &tiny_qwen()}) {
+    const ModelConfig& c = m->cfg;
+    Plan p;
+    p.method = "ratequant";
+    static_cast<PlanTarget&>(p.model) = cache::plan_target(c);
+    p.layers.assign(c.n_layers, std::vector<HeadPlan>(c.n_kv_heads));
+    const int widths[] = {6, 5, 3, 8, 8, 2, 5, 4, 7, 6, 4, 5};
+    int w = 0;
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int h = 0; h < c.n_kv_heads; ++h, w += 2) {
+        p.layers[l][h].key = Codec::tq_mse(widths[w % 12], c.head_dim, 40 + w);
+        p.layers[l][h].value = Codec::tq_mse(widths[(w + 1) % 12], c.head_dim, 41 + w);
+      }
+    auto codecs = std::make_shared<const cache::PlanCodecs>(p, c);
+    ASSERT_NE(CacheFormat::packed(codecs).ext_layout(0), nullptr);
+    const std::string name = c.arch + " RateQuant 2..8 bits";
+    compare(m->model, c, codecs, name.c_str(), 97, 0);
+    compare(m->model, c, codecs, name.c_str(), 97, 64);
+  }
 }
 
 // Sequences of unequal lengths (5, 37, and 70 + 300 synthetic tokens written

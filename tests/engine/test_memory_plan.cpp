@@ -124,7 +124,22 @@ TEST(EngineCacheFormat, ServesGroupedPlansAndRefusesTheRest) {
   EXPECT_DOUBLE_EQ(zf.bytes_per_token(), plan_stored_bytes(zero).bytes_per_token());
   Plan wide = eval::cache_type_plan("tq3", "tq3", c);
   wide.layers[0][2].value = Codec::tq_mse(6, c.head_dim, 5);
-  refuse(wide, "layers[0].heads[2].value: a 6-bit group");
+  // A 6-bit group is served: its low 4 bits in the layer's pages, its high 2
+  // in the extension pages, byte for byte the CPU packed cache's two layouts.
+  EXPECT_EQ(CacheFormat::unsupported_reason(*codecs(wide, c)), "");
+  const CacheFormat wf = CacheFormat::packed(codecs(wide, c));
+  const cache::PackedKVCache wcpu(c.kv_shape(64), codecs(wide, c));
+  ASSERT_NE(wf.ext_layout(0), nullptr);
+  ASSERT_NE(wcpu.ext_layout(0), nullptr);
+  EXPECT_EQ(wf.ext_layout(1), nullptr);
+  EXPECT_EQ(wf.layout(0).page_bytes(), wcpu.layout(0).page_bytes());
+  EXPECT_EQ(wf.ext_layout(0)->page_bytes(), wcpu.ext_layout(0)->page_bytes());
+  EXPECT_EQ(wf.page_bytes(0), wcpu.layout(0).page_bytes() + wcpu.ext_layout(0)->page_bytes());
+  EXPECT_EQ(wf.scalar_page_bytes(0), wf.page_bytes(0));
+  EXPECT_EQ(wf.layout(0).head(2).value.at(0).bits, 4);
+  EXPECT_EQ(wf.ext_layout(0)->head(2).value.at(0).bits, 2);
+  EXPECT_DOUBLE_EQ(wf.bytes_per_token(), plan_stored_bytes(wide).bytes_per_token());
+  EXPECT_EQ(wf.levels(0).size(), size_t{8 * 2 * 8 - 8 + 64});  // 3-bit groups 8 levels, the 6-bit one 64
   Plan win = eval::cache_type_plan("tq3", "tq3", c);
   win.fp16_window = 32;
   refuse(win, "fp16_window 32");
@@ -169,6 +184,12 @@ TEST(EngineCacheFormat, ServesVqPlans) {
       ASSERT_NEAR(vq->codewords[i] * a, vq->codebooks[i], 1e-6f * (1 + std::abs(vq->codebooks[i]))) << i;
     }
   }
+  // 5..8-bit TQ-MSE values beside vq keys: the vq decode reads no extension pages.
+  const ModelConfig c = ratekv_test::vq_config(64, 2, 2, RopeLayout::NeoX);
+  const auto wide = ratekv_test::vq_codecs(c, 8, 6, 6, VqValues::tq_mse, 5);
+  const std::string why = CacheFormat::unsupported_reason(*wide);
+  EXPECT_NE(why.find("plan: layers[0]: 5..8-bit TQ-MSE groups beside vq / fp16 sides"), std::string::npos) << why;
+  EXPECT_THROW(CacheFormat::packed(wide), Error);
 }
 
 // The engine's pages store what the plan's accounting says it stores

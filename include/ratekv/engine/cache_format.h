@@ -9,7 +9,11 @@
 // the order cuda::PackedPlan takes them (KV head, side, group).
 //
 // Served on the GPU: tq-mse and tq-mse-grouped codecs — uniform TQ-MSE,
-// Block-GTQ, RateQuant — with every group at 0..4 bits (issue 17), and
+// Block-GTQ, RateQuant — with groups of 0..8 bits (a 5..8-bit group keeps its
+// low 4 bits in the layer's pages and its high bits in the layer's extension
+// pages, docs/packed_format.md §5: a page is then the layer's page followed
+// by its extension page, and in the pool the extension pages follow the
+// layer's pages), and
 // (issue 18) TaSQ / CQ layers: a layer whose key side is vq (or fp16, every
 // KV head) keeps that side — and a vq / fp16 value side — in the layer's vq
 // pages (docs/packed_format.md §7), a tq-mse value side in its scalar pages;
@@ -19,8 +23,8 @@
 // then its vq pages (vq_pool_offset). Everything else is refused when the
 // format is built (before any GPU work), naming the plan field and why: fp16
 // or vq value sides under tq-mse keys, fp16 sides on only some KV heads,
-// kivi / quarot / q8_0 / q4_0 (no packed storage), 5..8-bit groups, key
-// offsets, other norm codings.
+// 5..8-bit groups in a layer with vq sides, kivi / quarot / q8_0 / q4_0 (no
+// packed storage), key offsets, other norm codings.
 #pragma once
 
 #include <cstddef>
@@ -81,8 +85,12 @@ class CacheFormat {
   const VqLayer* vq(int layer) const;
   /// Whether any layer has vq pages.
   bool has_vq() const;
-  /// Bytes of one scalar page of the layer (page_bytes minus its vq page).
+  /// Bytes of one scalar page of the layer with its extension page
+  /// (page_bytes minus its vq page).
   size_t scalar_page_bytes(int layer) const;
+  /// The layer's extension layout (high bits of its 5..8-bit groups), or
+  /// nullptr when it has none.
+  const packed::LayerLayout* ext_layout(int layer) const;
   /// The plan (null for fp16).
   const std::shared_ptr<const cache::PlanCodecs>& codecs() const { return codecs_; }
 
@@ -94,6 +102,7 @@ class CacheFormat {
   std::vector<packed::LayerLayout> layouts_;
   std::vector<std::vector<float>> rotations_, levels_;
   std::vector<std::optional<VqLayer>> vq_;
+  std::vector<std::optional<packed::LayerLayout>> ext_;
   std::shared_ptr<const cache::PlanCodecs> codecs_;
 };
 

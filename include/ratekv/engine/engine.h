@@ -51,7 +51,10 @@
 // correctness path, fp32, no tensor cores), evaluation and chunked prefill
 // over their fp16 reconstructions (cuda::vq_dequantize). A key whose shared
 // scale overflows fp16 makes prefill / decode throw after the step (the CPU
-// packed cache refuses it too).
+// packed cache refuses it too). Plans with 5..8-bit groups (RateQuant) keep
+// the high bits in each layer's extension pages: cuda::packed_write_wide in
+// append and prefill, the generic decode kernel, cuda::packed_dequantize_wide
+// for evaluation / chunked prefill (correctness paths, fp32).
 //
 // Memory (EngineOptions, plan_memory): weights, activations for max_batch
 // decode rows and a max_prefill_tokens prompt, workspaces, a reserve; the rest
@@ -265,9 +268,10 @@ class Engine {
 
   // ---- raw state, for bindings (device pointers; no CUDA types) ----
   void* stream() const;
-  /// Layer `layer`'s page memory: pages · page_bytes bytes; for a vq layer
-  /// (CacheFormat::vq) the scalar pages (pages · scalar_page_bytes) first,
-  /// then the vq pages.
+  /// Layer `layer`'s page memory: pages · page_bytes bytes: the layer's pages
+  /// (pages · layout(l).page_bytes()), then its extension pages if it has
+  /// 5..8-bit groups (CacheFormat::ext_layout), then its vq pages if it has
+  /// vq sides (CacheFormat::vq).
   uint8_t* layer_pool(int layer) const;
   /// CacheFormat::page_bytes: a vq layer's scalar plus vq page.
   size_t page_bytes(int layer) const;
