@@ -232,7 +232,7 @@ double median(std::vector<double> v) {
 // run: the CPU runtime on the GPU's bf16 weights against the CPU on fp32. The
 // GPU passes if the median over trials of its worst row and of its first row
 // (right after the prefill, where both sides have seen the same tokens) are
-// within 2x the reference's median (+0.02, the fp16 bound's scale): a model-
+// within 2x the reference's median (+0.02, the fp16 bound's scale; at most 0.7): a model-
 // scale check that the GPU's packed path is as close to the CPU as the weight
 // rounding alone makes it; the kernels' exact checks are the synthetic tests'
 // (test_engine.cpp, tests/cuda). Equal answers are equal NIAH verdicts (a
@@ -317,8 +317,11 @@ TEST(EngineSmolLM2, NiahAnswersAndVerdictsMatchCpu) {
     if (!fp16) {
       std::printf("  %s medians: GPU worst %.3e first %.3e; reference worst %.3e first %.3e\n", k.name,
                   median(g_worst), median(g_first), median(r_worst), median(r_first));
-      EXPECT_LT(median(g_worst), 2 * median(r_worst) + 0.02) << k.name;
-      EXPECT_LT(median(g_first), 2 * median(r_first) + 0.02) << k.name;
+      // Capped at 0.7: unrelated logit rows of equal norm are ≈ √2 apart, so a
+      // noisy reference must not let a broken path through (the GPU's medians
+      // were 0.32–0.33 on the H200).
+      EXPECT_LT(median(g_worst), std::min(2 * median(r_worst) + 0.02, 0.7)) << k.name;
+      EXPECT_LT(median(g_first), std::min(2 * median(r_first) + 0.02, 0.7)) << k.name;
     }
   }
   std::printf("  SmolLM2 NIAH at 512: verdicts equal in %d of %d trials (diverged answers included)\n", agree,
