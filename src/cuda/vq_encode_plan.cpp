@@ -131,13 +131,15 @@ size_t vq_encode_plan_device_bytes(int n_kv_heads, int head_dim, size_t n_codebo
   return 4 * n_codebook + 4 * per_side * head_dim + 4 * per_side * head_dim + 8 * per_side + sizeof(int);
 }
 
-VqEncodePlan::~VqEncodePlan() {
-  cudaFree(dev_->codebooks);
-  cudaFree(dev_->channel_scale);
-  cudaFree(dev_->channels);
-  cudaFree(dev_->cb_offset);
-  cudaFree(dev_->status);
+VqEncodePlan::Device::~Device() {
+  cudaFree(codebooks);
+  cudaFree(channel_scale);
+  cudaFree(channels);
+  cudaFree(cb_offset);
+  cudaFree(status);
 }
+
+VqEncodePlan::~VqEncodePlan() = default;
 
 void vq_check_status(const VqEncodePlan& plan, void* stream, const char* what) {
   auto st = static_cast<cudaStream_t>(stream);

@@ -10,7 +10,9 @@
 namespace ratekv::cuda::detail {
 
 inline constexpr int kVqEncodeMaxHeadDim = 256;
-inline constexpr int kVqEncodeMaxRow = 12288;  // n_kv_heads · head_dim floats in shared memory (48 KiB)
+// n_kv_heads · head_dim floats of dynamic shared memory (32 KiB: with the
+// kernel's static shared memory well under the 48 KiB default limit).
+inline constexpr int kVqEncodeMaxRow = 8192;
 
 /// One layer's vq-page sides; passed by value to the kernel.
 struct VqEncodeTables {
@@ -35,6 +37,7 @@ struct VqEncodeTables {
 
 namespace ratekv::cuda {
 struct VqEncodePlan::Device {
+  ~Device();  // frees what was uploaded (also when the plan's constructor throws)
   detail::VqEncodeTables t;
   float* codebooks = nullptr;
   float* channel_scale = nullptr;

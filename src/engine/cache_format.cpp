@@ -38,7 +38,7 @@ SideGroups side_groups(const cache::PlanCodecs& codecs, int l, int h, int s) {
                           "fake-quant cache serves key offsets)", field);
     return r;
   }
-  if (codec.kind == CodecKind::Vq) {  // TaSQ / CQ: the vq pages (layer checks in vq_layer_reason)
+  if (codec.kind == CodecKind::Vq) {  // TaSQ / CQ: the vq pages (layer checks in layer_stores)
     r.store = Store::vq;
     return r;
   }
@@ -48,9 +48,9 @@ SideGroups side_groups(const cache::PlanCodecs& codecs, int l, int h, int s) {
   }
   if (codec.kind != CodecKind::TqMse && codec.kind != CodecKind::TqMseGrouped) {
     r.error = fmt::format(
-        "GPU engine: {}: codec kind '{}' is not served on the GPU (the engine serves tq-mse and tq-mse-grouped "
-        "codecs: uniform TQ-MSE, Block-GTQ, RateQuant; vq codecs: TaSQ, CQ; fp16 K/V as a whole cache with -ctk f16 "
-        "-ctv f16)",
+        "GPU engine: {}: codec kind '{}' is not served on the GPU: no packed storage (the engine serves tq-mse and "
+        "tq-mse-grouped codecs: uniform TQ-MSE, Block-GTQ, RateQuant; vq codecs: TaSQ, CQ; fp16 sides; and the fp16 "
+        "cache, CacheFormat::fp16)",
         field, codec_kind_name(codec.kind));
     return r;
   }
@@ -139,9 +139,11 @@ LayerStores layer_stores(const cache::PlanCodecs& codecs, int l) {
       const cache::VqCodec* ch = codecs.vq(l, h, static_cast<cache::KVSide>(s));
       if (ch->n_groups() != c0->n_groups() || ch->n_centroids() != c0->n_centroids() ||
           ch->shared_scale() != c0->shared_scale()) {
-        r.error = fmt::format("GPU engine: plan: layers[{}].heads[{}].{}: {} groups of {} centroids, head 0 has {} of "
-                              "{}; the vq pages need the same groups, width and scale kind on every KV head",
-                              l, h, side, ch->n_groups(), ch->n_centroids(), c0->n_groups(), c0->n_centroids());
+        r.error = fmt::format("GPU engine: plan: layers[{}].heads[{}].{}: {} groups of {} centroids, shared scale {}; "
+                              "head 0 has {} of {}, shared scale {}; the vq pages need the same groups, width and "
+                              "scale kind on every KV head",
+                              l, h, side, ch->n_groups(), ch->n_centroids(), ch->shared_scale(), c0->n_groups(),
+                              c0->n_centroids(), c0->shared_scale());
         return r;
       }
     }

@@ -34,11 +34,12 @@
 // 0.014, against 0.07–0.34 at ε = 3e-3 (by seed) and the GPU's 0.26 — a
 // deterministic rounding happened to flip almost no index there. Measured
 // here on the CPU, three seeds: prefill references 0.15–0.46, decode
-// 0.13–0.23.) The GPU passes if its
-// worst prefill row and its worst decode step are within 2x the CPU's noisy
-// worst (+0.02, the fp16 bound's scale), as
-// EngineSmolLM2.NiahAnswersAndVerdictsMatchCpu judges K3V3 (a bug — a wrong
-// position, index or scale — moves the logits by O(1), far past it); greedy
+// 0.13–0.23.) The GPU passes if the median of its prefill rows is within 2x
+// the largest of the noisy references' medians (+0.02, the fp16 bound's
+// scale; medians, not worst rows: 2x a worst row reaches unrelated logits),
+// its worst decode step within 2x the noisy worst step + 0.02, and no row or
+// step exceeds 0.5 (the H200's worst so far 0.31; unrelated logits are ≈ 1.4;
+// a bug — a wrong position, index or scale — moves the logits by O(1)); greedy
 // tokens agree wherever the CPU's top-2 margin exceeds 0.5 (the NIAH
 // comparison's packed allowance).
 #include <gtest/gtest.h>
@@ -70,6 +71,7 @@ using engine_test::rel_l2;
 
 constexpr uint64_t kSeed = 20261202;
 constexpr double kNoise = 3e-3;  // relative K/V noise of the CPU reference (file comment)
+constexpr double kCap = 0.5;      // absolute cap on any row / step (file comment)
 
 enum class Values { cq, fp16, tq3 };
 
@@ -234,15 +236,26 @@ void compare(Model& cpu, const ModelConfig& c, std::shared_ptr<const cache::Plan
     noisy.push_back(std::make_unique<NoisyKVCache>(c.kv_shape(n + n_dec), codecs, kNoise, seed));
   std::vector<float> c_pre(size_t(n) * V), r_pre(size_t(n) * V);
   cpu.forward(prompt, 0, kv, c_pre.data(), true);
-  double worst = 0, floor_pre = 0;
-  for (int i = 0; i < n; ++i) worst = std::max(worst, rel_l2(g_pre, c_pre, size_t(i) * V, V));
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  std::vector<double> rows(n);
+  for (int i = 0; i < n; ++i) rows[i] = rel_l2(g_pre, c_pre, size_t(i) * V, V);
+  const double worst = *std::max_element(rows.begin(), rows.end()), med = median(rows);
+  double floor_med = 0, floor_worst = 0;
   for (auto& r : noisy) {
     cpu.forward(prompt, 0, *r, r_pre.data(), true);
-    for (int i = 0; i < n; ++i) floor_pre = std::max(floor_pre, rel_l2(r_pre, c_pre, size_t(i) * V, V));
+    std::vector<double> nr(n);
+    for (int i = 0; i < n; ++i) nr[i] = rel_l2(r_pre, c_pre, size_t(i) * V, V);
+    floor_med = std::max(floor_med, median(nr));
+    floor_worst = std::max(floor_worst, *std::max_element(nr.begin(), nr.end()));
   }
-  std::printf("  %s prefill (evaluation, chunk %d, %d tokens): worst row rel L2 %.3e (CPU K/V-noise reference %.3e)\n",
-              name, chunk, n, worst, floor_pre);
-  EXPECT_LT(worst, 2 * floor_pre + 0.02) << name;
+  std::printf("  %s prefill (evaluation, chunk %d, %d tokens): rows rel L2 median %.3e worst %.3e (CPU K/V-noise "
+              "reference: median %.3e worst %.3e)\n",
+              name, chunk, n, med, worst, floor_med, floor_worst);
+  EXPECT_LT(med, 2 * floor_med + 0.02) << name;
+  EXPECT_LT(worst, kCap) << name;
   int32_t tok = argmax(g_pre.data() + size_t(n - 1) * V, V);
   int agree = 0, decided = 0;
   std::vector<float> c_log(V), g_log(V), r_log(V);
@@ -266,7 +279,7 @@ void compare(Model& cpu, const ModelConfig& c, std::shared_ptr<const cache::Plan
   }
   std::printf("  %s decode: worst step rel L2 %.3e (CPU K/V-noise reference %.3e); greedy %d of %d decided steps agree\n",
               name, worst_dec, floor_dec, agree, decided);
-  EXPECT_LT(worst_dec, 2 * floor_dec + 0.02) << name;
+  EXPECT_LT(worst_dec, std::min(2 * floor_dec + 0.02, kCap)) << name;
   EXPECT_EQ(agree, decided) << name;
 }
 

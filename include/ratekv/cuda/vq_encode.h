@@ -43,8 +43,9 @@ namespace ratekv::cuda {
 ///                  (cache::VqCodec::group_channels), a permutation of 0..d−1.
 /// A side of kind none (a scalar TQ-MSE side in the layer's scalar pages) is
 /// skipped by vq_append. Throws Error on wrong span lengths, a channel list
-/// that is not a permutation, non-finite codebooks, a channel scale ≤ 0, or
-/// head_dim > 256.
+/// that is not a permutation, non-finite codebooks, a channel scale ≤ 0,
+/// head_dim > 256, or n_kv_heads · head_dim > 8192 (one token's row in
+/// shared memory).
 class VqEncodePlan {
  public:
   VqEncodePlan(const packed::VqLayerLayout& layout, std::span<const float> codebooks,
