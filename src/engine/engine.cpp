@@ -638,9 +638,20 @@ Engine::~Engine() = default;
 
 namespace {
 
+// EngineOptions::fp16_kernel (or time_attention's fp16_kernel, `what`):
+// 0 automatic, 1 rows16, 2 n8, 3 n8_fused; the n8 kernels need GQA ≤ 8 when
+// the cache is fp16.
+void check_fp16_kernel(const ModelConfig& cfg, const CacheFormat& fmt, int k, const char* what) {
+  check(k >= 0 && k <= 3, "GPU engine: {} {} (0 automatic, 1 rows16, 2 n8, 3 n8_fused)", what, k);
+  check(k < 2 || !fmt.is_fp16() || cfg.gqa_ratio() <= 8,
+        "GPU engine: {} {} ({}) needs GQA <= 8; this model has GQA {} (use 0 or 1)", what, k,
+        k == 2 ? "n8" : "n8_fused", cfg.gqa_ratio());
+}
+
 std::unique_ptr<Engine::Impl> make_impl(const ModelConfig& cfg, bool untied, CacheFormat fmt, const EngineOptions& opt) {
   check_supported(cfg);
   check_window_support(cfg, fmt);
+  check_fp16_kernel(cfg, fmt, opt.fp16_kernel, "EngineOptions::fp16_kernel");
   int n_dev = 0;
   check(cudaGetDeviceCount(&n_dev) == cudaSuccess && n_dev > 0, "GPU engine: no CUDA device visible");
   auto I = std::make_unique<Engine::Impl>(cfg, std::move(fmt), opt);
@@ -1185,6 +1196,7 @@ DecodeProfile Engine::profile_decode(std::span<const int> ids, int reps) {
 double Engine::time_attention(std::span<const int> ids, int reps, int fp16_kernel) {
   Impl& I = *impl_;
   check(I.opt.cuda_graphs, "GPU engine: time_attention needs cuda_graphs");
+  if (fp16_kernel >= 0) check_fp16_kernel(I.cfg, I.fmt, fp16_kernel, "time_attention: fp16_kernel");
   const int B = I.prepare_batch(ids, 1);
   const int64_t bound = I.bound_for(ids, 1);
   // Attention over the tokens cached now (every slot written), layer 0 alone.

@@ -371,11 +371,31 @@ TEST(CudaFp16Decode, AgainstReference) {
     int d, hkv, gqa;
     std::vector<int> lens;
   };
+  // The last case is past one wave of the n8 kernel (40 · 8 = 320 rows: its
+  // wave bound gives 3 splits, fp16_default_splits 4, merged in the kernel).
+  std::vector<int> many(40);
+  for (int i = 0; i < 40; ++i) many[i] = 64 + 37 * i % 250;
   const C cases[] = {{64, 3, 8, {1, 97, 4096}},
                      {128, 2, 4, {100003, 1, 97, 4096, 5, 16, 17, 300}},
                      {128, 4, 7, {33, 4097, 1000}},
                      {256, 1, 1, {97}},
-                     {64, 1, 12, {130, 7}}};
+                     {64, 1, 12, {130, 7}},
+                     {128, 8, 4, many}};
+  // The automatic choice at fixed points: merge in the kernel up to 32
+  // splits (GQA ≤ 8), not at 33 or for GQA > 8; n8_fused always, n8 never.
+  EXPECT_TRUE(cuda::fp16_fused_merge(4, 32, cuda::Fp16DecodeVariant::automatic));
+  EXPECT_FALSE(cuda::fp16_fused_merge(4, 33, cuda::Fp16DecodeVariant::automatic));
+  EXPECT_FALSE(cuda::fp16_fused_merge(12, 4, cuda::Fp16DecodeVariant::automatic));
+  EXPECT_TRUE(cuda::fp16_fused_merge(8, 200, cuda::Fp16DecodeVariant::n8_fused));
+  EXPECT_FALSE(cuda::fp16_fused_merge(8, 2, cuda::Fp16DecodeVariant::n8));
+  // fp16_default_splits past one wave: ≥ 4 (the CTA's warps) with ≥ 8 tiles
+  // (B = 40, 8 KV heads on 132 SMs: the wave bound alone gives 3); 1 tile: 1.
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  if (sms == 132) {
+    EXPECT_EQ(cuda::fp16_default_splits(40, 8, 32, 128, 300), 4);
+    EXPECT_EQ(cuda::fp16_default_splits(40, 8, 32, 128, 16), 1);
+  }
   uint32_t seed = 7;
   using V = cuda::Fp16DecodeVariant;
   const std::pair<V, const char*> variants[] = {
@@ -403,16 +423,17 @@ TEST(CudaFp16Decode, AgainstReference) {
     const std::vector<float> reference = ref::fp16_decode_attention(hq, c.hkv, c.d, B.ref(), pool, q, scale);
     cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
     for (const auto& [var, vname] : variants)
-    for (const int split_case : {0, 1, 3, 33}) {
+    for (const int split_case : {0, 1, 3, 33, -1}) {
       const bool n8_kernel = var == V::n8 || var == V::n8_fused || (var == V::automatic && c.gqa <= 8);
       if ((var == V::n8 || var == V::n8_fused) && c.gqa > 8) continue;
-      if (split_case != 0 && !n8_kernel) continue;
-      const int splits = split_case != 0 ? split_case : cuda::default_splits(nb, c.hkv, B.max_len);
+      if (split_case > 0 && !n8_kernel) continue;
+      // -1: n_splits = 0, the kernel's own fp16_default_splits (workspace sized for it).
+      const int splits = split_case > 0    ? split_case
+                         : split_case == 0 ? cuda::default_splits(nb, c.hkv, B.max_len)
+                                           : cuda::fp16_default_splits(nb, c.hkv, hq, c.d, B.max_len, var);
       SCOPED_TRACE("d=" + std::to_string(c.d) + " gqa=" + std::to_string(c.gqa) + " " + vname + " splits " +
                    std::to_string(splits) +
                    (n8_kernel && cuda::fp16_fused_merge(c.gqa, splits, var) ? " (fused merge)" : ""));
-      EXPECT_EQ(cuda::fp16_fused_merge(c.gqa, splits, var),
-                var == V::n8_fused || (var == V::automatic && c.gqa <= 8 && splits <= cuda::kFp16FusedMaxSplits));
       const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, splits);
       DevBuf<uint8_t> ws(ws_bytes);
       // Garbage in the workspace (the fused merge's arrival counters must be
@@ -422,7 +443,7 @@ TEST(CudaFp16Decode, AgainstReference) {
       for (int call = 0; call < 2; ++call) {
         CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));
         cuda::fp16_decode_attention(hq, c.hkv, c.d, db, dpool.p, dq.p, DType::f32, scale, dout.p,
-                                    ws.p, ws_bytes, splits, nullptr, var);
+                                    ws.p, ws_bytes, split_case < 0 ? 0 : splits, nullptr, var);
         CK(cudaDeviceSynchronize());
         const auto out = dout.get();
         for (int b = 0; b < nb; ++b) {

@@ -356,6 +356,23 @@ TEST(EngineCreate, RefusesUnknownArchitecturesAndMismatchedWeights) {
         engine::EngineOptions{});
   });
   EXPECT_NE(why4.find("layer 0 slides (sliding_window 512) and its plan keys are vq"), std::string::npos) << why4;
+  // EngineOptions::fp16_kernel outside 0..3, or an n8 kernel (2, 3) for an
+  // fp16 cache at GQA > 8, is refused naming the option.
+  engine::EngineOptions bad_kernel;
+  bad_kernel.fp16_kernel = 4;
+  ModelConfig l1 = synthetic_config("llama-3.1-8b", 1);
+  const std::string why6 =
+      error_of([&] { engine::Engine::create_synthetic(l1, true, 1, CacheFormat::fp16(l1), bad_kernel); });
+  EXPECT_NE(why6.find("EngineOptions::fp16_kernel 4 (0 automatic, 1 rows16, 2 n8, 3 n8_fused)"), std::string::npos)
+      << why6;
+  ModelConfig g16 = synthetic_config("llama-3.1-8b", 1);
+  g16.n_kv_heads = 2;  // GQA 16
+  bad_kernel.fp16_kernel = 3;
+  const std::string why7 =
+      error_of([&] { engine::Engine::create_synthetic(g16, true, 1, CacheFormat::fp16(g16), bad_kernel); });
+  EXPECT_NE(why7.find("EngineOptions::fp16_kernel 3 (n8_fused) needs GQA <= 8; this model has GQA 16"),
+            std::string::npos)
+      << why7;
   ModelConfig q = synthetic_config("qwen2.5-3b", 1);
   const std::string why2 =
       error_of([&] { engine::Engine::create(q, ModelWeights{}, CacheFormat::fp16(q), engine::EngineOptions{}); });

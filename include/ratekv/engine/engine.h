@@ -100,7 +100,7 @@ struct EngineOptions {
   int max_logit_rows = 0;              ///< LM-head rows per launch in prefill (0: max(max_batch, 512))
   bool cuda_graphs = true;             ///< decode steps as CUDA graph replays
   bool pages_descending = false;       ///< hand out the highest pages first (tests of 64-bit offsets)
-  int fp16_kernel = 0;                 ///< fp16 decode kernel: 0 automatic, 1 rows16, 2 n8, 3 n8_fused (cuda::Fp16DecodeVariant)
+  int fp16_kernel = 0;                 ///< fp16 decode kernel: 0 automatic, 1 rows16, 2 n8, 3 n8_fused (cuda::Fp16DecodeVariant; 2, 3 need GQA ≤ 8 with an fp16 cache; else create throws)
 };
 
 /// The memory plan (bytes). weights + activations + workspace + pool is
