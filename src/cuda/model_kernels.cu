@@ -85,8 +85,8 @@ __global__ void __launch_bounds__(256) add_rms_norm_kernel(float* __restrict__ x
 
 // One block per row, in place or not: out[i] = x[i] · r · w in fp32 with Σx²
 // in double (post-norms: ratekv::rms_norm on the attention / FFN output).
-__global__ void __launch_bounds__(256) rms_norm_f32_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                                           int d, float eps, float* __restrict__ out) {
+__global__ void __launch_bounds__(256) rms_norm_f32_kernel(const float* x, const float* __restrict__ w, int d,
+                                                           float eps, float* out) {  // x may be out: no __restrict__
   __shared__ double red[8];
   __shared__ float r_sh;
   const float* xr = x + (size_t)blockIdx.x * d;
