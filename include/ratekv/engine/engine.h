@@ -256,6 +256,9 @@ class Engine {
   /// Median ms of one layer's decode attention (query prologue + kernel +
   /// merge) over `seqs` at their current lengths, L2 flushed before each
   /// call: the number set against torch SDPA flash on the same shapes.
+  /// The layer is layer 0: on Gemma 3 a sliding-window layer, so the time is
+  /// that of a window of the last sliding_window cached tokens (a global
+  /// layer reads them all); the lengths are the cached tokens (no append).
   /// fp16_kernel: −1 the engine's choice, else as EngineOptions::fp16_kernel.
   double time_attention(std::span<const int> seqs, int reps, int fp16_kernel = -1);
   /// Bytes the next decode step of `seqs` reads (the roofline numerator).
