@@ -778,16 +778,22 @@ std::string error_of(const std::function<void()>& f) {
 // MemoryPlan): device memory in use after Engine::create + a prefill (the
 // packed tensor-core prefill: plan matrices, rotated rows, the engine's cuBLAS
 // handle) + decode steps (a CUDA graph) minus before equals the plan's
-// allocated() within a slack of 64 MiB for what the plan leaves to the
-// reserve: cudaMalloc's rounding (the driver hands out 2 MiB pages; ~70
-// allocations here), cuBLAS's handle state and the decode graph. A first
-// engine runs the same work before the measurement, so the kernel modules
-// (loaded lazily on first launch) are resident in both readings. Then a
-// reserve that leaves one byte less than the plan's fixed part is refused by
-// the plan, before anything is allocated.
+// allocated() plus what the plan leaves to the reserve. That remainder was
+// measured on the H200 (2026-12-02, main at e85b0b7): +72.09 MiB with K3V3,
+// +72.06 MiB with fp16 — the same for both formats, so it is per engine, not
+// per buffer (cuBLAS's handle state, the decode graph, the runtime's per-stream
+// state; its parts were not measured): bound 96 MiB. The part the formats
+// differ in (K3V3's plan tables and rotated-row buffer vs fp16) is checked
+// tightly: measured 20 MiB − 27 KiB apart on the device against 19.97 MiB in
+// the plans, bound 1 MiB (cudaMalloc's rounding). A first engine runs the same
+// work before the measurement, so the kernel modules (loaded lazily on first
+// launch) are resident in both readings. Then a reserve that leaves one byte
+// less than the plan's fixed part is refused by the plan, before anything is
+// allocated.
 TEST(Engine, MemoryPlanIsWhatTheEngineAllocates) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   const ModelConfig c = synthetic_config("llama-3.1-8b", 2);
+  std::vector<double> used_of, planned_of;
   for (const std::string type : {"K3", "f16"}) {
     SCOPED_TRACE(type);
     EngineOptions o;
@@ -819,7 +825,9 @@ TEST(Engine, MemoryPlanIsWhatTheEngineAllocates) {
                 type.c_str(), used, planned, p.weights, p.activations, p.workspace, p.tables, p.prefill_rotation,
                 p.pool, (static_cast<double>(used) - static_cast<double>(planned)) / (1 << 20));
     EXPECT_GE(used, planned);
-    EXPECT_LE(used, planned + (size_t{64} << 20));
+    EXPECT_LE(used, planned + (size_t{96} << 20));
+    used_of.push_back(static_cast<double>(used));
+    planned_of.push_back(static_cast<double>(planned));
     if (type == "K3") {
       EXPECT_GT(p.prefill_rotation, size_t{0});
       EXPECT_GT(p.tables, size_t{2} * 2 * 8 * 128 * 128 * 4);  // both layers' fp32 prefill matrices
@@ -836,6 +844,9 @@ TEST(Engine, MemoryPlanIsWhatTheEngineAllocates) {
     ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
     EXPECT_EQ(free1, free0) << "the refused engine allocated device memory";
   }
+  ASSERT_EQ(used_of.size(), 2u);
+  EXPECT_NEAR(used_of[0] - used_of[1], planned_of[0] - planned_of[1], double(1 << 20))
+      << "the K3V3-only buffers (plan tables, rotated rows) in use differ from the plans' difference";
 }
 
 TEST(Engine, RequestsThatDoNotFitAreRefusedBeforeWork) {
