@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "ratekv/common/error.h"
 
 #define RATEKV_CUDA_CHECK(expr)                                                              \
@@ -16,3 +18,18 @@
       ::ratekv::fail("CUDA: {} failed: {} ({}:{})", #expr, cudaGetErrorString(_e), __FILE__, \
                      __LINE__);                                                              \
   } while (0)
+
+namespace ratekv::cuda::detail {
+/// Uploads v to a new device buffer (nullptr for an empty v) and adds its
+/// bytes to `tally` (the plans' device_bytes()). Throws Error (RATEKV_CUDA_CHECK)
+/// when cudaMalloc or the copy fails.
+template <typename T>
+T* upload(const std::vector<T>& v, size_t& tally) {
+  T* d = nullptr;
+  if (v.empty()) return nullptr;
+  RATEKV_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  tally += v.size() * sizeof(T);
+  RATEKV_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+}  // namespace ratekv::cuda::detail

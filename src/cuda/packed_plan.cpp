@@ -20,16 +20,7 @@ using packed::Side;
 namespace {
 constexpr int kRotDim = detail::kMaxTiles * 16;  // row stride of rotated q / partial o
 
-// Uploads v (nothing for an empty v) and adds its bytes to `tally`.
-template <typename T>
-T* upload(const std::vector<T>& v, size_t& tally) {
-  T* d = nullptr;
-  if (v.empty()) return nullptr;
-  RATEKV_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
-  tally += v.size() * sizeof(T);
-  RATEKV_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
+using detail::upload;
 }  // namespace
 
 bool uses_int8_keys(const PackedPlan& plan, PackedDecodeVariant variant) {

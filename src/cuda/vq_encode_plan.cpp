@@ -17,15 +17,7 @@ using packed::Side;
 using packed::VqSideKind;
 
 namespace {
-template <typename T>
-T* upload(const std::vector<T>& v, size_t& tally) {
-  T* d = nullptr;
-  if (v.empty()) return nullptr;
-  RATEKV_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
-  tally += v.size() * sizeof(T);
-  RATEKV_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
+using detail::upload;
 const char* side_name(int s) { return s == 0 ? "key" : "value"; }
 }  // namespace
 
