@@ -12,7 +12,10 @@ own -ctk/-ctv cache types). Each output records the parameters it was made with 
 skips a cell whose output exists with the same parameters (a plan that changed re-runs its
 evaluation: the plan file's sha256 is a parameter), so an interrupted or extended grid resumes.
 Evaluations share one reference cache per model (`ratekv eval --reference-cache`: the fp16-cache
-logits and fp32 activations of each window, computed once).
+logits and fp32 activations of each window, computed once). A cell file that is not valid JSON (an
+interrupted write) is named on stderr and counts as unfinished: `run` re-runs it, `status` lists it as
+unfinished, `report` leaves it out and says so. A non-finite perplexity is null in the JSON (the row's
+"ppl_status" says what it was) and "nan (failed)" in the table.
 
 Environment: RATEKV_BIN (ratekv binary, default build/bin/ratekv), RATEKV_ASSETS (default
 ~/.cache/ratekv/assets), RATEKV_LLAMA_BIN (llama.cpp binaries, default ~/.cache/ratekv/llama-build/bin),
@@ -25,6 +28,7 @@ import json
 import math
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -121,6 +125,43 @@ def atomic_json(path, doc):
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
     os.replace(tmp, path)
+
+
+UNREADABLE = []  # (path, why) of every cell file that could not be read (named on stderr once each)
+
+
+def load_json(path):
+    """The JSON document at `path`, or None when it is not valid JSON or cannot be read (what an interrupted
+    cell leaves: a truncated write): the file is named on stderr once, recorded in UNREADABLE, and the caller
+    treats its cell as unfinished (`run` re-runs it, `status` lists it unfinished, `report` leaves it out)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        why = f"not valid JSON ({e})"
+    except OSError as e:
+        why = f"cannot be read ({e.strerror})"
+    note_unreadable(path, why)
+    return None
+
+
+def note_unreadable(path, why):
+    """Names an unusable cell file on stderr (once) and records it in UNREADABLE."""
+    if all(p != path for p, _ in UNREADABLE):
+        UNREADABLE.append((path, why))
+        print(f"quality_panel: {path}: {why}; an interrupted cell leaves such a file: its cell counts as unfinished",
+              file=sys.stderr, flush=True)
+
+
+def finite_or_none(x):
+    """x with every NaN / ±inf float replaced by None (JSON null): the report's JSON is strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_or_none(v) for v in x]
+    return x
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,9 +449,16 @@ def side_key_weight(side_json, stats_path, sensitivity="grad"):
     the geometric mean over b of (KLD_K / KLD_V) / (P_K / P_V). None while the cell is not done."""
     if not os.path.exists(side_json):
         return None
-    with open(side_json) as f:
-        rep = json.load(f)["report"]
-    t, meta = read_safetensors(stats_path, ["grad_sq_k_post", "grad_sq_v", "curves.kivi.alpha_k", "curves.kivi.alpha_v"])
+    doc = load_json(side_json)
+    if doc is None or "report" not in doc:
+        return None
+    rep = doc["report"]
+    try:
+        t, meta = read_safetensors(stats_path, ["grad_sq_k_post", "grad_sq_v", "curves.kivi.alpha_k", "curves.kivi.alpha_v"])
+    except (OSError, ValueError, KeyError, AssertionError, struct.error) as e:  # a truncated / foreign file
+        print(f"quality_panel: {stats_path}: unreadable statistics ({e!r}); the side calibration waits for them",
+              file=sys.stderr, flush=True)
+        return None
     d = t["grad_sq_k_post"][1][-1]
     cur = meta["curves"]["kivi"]
     out = {"widths": {}}
@@ -462,8 +510,9 @@ def mix32(seed, run):
 def reseed_plan(src, dst, run):
     """The plan file `src` as `ratekv eval` runs it at run seed `run` (cache::reseeded_plan: every TQ-MSE /
     grouped TQ-MSE / QuaRot group with bits > 0 gets seed mix32(seed, run)), written to `dst`."""
-    with open(src) as f:
-        plan = json.load(f)
+    plan = load_json(src)
+    if not isinstance(plan, dict) or "layers" not in plan:
+        raise SystemExit(f"reseed: {src}: not a plan file (not valid JSON or no \"layers\"); re-run its plan cell")
     n = 0
     for layer in plan["layers"]:
         for h in layer["heads"]:
@@ -484,23 +533,23 @@ def reseed_plan(src, dst, run):
 
 
 def cell_done(c, root):
+    """Whether cell c's output exists with the parameters it would be made with now. An output (or its
+    .params.json) that is not valid JSON is named on stderr and counts as unfinished (load_json)."""
     meta = os.path.join(root, c["out"] + ".params.json") if c["kind"] in ("calibrate", "plan", "reseed") else None
-    if c["kind"] == "reseed":
+    if c["kind"] in ("calibrate", "plan", "reseed"):
         if not os.path.exists(os.path.join(root, c["out"])) or not os.path.exists(meta):
             return False
-        with open(meta) as f:
-            return json.load(f).get("params") == dict(c["params"], plan_sha256=sha256_file(os.path.join(root, c["plan"])))
-    if c["kind"] in ("calibrate", "plan"):
-        if not os.path.exists(os.path.join(root, c["out"])) or not os.path.exists(meta):
+        doc = load_json(meta)
+        if not isinstance(doc, dict):
             return False
-        with open(meta) as f:
-            return json.load(f).get("params") == c["params"]
+        if c["kind"] == "reseed":
+            return doc.get("params") == dict(c["params"], plan_sha256=sha256_file(os.path.join(root, c["plan"])))
+        return doc.get("params") == c["params"]
     path = os.path.join(root, c["out"])
     if not os.path.exists(path):
         return False
-    with open(path) as f:
-        doc = json.load(f)
-    return doc.get("params") == full_params(c, root)
+    doc = load_json(path)
+    return isinstance(doc, dict) and doc.get("params") == full_params(c, root)
 
 
 def full_params(c, root):
@@ -564,8 +613,10 @@ def run_cell(c, root, dry):
         atomic_json(os.path.join(root, c["out"] + ".params.json"), {"params": c["params"], "seconds": secs})
     elif c["kind"] == "eval":
         rep_path = os.path.join(root, c["out"] + ".report")
-        with open(rep_path) as f:
-            rep = json.load(f)
+        rep = load_json(rep_path)
+        if not isinstance(rep, dict):
+            print(f"[FAIL] {c['id']}: ratekv eval exited 0 but its report {rep_path} is missing or not JSON", flush=True)
+            return False
         atomic_json(os.path.join(root, c["out"]), {"params": full_params(c, root), "seconds": secs,
                                                     "command": " ".join(c["cmd"]), "report": rep})
         os.remove(rep_path)
@@ -585,11 +636,11 @@ def cmd_run(a):
     global PANEL_ROOT
     root = PANEL_ROOT = os.path.abspath(a.out)
     os.makedirs(root, exist_ok=True)
-    only = re.compile(a.only) if a.only else None
+    only = a.only_re
     # Passes repeat until nothing new can run (plans wait for their statistics, evals for plans); the grid is
     # rebuilt every pass (a key-weighted RateQuant plan appears once its side cell is done).
     while True:
-        grid = cells(a.models.split(","))
+        grid = cells(a.model_list)
         progressed = False
         for c in grid:
             if only and not only.search(c["id"]):
@@ -604,8 +655,8 @@ def cmd_run(a):
 def cmd_status(a):
     global PANEL_ROOT
     root = PANEL_ROOT = os.path.abspath(a.out)
-    for c in cells(a.models.split(",")):
-        print(f"{'done' if cell_done(c, root) else '----'}  {c['id']}")
+    for c in cells(a.model_list):
+        print(f"{'done' if cell_done(c, root) else '----'}  {c['id']}", flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -637,94 +688,132 @@ def rows_of(root, m):
         if fn.endswith(".json"):
             files["k:" + fn] = os.path.join(kdir, fn)
     for fn, path in sorted(files.items()):
-        with open(path) as f:
-            doc = json.load(f)
+        doc = load_json(path)
+        if doc is None:
+            continue
         fn = fn[2:-5] + " (K only).json" if fn.startswith("k:") else fn
-        rep = doc["report"]
-        p = rep["plans"][0]
-        mode = doc["params"]["mode"]
-        ppl = p["ppl_kv"] if mode == "kv" else p["ppl_k"]
-        nt = p["next_token"]["kv" if mode == "kv" else "k"]
-        st = p["stored"]
-        rows.append({
-            "plan": fn[:-5], "method": p["method"], "mode": "K+V" if mode == "kv" else "K only (V fp32)",
-            "stored_bits_k": st["k_bits_per_element"], "stored_bits_v": st["v_bits_per_element"] if mode == "kv" else None,
-            "bytes_per_token": st["bytes_per_token"] if mode == "kv" else st["k_bytes_per_token"],
-            "fixed_bytes": st.get("fixed_bytes", 0),
-            "ppl": ppl["mean"], "ppl_sd": ppl["sd"], "ppl_per_seed": ppl["per_seed"],
-            "kld_mean": nt["kld_mean"]["mean"], "kld_p99": nt["kld_p99"]["mean"], "top1": nt["top1"]["mean"],
-            "kld_per_seed": nt["kld_mean"]["per_seed"],
-            "mae": p["mae"]["mean"], "mae_layers": p["mae"]["layers_mean"], "mae_per_seed": p["mae"]["per_seed"],
-            "seeds": 1 if p["deterministic"] else rep["seeds"], "mae_seeds": 1 if p["deterministic"] else rep["seeds"],
-            "windows": rep["n_chunks"],
-            "first_window_planned_bytes": st.get("first_window", {}).get("planned_bytes"),
-            "first_window_measured_bytes": st.get("first_window", {}).get("measured_bytes"),
-            "first_window_measured_by": st.get("first_window", {}).get("measured_by"),
-            "fp32_ppl": rep["fp"]["ppl"], "tokens": rep["n_tokens"], "scored_tokens": rep["ppl_scored_tokens"],
-            "seconds": doc["seconds"], "command": clean_cmd(doc["command"]),
-        })
+        try:
+            row = eval_row(doc, fn)
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            note_unreadable(path, f"not an eval cell (no field {e})")
+            continue
+        x = row["ppl"]
+        if x is None or not math.isfinite(x):  # a diverged evaluation (ratekv writes a non-finite number as null)
+            row["ppl_status"] = "null" if x is None else str(x)
+            row["ppl"] = None
+            print(f"quality_panel: {path}: perplexity is {row['ppl_status']} (the evaluation failed); the row is kept "
+                  "with ppl null and ppl_status set", file=sys.stderr, flush=True)
+        rows.append(row)
     merge_run_seeds(root, m, rows)
     # The fp16 row: the reference of every report (K and V rounded to fp16), the same windows.
     fp16 = None
     for fn in sorted(os.listdir(edir)) if os.path.isdir(edir) else []:
         if fn.endswith(".json"):
-            with open(os.path.join(edir, fn)) as f:
-                rep = json.load(f)["report"]
-            if "fp16_cache" in rep:
-                fp16 = {"plan": "fp16", "method": "fp16 cache (the eval reference)", "mode": "K+V",
-                        "stored_bits_k": 16.0, "stored_bits_v": 16.0, "bytes_per_token": None,
-                        "ppl": rep["fp16_cache"]["ppl"], "ppl_sd": 0.0, "kld_mean": 0.0, "kld_p99": 0.0, "top1": 1.0,
-                        "mae": 0.0, "seeds": 1, "windows": rep["n_chunks"], "fp32_ppl": rep["fp"]["ppl"],
-                        "fp32_kld_mean": rep["fp"]["next_token"]["kld_mean"], "tokens": rep["n_tokens"],
-                        "scored_tokens": rep["ppl_scored_tokens"], "command": f"(reference of eval/{fn})"}
+            doc = load_json(os.path.join(edir, fn))
+            rep = doc.get("report") if isinstance(doc, dict) else None
+            if isinstance(rep, dict) and "fp16_cache" in rep:
+                try:
+                    fp16 = {"plan": "fp16", "method": "fp16 cache (the eval reference)", "mode": "K+V",
+                            "stored_bits_k": 16.0, "stored_bits_v": 16.0, "bytes_per_token": None,
+                            "ppl": rep["fp16_cache"]["ppl"], "ppl_sd": 0.0, "kld_mean": 0.0, "kld_p99": 0.0,
+                            "top1": 1.0, "mae": 0.0, "seeds": 1, "windows": rep["n_chunks"], "fp32_ppl": rep["fp"]["ppl"],
+                            "fp32_kld_mean": rep["fp"]["next_token"]["kld_mean"], "tokens": rep["n_tokens"],
+                            "scored_tokens": rep["ppl_scored_tokens"], "command": f"(reference of eval/{fn})"}
+                except (KeyError, TypeError):
+                    continue
                 break
     if fp16:
         rows.insert(0, fp16)
     # Per-layer MAE at MAE_SEEDS seeds (mae/all.json) replaces the perplexity cell's; plans without one get a row.
     mpath = os.path.join(root, m, "mae", "all.json")
-    if os.path.exists(mpath):
-        with open(mpath) as f:
-            mdoc = json.load(f)
-        mrep = mdoc["report"]
-        for p in mrep["plans"]:
-            name = p["name"][:-5] if p["name"].endswith(".json") else p["name"]
-            r = next((r for r in rows if r["plan"] == name), None)
-            if r is None:
-                st = p["stored"]
-                r = {"plan": name, "method": p["method"], "mode": "MAE only (keys)", "ppl": None, "kld_mean": None,
-                     "top1": None, "seeds": 0, "stored_bits_k": st["k_bits_per_element"],
-                     "stored_bits_v": st["v_bits_per_element"], "windows": mrep["n_chunks"],
-                     "command": clean_cmd(mdoc["command"])}
-                rows.append(r)
-            r["mae"] = p["mae"]["mean"]
-            r["mae_sd"] = p["mae"]["mean_sd"]
-            r["mae_layers"] = p["mae"]["layers_mean"]
-            r["mae_per_seed"] = p["mae"]["per_seed"]
-            r["attn_kl"] = p["kl"]["mean"]
-            r["mae_seeds"] = 1 if p["deterministic"] else mrep["seeds"]
-            r["mae_query_stride"] = mrep["query_stride"]
-            r["mae_command"] = clean_cmd(mdoc["command"])
+    mdoc = load_json(mpath) if os.path.exists(mpath) else None
+    if mdoc is not None:
+        try:
+            mae_rows(mdoc, rows)
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            note_unreadable(mpath, f"not a per-layer MAE cell (no field {e})")
+    ldir = os.path.join(root, m, "llama")
+    for fn in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
+        if not fn.endswith(".json"):
+            continue
+        doc = load_json(os.path.join(ldir, fn))
+        if doc is None:
+            continue
+        try:
+            rows.append(llama_row(doc))
+        except (KeyError, TypeError, AttributeError) as e:
+            note_unreadable(os.path.join(ldir, fn), f"not a llama.cpp cell (no field {e})")
+    if not rows:  # no finished cell of this model: issue 22's quoted numbers alone are no report
+        return rows
     for name, bits, ppl, kld, top1 in ISSUE_LLAMA.get(m, []):
         rows.append({"plan": name, "method": "llama.cpp (numbers from issue 22, not re-run)", "mode": "K+V (llama.cpp)",
                      "stored_bits_k": bits, "stored_bits_v": bits, "ppl": ppl, "ppl_sd": 0.0, "kld_mean": kld,
                      "top1": top1, "mae": None, "seeds": 1, "windows": 8,
                      "command": "llama-perplexity -c 512 --chunks 8 -fa on -ctk T -ctv T (issue 22)"})
-    ldir = os.path.join(root, m, "llama")
-    for fn in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
-        if not fn.endswith(".json"):
-            continue
-        with open(os.path.join(ldir, fn)) as f:
-            doc = json.load(f)
-        r = doc["result"]
-        t = doc["params"]["type"]
-        bits = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}[t]
-        rows.append({"plan": doc["row"], "method": "llama.cpp " + t, "mode": "K+V (llama.cpp)",
-                     "stored_bits_k": bits, "stored_bits_v": bits, "ppl": r["ppl"], "ppl_sd": 0.0,
-                     "kld_mean": r.get("kld_mean", 0.0 if t == "f16" else None), "kld_p99": r.get("kld_p99"),
-                     "top1": r.get("top1", 1.0 if t == "f16" else None), "mae": None, "seeds": 1,
-                     "seconds": doc["seconds"], "command": clean_cmd(doc["command"]) + (
-                         " (LLAMA_ATTN_ROT_DISABLE=1)" if doc["params"]["no_rotation"] else "")})
     return rows
+
+
+def eval_row(doc, fn):
+    """The row of one eval cell (eval/, eval3/, evalk/ <fn>); KeyError etc. on a cell that lacks a field."""
+    rep = doc["report"]
+    p = rep["plans"][0]
+    mode = doc["params"]["mode"]
+    ppl = p["ppl_kv"] if mode == "kv" else p["ppl_k"]
+    nt = p["next_token"]["kv" if mode == "kv" else "k"]
+    st = p["stored"]
+    return {
+        "plan": fn[:-5], "method": p["method"], "mode": "K+V" if mode == "kv" else "K only (V fp32)",
+        "stored_bits_k": st["k_bits_per_element"], "stored_bits_v": st["v_bits_per_element"] if mode == "kv" else None,
+        "bytes_per_token": st["bytes_per_token"] if mode == "kv" else st["k_bytes_per_token"],
+        "fixed_bytes": st.get("fixed_bytes", 0),
+        "ppl": ppl["mean"], "ppl_sd": ppl["sd"], "ppl_per_seed": ppl["per_seed"],
+        "kld_mean": nt["kld_mean"]["mean"], "kld_p99": nt["kld_p99"]["mean"], "top1": nt["top1"]["mean"],
+        "kld_per_seed": nt["kld_mean"]["per_seed"],
+        "mae": p["mae"]["mean"], "mae_layers": p["mae"]["layers_mean"], "mae_per_seed": p["mae"]["per_seed"],
+        "seeds": 1 if p["deterministic"] else rep["seeds"], "mae_seeds": 1 if p["deterministic"] else rep["seeds"],
+        "windows": rep["n_chunks"],
+        "first_window_planned_bytes": st.get("first_window", {}).get("planned_bytes"),
+        "first_window_measured_bytes": st.get("first_window", {}).get("measured_bytes"),
+        "first_window_measured_by": st.get("first_window", {}).get("measured_by"),
+        "fp32_ppl": rep["fp"]["ppl"], "tokens": rep["n_tokens"], "scored_tokens": rep["ppl_scored_tokens"],
+        "seconds": doc["seconds"], "command": clean_cmd(doc["command"]),
+    }
+
+
+def mae_rows(mdoc, rows):
+    """Per-layer MAE cell (mae/all.json): its values replace the perplexity cells' MAE; plans without one get a row."""
+    mrep = mdoc["report"]
+    for p in mrep["plans"]:
+        name = p["name"][:-5] if p["name"].endswith(".json") else p["name"]
+        r = next((r for r in rows if r["plan"] == name), None)
+        if r is None:
+            st = p["stored"]
+            r = {"plan": name, "method": p["method"], "mode": "MAE only (keys)", "ppl": None, "kld_mean": None,
+                 "top1": None, "seeds": 0, "stored_bits_k": st["k_bits_per_element"],
+                 "stored_bits_v": st["v_bits_per_element"], "windows": mrep["n_chunks"],
+                 "command": clean_cmd(mdoc["command"])}
+            rows.append(r)
+        r["mae"] = p["mae"]["mean"]
+        r["mae_sd"] = p["mae"]["mean_sd"]
+        r["mae_layers"] = p["mae"]["layers_mean"]
+        r["mae_per_seed"] = p["mae"]["per_seed"]
+        r["attn_kl"] = p["kl"]["mean"]
+        r["mae_seeds"] = 1 if p["deterministic"] else mrep["seeds"]
+        r["mae_query_stride"] = mrep["query_stride"]
+        r["mae_command"] = clean_cmd(mdoc["command"])
+
+
+def llama_row(doc):
+    """The row of one llama.cpp cell (llama/<type>.json)."""
+    r = doc["result"]
+    t = doc["params"]["type"]
+    bits = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}[t]
+    return {"plan": doc["row"], "method": "llama.cpp " + t, "mode": "K+V (llama.cpp)",
+            "stored_bits_k": bits, "stored_bits_v": bits, "ppl": r["ppl"], "ppl_sd": 0.0,
+            "kld_mean": r.get("kld_mean", 0.0 if t == "f16" else None), "kld_p99": r.get("kld_p99"),
+            "top1": r.get("top1", 1.0 if t == "f16" else None), "mae": None, "seeds": 1,
+            "seconds": doc["seconds"], "command": clean_cmd(doc["command"]) + (
+                " (LLAMA_ATTN_ROT_DISABLE=1)" if doc["params"]["no_rotation"] else "")}
 
 
 def merge_run_seeds(root, m, rows):
@@ -741,8 +830,10 @@ def merge_run_seeds(root, m, rows):
             path = os.path.join(rdir, f"{r['plan']}.r{s}.json")
             if not os.path.exists(path):
                 break
-            with open(path) as f:
-                extra.append(json.load(f))
+            doc = load_json(path)
+            if doc is None:  # unfinished: the seeds from here on are left out
+                break
+            extra.append(doc)
         if not extra:
             continue
         per = {"ppl": list(r["ppl_per_seed"]), "kld": list(r["kld_per_seed"]), "p99": [r["kld_p99"]],
@@ -786,8 +877,11 @@ def mae_comparison(rows, a, b):
 
 
 def fmt(x, digits=3):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    """x to `digits` decimals; "–" for a value not measured (None), "nan" / "inf" said as such."""
+    if x is None:
         return "–"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
     return f"{x:.{digits}f}"
 
 
@@ -806,15 +900,19 @@ def cmd_report(a):
           "window/sink unless named); KLD/top-1 of the next token against the fp16 cache. Seeds per row (PPL / "
           "per-layer MAE); each model's protocol and every row's exact command are in the JSON. Rows not listed "
           "were not run. Stored bits: format/stored_bytes.h (key offsets: fixed bytes per plan, not per token).\n"]
-    for m in a.models.split(","):
+    for m in a.model_list:
+        n_unreadable = len(UNREADABLE)
         rows = rows_of(root, m)
+        skipped = [{"file": os.path.relpath(path, root), "why": why} for path, why in UNREADABLE[n_unreadable:]]
         if not rows:
+            print(f"quality_panel report: {m}: no finished cell under {os.path.join(root, m)}; the model is left out",
+                  file=sys.stderr, flush=True)
             continue
         fp16 = next((r for r in rows if r["plan"] == "fp16"), None)
         llama16 = next((r for r in rows if r["plan"] == "llama.cpp f16 (issue 22)"), None)
         for r in rows:  # llama.cpp's rows against llama.cpp's own f16 cache
             base = llama16 if "issue 22" in r["plan"] else fp16
-            r["ppl_rel"] = (r["ppl"] / base["ppl"] - 1) if base and r["ppl"] else None
+            r["ppl_rel"] = (r["ppl"] / base["ppl"] - 1) if base and base.get("ppl") and r["ppl"] else None
         cmps = []
         for b in (2, 3, 4):
             for x, y in [(f"gtq-K{b}V{b}", f"uniform-K{b}V{b}"), (f"gtq+off-K{b}V{b}", f"uniform+off-K{b}V{b}"),
@@ -825,10 +923,13 @@ def cmd_report(a):
                     cmps.append(c)
         doc["models"][m] = {"file": MODELS[m][0], "head_dim": MODELS[m][1],
                             "protocol": {k: v for k, v in PROTOCOL[m].items() if k != "order"},
-                            "rows": rows, "mae_comparisons": cmps}
+                            "rows": rows, "mae_comparisons": cmps, "skipped_cells": skipped}
         md.append(f"## {MODELS[m][0]} (head_dim {MODELS[m][1]})\n")
+        if skipped:
+            md.append("Left out (unfinished: the cell file is unreadable, what an interrupted cell leaves; `run` re-runs "
+                      "it): " + "; ".join(f"`{x['file']}` ({x['why']})" for x in skipped) + ".\n")
         if fp16:
-            md.append(f"fp16 cache PPL {fp16['ppl']:.4f}, fp32 cache {fp16['fp32_ppl']:.4f}; "
+            md.append(f"fp16 cache PPL {fmt(fp16['ppl'], 4)}, fp32 cache {fmt(fp16['fp32_ppl'], 4)}; "
                       f"{fp16['tokens']} tokens = {fp16['tokens'] // CTX} windows of {CTX}, "
                       f"{fp16['scored_tokens']} scored.\n")
         md.append("| plan | mode | K bits | V bits | PPL | ΔPPL vs fp16 | KLD mean | KLD p99 | top-1 % | MAE | "
@@ -839,7 +940,9 @@ def cmd_report(a):
                     (r["stored_bits_k"] or 0) + (r["stored_bits_v"] or 0), r["plan"])
         for r in sorted(rows, key=key):
             ppl = fmt(r["ppl"], 3) + (f" ± {r['ppl_sd']:.3f}" if r.get("ppl_sd") else "")
-            if r["ppl"] is None:
+            if r.get("ppl_status"):  # a failed (non-finite) perplexity: said, not shown as "not run"
+                ppl = f"{r['ppl_status']} (failed)"
+            elif r["ppl"] is None:
                 ppl = "–"
             md.append(f"| {r['plan']} | {r['mode']} | {fmt(r['stored_bits_k'], 4)} | {fmt(r['stored_bits_v'], 4)} | "
                       f"{ppl} | {fmt(100 * r['ppl_rel'], 1) + ' %' if r.get('ppl_rel') is not None else '–'} | "
@@ -899,9 +1002,13 @@ def cmd_report(a):
                       f"bits): lower per-layer MAE in {c['layers_lower']}/{c['n_layers']} layers, mean reduction "
                       f"{100 * c['mean_reduction']:.1f} %")
         md.append("")
+    if not doc["models"]:
+        sys.exit(f"quality_panel report: --out {a.out}: no finished cell of {', '.join(a.model_list)}; nothing to "
+                 "report (run `tools/quality_panel.py run` first, or name the models it ran with --models)")
+    doc = finite_or_none(doc)  # strict JSON: a NaN / inf number is null (a row's ppl_status says why)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+            json.dump(doc, f, indent=1, allow_nan=False)
     text = "\n".join(md) + "\n"
     if a.md:
         with open(a.md, "w") as f:
@@ -955,7 +1062,51 @@ def main():
             s.add_argument("--json")
             s.add_argument("--png")
     a = ap.parse_args()
-    {"run": cmd_run, "status": cmd_status, "report": cmd_report}[a.cmd](a)
+    check_args(sub.choices[a.cmd], a)
+    try:
+        {"run": cmd_run, "status": cmd_status, "report": cmd_report}[a.cmd](a)
+    except OSError as e:  # e.g. an output that cannot be written: the path and the reason, not a traceback
+        sys.exit(f"quality_panel {a.cmd}: {e.filename or ''}: {e.strerror or e}")
+
+
+def check_args(p, a):
+    """Refuses bad flags before any work (p.error: usage + message, exit 2), naming the flag and what was expected."""
+    names = a.models.split(",")
+    for n in names:
+        if n not in MODELS:
+            p.error(f"--models {a.models}: unknown model {n!r}; expected a comma-separated list of: {', '.join(MODELS)}")
+    if len(set(names)) != len(names):
+        p.error(f"--models {a.models}: a model is named twice")
+    a.model_list = names
+    a.only_re = None
+    if getattr(a, "only", None) is not None:
+        try:
+            a.only_re = re.compile(a.only)
+        except re.error as e:
+            p.error(f"--only {a.only!r}: not a valid regular expression ({e}); expected a Python regex on cell ids "
+                    "such as 'smollm2/eval/'")
+    out = os.path.abspath(a.out)
+    if a.cmd == "run":  # run makes the panel directory, not its parents (a mistyped path fails here)
+        if os.path.exists(out) and not os.path.isdir(out):
+            p.error(f"--out {a.out}: exists and is not a directory; expected the panel directory")
+        if not os.path.isdir(os.path.dirname(out)):
+            p.error(f"--out {a.out}: the parent directory {os.path.dirname(out)} does not exist; expected the panel "
+                    "directory (new or existing) in an existing directory")
+    elif not os.path.isdir(out):
+        p.error(f"--out {a.out}: no such directory; expected the panel directory that `run --out` writes")
+    for flag in ("md", "json", "png"):
+        path = getattr(a, flag, None)
+        if path is None:
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path) or not os.path.isdir(parent):
+            p.error(f"--{flag} {path}: " + ("is a directory" if os.path.isdir(path) else
+                                            f"the directory {parent} does not exist") + "; expected an output file path")
+    if getattr(a, "png", None):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error(f"--png {a.png}: needs matplotlib (pip install matplotlib)")
 
 
 if __name__ == "__main__":
