@@ -43,13 +43,24 @@ struct NiahArgs {
   bool no_fp16 = false, force = false, no_plan_check = false;
 };
 
-// The default system turn of a ChatML template (as `generate --chat`), "" if none.
-std::string system_prompt(const GgufFile& f) {
+// The prompt form from the model's chat template: ChatML with its default system turn (as `generate --chat`),
+// or plain text when the GGUF has no tokenizer.chat_template (a base model such as Gemma 3 270M). Another
+// template (e.g. Gemma's <start_of_turn>) is refused: niah would prompt that model in a form it was not tuned on.
+void set_prompt_form(const GgufFile& f, eval::NiahConfig& nc) {
   const std::string tpl = f.get_string("tokenizer.chat_template", "");
+  if (tpl.empty()) {
+    nc.chatml = false;
+    nc.system_prompt.clear();
+    spdlog::info("niah: {} has no chat template: plain-text prompt (\"Question: ... Answer: The secret code for X is\")",
+                 f.path());
+    return;
+  }
   check(is_chatml_template(tpl),
-        "niah: {}: tokenizer.chat_template is not a ChatML (<|im_start|>) template; only ChatML is supported",
+        "niah: {}: tokenizer.chat_template is not a ChatML (<|im_start|>) template; only ChatML (or no template: "
+        "plain-text prompt) is supported",
         f.path());
-  return chatml_default_system(tpl);
+  nc.chatml = true;
+  nc.system_prompt = chatml_default_system(tpl);
 }
 
 // A plan that stores every K/V as fp16: the fp16 baseline through FakeQuantKVCache.
@@ -124,7 +135,7 @@ void run(const NiahArgs& a) {
   nc.seed = a.seed;
   check_plans_match_model(a.plans, a.model, a.no_plan_check);
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
-    nc.system_prompt = system_prompt(h.file);
+    set_prompt_form(h.file, nc);
     eval::check_niah_answer_length(h.tokenizer, nc);
     check(max_ctx <= h.config.n_ctx_train, "--ctx: {} exceeds the model's context {}", max_ctx,
           h.config.n_ctx_train);
@@ -190,6 +201,7 @@ void run(const NiahArgs& a) {
   out["trials"] = a.trials;
   out["max_new_tokens"] = a.max_new;
   out["seed"] = a.seed;
+  out["prompt"] = nc.chatml ? "chatml" : "plain";
   out["device"] = a.device;
   out["prefill_mode"] = a.mode;  // cpu: always evaluation (K/V quantized before attention reads them)
   if (cuda) {

@@ -150,10 +150,13 @@ namespace {
 constexpr int64_t kNiahMinHaystack = 16;
 
 std::vector<int32_t> niah_head_tokens(const Tokenizer& tok, bool add_bos, const NiahConfig& cfg) {
+  check_param(cfg.chatml || cfg.system_prompt.empty(), "NiahConfig.system_prompt",
+              "a system turn needs the ChatML prompt (chatml = false, system_prompt '{}')", cfg.system_prompt);
   std::string head;
   if (!cfg.system_prompt.empty()) head += "<|im_start|>system\n" + cfg.system_prompt + "<|im_end|>\n";
-  head += "<|im_start|>user\nRead the document below. Somewhere in it is a secret code; remember it.\n\n";
-  return tok.encode(head, add_bos, /*parse_special=*/true);
+  if (cfg.chatml) head += "<|im_start|>user\n";
+  head += "Read the document below. Somewhere in it is a secret code; remember it.\n\n";
+  return tok.encode(head, add_bos, /*parse_special=*/cfg.chatml);
 }
 
 }  // namespace
@@ -174,10 +177,11 @@ std::vector<std::vector<NiahPrompt>> niah_prompts(const Tokenizer& tok, bool add
     for (int di = 0; di < n_depths; ++di) {
       const auto [city, code] = niah_needle(cfg.seed, ctx, di, tr);
       needles[di][tr] = tok.encode(" The secret code for " + city + " is " + code + ". ", false);
-      tails[di][tr] = tok.encode("\n\nWhat is the secret code for " + city +
-                                     "? Answer with the 7-digit number only.<|im_end|>\n<|im_start|>assistant\n"
-                                     "The secret code for " + city + " is",
-                                 false, /*parse_special=*/true);
+      const std::string question = "What is the secret code for " + city + "? Answer with the 7-digit number only.";
+      const std::string primed = "The secret code for " + city + " is";
+      tails[di][tr] = cfg.chatml ? tok.encode("\n\n" + question + "<|im_end|>\n<|im_start|>assistant\n" + primed, false,
+                                              /*parse_special=*/true)
+                                 : tok.encode("\n\nQuestion: " + question + "\nAnswer: " + primed, false);
       most = std::max(most, static_cast<int64_t>(head_tok.size() + needles[di][tr].size() + tails[di][tr].size()));
     }
   check_param(ctx >= most + kNiahMinHaystack, "NiahConfig.context_lengths",

@@ -117,6 +117,48 @@ TEST(Niah, ExplicitDepthsDrawTheirNeedlesPerIndex) {
   EXPECT_EQ(niah_answer_tokens(tok, cfg), 8);  // all 6 needles' codes, one digit per token plus the space
 }
 
+// Prompt forms: a model without a chat template (Gemma 3 270M's GGUF) gets plain text — the instruction,
+// the document with the needle, "Question: …", and the answer primed after "Answer:" — with no ChatML
+// text; ChatML models (Qwen) keep the user/assistant turns as control tokens. Checked on the decoded
+// prompt, the needle's position, and the prompt length equal to the context.
+TEST(Niah, PlainPromptWithoutAChatTemplateChatMLOtherwise) {
+  const std::string gemma = ratekv_test::gemma3_path(), qwen = ratekv_test::qwen05_path();
+  if (!std::filesystem::exists(gemma) || !std::filesystem::exists(qwen)) GTEST_SKIP() << "Gemma 3 / Qwen GGUF missing";
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "Essay sentence number " + std::to_string(i) + " talks about startups. ";
+  for (const bool chatml : {false, true}) {
+    const Tokenizer tok = Tokenizer::from_gguf(GgufFile::open(chatml ? qwen : gemma));
+    const std::vector<int32_t> hay = tok.encode(text, false);
+    NiahConfig cfg;
+    cfg.context_lengths = {200};
+    cfg.n_depths = 3;
+    cfg.trials = 2;
+    cfg.chatml = chatml;
+    const auto prompts = niah_prompts(tok, /*add_bos=*/false, hay, cfg, 200);
+    for (const auto& row : prompts)
+      for (const NiahPrompt& p : row) {
+        SCOPED_TRACE((chatml ? "chatml " : "plain ") + p.city);
+        EXPECT_EQ(p.tokens.size(), 200u);
+        const std::string s = tok.decode(p.tokens);
+        const std::string start = "Read the document below. Somewhere in it is a secret code; remember it.\n\n";
+        const std::string end = "What is the secret code for " + p.city + "? Answer with the 7-digit number only." +
+                                (chatml ? "<|im_end|>\n<|im_start|>assistant\n" : "\nAnswer: ") +
+                                "The secret code for " + p.city + " is";
+        EXPECT_EQ(s.rfind((chatml ? "<|im_start|>user\n" : "") + start, 0), 0u) << s.substr(0, 80);
+        EXPECT_EQ(s.find("<|im_start|>") == std::string::npos, !chatml);
+        EXPECT_EQ(s.find("\nQuestion: ") != std::string::npos, !chatml);
+        ASSERT_GE(s.size(), end.size());
+        EXPECT_EQ(s.substr(s.size() - end.size()), end);
+        const std::string needle = "The secret code for " + p.city + " is " + p.code + ".";
+        const std::string from_needle = tok.decode(std::span(p.tokens).subspan(static_cast<size_t>(p.needle_at)));
+        EXPECT_EQ(from_needle.find(needle), from_needle.find_first_not_of(' ')) << from_needle.substr(0, 80);
+      }
+    if (chatml) continue;
+    cfg.system_prompt = "You are helpful.";  // a system turn exists only in ChatML
+    EXPECT_THROW(niah_prompts(tok, false, hay, cfg, 200), ParamError);
+  }
+}
+
 TEST(Niah, MissingHaystackIsAnError) {
   EXPECT_THROW(load_haystack("/nonexistent/haystack"), Error);
 }

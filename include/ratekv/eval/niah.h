@@ -37,6 +37,11 @@ struct NiahConfig {
   int max_new_tokens = 10;               ///< greedy answer length cap
   uint64_t seed = 0;                     ///< needle seed
   std::string system_prompt;             ///< ChatML system turn ("" = none)
+  /// Prompt form. true: ChatML turns (<|im_start|>user … <|im_end|>, the answer
+  /// primed in the assistant turn). false: plain text for a model without a chat
+  /// template (instruction, document, "Question: …", answer primed after "Answer:");
+  /// system_prompt must then be "".
+  bool chatml = true;
   /// Prefill the prompt prefix shared by every trial of a (context, depth)
   /// cell — scaffolding + haystack up to the cell's earliest needle — once,
   /// and run each trial from a copy of that cache (clone_cache()): the
@@ -114,7 +119,8 @@ struct NiahPrompt {
 };
 
 /// Every prompt of context length `ctx`: prompts[depth index][trial], from
-/// `haystack` (tokens, no BOS) and cfg's needles, system prompt and depths.
+/// `haystack` (tokens, no BOS) and cfg's needles, prompt form (chatml,
+/// system prompt) and depths.
 /// Throws ParamError "NiahConfig.context_lengths" for a context too short
 /// for the scaffolding (instruction, the longest needle sentence + question,
 /// and 16 haystack tokens; the message gives that minimum) and Error for a
