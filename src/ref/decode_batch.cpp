@@ -14,6 +14,7 @@ void check_batch(const DecodeBatch& batch, size_t n_pages, int n_new, const char
         "{}: page_table has {} entries, expected batch {} x max_pages {}", what, batch.page_table.size(), nb,
         batch.max_pages);
   check(n_new >= 0, "{}: {} new tokens", what, n_new);
+  check(batch.window >= 0, "{}: window {} must be >= 0 (0 = no sliding window)", what, batch.window);
   for (int b = 0; b < nb; ++b) {
     const int64_t len = batch.seq_lens[b];
     check(len >= (n_new == 0 ? 1 : 0), "{}: seq_lens[{}] = {} (attention needs at least 1 cached token)", what,

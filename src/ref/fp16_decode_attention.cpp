@@ -7,6 +7,7 @@
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
 #include "ratekv/format/packed_format.h"
+#include "ratekv/model/sliding_window.h"
 
 namespace ratekv::ref {
 
@@ -28,6 +29,7 @@ std::vector<float> fp16_decode_attention(int n_heads, int n_kv_heads, int head_d
   std::vector<float> out(q.size());
   for (int b = 0; b < nb; ++b) {
     const int64_t T = batch.seq_lens[b];
+    const int64_t t0 = first_visible_key(T - 1, batch.window);  // 0 without a window
     // Row of side s (0 = K, 1 = V) of token t of KV head h.
     auto row = [&](int64_t t, int h, int s) {
       return pool.data() + static_cast<size_t>(batch.page(b, t / kPageTokens)) * page_elems +
@@ -37,18 +39,18 @@ std::vector<float> fp16_decode_attention(int n_heads, int n_kv_heads, int head_d
     for (int qh = 0; qh < n_heads; ++qh) {
       const int h = qh / gqa;
       const float* qv = q.data() + (static_cast<size_t>(b) * n_heads + qh) * d;
-      std::vector<double> qs(d), p(T), o(d, 0.0);
+      std::vector<double> qs(d), p(T, 0.0), o(d, 0.0);
       for (int i = 0; i < d; ++i) qs[i] = round_fp16(scale * qv[i]);
       double mx = -INFINITY;
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = t0; t < T; ++t) {
         const uint16_t* k = row(t, h, 0);
         double s = 0;
         for (int i = 0; i < d; ++i) s += qs[i] * fp16_to_fp32(k[i]);
         mx = std::max(mx, p[t] = s);
       }
       double l = 0;
-      for (int64_t t = 0; t < T; ++t) l += (p[t] = std::exp(p[t] - mx));
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = t0; t < T; ++t) l += (p[t] = std::exp(p[t] - mx));
+      for (int64_t t = t0; t < T; ++t) {
         const uint16_t* v = row(t, h, 1);
         for (int i = 0; i < d; ++i) o[i] += p[t] * fp16_to_fp32(v[i]);
       }

@@ -7,6 +7,7 @@
 #include "packed_pages.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
+#include "ratekv/model/sliding_window.h"
 #include "ratekv/ref/int8_key_levels.h"
 
 namespace ratekv::ref {
@@ -61,6 +62,8 @@ std::vector<float> packed_decode_attention(const PackedPlan& plan, const DecodeB
 
     for (int b = 0; b < nb; ++b) {
       const int64_t T = batch.seq_lens[b];
+      // Keys t0 .. T−1: all, or the sliding window's (model/sliding_window.h).
+      const int64_t t0 = first_visible_key(T - 1, batch.window), n_vis = T - t0;
       // Rotated, scaled queries of the GQA rows, per key group.
       std::vector<std::vector<std::vector<double>>> qr(gqa, std::vector<std::vector<double>>(KG.size()));
       for (int r = 0; r < gqa; ++r) {
@@ -85,11 +88,11 @@ std::vector<float> packed_decode_attention(const PackedPlan& plan, const DecodeB
       }
       // Scores (already scaled: the scale is in q_rot), then softmax weights.
       std::vector<double> p(static_cast<size_t>(gqa) * T, 0.0);
-#pragma omp parallel if (T >= 256)
+#pragma omp parallel if (n_vis >= 256)
       {
         std::vector<uint8_t> codes(max_dim), hi(max_dim);
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) {
+        for (int64_t t = t0; t < T; ++t) {
           const int32_t pg = batch.page(b, t / kPageTokens);
           const int slot = static_cast<int>(t % kPageTokens);
           for (size_t g = 0; g < KG.size(); ++g) {
@@ -104,24 +107,24 @@ std::vector<float> packed_decode_attention(const PackedPlan& plan, const DecodeB
         }
       }
       for (int r = 0; r < gqa; ++r) {
-        double* pr = p.data() + static_cast<size_t>(r) * T;
-        const double mx = *std::max_element(pr, pr + T);
+        double* pr = p.data() + static_cast<size_t>(r) * T;  // weights of t < t0 stay 0 (unused)
+        const double mx = *std::max_element(pr + t0, pr + T);
         double l = 0;
-        for (int64_t t = 0; t < T; ++t) l += (pr[t] = std::exp(pr[t] - mx));
-        for (int64_t t = 0; t < T; ++t) pr[t] /= l;
+        for (int64_t t = t0; t < T; ++t) l += (pr[t] = std::exp(pr[t] - mx));
+        for (int64_t t = t0; t < T; ++t) pr[t] /= l;
       }
       // Values in each group's rotated domain: fixed token chunks (the sum
       // does not depend on the thread count), merged in chunk order.
-      const int n_chunks = static_cast<int>(std::min<int64_t>(64, T));
+      const int n_chunks = static_cast<int>(std::min<int64_t>(64, n_vis));
       std::vector<double> acc(static_cast<size_t>(n_chunks) * gqa * Dv, 0.0);
       if (Dv > 0) {
-#pragma omp parallel if (T >= 256)
+#pragma omp parallel if (n_vis >= 256)
         {
           std::vector<uint8_t> codes(max_dim), hi(max_dim);
 #pragma omp for schedule(static)
           for (int c = 0; c < n_chunks; ++c) {
             double* a = acc.data() + static_cast<size_t>(c) * gqa * Dv;
-            for (int64_t t = T * c / n_chunks; t < T * (c + 1) / n_chunks; ++t) {
+            for (int64_t t = t0 + n_vis * c / n_chunks; t < t0 + n_vis * (c + 1) / n_chunks; ++t) {
               const int32_t pg = batch.page(b, t / kPageTokens);
               const int slot = static_cast<int>(t % kPageTokens);
               for (size_t g = 0; g < VG.size(); ++g) {

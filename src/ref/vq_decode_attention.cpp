@@ -64,6 +64,8 @@ std::vector<float> vq_decode_attention(const VqPlan& plan, const DecodeBatch& ba
     check(n_scalar == n_pages, "{}: scalar_pool has {} pages, pool {}", what, n_scalar, n_pages);
   }
   check_batch(batch, n_pages, 0, what);
+  check(batch.window == 0, "{}: window {} (sliding-window attention) is not implemented (as in cuda::vq_decode_attention)",
+        what, batch.window);
   const int nb = batch.batch(), hq = plan.n_heads(), d = plan.head_dim(), gqa = plan.gqa();
   check(q.size() == static_cast<size_t>(nb) * hq * d, "{}: q has {} floats, expected batch {} x n_heads {} x head_dim {}",
         what, q.size(), nb, hq, d);

@@ -49,7 +49,7 @@ std::string name(const Case& c) {
 // and levels are walked here from the plan's own widths (PackedTestPlan::bits).
 std::vector<double> decoded_softmax(const PackedTestPlan& P, const TestBatch& B, const std::vector<uint8_t>& pool,
                                     const std::vector<uint8_t>& ext_pool, const std::vector<float>& q, int gqa,
-                                    float scale, PackedRounding rounding) {
+                                    float scale, PackedRounding rounding, int window = 0) {
   const LayerLayout& L = *P.layout;
   const int d = L.head_dim(), hkv = L.n_kv_heads(), hq = hkv * gqa, nb = (int)B.lens.size();
   // rot / lvl offsets per (h, s, g)
@@ -128,6 +128,12 @@ std::vector<double> decoded_softmax(const PackedTestPlan& P, const TestBatch& B,
           qt[c] = rounding == PackedRounding::exact ? (double)scale * qv[c] : (double)round_fp16(scale * qv[c]);
         double mx = -INFINITY;
         for (int t = 0; t < T; ++t) {
+          // The CPU runtime's sliding window (AttnParams::sliding_window): the
+          // query at position T − 1 sees keys at t > T − 1 − window only.
+          if (window > 0 && !(t > T - 1 - window)) {
+            p[t] = -INFINITY;
+            continue;
+          }
           double s = 0;
           for (int c = 0; c < d; ++c) s += qt[c] * K[(size_t)t * d + c];
           mx = std::max(mx, p[t] = s);
@@ -145,8 +151,13 @@ std::vector<double> decoded_softmax(const PackedTestPlan& P, const TestBatch& B,
   return out;
 }
 
-void run_case(const Case& c, uint32_t seed) {
-  SCOPED_TRACE(name(c));
+// window > 0: also the reference with ref::DecodeBatch::window = window
+// against decoded_softmax's window, and (where the window cuts keys) it must
+// differ from the unwindowed reference by more than 1e-2 (returned: the
+// smallest such difference, or +inf).
+double run_case(const Case& c, uint32_t seed, int window = 0) {
+  SCOPED_TRACE(name(c) + " window " + std::to_string(window));
+  double cut_min = INFINITY;
   const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
   const float scale = 1.f / std::sqrt((float)c.d);
   for (const PackedRounding rounding : {PackedRounding::exact, PackedRounding::fp16, PackedRounding::int8_keys}) {
@@ -164,8 +175,15 @@ void run_case(const Case& c, uint32_t seed) {
     std::vector<float> q((size_t)nb * hq * c.d);
     for (auto& x : q) x = 2.f * N(rng);
     const ref::PackedPlan plan = P.ref(hq);
-    const std::vector<float> out = ref::packed_decode_attention(plan, B.ref(), pool, ext_pool, q, scale, rounding);
-    const std::vector<double> want = decoded_softmax(P, B, pool, ext_pool, q, c.gqa, scale, rounding);
+    ref::DecodeBatch rb = B.ref();
+    rb.window = window;
+    const std::vector<float> out = ref::packed_decode_attention(plan, rb, pool, ext_pool, q, scale, rounding);
+    const std::vector<double> want = decoded_softmax(P, B, pool, ext_pool, q, c.gqa, scale, rounding, window);
+    if (window > 0) {
+      const std::vector<float> full = ref::packed_decode_attention(plan, B.ref(), pool, ext_pool, q, scale, rounding);
+      for (int b = 0; b < nb; ++b)
+        if (c.lens[b] > window) cut_min = std::min(cut_min, rel_err(out, full, b * (size_t)hq * c.d, (size_t)hq * c.d));
+    }
     const size_t n = (size_t)hq * c.d;
     double worst = 0;
     for (int b = 0; b < nb; ++b) {
@@ -177,12 +195,13 @@ void run_case(const Case& c, uint32_t seed) {
                 rounding == PackedRounding::exact ? "exact" : rounding == PackedRounding::fp16 ? "fp16" : "int8_keys", worst);
     if (rounding != PackedRounding::exact) {  // the rounding is really applied: the exact mode differs
       const std::vector<float> ex =
-          ref::packed_decode_attention(plan, B.ref(), pool, ext_pool, q, scale, PackedRounding::exact);
+          ref::packed_decode_attention(plan, rb, pool, ext_pool, q, scale, PackedRounding::exact);
       const double e = rel_err(out, ex, 0, out.size());
       EXPECT_GT(e, 1e-5);
       EXPECT_LT(e, 2e-2);
     }
   }
+  return cut_min;
 }
 
 }  // namespace
@@ -203,6 +222,22 @@ TEST(RefPackedDecode, EqualsDecodedVectorSoftmax) {
 TEST(RefPackedDecode, ZeroBitSides) {
   run_case({64, 3, 4, {1, 97, 130}, false, 0, 0, Special::zero_bit}, 20);
   run_case({256, 3, 1, {65, 1}, false, 0, 0, Special::zero_bit}, 21);
+}
+
+// ref::DecodeBatch::window (the CPU runtime's sliding window) against the
+// independent computation with the window applied as a key mask: W ∈ {1, 15,
+// 16, 17, 48, 100}, window starts on, before and after tile (16) and page (64)
+// boundaries, unequal lengths; where the window cuts keys the result differs
+// from the unwindowed reference (so the window is really applied).
+TEST(RefPackedDecode, SlidingWindow) {
+  uint32_t seed = 60;
+  for (const int W : {1, 15, 16, 17, 48, 100}) {
+    double cut = run_case({64, 2, 4, {1, 16, 17, 97, 130, 300}, true, 0, 0}, seed++, W);
+    cut = std::min(cut, run_case({128, 1, 8, {300, 65, 64, 33}, false, 3, 3}, seed++, W));
+    cut = std::min(cut, run_case({256, 1, 1, {116, 49}, false, 2, 4}, seed++, W));
+    EXPECT_GT(cut, 1e-2) << "window " << W;
+    std::printf("  window %d: smallest windowed-vs-unwindowed difference where keys are cut %.2e\n", W, cut);
+  }
 }
 
 // 5..8-bit groups: low nibble in the pages, high bits in the extension pages.
@@ -255,6 +290,9 @@ TEST(RefPackedDecode, BadInputsAreErrors) {
   EXPECT_THROW(run(B.ref(), pool, std::span<const float>(q).first(q.size() - 1)), Error);  // q size
   EXPECT_THROW(run(B.ref(), std::span<const uint8_t>(pool).first(pool.size() - 1), q), Error);  // not whole pages
   EXPECT_THROW(run(B.ref(), std::span<const uint8_t>(pool).first(P.layout->page_bytes()), q), Error);  // page ids
+  ref::DecodeBatch neg = B.ref();
+  neg.window = -3;
+  EXPECT_THROW(run(neg, pool, q), Error);  // window < 0
   std::vector<int32_t> zero = {0, 5};
   EXPECT_THROW(run({B.page_table, B.max_pages, zero}, pool, q), Error);  // empty sequence
   std::vector<int32_t> long_lens = {97, 129};

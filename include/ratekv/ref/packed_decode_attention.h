@@ -33,7 +33,9 @@ enum class PackedRounding {
 };
 
 /// Decode attention of one query per sequence over its cached tokens
-/// [0, seq_lens[b]) in the packed pages:
+/// [t0_b, seq_lens[b]) in the packed pages — t0_b = 0, or with a sliding
+/// window batch.window = W > 0, t0_b = first_visible_key(seq_lens[b] − 1, W)
+/// (model/sliding_window.h: the CPU runtime's AttnParams::sliding_window):
 ///   s_t   = Σ_g n^K_{g,t} (Π_g q_g)·ĉ^K_g[idx^K_{g,t}]   (key groups of q's KV head)
 ///   p_t   = softmax_t(scale · s_t)
 ///   out   = Σ_g Π_gᵀ Σ_t p_t n^V_{g,t} ĉ^V_g[idx^V_{g,t}] on the value group's channels
@@ -48,7 +50,7 @@ enum class PackedRounding {
 ///   q        : (batch, n_heads, head_dim) fp32 post-RoPE (fp16 queries: pass
 ///              their exact fp32 values)
 ///   returns  : (batch, n_heads, head_dim) fp32
-/// Throws Error on a bad batch (check_batch), q of the wrong size, a pool
+/// Throws Error on a bad batch (check_batch; window < 0), q of the wrong size, a pool
 /// that is not whole pages (or an ext_pool of another page count), or
 /// int8_keys with a key group wider than 4 bits.
 std::vector<float> packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,

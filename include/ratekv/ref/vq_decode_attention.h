@@ -29,7 +29,8 @@ namespace ratekv::ref {
 ///   q           : (batch, n_heads, head_dim) fp32 (fp16 queries: their exact values)
 ///   returns     : (batch, n_heads, head_dim) fp32
 /// Throws Error on a bad batch (check_batch), q of the wrong size, pools that
-/// are not whole pages or of different page counts.
+/// are not whole pages or of different page counts, or a sliding window
+/// (batch.window ≠ 0: not implemented, like cuda::vq_decode_attention).
 std::vector<float> vq_decode_attention(const VqPlan& plan, const DecodeBatch& batch, std::span<const uint8_t> pool,
                                        std::span<const uint8_t> scalar_pool, std::span<const float> q, float scale);
 
