@@ -606,7 +606,9 @@ void check_supported(const ModelConfig& c) {
 // Sliding-window layers run on the decode kernels that implement
 // cuda::DecodeBatch::window: fp16 (both kernels) and packed GQA ≤ 8 with
 // 1..4-bit groups (not vq_decode_attention: TaSQ / CQ keys on a sliding
-// layer are refused). Anything else is refused here, before any device work.
+// layer are refused; nor the generic kernel of 5..8-bit groups). Anything
+// else is refused here, before any device work (cuda::packed_decode_attention
+// and vq_decode_attention would throw only at the first decode step).
 void check_window_support(const ModelConfig& c, const CacheFormat& fmt) {
   bool sliding = false;
   for (int l = 0; l < c.n_layers; ++l) sliding = sliding || c.is_sliding(l);
@@ -622,6 +624,11 @@ void check_window_support(const ModelConfig& c, const CacheFormat& fmt) {
         "GPU engine: sliding_window {} with a packed cache needs GQA <= 8 (the packed decode kernel for GQA {} has "
         "no window); use the fp16 cache",
         c.sliding_window, c.gqa_ratio());
+  for (int l = 0; l < c.n_layers; ++l)
+    check(!c.is_sliding(l) || fmt.ext_layout(l) == nullptr,
+          "GPU engine: layer {} slides (sliding_window {}) and its plan has 5..8-bit groups: their decode kernel "
+          "(extension pages) has no window (give sliding layers at most 4 bits)",
+          l, c.sliding_window);
 }
 
 }  // namespace

@@ -330,7 +330,8 @@ TEST(EngineMemoryPlan, EveryBufferCounted) {
 
 // The engine refuses what it does not run before touching the GPU: an
 // architecture outside llama / qwen2 / gemma3, weights that do not match, a
-// sliding window on a packed cache at GQA > 8 or with vq keys on a sliding layer.
+// sliding window on a packed cache at GQA > 8, with vq keys or 5..8-bit groups
+// on a sliding layer, or beyond 2^30 tokens.
 TEST(EngineCreate, RefusesUnknownArchitecturesAndMismatchedWeights) {
   ModelConfig g = synthetic_config("llama-3.1-8b", 1);
   g.arch = "gpt2";
@@ -356,6 +357,21 @@ TEST(EngineCreate, RefusesUnknownArchitecturesAndMismatchedWeights) {
         engine::EngineOptions{});
   });
   EXPECT_NE(why4.find("layer 0 slides (sliding_window 512) and its plan keys are vq"), std::string::npos) << why4;
+  // 5..8-bit groups on a sliding layer (the generic decode kernel has no window).
+  Plan wide = eval::cache_type_plan("tq3", "tq3", gv, 7);
+  for (auto& layer : wide.layers)
+    for (HeadPlan& hp : layer) hp.key = Codec::tq_mse(5, gv.head_dim, 11);
+  const std::string why5 = error_of([&] {
+    engine::Engine::create_synthetic(gv, false, 1, CacheFormat::packed(codecs(wide, gv)), engine::EngineOptions{});
+  });
+  EXPECT_NE(why5.find("layer 0 slides (sliding_window 512) and its plan has 5..8-bit groups"), std::string::npos)
+      << why5;
+  // A window beyond 2^30 tokens (the kernels' int positions).
+  ModelConfig huge = synthetic_config("gemma-3-270m", 6);
+  huge.sliding_window = (int64_t{1} << 30) + 1;
+  const std::string why8 = error_of(
+      [&] { engine::Engine::create_synthetic(huge, false, 1, CacheFormat::fp16(huge), engine::EngineOptions{}); });
+  EXPECT_NE(why8.find("sliding_window 1073741825 exceeds 2^30 tokens"), std::string::npos) << why8;
   // EngineOptions::fp16_kernel outside 0..3, or an n8 kernel (2, 3) for an
   // fp16 cache at GQA > 8, is refused naming the option.
   engine::EngineOptions bad_kernel;
