@@ -344,8 +344,8 @@ TEST(EngineGemma3, Real270mMatchesCpu) {
 // page boundary, batched decode of two sequences whose windows start inside
 // pages; fp16 (both kernels) and K3V3, eager and CUDA graphs. Finite logits;
 // graphs give the eager run's tokens.
-std::vector<int32_t> tiny_gemma3_every_path(const std::string& type, int fp16_kernel, bool graphs) {
-  const ModelConfig c = small_gemma3(64, 4, 2, 256, 0.f, 20.f);
+std::vector<int32_t> tiny_gemma3_every_path(const std::string& type, int fp16_kernel, bool graphs,
+                                            const ModelConfig& c = small_gemma3(64, 4, 2, 256, 0.f, 20.f)) {
   EngineOptions o;
   o.max_batch = 2;
   o.max_prefill_tokens = 100;
@@ -366,7 +366,36 @@ std::vector<int32_t> tiny_gemma3_every_path(const std::string& type, int fp16_ke
   std::vector<int32_t> out(2 * 5);
   eng->decode(ids, t0, 5, out);
   for (float x : lg) EXPECT_TRUE(std::isfinite(x)) << type;
+  for (int32_t t : out) EXPECT_TRUE(t >= 0 && t < c.n_vocab) << type << ": token " << t;
   return out;
+}
+
+// The racecheck drivers (tools/device/run_engine.sh, RACECHECK_TESTS): the
+// same paths as TinyGemma3EveryPath on a smaller model — one sliding layer
+// (window 48), d_model 128, d_ff 256, vocabulary 256 — with the fp16 rows16
+// and n8_fused kernels and the packed (K3V3) GQA ≤ 8 kernel, one launch mode
+// per process: compute-sanitizer racecheck instruments every kernel
+// (cuBLAS's too), and TinyGemma3EveryPath (4 layers, 3 paths × 2 modes) ran
+// past 60 s under it. Its memcheck coverage stays with TinyGemma3EveryPath.
+ModelConfig racecheck_gemma3() {
+  ModelConfig c = small_gemma3(64, 4, 2, 128, 0.f, 20.f);
+  c.n_layers = 1;
+  c.layer_sliding = {1};
+  c.d_ff = 256;
+  c.n_vocab = 256;
+  return c;
+}
+
+TEST(EngineSanitize, TinyGemma3RacecheckEager) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (const auto& [type, kern] : {std::pair<std::string, int>{"f16", 1}, {"f16", 3}, {"K3", 2}})
+    EXPECT_EQ(tiny_gemma3_every_path(type, kern, false, racecheck_gemma3()).size(), 10u);
+}
+
+TEST(EngineSanitize, TinyGemma3RacecheckGraphs) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (const auto& [type, kern] : {std::pair<std::string, int>{"f16", 1}, {"f16", 3}, {"K3", 2}})
+    EXPECT_EQ(tiny_gemma3_every_path(type, kern, true, racecheck_gemma3()).size(), 10u);
 }
 
 TEST(EngineSanitize, TinyGemma3EveryPath) {

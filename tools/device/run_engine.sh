@@ -83,15 +83,22 @@ if has sanitize; then
   # tiny model through every engine kernel (prefill both modes, fp16 and
   # packed decode), with eager launches and with graph replays, in separate
   # processes; the EngineKernels.* tests add the single-kernel checks.
+  # RACECHECK_TESTS (default: SANITIZE_TESTS' list) replaces the list for
+  # racecheck, which is 10-50x slower than memcheck: e.g.
+  # EngineSanitize.TinyGemma3RacecheckEager / ...Graphs (a one-layer Gemma 3,
+  # each under 60 s) where memcheck runs EngineSanitize.TinyGemma3EveryPath.
+  # SANITIZE_TIMEOUT (s, default 600) cuts one sanitizer process (exit 124).
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-    for t in ${SANITIZE_TESTS:-EngineSanitize.TinyModelEager EngineSanitize.TinyModelGraphs}; do
+    tests=${SANITIZE_TESTS:-EngineSanitize.TinyModelEager EngineSanitize.TinyModelGraphs}
+    [ $tool = racecheck ] && tests=${RACECHECK_TESTS:-$tests}
+    for t in $tests; do
       # racecheck runs unfiltered: with --kernel-name, the kernels it does not
       # instrument (cuBLAS's GEMMs) fault under racecheck (compute-sanitizer
       # 2025.x; reproduced with one torch matmul and a filter matching nothing),
       # which read as an engine hazard before (docs/e2e_results.md).
       filt=(--kernel-name kns=ratekv); [ $tool = racecheck ] && filt=()
       say "compute-sanitizer $tool $t ${filt[*]}"
-      compute-sanitizer --tool $tool "${filt[@]}" --error-exitcode 3 "$B/tests/test_engine" \
+      timeout ${SANITIZE_TIMEOUT:-600} compute-sanitizer --tool $tool "${filt[@]}" --error-exitcode 3 "$B/tests/test_engine" \
         --gtest_filter="$t" >> "$OUT/sanitize.log" 2>&1
       echo "exit $? $(tail -3 "$OUT/sanitize.log" | grep -E 'SUMMARY' | head -1)" | tee -a "$LOG"
     done
