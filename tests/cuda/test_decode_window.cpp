@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -378,6 +379,22 @@ TEST(CudaDecodeWindow, PackedGqa8KernelsAgainstWindowedReference) {
     const cuda::PackedPlan plan(*P.layout, c.hkv * c.gqa, P.rot, P.lvl, cuda::PrefillMatrices::none);
     for (const int W : kWindows) run_packed_case(c, P, plan, W, seed + 1 + W);
     seed += 200;
+  }
+}
+
+// The compute-sanitizer case (memcheck / racecheck, tools/device): the first
+// fp16 and packed cases of the tests above at W = 17 and 100, with their data
+// (same seeds), every variant and split count.
+TEST(CudaDecodeWindow, Small) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const PackedCase& pc = kPackedCases[0];
+  const PackedTestPlan P = packed_plan(pc, 2000);
+  const cuda::PackedPlan plan(*P.layout, pc.hkv * pc.gqa, P.rot, P.lvl, cuda::PrefillMatrices::none);
+  for (int wi = 0; wi < (int)std::size(kWindows); ++wi) {
+    const int W = kWindows[wi];
+    if (W != 17 && W != 100) continue;
+    run_fp16_case(kFp16Cases[0], W, 1000 + wi);
+    run_packed_case(pc, P, plan, W, 2000 + 1 + W);
   }
 }
 
