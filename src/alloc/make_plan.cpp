@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "ratekv/alloc/block_gtq.h"
@@ -33,11 +34,16 @@ struct Ctx {
   int d() const { return st.model.head_dim; }
 };
 
-std::string keys_of(const auto& map) {
+// What a statistics map holds, in words: "it has: a, b", or "the file has no <what>" when it is empty
+// (it used to say "it has: none", which read as the sensitivity estimator named "none").
+std::string what_it_has(const auto& map, const char* what) {
   std::string s;
   for (const auto& [k, v] : map) s += (s.empty() ? "" : ", ") + k;
-  return s.empty() ? "none" : s;
+  return s.empty() ? fmt::format("the file has no {}", what) : "it has: " + s;
 }
+
+constexpr const char* kNoCurves = "distortion curves (ratekv calibrate --curves measures them)";
+constexpr const char* kNoSensitivity = "sensitivity estimators (ratekv calibrate --sensitivity measures them)";
 
 // Metadata bits per element of a whole-head codec of `quantizer`.
 double meta_per_element(const std::string& quantizer, int d, int group_size) {
@@ -170,8 +176,8 @@ void check_quantizer(const std::string& q) {
 
 const DistortionCurves& curves_of(const Ctx& c, const std::string& name) {
   auto it = c.st.curves.find(name);
-  check(it != c.st.curves.end(), "distortion curves \"{}\": not in the statistics file (it has: {})", name,
-        keys_of(c.st.curves));
+  check(it != c.st.curves.end(), "distortion curves \"{}\": not in the statistics file ({})", name,
+        what_it_has(c.st.curves, kNoCurves));
   return it->second;
 }
 
@@ -183,13 +189,52 @@ RateQuantProblem ratequant_problem(const Ctx& c, const std::string& curves_name,
   const Sensitivity ones{std::vector<double>(n_comp, 1.0), std::vector<double>(n_comp, 1.0)};
   auto sit = st.sensitivity.find(c.rq.sensitivity);
   check_param(c.rq.sensitivity == "none" || sit != st.sensitivity.end(), "PlanRequest.sensitivity",
-              "\"{}\": not in the statistics file (it has: {}; \"none\" weighs every component 1)", c.rq.sensitivity,
-              keys_of(st.sensitivity));
+              "\"{}\": not in the statistics file ({}; \"none\" weighs every component 1)", c.rq.sensitivity,
+              what_it_has(st.sensitivity, kNoSensitivity));
   const Sensitivity& sens = c.rq.sensitivity == "none" ? ones : sit->second;
   auto cit = st.curves.find(curves_name);
-  check(cit != st.curves.end(), "distortion curves \"{}\": not in the statistics file (it has: {})", curves_name,
-        keys_of(st.curves));
+  check(cit != st.curves.end(), "distortion curves \"{}\": not in the statistics file ({})", curves_name,
+        what_it_has(st.curves, kNoCurves));
   const size_t n = (size_t)st.model.n_layers * st.model.n_kv_heads;
+  // A side whose sensitivities are all 0 (or whose weighted sensitivities w·α are all below the smallest normal
+  // double) has no distortion in RateQuant's model: every component of it would get its lowest width and the
+  // plan would predict 0 for it — a degenerate plan, not an allocation. Refused, naming the stats field.
+  {
+    const std::string file = c.rq.stats_file.empty() ? "the statistics" : c.rq.stats_file;
+    const auto positive = [](const std::vector<double>& w) {
+      return std::any_of(w.begin(), w.end(), [](double x) { return x > 0.0; });
+    };
+    if (c.rq.sensitivity != "none") {
+      const bool k = positive(sens.k), v = positive(sens.v);
+      const std::string field = fmt::format("sensitivity.{}", c.rq.sensitivity);
+      check_param(k || v, "PlanRequest.sensitivity",
+                  "\"{}\": every sensitivity in {} is 0 (fields {}.k and {}.v, {} components each): RateQuant would "
+                  "predict no distortion at any width; expected positive sensitivities (re-measure them, or use "
+                  "\"none\" to weigh every component 1)",
+                  c.rq.sensitivity, file, field, field, n);
+      check_param(k && v, "PlanRequest.sensitivity",
+                  "\"{}\": every {} sensitivity in {} is 0 (field {}.{}, {} components): RateQuant would give every "
+                  "{} its lowest width and predict no distortion from the {}; expected positive sensitivities on both "
+                  "sides (re-measure them, or use \"none\" to weigh every component 1)",
+                  c.rq.sensitivity, k ? "value" : "key", file, field, k ? "v" : "k", n, k ? "value" : "key",
+                  k ? "values" : "keys");
+    }
+    double top_k = 0.0, top_v = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      top_k = std::max(top_k, c.rq.key_weight * sens.k[i] * cit->second.alpha_k[i]);
+      top_v = std::max(top_v, sens.v[i] * cit->second.alpha_v[i]);
+    }
+    constexpr double kNormal = std::numeric_limits<double>::min();
+    check_param(top_v >= kNormal, "PlanRequest.sensitivity",
+                "\"{}\": the weighted value sensitivities w·α of {} are all below {:g} (largest {:g}): RateQuant "
+                "would predict no distortion from the values; expected sensitivities that are not vanishingly small",
+                c.rq.sensitivity, file, kNormal, top_v);
+    check_param(top_k >= kNormal, c.rq.key_weight != 1.0 ? "PlanRequest.key_weight" : "PlanRequest.sensitivity",
+                "{}: the weighted key sensitivities key_weight·w·α of {} are all below {:g} (largest {:g}): RateQuant "
+                "would predict no distortion from the keys",
+                c.rq.key_weight != 1.0 ? fmt::format("{:g}", c.rq.key_weight) : "\"" + c.rq.sensitivity + "\"",
+                file, kNormal, top_k);
+  }
   RateQuantProblem p;
   for (size_t i = 0; i < n; ++i)
     for (int side = 0; side < 2; ++side) {
@@ -261,13 +306,28 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     if (q == "kivi" || q == "quarot")
       check_param(rq.group_size >= 1 && st.model.head_dim % rq.group_size == 0, "PlanRequest.group_size",
                   "{}: expected a divisor of head_dim {} for {}", rq.group_size, st.model.head_dim, q);
-  check_param(std::isfinite(rq.key_weight) && rq.key_weight > 0, "PlanRequest.key_weight",
-              "{}: expected a finite factor > 0 (1 = the sensitivities as measured)", rq.key_weight);
+  check_param(std::isfinite(rq.key_weight) && rq.key_weight >= kMinKeyWeight && rq.key_weight <= kMaxKeyWeight,
+              "PlanRequest.key_weight", "{}: expected a factor in 1e-6..1e6 (1 = the sensitivities as measured)",
+              rq.key_weight);
+  static_assert(kMinKeyWeight == 1e-6 && kMaxKeyWeight == 1e6, "the message above states the range");
   check_param(rq.key_weight == 1.0 || rq.method == "ratequant" || rq.method == "ratequant+block-gtq" ||
                   (rq.method == "uniform" && rq.avg_bits),
               "PlanRequest.key_weight", "{} with method {}: the key weight scales RateQuant's sensitivities (methods "
               "ratequant, ratequant+block-gtq, or uniform with an average budget); this plan uses none",
               rq.key_weight, rq.method);
+  // Sensitivities and curves select RateQuant's allocation; a plan that allocates without it would ignore them.
+  {
+    const bool rq_alloc = rq.method == "ratequant" || rq.method == "ratequant+block-gtq" ||
+                          (rq.method == "uniform" && rq.avg_bits);
+    check_param(rq_alloc || rq.sensitivity == "grad", "PlanRequest.sensitivity",
+                "\"{}\" with method {}: the sensitivity weighs RateQuant's components (methods ratequant, "
+                "ratequant+block-gtq, or uniform with an average budget); this plan uses none",
+                rq.sensitivity, rq.method);
+    check_param(rq_alloc || rq.curves_from.empty(), "PlanRequest.curves_from",
+                "\"{}\" with method {}: distortion curves drive RateQuant's allocation (methods ratequant, "
+                "ratequant+block-gtq, or uniform with an average budget); this plan uses none",
+                rq.curves_from, rq.method);
+  }
   check_param(rq.key_offset == "none" || rq.key_offset == "mean", "PlanRequest.key_offset",
               "\"{}\": expected none or mean", rq.key_offset);
   const bool centered = rq.key_offset == "mean";
@@ -417,6 +477,10 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     check_width_bounds(lo, hi, "ratequant");
     const double avg = rq.avg_bits ? *rq.avg_bits : 0.5 * (rq.k_bits + rq.v_bits);
     const char* avg_param = rq.avg_bits ? "PlanRequest.avg_bits" : "PlanRequest.k_bits";
+    // The budget as the request gave it: avg_bits, or the mean of k_bits and v_bits (named both).
+    const std::string shown =
+        rq.avg_bits ? fmt::format("{}", avg)
+                    : fmt::format("{} and PlanRequest.v_bits {}: a mean of {}", rq.k_bits, rq.v_bits, avg);
     const int64_t M = 2 * (int64_t)L * H;
     // What one component stores per token at width b (key and value alike: a composed key splits
     // exactly uniform TQ-MSE's stored bits at b over its blocks).
@@ -431,15 +495,28 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       check_param(avg <= top + 1e-9, avg_param,
                   "{} ({} bits per element): above what {} reaches with the \"{}\" curves (fitted up to {} code "
                   "bits): at most {:.4g} bits per element, every component at {} bits",
-                  avg, rq.budget_unit, rq.method, cn, hi, top, hi);
+                  shown, rq.budget_unit, rq.method, cn, hi, top, hi);
+      // Below every component at its lowest width: the allocator's own message named no parameter.
+      const double bottom = rq.budget_unit == "code" ? (double)lo : (double)stored_bits(lo) / d;
+      check_param(avg >= bottom - 1e-9, avg_param,
+                  "{} ({} bits per element): below what {} reaches with the \"{}\" curves: every component at its "
+                  "lowest width, {} code bits ({}), stores {:.4g} bits per element; expected at least {:.4g}",
+                  shown, rq.budget_unit, rq.method, cn, lo,
+                  rq.b_min >= 0 ? "PlanRequest.b_min" : "the curves' lowest fitted width", bottom, bottom);
     }
     if (rq.budget_unit == "code") {
       const double t = avg * (double)M;
-      check_param(std::abs(t - std::round(t)) < 1e-6, "PlanRequest.avg_bits",
+      check_param(std::abs(t - std::round(t)) < 1e-6, avg_param,
                   "{}: {} components × {} = {} is not a whole number of bits; choose an average that is a "
                   "multiple of 1/{}",
                   avg, M, avg, t, M);
-      dg.ratequant = allocate_ratequant(ratequant_problem(c, cn, lo, hi, (int64_t)std::llround(t)));
+      try {
+        dg.ratequant = allocate_ratequant(ratequant_problem(c, cn, lo, hi, (int64_t)std::llround(t)));
+      } catch (const ParamError&) {
+        throw;
+      } catch (const Error& e) {
+        fail_param(avg_param, "{} (code): {}", shown, e.what());
+      }
     } else {
       // Stored bits: Σ_i stored_bits(b_i) ≤ avg · d · M, exactly (widths > 4 store an extension norm).
       const RateQuantProblem prob = ratequant_problem(c, cn, lo, hi, 0);
@@ -450,7 +527,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       try {
         dg.ratequant = allocate_ratequant_priced(prob, price, budget);
       } catch (const Error& e) {
-        fail_param("PlanRequest.avg_bits", "{} (effective): {}", avg, e.what());
+        fail_param(avg_param, "{} (effective): {}", shown, e.what());
       }
     }
     int64_t total = 0;

@@ -31,6 +31,8 @@ struct PlanArgs {
   std::string stats, out;
   double avg_bits = 0.0;
   bool avg_given = false;  // --bits was given (any value, NaN and negatives included: make_plan checks it)
+  // RateQuant's allocation flags that were given (any value, the defaults included)
+  bool key_weight_given = false, sensitivity_given = false, curves_from_given = false;
   bool force = false, json = false, quiet = false;
   // --method tasq | cq (docs/design.md §5)
   std::string model, text;
@@ -158,6 +160,20 @@ void run_vq(PlanArgs& a) {
 #endif
 
 void run(PlanArgs& a) {
+  // --key-weight / --sensitivity / --curves-from set RateQuant's allocation: a method that allocates without it
+  // would ignore them silently (tasq / cq fit codebooks; block-gtq allocates from block energies; uniform with
+  // --kbits/--vbits has fixed widths).
+  {
+    const std::string& m = a.rq.method;
+    const bool rq_alloc = m == "ratequant" || m == "ratequant+block-gtq" || (m == "uniform" && a.avg_given);
+    for (const auto& [given, flag] : {std::pair{a.key_weight_given, "--key-weight"},
+                                      std::pair{a.sensitivity_given, "--sensitivity"},
+                                      std::pair{a.curves_from_given, "--curves-from"}})
+      check(rq_alloc || !given,
+            "{}: not used by --method {}{}: it sets RateQuant's allocation (--method ratequant, ratequant+block-gtq, "
+            "or uniform with --bits)",
+            flag, m, m == "uniform" ? " with --kbits/--vbits" : "");
+  }
   if (a.rq.method == "tasq" || a.rq.method == "cq") {
 #ifdef RATEKV_HAVE_TASQ
     run_vq(a);
@@ -289,22 +305,25 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_flag("--fisher", a->fisher,
               "tasq/cq: Fisher-weighted key k-means (F = s² Σ_G g²/w, g = ∂L/∂k_pre; runs a backward pass per "
               "window)");
-  c->add_option("--also", a->also,
-                "tasq/cq: also fit these variants from the same capture: cq, tasq, no-weighting, no-normalization, "
-                "no-grouping, no-fisher (each = the main options with one change; outputs OUT.<variant>.json)")
-      ->delimiter(',');
+  add_list_option(c, "--also", a->also,
+                  "tasq/cq: also fit these variants from the same capture: cq, tasq, no-weighting, no-normalization, "
+                  "no-grouping, no-fisher (each = the main options with one change; outputs OUT.<variant>.json)");
   c->add_option("--also-kmeans-seeds", a->also_seeds,
                 "tasq/cq: k-means seeds for the --also ablations no-* (default: --kmeans-seeds; file names keep .s<k>)");
-  c->add_option("--curves-from", a->rq.curves_from,
-                "allocate with another quantizer's fitted (α, β) curves (the mismatch experiment)");
-  c->add_option("--sensitivity", a->rq.sensitivity,
-                "sensitivity estimator in the stats (grad | activation), or none (every component weighs 1: the "
-                "curves alone)")
-      ->capture_default_str();
-  c->add_option("--key-weight", a->rq.key_weight,
-                "ratequant (and uniform --bits): multiply the key sensitivities by this factor (side calibration, "
-                "docs/quality_results.md §8)")
-      ->capture_default_str();
+  CLI::Option* curves_from = c->add_option(
+      "--curves-from", a->rq.curves_from,
+      "ratequant (and uniform --bits): allocate with another quantizer's fitted (α, β) curves (the mismatch "
+      "experiment)");
+  CLI::Option* sensitivity = c->add_option(
+      "--sensitivity", a->rq.sensitivity,
+      "ratequant (and uniform --bits): sensitivity estimator in the stats (grad | activation), or none (every "
+      "component weighs 1: the curves alone); refused when every key or every value sensitivity is 0");
+  sensitivity->capture_default_str();
+  CLI::Option* key_weight = c->add_option(
+      "--key-weight", a->rq.key_weight,
+      "ratequant (and uniform --bits): multiply the key sensitivities by this factor, 1e-6..1e6 "
+      "(alloc::kMinKeyWeight..kMaxKeyWeight; side calibration, docs/quality_results.md §8)");
+  key_weight->capture_default_str();
   c->add_option("--group-size", a->rq.group_size, "kivi / quarot scale group")->capture_default_str();
   c->add_option("--fp16-window", a->rq.fp16_window, "recent tokens kept in fp16")->capture_default_str();
   c->add_option("--sink-tokens", a->rq.sink_tokens, "first tokens kept in fp16")->capture_default_str();
@@ -317,8 +336,11 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_flag("--force", a->force, "overwrite the output file");
   c->add_flag("--json", a->json, "print the achieved bits and the allocator diagnostics as JSON on stdout");
   c->add_flag("-q,--quiet", a->quiet, "print nothing on success");
-  c->callback([a, bits] {
+  c->callback([a, bits, key_weight, sensitivity, curves_from] {
     a->avg_given = bits->count() > 0;
+    a->key_weight_given = key_weight->count() > 0;
+    a->sensitivity_given = sensitivity->count() > 0;
+    a->curves_from_given = curves_from->count() > 0;
     with_flag_names(kPlanFlags, [&] { run(*a); });
   });
 });

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ratekv::cli {
@@ -35,6 +36,62 @@ struct Registrar {
 /// "--seed: a seed is an integer in 0..18446744073709551615, got '-1'".
 /// Add it to every option that reads a seed.
 CLI::Validator seed_validator();
+
+/// The items of one comma-list argument, empty ones refused: throws
+/// CLI::ValidationError "<flag>: '16,,': item 2 is empty; expected values
+/// separated by single commas (e.g. 16,32)" (a usage error, exit 2).
+inline std::vector<std::string> split_list_argument(const std::string& raw, const std::string& flag) {
+  std::vector<std::string> items;
+  for (size_t start = 0;;) {
+    const size_t at = raw.find(',', start);
+    items.push_back(raw.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    if (at == std::string::npos) break;
+    start = at + 1;
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].empty())
+      throw CLI::ValidationError(flag, "'" + raw + "': item " + std::to_string(i + 1) +
+                                           " is empty; expected values separated by single commas (e.g. 16,32)");
+  return items;
+}
+
+/// A comma-list option ("-p 16,32"; repeating the flag adds items) read into
+/// `out`, replacing its default when given. Use it for every list flag instead
+/// of CLI11's ->delimiter(','), whose splitting drops empty items silently
+/// ("-p 16,," ran -p 16): here an empty item, an item that does not convert to
+/// T, or one `each` refuses (e.g. CLI::IsMember) is a usage error naming the
+/// flag (split_list_argument; exit 2). `names` as for add_option
+/// ("-p,--n-prompt"; errors say "-p/--n-prompt"). Do not chain ->check() on the
+/// result (it would see the unsplit argument): pass the check as `each`.
+template <class T>
+CLI::Option* add_list_option(CLI::App* app, const std::string& names, std::vector<T>& out,
+                             const std::string& description, CLI::Validator each = CLI::Validator()) {
+  std::string flag = names;
+  for (char& c : flag)
+    if (c == ',') c = '/';
+  std::string defaults;
+  for (const T& v : out) defaults += (defaults.empty() ? "" : ",") + CLI::detail::to_string(v);
+  CLI::Option* o = app->add_option_function<std::vector<std::string>>(
+      names,
+      [&out, flag, each](const std::vector<std::string>& raw) {
+        std::vector<T> v;
+        for (const std::string& r : raw)
+          for (std::string item : split_list_argument(r, flag)) {
+            const std::string bad = each(item);
+            if (!bad.empty()) throw CLI::ValidationError(flag, bad);
+            T x{};
+            if (!CLI::detail::lexical_cast(item, x))
+              throw CLI::ValidationError(flag, "'" + item + "': expected " +
+                                                   (std::is_integral_v<T> ? "an integer" : "a number"));
+            v.push_back(std::move(x));
+          }
+        out = std::move(v);
+      },
+      description);
+  o->type_name("LIST");
+  if (!defaults.empty()) o->default_str(defaults);
+  return o;
+}
 
 /// Validates an output path before any work is done: throws ratekv::Error
 /// naming the flag and the path when it is empty, its directory does not

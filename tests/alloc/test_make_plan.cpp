@@ -406,6 +406,125 @@ TEST(MakePlan, RateQuantKeyWeightScalesTheKeySensitivities) {
   EXPECT_NE(error_of([&] { make_plan(st, g); }).find("PlanRequest.key_weight"), std::string::npos);
 }
 
+// Degenerate RateQuant inputs (issue 22's adversarial pass) used to give a plan: all-zero sensitivities, or a
+// whole side of them, or a key weight of 1e-300, put every key at the lowest width with the budget unspent and
+// a predicted distortion of 0; a key weight of 1e308 failed naming the budget. Each is now refused, naming the
+// field (and the side), with the accepted range; a budget below every component at its lowest width names the
+// budget and the bound.
+TEST(MakePlan, RateQuantRefusesDegenerateSensitivitiesAndKeyWeights) {
+  const CalibStats base = synthetic_stats();
+  PlanRequest rq;
+  rq.method = "ratequant";
+  rq.budget_unit = "code";
+  rq.avg_bits = 2.5;
+  rq.stats_file = "s.json";
+  PlanRequest u = rq;  // the uniform K/V split baseline reads the same sensitivities
+  u.method = "uniform";
+  for (const PlanRequest& r : {rq, u}) {
+    CalibStats st = base;
+    for (double& w : st.sensitivity["grad"].k) w = 0.0;
+    EXPECT_EQ(error_of([&] { make_plan(st, r); }),
+              "PlanRequest.sensitivity \"grad\": every key sensitivity in s.json is 0 (field sensitivity.grad.k, 6 "
+              "components): RateQuant would give every key its lowest width and predict no distortion from the keys; "
+              "expected positive sensitivities on both sides (re-measure them, or use \"none\" to weigh every "
+              "component 1)")
+        << r.method;
+    st = base;
+    for (double& w : st.sensitivity["grad"].v) w = 0.0;
+    EXPECT_NE(error_of([&] { make_plan(st, r); })
+                  .find("PlanRequest.sensitivity \"grad\": every value sensitivity in s.json is 0 (field "
+                        "sensitivity.grad.v, 6 components)"),
+              std::string::npos)
+        << r.method;
+    for (double& w : st.sensitivity["grad"].k) w = 0.0;
+    EXPECT_NE(error_of([&] { make_plan(st, r); })
+                  .find("PlanRequest.sensitivity \"grad\": every sensitivity in s.json is 0 (fields sensitivity.grad.k "
+                        "and sensitivity.grad.v, 6 components each)"),
+              std::string::npos)
+        << r.method;
+    // The same statistics with "none" (every w = 1) make a plan: the refusal is the sensitivities'.
+    PlanRequest none = r;
+    none.sensitivity = "none";
+    EXPECT_NO_THROW(make_plan(st, none)) << r.method;
+    // Key weights outside 1e-6..1e6; the bounds themselves are accepted.
+    for (double w : {1e-300, 1e-7, 1e7, 1e308}) {
+      PlanRequest k = r;
+      k.key_weight = w;
+      EXPECT_EQ(param_of([&] { make_plan(base, k); }), "PlanRequest.key_weight") << w;
+      EXPECT_NE(error_of([&] { make_plan(base, k); }).find(": expected a factor in 1e-6..1e6 (1 = the sensitivities "
+                                                           "as measured)"),
+                std::string::npos)
+          << w;
+    }
+    for (double w : {1e-6, 1e6}) {
+      PlanRequest k = r;
+      k.key_weight = w;
+      EXPECT_NO_THROW(make_plan(base, k)) << w;
+    }
+  }
+  // Subnormal sensitivities: the weighted key sensitivities w·α all underflow.
+  CalibStats tiny = base;
+  for (double& w : tiny.sensitivity["grad"].k) w = 1e-310;
+  EXPECT_NE(error_of([&] { make_plan(tiny, rq); }).find("PlanRequest.sensitivity \"grad\": the weighted key "
+                                                        "sensitivities key_weight·w·α of s.json are all below"),
+            std::string::npos);
+  // A budget below every component at its lowest width: named, with the bound (code: 1 bit; effective: what
+  // a 1-bit component stores, 1 + 16/16 bits at head_dim 16 with its fp16 norm), composed method included.
+  for (const char* method : {"ratequant", "ratequant+block-gtq"}) {
+    PlanRequest low = rq;
+    low.method = method;
+    low.avg_bits = 0.5;
+    EXPECT_EQ(error_of([&] { make_plan(base, low); }),
+              std::string("PlanRequest.avg_bits 0.5 (code bits per element): below what ") + method +
+                  " reaches with the \"" + (low.method == "ratequant" ? "tq-mse" : "block-gtq") +
+                  "\" curves: every component at its lowest width, 1 code bits (the curves' lowest fitted width), "
+                  "stores 1 bits per element; expected at least 1")
+        << method;
+    low.budget_unit = "effective";
+    low.avg_bits = 1.5;
+    EXPECT_NE(error_of([&] { make_plan(base, low); })
+                  .find("PlanRequest.avg_bits 1.5 (effective bits per element): below what"),
+              std::string::npos)
+        << method;
+    low.budget_unit = "code";
+    low.avg_bits = 2.5;
+    low.b_min = 3;  // an explicit lowest width above the budget: both are named
+    EXPECT_NE(error_of([&] { make_plan(base, low); })
+                  .find("PlanRequest.avg_bits 2.5 (code bits per element): below what " + std::string(method) +
+                        " reaches with the \"" + (low.method == "ratequant" ? "tq-mse" : "block-gtq") +
+                        "\" curves: every component at its lowest width, 3 code bits (PlanRequest.b_min), stores 3 "
+                        "bits per element"),
+              std::string::npos)
+        << method;
+  }
+  // Sensitivities and curves given to a plan that allocates without them are refused, naming the field.
+  PlanRequest g;
+  g.method = "block-gtq";
+  g.sensitivity = "activation";
+  EXPECT_EQ(error_of([&] { make_plan(base, g); }),
+            "PlanRequest.sensitivity \"activation\" with method block-gtq: the sensitivity weighs RateQuant's "
+            "components (methods ratequant, ratequant+block-gtq, or uniform with an average budget); this plan uses "
+            "none");
+  g.method = "uniform";
+  EXPECT_EQ(param_of([&] { make_plan(base, g); }), "PlanRequest.sensitivity");
+  g.sensitivity = "grad";
+  g.curves_from = "kivi";
+  EXPECT_EQ(error_of([&] { make_plan(base, g); }),
+            "PlanRequest.curves_from \"kivi\" with method uniform: distortion curves drive RateQuant's allocation "
+            "(methods ratequant, ratequant+block-gtq, or uniform with an average budget); this plan uses none");
+  // "it has: none" read as the estimator named "none": an empty map is said in words.
+  CalibStats bare = base;
+  bare.sensitivity.clear();
+  EXPECT_EQ(error_of([&] { make_plan(bare, rq); }),
+            "PlanRequest.sensitivity \"grad\": not in the statistics file (the file has no sensitivity estimators "
+            "(ratekv calibrate --sensitivity measures them); \"none\" weighs every component 1)");
+  bare = base;
+  bare.curves.clear();
+  EXPECT_EQ(error_of([&] { make_plan(bare, rq); }),
+            "distortion curves \"tq-mse\": not in the statistics file (the file has no distortion curves (ratekv "
+            "calibrate --curves measures them))");
+}
+
 // RateQuant hands out only widths its curves were fitted at (DistortionCurves::bits).
 TEST(MakePlan, RateQuantStaysInTheFittedWidths) {
   CalibStats st = synthetic_stats();

@@ -52,6 +52,17 @@ TEST(FlagNames, ListedParametersBecomeFlags) {
   EXPECT_EQ(message_of([&] { with_flag_names(names, [] { ratekv::fail("plan.json: bad"); }); }),
             "Error plan.json: bad");
   EXPECT_EQ(message_of([&] { with_flag_names(names, [] {}); }), "(no error)");
+  // Other listed parameters in the detail are named by their flags too (each occurrence; a name that is a
+  // prefix of another listed one is not replaced inside it).
+  const ratekv::cli::FlagNames more = {{"PlanRequest.b", "--b"}, {"PlanRequest.b_min", "--bmin"},
+                                       {"PlanRequest.avg_bits", "--bits"}};
+  EXPECT_EQ(message_of([&] {
+              with_flag_names(more, [] {
+                ratekv::fail_param("PlanRequest.avg_bits", "{}: below 3 (PlanRequest.b_min); PlanRequest.b_min "
+                                   "and PlanRequest.b; PlanRequest.v_bits", 2.5);
+              });
+            }),
+            "Error --bits 2.5: below 3 (--bmin); --bmin and --b; PlanRequest.v_bits");
 }
 
 class CliFlagNames : public ::testing::Test {
@@ -66,13 +77,20 @@ class CliFlagNames : public ::testing::Test {
       "curves": {"tq-mse": {"bits": [1, 2, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5, "alpha_k": [[1.0]], "alpha_v": [[1.0]]}}})";
   }
   // `ratekv plan` with these arguments must fail with exit 1 and exactly this error line.
-  void expect_error(const std::string& args, const std::string& error) {
-    const auto r = run_cli(args + " --stats " + shell_quote((dir_ / "stats.json").string()) + " -o " +
+  void expect_error(const std::string& args, const std::string& error, const std::string& stats = "stats.json") {
+    const auto r = run_cli(args + " --stats " + shell_quote((dir_ / stats).string()) + " -o " +
                            shell_quote((dir_ / "p.json").string()));
     EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("error: " + error + "\n"), std::string::npos) << args << "\n" << r.output;
     EXPECT_EQ(r.output.find("PlanRequest."), std::string::npos) << "library name leaked: " << r.output;
     EXPECT_FALSE(fs::exists(dir_ / "p.json")) << args;
+  }
+  // stats.json with its "sensitivity" (and "curves") members replaced.
+  void write_stats(const std::string& name, const std::string& sensitivity, const std::string& curves) {
+    std::ofstream(dir_ / name) << R"({"format": "ratekv-calib-stats", "version": 1,
+      "model": {"arch": "llama", "n_layers": 1, "n_kv_heads": 1, "head_dim": 4, "rope_layout": "interleaved"},
+      "q_block_energy": [[[4.0, 1.0]]], "k_block_energy": [[[2.0, 0.5]]], )"
+                               << sensitivity << (sensitivity.empty() ? "" : ", ") << R"("curves": )" << curves << "}";
   }
   TempDir dir_{"cli_flag_names"};
 };
@@ -83,13 +101,13 @@ TEST_F(CliFlagNames, LibraryErrorsNameTheFlag) {
   expect_error("plan --method uniform --budget-unit code --kbits 2.5",
                "--kbits 2.5: with budget unit \"code\" a uniform codec needs a whole number of bits");
   expect_error("plan --method uniform --bmin 3 --bmax 2", "--bmax 2: uniform needs a highest width in 3..8");
-  expect_error("plan --method ratequant --bits 3 --sensitivity fisher",
+  expect_error("plan --method ratequant --budget-unit code --bits 3 --sensitivity fisher",
                "--sensitivity \"fisher\": not in the statistics file (it has: grad; \"none\" weighs every component 1)");
   expect_error("plan --method ratequant --bits 3 --key-weight 0",
-               "--key-weight 0: expected a finite factor > 0 (1 = the sensitivities as measured)");
+               "--key-weight 0: expected a factor in 1e-6..1e6 (1 = the sensitivities as measured)");
   expect_error("plan --method block-gtq --key-weight 2",
-               "--key-weight 2 with method block-gtq: the key weight scales RateQuant's sensitivities (methods "
-               "ratequant, ratequant+block-gtq, or uniform with an average budget); this plan uses none");
+               "--key-weight: not used by --method block-gtq: it sets RateQuant's allocation (--method ratequant, "
+               "ratequant+block-gtq, or uniform with --bits)");
   expect_error("plan --method uniform --quantizer kivi --group-size 3",
                "--group-size 3: expected a divisor of head_dim 4 for kivi");
   expect_error("plan --method uniform --fp16-window -1", "--fp16-window -1: expected >= 0");
@@ -117,6 +135,92 @@ TEST_F(CliFlagNames, LibraryErrorsNameTheFlag) {
   const auto r = run_cli("plan --method block-gtq --kbits 8 --vbits 12 --stats " +
                          shell_quote((dir_ / "stats.json").string()) + " -o " + shell_quote((dir_ / "ok.json").string()));
   EXPECT_EQ(r.status, 0) << r.output;
+}
+
+// Issue 22's adversarial pass: RateQuant inputs that gave a degenerate plan (every key at 1 bit, the budget unused,
+// a predicted distortion of 0), flags a method ignored silently, and messages that named no flag or read "it
+// has: none". Each is refused with exit 1, naming the flag (and the stats file and field, the side, the range).
+TEST_F(CliFlagNames, RateQuantDegenerateInputsAndIgnoredFlags) {
+  const std::string tq = R"({"tq-mse": {"bits": [1, 2, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5, "alpha_k": [[1.0]],
+                              "alpha_v": [[1.0]]}})";
+  const std::string tq_gtq = R"({"tq-mse": {"bits": [1, 2, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5, "alpha_k": [[1.0]],
+                              "alpha_v": [[1.0]]}, "block-gtq": {"bits": [1, 2, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5,
+                              "alpha_k": [[1.0]], "alpha_v": [[1.0]]}})";
+  write_stats("zk.json", R"("sensitivity": {"grad": {"k": [[0.0]], "v": [[1.0]]}})", tq);
+  write_stats("zv.json", R"("sensitivity": {"grad": {"k": [[2.0]], "v": [[0.0]]}})", tq);
+  write_stats("z.json", R"("sensitivity": {"grad": {"k": [[0.0]], "v": [[0.0]]}})", tq);
+  write_stats("nosens.json", "", tq);
+  write_stats("gtq.json", R"("sensitivity": {"grad": {"k": [[2.0]], "v": [[1.0]]}})", tq_gtq);
+  const std::string tail = ": RateQuant would give every key its lowest width and predict no distortion from the "
+                           "keys; expected positive sensitivities on both sides (re-measure them, or use \"none\" to "
+                           "weigh every component 1)";
+  expect_error("plan --method ratequant --budget-unit code --bits 3",
+               "--sensitivity \"grad\": every key sensitivity in zk.json is 0 (field sensitivity.grad.k, 1 "
+               "components)" + tail,
+               "zk.json");
+  expect_error("plan --method uniform --bits 2.5 --budget-unit code",  // the uniform split reads them too
+               "--sensitivity \"grad\": every key sensitivity in zk.json is 0 (field sensitivity.grad.k, 1 "
+               "components)" + tail,
+               "zk.json");
+  expect_error("plan --method ratequant --budget-unit code --bits 3",
+               "--sensitivity \"grad\": every value sensitivity in zv.json is 0 (field sensitivity.grad.v, 1 "
+               "components): RateQuant would give every value its lowest width and predict no distortion from the "
+               "values; expected positive sensitivities on both sides (re-measure them, or use \"none\" to weigh "
+               "every component 1)",
+               "zv.json");
+  expect_error("plan --method ratequant --budget-unit code --bits 3",
+               "--sensitivity \"grad\": every sensitivity in z.json is 0 (fields sensitivity.grad.k and "
+               "sensitivity.grad.v, 1 components each): RateQuant would predict no distortion at any width; expected "
+               "positive sensitivities (re-measure them, or use \"none\" to weigh every component 1)",
+               "z.json");
+  // "it has: none" read as the estimator named "none".
+  expect_error("plan --method ratequant --budget-unit code --bits 3",
+               "--sensitivity \"grad\": not in the statistics file (the file has no sensitivity estimators (ratekv "
+               "calibrate --sensitivity measures them); \"none\" weighs every component 1)",
+               "nosens.json");
+  // --key-weight outside 1e-6..1e6: 1e-300 made every key's weight vanish, 1e308 overflowed into a --bits message.
+  for (const char* w : {"1e-300", "1e-7", "1e7", "1e308"})
+    expect_error(std::string("plan --method ratequant --budget-unit code --bits 3 --key-weight ") + w,
+                 "--key-weight " + std::string(w == std::string("1e-300") ? "1e-300"
+                                               : w == std::string("1e-7") ? "1e-07"
+                                               : w == std::string("1e7")  ? "10000000"
+                                                                          : "1e+308") +
+                     ": expected a factor in 1e-6..1e6 (1 = the sensitivities as measured)");
+  // Flags of RateQuant's allocation given to a method that allocates without it.
+  const std::string why = ": it sets RateQuant's allocation (--method ratequant, ratequant+block-gtq, or uniform "
+                          "with --bits)";
+  expect_error("plan --method tasq --key-weight 2", "--key-weight: not used by --method tasq" + why);
+  expect_error("plan --method cq --sensitivity grad", "--sensitivity: not used by --method cq" + why);
+  expect_error("plan --method cq --curves-from kivi", "--curves-from: not used by --method cq" + why);
+  expect_error("plan --method block-gtq --sensitivity none", "--sensitivity: not used by --method block-gtq" + why);
+  expect_error("plan --method uniform --kbits 3 --vbits 3 --sensitivity none",
+               "--sensitivity: not used by --method uniform with --kbits/--vbits" + why);
+  expect_error("plan --method uniform --kbits 3 --vbits 3 --curves-from kivi",
+               "--curves-from: not used by --method uniform with --kbits/--vbits" + why);
+  // A budget below every component at its lowest width names the budget flag (and --bmin when it sets the width).
+  expect_error("plan --method ratequant+block-gtq --budget-unit code --bits 0.5",
+               "--bits 0.5 (code bits per element): below what ratequant+block-gtq reaches with the \"block-gtq\" "
+               "curves: every component at its lowest width, 1 code bits (the curves' lowest fitted width), stores 1 "
+               "bits per element; expected at least 1",
+               "gtq.json");
+  expect_error("plan --method ratequant+block-gtq --budget-unit code --bits 2.5 --bmin 3",
+               "--bits 2.5 (code bits per element): below what ratequant+block-gtq reaches with the \"block-gtq\" "
+               "curves: every component at its lowest width, 3 code bits (--bmin), stores 3 bits per element; "
+               "expected at least 3",
+               "gtq.json");
+  expect_error("plan --method ratequant --budget-unit code --kbits 1 --vbits 0",
+               "--kbits 1 and --vbits 0: a mean of 0.5 (code bits per element): below what ratequant reaches with the \"tq-mse\" curves: every "
+               "component at its lowest width, 1 code bits (the curves' lowest fitted width), stores 1 bits per "
+               "element; expected at least 1");
+  // The refusals are the inputs': the same flags with good inputs make plans.
+  for (const std::string& args :
+       {std::string("plan --method ratequant --budget-unit code --bits 3 --sensitivity none --stats ") + shell_quote((dir_ / "z.json").string()),
+        std::string("plan --method ratequant --budget-unit code --bits 3 --key-weight 1e-6 --stats ") + shell_quote((dir_ / "stats.json").string()),
+        std::string("plan --method ratequant+block-gtq --budget-unit code --bits 3 --bmin 3 --stats ") +
+            shell_quote((dir_ / "gtq.json").string())}) {
+    const auto r = run_cli(args + " --force -o " + shell_quote((dir_ / "ok.json").string()));
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.output;
+  }
 }
 
 }  // namespace

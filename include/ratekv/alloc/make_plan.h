@@ -53,6 +53,14 @@
 
 namespace ratekv::alloc {
 
+/// The accepted range of PlanRequest::key_weight: finite, in [kMinKeyWeight, kMaxKeyWeight]. Six decades
+/// either way of RateQuant as published (1) keep every weighted sensitivity w·α of a calibration finite and
+/// normal (a factor of 1e-300 made every key's w·α subnormal or 0: all keys at the lowest width, the budget
+/// unspent, a predicted distortion of 0); the side calibration's measured factors lie well inside
+/// (docs/quality_results.md §8).
+inline constexpr double kMinKeyWeight = 1e-6;
+inline constexpr double kMaxKeyWeight = 1e6;
+
 /// What to build. b_min / b_max < 0 select the method's defaults
 /// (block-gtq: 0..4; uniform: 1..8; ratequant: the curves' fitted range within 1..8).
 struct PlanRequest {
@@ -71,7 +79,7 @@ struct PlanRequest {
   std::string curves_from;           ///< curves used to allocate ("" = quantizer's own)
   std::string sensitivity = "grad";  ///< sensitivity estimator name in the stats, or "none" (every w_i = 1)
   /// ratequant methods and the uniform RateQuant baseline (avg_bits): every key component's
-  /// sensitivity w_i is multiplied by this factor (finite, > 0; 1 = RateQuant as published). The
+  /// sensitivity w_i is multiplied by this factor (kMinKeyWeight..kMaxKeyWeight; 1 = RateQuant as published). The
   /// side calibration of docs/quality_results.md §8 measures it on calibration text: the ratio of
   /// the next-token KLD of a K-only and a V-only uniform cache at one width over the ratio
   /// Σ_K w·D / Σ_V w·D that RateQuant's model predicts for them (docs/design.md §4.1).
@@ -112,8 +120,12 @@ struct PlanDiagnostics {
 /// would store no key anywhere; "PlanRequest.k_bits" with the valid range), a
 /// budget above what the method reaches (uniform effective: one that would fit
 /// a code wider than b_max; ratequant: above every component at the widest
-/// fitted width; both naming the maximum); Error for
-/// distortion curves the stats lack.
+/// fitted width; both naming the maximum) or below every component at its
+/// lowest width; a key_weight outside kMinKeyWeight..kMaxKeyWeight; a
+/// sensitivity estimator whose keys or values (a whole side) are all 0
+/// ("PlanRequest.sensitivity", naming the stats field); a sensitivity, curves
+/// or key weight given to a method that uses none (block-gtq, uniform without
+/// avg_bits); Error for distortion curves the stats lack.
 Plan make_plan(const CalibStats& stats, const PlanRequest& req, PlanDiagnostics* diag = nullptr);
 
 /// A readable per-layer table: K and V bit histograms ("4:10 3:12 0:10" =
