@@ -12,6 +12,7 @@
 // largest prompt) by synthetic K/V written through the cache's quantize path,
 // labelled synthetic_fill. A configuration that does not fit (e.g. fp16 at a
 // batch its cache cannot hold) is a row with its error, the others run.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,8 @@
 #include <random>
 
 #include "cli/command.h"
+#include "cli/flag_names.h"
+#include "cli/gpu_cache.h"
 #include "cli/loaded_model.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/log.h"
@@ -517,12 +520,15 @@ void run(const BenchArgs& a, const std::string& command_line) {
   for (int64_t d : a.d) check(d >= 0, "-d: depth {} (at least 0)", d);
   for (int64_t n : a.n) check(n >= 0, "-n: {} tokens (at least 0)", n);
   for (int64_t p : a.p) check(p >= 0, "-p: {} tokens (at least 0)", p);
+  // Every -p and -n at 0 and no request stream: nothing to time (it used to print an empty table).
+  check(a.requests > 0 || std::any_of(a.p.begin(), a.p.end(), [](int64_t p) { return p > 0; }) ||
+            std::any_of(a.n.begin(), a.n.end(), [](int64_t n) { return n > 0; }),
+        "-p/-n: every -p and -n is 0: no pp row and no tg row to run; expected a prompt length or a number of tokens "
+        "to generate above 0 (or --requests)");
   check(a.plans.empty() || (a.ctk.empty() && a.ctv.empty()), "bench: give -ctk/-ctv or --plan, not both");
   check(a.ctk.empty() == a.ctv.empty(), "-ctk/-ctv: give both");
   if (!a.out_file.empty()) check_output_path(a.out_file, a.force, "--out");
-#ifndef RATEKV_HAVE_ENGINE
-  check(a.device != "cuda", "--device cuda: this build of ratekv has no GPU engine (built without CUDA)");
-#endif
+  require_engine(a.device);  // --device cuda: a build with the engine and a visible GPU, before anything loads
   BenchArgs args = a;
   if (args.ctk.empty() && args.plans.empty()) args.ctk = args.ctv = {"f16"};
   std::unique_ptr<Model> model;
@@ -531,7 +537,7 @@ void run(const BenchArgs& a, const std::string& command_line) {
   std::string model_name;
   bool untied = true;
   if (!a.synthetic.empty()) {
-    cfg = synthetic_config(a.synthetic, a.layers);
+    with_flag_names({{"synthetic_config.n_layers", "--layers"}}, [&] { cfg = synthetic_config(a.synthetic, a.layers); });
     untied = synthetic_untied_output(a.synthetic);
     model_name = a.synthetic + (a.layers > 0 ? fmt::format(" ({} layers)", a.layers) : "") + " synthetic";
   } else {
@@ -616,23 +622,23 @@ Registrar reg("bench", [](CLI::App& app) {
       "Prefill and decode speed in llama-bench's manner (pp<p> and tg<n> rows; mean ± sd over -r runs; decode step "
       "time against the roofline: bytes read over a read ceiling measured in the same run)");
   cmd->add_option("-m,--model", a->model, "GGUF model file")->check(CLI::ExistingFile);
+  std::string synthetic_names;  // every name --synthetic accepts, from the same table
+  for (const std::string& n : synthetic_model_names())
+    if (n != "tiny-llama") synthetic_names += (synthetic_names.empty() ? "" : ", ") + n;
   cmd->add_option("--synthetic", a->synthetic,
-                  "a published configuration with seeded random weights: llama-3.1-8b, qwen2.5-7b, qwen2.5-3b (and "
-                  "tiny-llama, a 2-layer test model)")
+                  "a published configuration with seeded random weights: " + synthetic_names +
+                      " (and tiny-llama, a 2-layer test model)")
       ->check(CLI::IsMember(synthetic_model_names()));
   cmd->add_option("--layers", a->layers, "synthetic: keep only the first N layers (0 = all)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("-p,--n-prompt", a->p, "prompt lengths of the pp rows (comma list; 0 = none)")->delimiter(',');
-  cmd->add_option("-n,--n-gen", a->n, "decode steps of the tg rows (comma list; 0 = none)")->delimiter(',');
-  cmd->add_option("-d,--n-depth", a->d, "cached tokens before the tg rows decode (comma list)")->delimiter(',');
-  cmd->add_option("-b,--batch", a->b, "sequences decoded together (comma list)")->delimiter(',');
+  add_list_option(cmd, "-p,--n-prompt", a->p, "prompt lengths of the pp rows (comma list; 0 = none)");
+  add_list_option(cmd, "-n,--n-gen", a->n, "decode steps of the tg rows (comma list; 0 = none)");
+  add_list_option(cmd, "-d,--n-depth", a->d, "cached tokens before the tg rows decode (comma list)");
+  add_list_option(cmd, "-b,--batch", a->b, "sequences decoded together (comma list)");
   const std::vector<std::string> types = eval::cache_type_names();
-  cmd->add_option("--cache-type-k", a->ctk, "K cache types (comma list; f16, q8_0, q4_0, tq2, tq3, tq4)")
-      ->delimiter(',')
-      ->check(CLI::IsMember(types));
-  cmd->add_option("--cache-type-v", a->ctv, "V cache types (comma list, paired with -ctk)")
-      ->delimiter(',')
-      ->check(CLI::IsMember(types));
+  add_list_option(cmd, "--cache-type-k", a->ctk, "K cache types (comma list; f16, q8_0, q4_0, tq2, tq3, tq4)",
+                  CLI::IsMember(types));
+  add_list_option(cmd, "--cache-type-v", a->ctv, "V cache types (comma list, paired with -ctk)", CLI::IsMember(types));
   cmd->add_option("--plan", a->plans, "plan files (uniform, Block-GTQ, RateQuant), one cache each")
       ->check(CLI::ExistingFile);
   add_no_plan_check_option(cmd, a->no_plan_check);

@@ -129,13 +129,10 @@ const Registrar reg("calibrate", [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--sens-len", a->sens_len, "sensitivity: tokens per sequence (each its own causal LM loss)")
       ->capture_default_str();
-  c->add_option("--curves", a->curves,
-                "measure and fit RateQuant distortion curves D(b) = α β^(−b) of these quantizers (kivi, quarot, "
-                "tq-mse, block-gtq; comma-separated) on the calibration chunks")
-      ->delimiter(',');
-  c->add_option("--curve-bits", a->curve_bits, "code widths the curves are measured at")
-      ->delimiter(',')
-      ->capture_default_str();
+  add_list_option(c, "--curves", a->curves,
+                  "measure and fit RateQuant distortion curves D(b) = α β^(−b) of these quantizers (kivi, quarot, "
+                  "tq-mse, block-gtq; comma-separated) on the calibration chunks");
+  add_list_option(c, "--curve-bits", a->curve_bits, "code widths the curves are measured at");
   c->add_option("--curves-json", a->curves_json, "also write the measured MSE and the fits as JSON");
   c->add_flag("--force", a->force, "overwrite the output file");
   c->callback([a] { with_flag_names(kCalibrateFlags, [&] { run(*a); }); });

@@ -135,11 +135,7 @@ const Registrar reg("capture", [](CLI::App& app) {
       ->check(CLI::ExistingFile);
   c->add_option("--tokens", a->tokens, "tokens to run")->capture_default_str();
   c->add_option("--ctx", a->ctx, "tokens per forward chunk (fresh cache per chunk)")->capture_default_str();
-  c->add_option("--layers", a->layers, "layers to capture (default: first, middle, last)")
-      ->delimiter(',')
-      ->check(CLI::Validator(
-          [](const std::string& s) { return s.empty() ? std::string("empty layer number") : std::string(); },
-          "LAYER"));
+  add_list_option(c, "--layers", a->layers, "layers to capture (default: first, middle, last)");
   c->add_option("-o,--output", a->out_dir, "output directory")->required();
   c->add_flag("--queries", a->queries,
               "also write q_layer<l>.npy: post-RoPE queries (n_heads·N, head_dim), same order");

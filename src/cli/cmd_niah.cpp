@@ -304,15 +304,12 @@ Registrar reg("niah", [](CLI::App& app) {
   cmd->add_option("--cache", args->cache, "cache for the plans: packed (codes) or fake (fake-quant)")
       ->capture_default_str()
       ->check(CLI::IsMember({"packed", "fake"}));
-  cmd->add_option("--ctx", args->ctx, "context lengths in tokens (comma-separated)")
-      ->delimiter(',')
-      ->capture_default_str();
+  add_list_option(cmd, "--ctx", args->ctx, "context lengths in tokens (comma-separated)");
   cmd->add_option("--depths", args->depths, "needle depths 0..100% in this many steps (2..101)")
       ->capture_default_str()
       ->check(CLI::Range(2, 101));
-  cmd->add_option("--depth-list", args->depth_list,
+  add_list_option(cmd, "--depth-list", args->depth_list,
                   "needle depths as fractions 0..1, strictly increasing (comma-separated; instead of --depths)")
-      ->delimiter(',')
       ->excludes("--depths");
   cmd->add_option("--trials", args->trials, "trials per cell (different needles; 1..1000)")
       ->capture_default_str()

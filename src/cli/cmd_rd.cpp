@@ -247,10 +247,8 @@ const Registrar reg{"rd", [](CLI::App& app) {
   auto* n_opt = sub->add_option("--n", opt->n,
                                  "number of vectors (generated data; files: at most this many rows, default or 0: all)")
                     ->capture_default_str();
-  sub->add_option("--bits", opt->bits, "code bit widths, e.g. 1,2,3,4,5")->delimiter(',')->capture_default_str();
-  sub->add_option("--quantizers", opt->quantizers, "tq_mse,tq_prod,kivi_key,kivi_value,quarot,q4_0,q8_0")
-      ->delimiter(',')
-      ->capture_default_str();
+  add_list_option(sub, "--bits", opt->bits, "code bit widths, e.g. 1,2,3,4,5");
+  add_list_option(sub, "--quantizers", opt->quantizers, "tq_mse,tq_prod,kivi_key,kivi_value,quarot,q4_0,q8_0");
   sub->add_option("--group-size", opt->group_size, "KIVI group size (keys: tokens, values: channels)")
       ->capture_default_str();
   sub->add_option("--rotation", opt->rotation, "TQ rotation: haar | hadamard | identity")->capture_default_str();

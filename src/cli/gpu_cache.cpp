@@ -3,14 +3,21 @@
 
 #include "ratekv/cache/plan_codecs.h"
 #include "ratekv/common/error.h"
+#ifdef RATEKV_HAVE_ENGINE
+#include "ratekv/engine/engine.h"
+#endif
 
 namespace ratekv::cli {
 
 void require_engine(const std::string& device) {
+  if (device != "cuda") return;
 #ifndef RATEKV_HAVE_ENGINE
-  check(device != "cuda", "--device cuda: this build of ratekv has no GPU engine (built without CUDA)");
+  fail("--device cuda: this build of ratekv has no GPU engine (built without CUDA); use --device cpu");
 #else
-  (void)device;
+  // Before any model loads (the engine's own check comes after the weights: minutes for a large model).
+  check(!engine::cuda_device_name().empty(),
+        "--device cuda: no CUDA device visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides it); use --device "
+        "cpu");
 #endif
 }
 

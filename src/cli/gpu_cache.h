@@ -26,6 +26,9 @@ engine::CacheFormat gpu_cache_format(const std::optional<Plan>& types, const std
 #endif
 
 namespace ratekv::cli {
-/// Throws Error for --device cuda in a build without the GPU engine.
+/// The one check of --device cuda, called by every command with --device
+/// before anything loads: throws Error naming --device in a build without the
+/// GPU engine, or when no CUDA device is visible (engine::cuda_device_name()
+/// is empty). Does nothing for --device cpu.
 void require_engine(const std::string& device);
 }  // namespace ratekv::cli

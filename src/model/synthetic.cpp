@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ratekv/common/error.h"
+#include "ratekv/common/param_error.h"
 
 namespace ratekv {
 
@@ -19,7 +20,7 @@ std::vector<std::string> synthetic_model_names() {
 bool synthetic_untied_output(const std::string& name) { return name != "qwen2.5-3b" && name.rfind("gemma-3", 0) != 0; }
 
 ModelConfig synthetic_config(const std::string& name, int n_layers) {
-  check(n_layers >= 0, "synthetic_config: n_layers {} must be >= 0 (0 = all)", n_layers);
+  check_param(n_layers >= 0, "synthetic_config.n_layers", "{}: expected >= 0 (0 = all)", n_layers);
   ModelConfig c;
   if (name == "llama-3.1-8b") {
     c.arch = "llama";
@@ -98,7 +99,8 @@ ModelConfig synthetic_config(const std::string& name, int n_layers) {
   c.rope_layout = rope_layout_for_arch(c.arch);
   c.qkv_bias = c.arch == "qwen2";
   if (n_layers > 0) {
-    check(n_layers <= c.n_layers, "synthetic_config: {} has {} layers, {} requested", name, c.n_layers, n_layers);
+    check_param(n_layers <= c.n_layers, "synthetic_config.n_layers", "{}: {} has {} layers; expected 0..{} (0 = all)",
+                n_layers, name, c.n_layers, c.n_layers);
     c.n_layers = n_layers;
     if (!c.layer_sliding.empty()) c.layer_sliding.resize(n_layers);
   }

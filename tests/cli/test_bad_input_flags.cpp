@@ -22,6 +22,10 @@
 #include "../support/assets.h"
 #include "../support/temp_dir.h"
 #include "cli_runner.h"
+#include "ratekv/model/synthetic.h"
+#ifdef RATEKV_HAVE_ENGINE
+#include "ratekv/engine/engine.h"
+#endif
 
 using ratekv_test::cli_path;
 using ratekv_test::expect_error_before_weights;
@@ -193,6 +197,74 @@ TEST_F(BadInputFlags, PlanOfAnotherModelFile) {
     EXPECT_EQ(r.status, 0) << run << "\n" << r.output;
     EXPECT_NE(r.output.find("PPL = "), std::string::npos) << r.output;
   }
+}
+
+// Issue 22's adversarial pass on `ratekv bench` (synthetic models, nothing loaded):
+//  - --layers past the model named the library (synthetic_config), not the flag and the model's layers;
+//  - -p 0 -n 0 without --requests ran an empty table;
+//  - --synthetic's help omitted the Gemma 3 models the flag accepts.
+TEST_F(BadInputFlags, BenchLayersEmptyRunAndSyntheticHelp) {
+  expect("bench --synthetic gemma-3-270m --layers 999", 1,
+         "error: --layers 999: gemma-3-270m has 18 layers; expected 0..18 (0 = all)");
+  EXPECT_EQ(run_cli("bench --synthetic gemma-3-270m --layers 999").output.find("synthetic_config"), std::string::npos);
+  expect("bench --synthetic tiny-llama -p 0 -n 0 -r 1", 1,
+         "error: -p/-n: every -p and -n is 0: no pp row and no tg row to run; expected a prompt length or a number of "
+         "tokens to generate above 0 (or --requests)");
+  const Result help = run_cli("bench --help");
+  ASSERT_EQ(help.status, 0) << help.output;
+  // The description (not CLI11's {choices} column, which lists them from the same table anyway).
+  const size_t at = help.output.find("seeded random weights:");
+  ASSERT_NE(at, std::string::npos) << help.output;
+  const std::string line = help.output.substr(at, help.output.find('\n', at) - at);
+  for (const std::string& name : ratekv::synthetic_model_names())
+    EXPECT_NE(line.find(name), std::string::npos) << name << " missing from: " << line;
+}
+
+// Every comma-list flag refuses an empty item (CLI11's own splitting dropped it silently: "-p 16,," ran pp16
+// only), naming the flag and the list; a good list of the same flag is read whole.
+TEST_F(BadInputFlags, ListFlagsRefuseEmptyItems) {
+  expect("bench --synthetic tiny-llama -p 16,, -n 0 -r 1", 2,
+         "-p/--n-prompt: '16,,': item 2 is empty; expected values separated by single commas (e.g. 16,32)");
+  expect("bench --synthetic tiny-llama -p 16 -n ,4 -r 1", 2, "-n/--n-gen: ',4': item 1 is empty");
+  expect("bench --synthetic tiny-llama -p 16 -n 0 -b 1,,2 -r 1", 2, "-b/--batch: '1,,2': item 2 is empty");
+  expect("bench --synthetic tiny-llama -p 16 -n 0 -ctk f16, -ctv f16 -r 1", 2,
+         "--cache-type-k: 'f16,': item 2 is empty");
+  expect("bench --synthetic tiny-llama -p 16,x -n 0 -r 1", 2, "-p/--n-prompt: 'x': expected an integer");
+  expect("bench --synthetic tiny-llama -p 16 -n 0 -ctk f16,tq9 -ctv f16,f16 -r 1", 2, "--cache-type-k: tq9");
+  expect("rd --bits 1,,3", 2, "--bits: '1,,3': item 2 is empty");
+  const std::string any = q(cli_path());  // an existing file for -m / -f: the list is refused before it is read
+  expect("calibrate --curves kivi, -m " + any + " -f " + any + " -o z", 2, "--curves: 'kivi,': item 2 is empty");
+  expect("niah --ctx 128,,256 -m " + any, 2, "--ctx: '128,,256': item 2 is empty");
+  expect("plan --method tasq --also cq,,tasq -o x", 2, "--also: 'cq,,tasq': item 2 is empty");
+  // The same flags with good lists: -p 16,32 gives both rows, and repeating the flag adds to the list.
+  const Result r = run_cli("bench --synthetic tiny-llama -p 16,32 -p 8 -n 0 -r 1 -o csv");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* row : {"pp16", "pp32", "pp8"}) EXPECT_NE(r.output.find(row), std::string::npos) << r.output;
+}
+
+// --device cuda where it cannot run (issue 22's adversarial pass): one check (require_engine) in every command
+// with --device, before anything loads, naming --device. A CUDA build without a visible GPU used to load the
+// model first (bench: the synthetic weights; the others: the GGUF) and fail in the engine with "GPU engine: no
+// CUDA device visible", naming no flag.
+TEST_F(BadInputFlags, DeviceCudaWithoutAGpuIsRefusedBeforeAnythingLoads) {
+#ifdef RATEKV_HAVE_ENGINE
+  if (!ratekv::engine::cuda_device_name().empty()) GTEST_SKIP() << "a CUDA device is visible";
+  const std::string why = "error: --device cuda: no CUDA device visible";
+#else
+  const std::string why = "error: --device cuda: this build of ratekv has no GPU engine (built without CUDA); use "
+                          "--device cpu";
+#endif
+  const Result b = run_cli("bench --synthetic tiny-llama -p 16 -n 0 -r 1 --device cuda");
+  EXPECT_EQ(b.status, 1) << b.output;
+  EXPECT_NE(b.output.find(why), std::string::npos) << b.output;
+  EXPECT_EQ(b.output.find("GPU engine:"), std::string::npos) << b.output;  // not the engine's, after the load
+  const std::string smollm2 = ratekv_test::smollm2_path();
+  if (!fs::exists(smollm2)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2;
+  const fs::path text = dir_ / "t.txt";
+  std::ofstream(text) << "Some text to read. " << std::string(2000, 'a') << "\n";
+  for (const std::string& cmd : std::vector<std::string>{"perplexity -f " + q(text) + " -c 64", "generate -p hi -n 2",
+                                                         "niah --depths 2 --trials 1 --ctx 128", "bench -p 16 -n 0 -r 1"})
+    expect_error_before_weights(cmd + " -m " + q(smollm2) + " --device cuda", {why});
 }
 
 }  // namespace

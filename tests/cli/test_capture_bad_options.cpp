@@ -65,7 +65,7 @@ TEST_F(CaptureBadOptions, LayerGivenTwiceOrEmpty) {
   EXPECT_FALSE(fs::exists(out));
   // `--layers ''` used to capture layer 0.
   const fs::path out2 = dir_ / "kv_empty";
-  expect_error_before_weights(base(text_) + "--tokens 4 --layers '' -o " + q(out2), 2, {"--layers", "empty layer number"});
+  expect_error_before_weights(base(text_) + "--tokens 4 --layers '' -o " + q(out2), 2, {"--layers: '': item 1 is empty"});
   EXPECT_FALSE(fs::exists(out2));
 }
 

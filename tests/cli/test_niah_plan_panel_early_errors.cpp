@@ -16,6 +16,9 @@
 #include "../support/assets.h"
 #include "../support/temp_dir.h"
 #include "cli_runner.h"
+#ifdef RATEKV_HAVE_ENGINE
+#include "ratekv/engine/engine.h"
+#endif
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
@@ -114,8 +117,12 @@ TEST_F(EarlyErrors, NiahOnTheGpuRefusesWhatItCannotServe) {
                               {"--cache fake", "CPU only"});
   expect_error_before_weights(base + " -ctk tq3", {"-ctv"});
 #ifdef RATEKV_HAVE_ENGINE
-  expect_error_before_weights(base + " --device cuda --no-fp16 -ctk q8_0 -ctv q8_0",
-                              {"-ctk q8_0 -ctv q8_0 with --device cuda", "'q8_0' is not served on the GPU"});
+  if (ratekv::engine::cuda_device_name().empty())  // no GPU: --device cuda is refused first (require_engine)
+    expect_error_before_weights(base + " --device cuda --no-fp16 -ctk q8_0 -ctv q8_0",
+                                {"--device cuda: no CUDA device visible"});
+  else
+    expect_error_before_weights(base + " --device cuda --no-fp16 -ctk q8_0 -ctv q8_0",
+                                {"-ctk q8_0 -ctv q8_0 with --device cuda", "'q8_0' is not served on the GPU"});
   // A uniform plan at --vbits 6 (value groups of 5 code bits): served on the GPU since 5..8-bit groups are
   // (extension pages, docs/packed_format.md §6), so the early check lets it through: without a GPU the run
   // ends at the engine's "no CUDA device visible", with one it runs; the old refusal must not appear.

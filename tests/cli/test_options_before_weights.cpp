@@ -10,6 +10,9 @@
 #include "../support/assets.h"
 #include "../support/temp_dir.h"
 #include "cli_runner.h"
+#ifdef RATEKV_HAVE_ENGINE
+#include "ratekv/engine/engine.h"
+#endif
 
 using ratekv_test::cli_path;
 using ratekv_test::Result;
@@ -72,8 +75,12 @@ TEST_F(OptionsBeforeWeights, GenerateChunkAndPromptsFile) {
     expect_error_before_weights(base + "-p hi -n 4 --temp 0.8 --top-p 0.9 --device " + dev,
                                 {"--top-p", "only with --prompts-file"});
 #ifdef RATEKV_HAVE_ENGINE
-  expect_error_before_weights(base + "-n 4 --prompts-file " + q(bad) + " --device cuda",
-                              {"line 2", "unknown key \"temp\""});
+  if (ratekv::engine::cuda_device_name().empty())  // no GPU: --device cuda is refused first (require_engine)
+    expect_error_before_weights(base + "-n 4 --prompts-file " + q(bad) + " --device cuda",
+                                {"--device cuda: no CUDA device visible"});
+  else
+    expect_error_before_weights(base + "-n 4 --prompts-file " + q(bad) + " --device cuda",
+                                {"line 2", "unknown key \"temp\""});
 #endif
   expect_error_before_weights("perplexity -m " + q(smollm2_) + " -f " + q(text_) + " --chunk 32 --device cuda",
                               {"--chunk 32", "multiple of 64"});

@@ -113,7 +113,8 @@ std::vector<std::string> synthetic_model_names();
 /// 26 layers, 1152, d_ff 6912 — the values of the GGUF files' metadata as
 /// ModelConfig::from_gguf reads them). n_layers > 0 keeps the first n_layers
 /// layers (a model "at full width" for CPU comparisons). Throws Error for an
-/// unknown name (listing the known ones) or n_layers < 0.
+/// unknown name (listing the known ones), ParamError "synthetic_config.n_layers"
+/// for n_layers < 0 or above the model's layer count (naming it).
 ModelConfig synthetic_config(const std::string& name, int n_layers = 0);
 
 /// Whether a synthetic configuration has an untied LM head (ModelWeights::output).
