@@ -210,7 +210,8 @@ void run_cpu(const BenchArgs& a, Model& model, const std::string& model_name, co
             const double sec = std::chrono::duration<double>(clk::now() - t0).count();
             tps.push_back(B * n / sec);
             step_ms.push_back(sec * 1e3 / n);
-            bytes = static_cast<double>(model.weights().bytes()) + cache_bytes;
+            // The CPU runtime decodes the B sequences one forward each: every forward reads the weights.
+            bytes = static_cast<double>(B) * static_cast<double>(model.weights().bytes()) + cache_bytes;
           }
           const Stat st = stat(tps), sm = stat(step_ms);
           r["decode_tok_s"] = st.mean;

@@ -48,6 +48,39 @@ TEST(CliBench, CpuRowsWithTheirFields) {
   EXPECT_GT(fp16_bytes, 3.0 * k3_bytes) << fp16_bytes << " vs " << k3_bytes;
 }
 
+// The bytes a CPU decode step reads (the roofline's numerator), against the model's shapes counted here: every
+// weight tensor once per forward (the B sequences are B forwards: B times the weights; B = 1 used to be
+// counted for every B), the tied Gemma LM head once (it is token_embd: no second copy), plus every cache.
+TEST(CliBench, CpuBytesReadFromTheModelShapes) {
+  if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
+  struct Shape {
+    const char* args;
+    double d, q, kv, hd, dff, V, L;
+    bool untied, gemma;
+  };
+  for (const Shape& m : {Shape{"--synthetic tiny-llama -b 1,3", 256, 4, 2, 64, 512, 512, 2, true, false},
+                         Shape{"--synthetic gemma-3-270m --layers 1 -b 1", 640, 4, 1, 256, 2048, 262144, 1, false,
+                               true}}) {
+    const double per_layer = m.d /*attn_norm*/ + m.d * (m.q + 2 * m.kv) * m.hd /*wqkv*/ + m.q * m.hd * m.d /*wo*/ +
+                             m.d /*ffn_norm*/ + 2 * m.dff * m.d /*gate, up*/ + m.dff * m.d /*down*/ +
+                             (m.gemma ? 2 * m.hd /*q, k norms*/ + 2 * m.d /*post-norms*/ : 0.0);
+    const double weights = 4.0 * (m.V * m.d * (m.untied ? 2 : 1) + m.d /*output_norm*/ + m.L * per_layer);
+    const fs::path out = fs::temp_directory_path() / ("ratekv_bench_bytes_" + std::to_string(::getpid()) + ".json");
+    const Result r = run_cli(std::string("bench ") + m.args + " --device cpu -p 0 -n 2 -d 3 -r 1 -o json --out " +
+                             out.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+    fs::remove(out);
+    ASSERT_FALSE(j.at("rows").empty());
+    for (const auto& row : j.at("rows")) {
+      const double B = row.at("B").get<double>(), cache = row.at("cache_bytes").get<double>();
+      EXPECT_GT(cache, 0.0);
+      EXPECT_NEAR(row.at("bytes_read_gb").get<double>() * 1e9, B * weights + cache, 1e-9 * (B * weights + cache))
+          << m.args << " B=" << B;
+    }
+  }
+}
+
 TEST(CliBench, OptionErrorsComeFirst) {
   if (!fs::exists(cli_path())) GTEST_SKIP() << "ratekv CLI not built at " << cli_path();
   Result r = run_cli("bench --synthetic tiny-llama -ctk tq3");
