@@ -493,9 +493,11 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     {
       const double top = rq.budget_unit == "code" ? (double)hi : (double)stored_bits(hi) / d;
       check_param(avg <= top + 1e-9, avg_param,
-                  "{} ({} bits per element): above what {} reaches with the \"{}\" curves (fitted up to {} code "
-                  "bits): at most {:.4g} bits per element, every component at {} bits",
-                  shown, rq.budget_unit, rq.method, cn, hi, top, hi);
+                  "{} ({} bits per element): above what {} reaches with the \"{}\" curves: every component at its "
+                  "widest width, {} code bits ({}), stores {:.4g} bits per element; expected at most {:.4g} bits per "
+                  "element",
+                  shown, rq.budget_unit, rq.method, cn, hi,
+                  rq.b_max >= 0 ? "PlanRequest.b_max" : "the curves' widest fitted width", top, top);
       // Below every component at its lowest width: the allocator's own message named no parameter.
       const double bottom = rq.budget_unit == "code" ? (double)lo : (double)stored_bits(lo) / d;
       check_param(avg >= bottom - 1e-9, avg_param,

@@ -208,6 +208,11 @@ TEST_F(CliFlagNames, RateQuantDegenerateInputsAndIgnoredFlags) {
                "curves: every component at its lowest width, 3 code bits (--bmin), stores 3 bits per element; "
                "expected at least 3",
                "gtq.json");
+  expect_error("plan --method ratequant+block-gtq --budget-unit code --bits 3 --bmax 2",
+               "--bits 3 (code bits per element): above what ratequant+block-gtq reaches with the \"block-gtq\" "
+               "curves: every component at its widest width, 2 code bits (--bmax), stores 2 bits per element; "
+               "expected at most 2 bits per element",
+               "gtq.json");
   expect_error("plan --method ratequant --budget-unit code --kbits 1 --vbits 0",
                "--kbits 1 and --vbits 0: a mean of 0.5 (code bits per element): below what ratequant reaches with the \"tq-mse\" curves: every "
                "component at its lowest width, 1 code bits (the curves' lowest fitted width), stores 1 bits per "
