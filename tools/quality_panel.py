@@ -14,8 +14,15 @@ evaluation: the plan file's sha256 is a parameter), so an interrupted or extende
 Evaluations share one reference cache per model (`ratekv eval --reference-cache`: the fp16-cache
 logits and fp32 activations of each window, computed once). A cell file that is not valid JSON (an
 interrupted write) is named on stderr and counts as unfinished: `run` re-runs it, `status` lists it as
-unfinished, `report` leaves it out and says so. A non-finite perplexity is null in the JSON (the row's
-"ppl_status" says what it was) and "nan (failed)" in the table.
+unfinished, `report` leaves it out and says so; so is a cell holding null / a list, a cell lacking a field the
+report reads or holding a value of the wrong type there, a truncated plan or statistics file, and a side cell
+(side/side.json) without every side plan or with a KLD that is not a positive finite number (no key weight is
+derived from it; the key-weighted RateQuant cells wait). One predicate decides "finished" for run, status and
+report (cell_done / use_cell). A non-finite perplexity is null in the JSON (the row's "ppl_status" says what it
+was) and "nan (failed)" in the table; a reseeded run (evalr/) with a non-finite perplexity or other stored bits is
+left out of its row's seeds (named; counted in ppl_status); a failed fp16 reference makes ΔPPL "n/a". `run` exits 1
+when a cell failed ("N of M cells failed"), 2 when --only matches no cell, 130 on Ctrl-C (the current cell stays
+unfinished).
 
 Environment: RATEKV_BIN (ratekv binary, default build/bin/ratekv), RATEKV_ASSETS (default
 ~/.cache/ratekv/assets), RATEKV_LLAMA_BIN (llama.cpp binaries, default ~/.cache/ratekv/llama-build/bin),
@@ -127,30 +134,69 @@ def atomic_json(path, doc):
     os.replace(tmp, path)
 
 
-UNREADABLE = []  # (path, why) of every cell file that could not be read (named on stderr once each)
+UNREADABLE = []  # (path, why) of every cell file that could not be used (named on stderr once each)
+
+
+class BadCell(ValueError):
+    """A cell file whose content the panel cannot use: `why` names the field and what was expected."""
 
 
 def load_json(path):
-    """The JSON document at `path`, or None when it is not valid JSON or cannot be read (what an interrupted
-    cell leaves: a truncated write): the file is named on stderr once, recorded in UNREADABLE, and the caller
-    treats its cell as unfinished (`run` re-runs it, `status` lists it unfinished, `report` leaves it out)."""
+    """The JSON object at `path`, or None when it is not valid JSON (what an interrupted cell leaves: a truncated
+    write), is not a JSON object (null, a list) or cannot be read (permissions): the file is named on stderr once,
+    recorded in UNREADABLE, and the caller treats its cell as unfinished (`run` re-runs it, `status` lists it
+    unfinished, `report` leaves it out)."""
     try:
         with open(path) as f:
-            return json.load(f)
+            doc = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
-        why = f"not valid JSON ({e})"
+        note_unreadable(path, f"not valid JSON ({e})")
+        return None
     except OSError as e:
-        why = f"cannot be read ({e.strerror})"
-    note_unreadable(path, why)
-    return None
+        note_unreadable(path, f"cannot be read ({e.strerror})", interrupted=False)
+        return None
+    if not isinstance(doc, dict):
+        note_unreadable(path, f"not a JSON object (it holds {json.dumps(doc)[:40]}); expected a cell's object")
+        return None
+    return doc
 
 
-def note_unreadable(path, why):
-    """Names an unusable cell file on stderr (once) and records it in UNREADABLE."""
+def note_unreadable(path, why, interrupted=True):
+    """Names an unusable cell file on stderr (once) and records it in UNREADABLE. interrupted: the file is readable
+    but its content is not a finished cell's (say so); False: the file itself cannot be read (e.g. permissions)."""
     if all(p != path for p, _ in UNREADABLE):
         UNREADABLE.append((path, why))
-        print(f"quality_panel: {path}: {why}; an interrupted cell leaves such a file: its cell counts as unfinished",
-              file=sys.stderr, flush=True)
+        tail = ("an interrupted cell leaves such a file: its cell counts as unfinished" if interrupted else
+                "check the file's permissions; its cell counts as unfinished")
+        print(f"quality_panel: {path}: {why}; {tail}", file=sys.stderr, flush=True)
+
+
+def number(x, field, finite=False, none=False, positive=False):
+    """x when it is a JSON number (not a bool; finite / > 0 when asked; None allowed with none=True), else BadCell
+    naming `field` and what was expected."""
+    if x is None and none:
+        return x
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool)
+    if ok and (finite or positive) and not math.isfinite(x):
+        ok = False
+    if ok and positive and not x > 0:
+        ok = False
+    if not ok:
+        want = "a " + ("positive " if positive else "") + ("finite " if finite or positive else "") + "number" + (
+            " or null" if none else "")
+        raise BadCell(f"{field} is {json.dumps(x)[:40] if not isinstance(x, float) else x}; expected {want}")
+    return x
+
+
+def numbers(v, field, none=False):
+    """v when it is a list of JSON numbers (None allowed with none=True), else BadCell naming `field`."""
+    if v is None and none:
+        return v
+    if not isinstance(v, list):
+        raise BadCell(f"{field} is {json.dumps(v)[:40]}; expected a list of numbers")
+    for i, x in enumerate(v):
+        number(x, f"{field}[{i}]", none=True)
+    return v
 
 
 def finite_or_none(x):
@@ -442,6 +488,9 @@ def read_safetensors(path, names):
     return out, json.loads(head["__metadata__"]["ratekv"])
 
 
+SAID = set()  # what side_key_weight has said about a statistics file
+
+
 def side_key_weight(side_json, stats_path, sensitivity="grad"):
     """RateQuant's side calibration from a finished side cell: per side s and width b, the measured next-token KLD
     of the s-only KIVI cache and RateQuant's prediction P_s(b) = Σ_(s components) w_i α_i β_s^(-b) (w: the
@@ -449,15 +498,17 @@ def side_key_weight(side_json, stats_path, sensitivity="grad"):
     the geometric mean over b of (KLD_K / KLD_V) / (P_K / P_V). None while the cell is not done."""
     if not os.path.exists(side_json):
         return None
-    doc = load_json(side_json)
-    if doc is None or "report" not in doc:
+    klds = side_klds(side_json)
+    if klds is None:
         return None
-    rep = doc["report"]
+    rep = klds["report"]
     try:
         t, meta = read_safetensors(stats_path, ["grad_sq_k_post", "grad_sq_v", "curves.kivi.alpha_k", "curves.kivi.alpha_v"])
     except (OSError, ValueError, KeyError, AssertionError, struct.error) as e:  # a truncated / foreign file
-        print(f"quality_panel: {stats_path}: unreadable statistics ({e!r}); the side calibration waits for them",
-              file=sys.stderr, flush=True)
+        if stats_path not in SAID:  # once per file (the grid is rebuilt per pass, 5 key-weighted rows each)
+            SAID.add(stats_path)
+            print(f"quality_panel: {stats_path}: unreadable statistics ({e!r}); the side calibration waits for them",
+                  file=sys.stderr, flush=True)
         return None
     d = t["grad_sq_k_post"][1][-1]
     cur = meta["curves"]["kivi"]
@@ -466,12 +517,20 @@ def side_key_weight(side_json, stats_path, sensitivity="grad"):
     for b in sorted({b for _, b in SIDE_PLANS}):
         kld, pred = {}, {}
         for side, key in (("k", "k"), ("v", "v")):
-            p = next(p for p in rep["plans"] if p["name"] == f"{side}only-kivi{b}")
-            kld[side] = p["next_token"]["kv"]["kld_mean"]["mean"]
+            kld[side] = klds[f"{side}only-kivi{b}"]
             g = t["grad_sq_k_post" if side == "k" else "grad_sq_v"][0]
             alpha = t[f"curves.kivi.alpha_{key}"][0]
             w = [sum(g[i * d:(i + 1) * d]) if sensitivity == "grad" else 1.0 for i in range(len(alpha))]
             pred[side] = sum(wi * ai for wi, ai in zip(w, alpha)) * cur[f"beta_{key}"] ** (-b)
+        for side in ("k", "v"):
+            if not (math.isfinite(pred[side]) and pred[side] > 0):
+                if (stats_path, sensitivity) in SAID:
+                    return None
+                SAID.add((stats_path, sensitivity))
+                print(f"quality_panel: {stats_path}: RateQuant's predicted {side.upper()}-only distortion at {b} bits "
+                      f"(estimator {sensitivity}) is {pred[side]}; expected a positive finite number: no key weight "
+                      "from it (the key-weighted RateQuant cells wait)", file=sys.stderr, flush=True)
+                return None
         ratio = (kld["k"] / kld["v"]) / (pred["k"] / pred["v"])
         logs.append(math.log(ratio))
         out["widths"][str(b)] = {"kld_k": kld["k"], "kld_v": kld["v"], "pred_k": pred["k"], "pred_v": pred["v"],
@@ -479,6 +538,40 @@ def side_key_weight(side_json, stats_path, sensitivity="grad"):
                                  "ratio": ratio}
     out["key_weight"] = math.exp(sum(logs) / len(logs))
     out["text"], out["tokens"] = rep["text"]["file"], rep["n_tokens"]
+    return out
+
+
+def side_klds(side_json):
+    """The measured next-token KLD of each side plan (SIDE_PLANS: "konly-kivi2" ...) of a finished side cell, with
+    its "report"; None when the cell is not usable: not valid JSON, a side plan missing, a KLD that is not a
+    positive finite number (a key weight from it would be log(0), nan or inf): the file and field are named on
+    stderr (once), the cell counts as unfinished (`run` re-runs it) and the key-weighted RateQuant cells wait."""
+    doc = load_json(side_json)
+    if doc is None:
+        return None
+    try:
+        rep = field(doc, "report")
+        plans = field(rep, "plans")
+        if not isinstance(plans, list):
+            raise BadCell(f"report.plans is {json.dumps(plans)[:40]}; expected a list of plans")
+        out = {"report": rep}
+        for side, b in SIDE_PLANS:
+            name = f"{side}only-kivi{b}"
+            p = next((p for p in plans if isinstance(p, dict) and p.get("name") == name), None)
+            if p is None:
+                raise BadCell(f"no plan named {name!r} in report.plans; expected every side plan "
+                              f"({', '.join(f'{s}only-kivi{w}' for s, w in SIDE_PLANS)})")
+            out[name] = number(field(p, "next_token.kv.kld_mean.mean"),
+                               f"report.plans[{name}].next_token.kv.kld_mean.mean", positive=True)
+        if not isinstance(field(rep, "text.file"), str):
+            raise BadCell("report.text.file is not a string; expected the text's file name")
+        number(field(rep, "n_tokens"), "report.n_tokens", positive=True)
+        if not isinstance(field(doc, "command"), str):
+            raise BadCell("command is not a string; expected the cell's command line")
+    except BadCell as e:
+        note_unreadable(side_json, f"not a usable side calibration ({e}); the key-weighted RateQuant cells "
+                        "(rq/plan/ratequant-kivi-2.5-*) wait for it")
+        return None
     return out
 
 
@@ -532,9 +625,66 @@ def reseed_plan(src, dst, run):
     os.replace(tmp, dst)
 
 
+CELL_ERRORS = (BadCell, KeyError, IndexError, TypeError, AttributeError, ValueError)
+
+
+def use_cell(path, doc, reader, what):
+    """reader(doc) (the row / values the report takes from a cell), or None when it raises on the content (a field
+    missing or of the wrong type): the file is named on stderr once and the cell counts as unfinished. The one test
+    of a finished cell's content: `status`, `run` (cell_done) and `report` (rows_of) all go through it."""
+    if doc is None:
+        return None
+    try:
+        return reader(doc)
+    except BadCell as e:
+        note_unreadable(path, f"not a finished {what} ({e})")
+    except CELL_ERRORS as e:
+        note_unreadable(path, f"not a finished {what} (no usable field {e})")
+    return None
+
+
+def safetensors_complete(path):
+    """Whether the safetensors file at `path` has a readable header and every tensor's bytes (a truncated file from
+    an interrupted calibration does not); named on stderr when not."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            if n > size:
+                raise ValueError(f"header of {n} bytes in a file of {size}")
+            head = json.loads(f.read(n))
+        end = max([t["data_offsets"][1] for k, t in head.items() if k != "__metadata__"] or [0])
+        if 8 + n + end > size:
+            raise ValueError(f"{size} bytes, its header describes {8 + n + end}")
+        return True
+    except OSError as e:
+        note_unreadable(path, f"cannot be read ({e.strerror})", interrupted=False)
+    except (ValueError, struct.error, KeyError, TypeError, IndexError, AttributeError) as e:
+        note_unreadable(path, f"not a complete safetensors file ({e})")
+    return False
+
+
+def cell_output_usable(c, root, doc=None):
+    """Whether cell c's output holds what its readers take from it (see use_cell): statistics complete, a plan file
+    that is a JSON object, an eval / llama.cpp cell whose row the report can build."""
+    path = os.path.join(root, c["out"])
+    if c["kind"] == "calibrate":
+        return safetensors_complete(path)
+    if c["kind"] in ("plan", "reseed"):
+        return (doc if doc is not None else load_json(path)) is not None
+    if c["kind"] == "llama":
+        return use_cell(path, doc, llama_row, "llama.cpp cell") is not None
+    if c.get("row") == "side":
+        return side_klds(path) is not None
+    if c.get("row") == "mae":
+        return use_cell(path, doc, lambda d: mae_rows(d, []) or True, "per-layer MAE cell") is not None
+    return use_cell(path, doc, lambda d: eval_row(d, os.path.basename(path)), "eval cell") is not None
+
+
 def cell_done(c, root):
-    """Whether cell c's output exists with the parameters it would be made with now. An output (or its
-    .params.json) that is not valid JSON is named on stderr and counts as unfinished (load_json)."""
+    """Whether cell c is finished: its output exists with the parameters it would be made with now and holds what
+    the report reads (cell_output_usable). An output (or its .params.json) that is not valid JSON or lacks a field is
+    named on stderr and counts as unfinished (load_json, use_cell)."""
     meta = os.path.join(root, c["out"] + ".params.json") if c["kind"] in ("calibrate", "plan", "reseed") else None
     if c["kind"] in ("calibrate", "plan", "reseed"):
         if not os.path.exists(os.path.join(root, c["out"])) or not os.path.exists(meta):
@@ -543,13 +693,15 @@ def cell_done(c, root):
         if not isinstance(doc, dict):
             return False
         if c["kind"] == "reseed":
-            return doc.get("params") == dict(c["params"], plan_sha256=sha256_file(os.path.join(root, c["plan"])))
-        return doc.get("params") == c["params"]
+            same = doc.get("params") == dict(c["params"], plan_sha256=sha256_file(os.path.join(root, c["plan"])))
+        else:
+            same = doc.get("params") == c["params"]
+        return same and cell_output_usable(c, root)
     path = os.path.join(root, c["out"])
     if not os.path.exists(path):
         return False
     doc = load_json(path)
-    return isinstance(doc, dict) and doc.get("params") == full_params(c, root)
+    return isinstance(doc, dict) and doc.get("params") == full_params(c, root) and cell_output_usable(c, root, doc)
 
 
 def full_params(c, root):
@@ -585,19 +737,21 @@ def run_cell(c, root, dry):
     missing = [a for a in deps if not os.path.exists(a)]
     if missing:
         print(f"[skip] {c['id']}: waits for {', '.join(os.path.relpath(a, root) for a in missing)}", flush=True)
-        return False
+        return "wait"
     if c["kind"] == "reseed":
         print(f"[run ] {c['id']}: reseed {c['plan']} run seed {c['run_seed']}", flush=True)
         if dry:
-            return False
+            return "dry"
+        CURRENT[:] = [os.path.join(root, c["out"])]
         reseed_plan(os.path.join(root, c["plan"]), os.path.join(root, c["out"]), c["run_seed"])
         atomic_json(os.path.join(root, c["out"] + ".params.json"),
                     {"params": dict(c["params"], plan_sha256=sha256_file(os.path.join(root, c["plan"])))})
-        return True
+        return "done"
     cmd = ["nice", "-n", NICE] + c["cmd"]
     print(f"[run ] {c['id']}: {' '.join(c['cmd'])}", flush=True)
     if dry:
-        return False
+        return "dry"
+    CURRENT[:] = [os.path.join(root, c["out"])]
     os.makedirs(os.path.dirname(os.path.join(root, c["out"])), exist_ok=True)
     env = dict(os.environ, OMP_WAIT_POLICY="passive", **c.get("env", {}))
     t0 = time.time()
@@ -608,7 +762,7 @@ def run_cell(c, root, dry):
         f.write(log)
     if res.returncode != 0:
         print(f"[FAIL] {c['id']} ({secs:.0f} s, exit {res.returncode}):\n{log[-2000:]}", flush=True)
-        return False
+        return "fail"
     if c["kind"] in ("calibrate", "plan"):
         atomic_json(os.path.join(root, c["out"] + ".params.json"), {"params": c["params"], "seconds": secs})
     elif c["kind"] == "eval":
@@ -616,7 +770,7 @@ def run_cell(c, root, dry):
         rep = load_json(rep_path)
         if not isinstance(rep, dict):
             print(f"[FAIL] {c['id']}: ratekv eval exited 0 but its report {rep_path} is missing or not JSON", flush=True)
-            return False
+            return "fail"
         atomic_json(os.path.join(root, c["out"]), {"params": full_params(c, root), "seconds": secs,
                                                     "command": " ".join(c["cmd"]), "report": rep})
         os.remove(rep_path)
@@ -624,32 +778,62 @@ def run_cell(c, root, dry):
         r = parse_llama(log)
         if r is None:
             print(f"[FAIL] {c['id']}: no final estimate in the log", flush=True)
-            return False
+            return "fail"
         atomic_json(os.path.join(root, c["out"]), {"params": c["params"], "seconds": secs, "row": c["row"],
                                                     "command": " ".join(c["cmd"]), "env": c.get("env", {}),
                                                     "result": r})
     print(f"[done] {c['id']} ({secs:.0f} s)", flush=True)
-    return True
+    return "done"
+
+
+CURRENT = []  # the output path of the cell `run` is making (what an interrupt leaves unfinished)
 
 
 def cmd_run(a):
     global PANEL_ROOT
     root = PANEL_ROOT = os.path.abspath(a.out)
-    os.makedirs(root, exist_ok=True)
     only = a.only_re
+    if only:  # a pattern that matches nothing would run nothing and exit 0 as if the grid were done
+        ids = [c["id"] for c in cells(a.model_list)]
+        if not any(only.search(i) for i in ids):
+            print(f"quality_panel run: no cell matches --only {a.only!r} in --models {a.models}; cell ids are e.g. "
+                  + ", ".join(ids[:3] + ids[-2:]) + " (`status` lists them all; the key-weighted RateQuant cells "
+                  "appear once their side cell is done)", file=sys.stderr, flush=True)
+            sys.exit(2)
+    os.makedirs(root, exist_ok=True)
     # Passes repeat until nothing new can run (plans wait for their statistics, evals for plans); the grid is
     # rebuilt every pass (a key-weighted RateQuant plan appears once its side cell is done).
-    while True:
-        grid = cells(a.model_list)
-        progressed = False
-        for c in grid:
-            if only and not only.search(c["id"]):
-                continue
-            if cell_done(c, root):
-                continue
-            progressed = run_cell(c, root, a.dry_run) or progressed
-        if not progressed or a.dry_run:
-            break
+    outcome = {}  # cell id -> the last attempt's outcome ("done" / "fail")
+    try:
+        while True:
+            grid = cells(a.model_list)
+            progressed = False
+            for c in grid:
+                if only and not only.search(c["id"]):
+                    continue
+                if cell_done(c, root):
+                    continue
+                res = run_cell(c, root, a.dry_run)
+                CURRENT[:] = []
+                if res in ("done", "fail"):
+                    outcome[c["id"]] = res
+                progressed = res == "done" or progressed
+            if not progressed or a.dry_run:
+                break
+    except KeyboardInterrupt:
+        for path in CURRENT:  # a partial report / temporary file of the interrupted cell (its output is written last)
+            for part in (path + ".report", path + ".tmp", path + ".params.json.tmp"):
+                if os.path.exists(part):
+                    os.remove(part)
+        where = f" ({os.path.relpath(CURRENT[0], root)})" if CURRENT else ""
+        print(f"\nquality_panel run: interrupted; the current cell{where} stays unfinished and is re-run next time",
+              file=sys.stderr, flush=True)
+        sys.exit(130)
+    failed = sorted(i for i, r in outcome.items() if r == "fail")
+    if failed:
+        print(f"quality_panel run: {len(failed)} of {len(outcome)} cells failed: {', '.join(failed)} (their logs: "
+              "<cell>.log under --out)", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def cmd_status(a):
@@ -673,6 +857,9 @@ def mean(v):
     return sum(v) / len(v) if v else float("nan")
 
 
+ROW_FILE = {}  # id(row) -> the cell file it was read from (for messages; not written to the report)
+
+
 def rows_of(root, m):
     """The JSON rows of one model: ratekv cells and llama.cpp cells."""
     rows = []
@@ -692,11 +879,11 @@ def rows_of(root, m):
         if doc is None:
             continue
         fn = fn[2:-5] + " (K only).json" if fn.startswith("k:") else fn
-        try:
-            row = eval_row(doc, fn)
-        except (KeyError, IndexError, TypeError, AttributeError) as e:
-            note_unreadable(path, f"not an eval cell (no field {e})")
+        row = use_cell(path, doc, lambda d: eval_row(d, os.path.basename(path)), "eval cell")
+        if row is None:
             continue
+        row["plan"] = fn[:-5]
+        ROW_FILE[id(row)] = path
         x = row["ppl"]
         if x is None or not math.isfinite(x):  # a diverged evaluation (ratekv writes a non-finite number as null)
             row["ppl_status"] = "null" if x is None else str(x)
@@ -721,28 +908,36 @@ def rows_of(root, m):
                             "scored_tokens": rep["ppl_scored_tokens"], "command": f"(reference of eval/{fn})"}
                 except (KeyError, TypeError):
                     continue
+                ref = fp16["ppl"]
+                if not (isinstance(ref, (int, float)) and not isinstance(ref, bool) and math.isfinite(ref) and ref > 0):
+                    # a failed reference: every ΔPPL against it would be a wrong number (-100 %, nan %)
+                    fp16["ppl_status"] = json.dumps(ref)[:40] if not isinstance(ref, float) else str(ref)
+                    fp16["ppl"] = None
+                    print(f"quality_panel: {os.path.join(edir, fn)}: report.fp16_cache.ppl is {fp16['ppl_status']}; "
+                          "expected a positive finite perplexity (the fp16 reference failed): ΔPPL vs fp16 is "
+                          "unavailable for every row of this model", file=sys.stderr, flush=True)
+                for k in ("fp32_ppl", "windows", "tokens", "scored_tokens"):
+                    if not (isinstance(fp16[k], (int, float)) and not isinstance(fp16[k], bool)
+                            and math.isfinite(fp16[k])):
+                        print(f"quality_panel: {os.path.join(edir, fn)}: the fp16 reference's {k} is "
+                              f"{json.dumps(fp16[k])[:40] if not isinstance(fp16[k], float) else fp16[k]}; expected "
+                              "a finite number: shown as not measured", file=sys.stderr, flush=True)
+                        fp16[k] = None
                 break
     if fp16:
         rows.insert(0, fp16)
     # Per-layer MAE at MAE_SEEDS seeds (mae/all.json) replaces the perplexity cell's; plans without one get a row.
     mpath = os.path.join(root, m, "mae", "all.json")
     mdoc = load_json(mpath) if os.path.exists(mpath) else None
-    if mdoc is not None:
-        try:
-            mae_rows(mdoc, rows)
-        except (KeyError, IndexError, TypeError, AttributeError) as e:
-            note_unreadable(mpath, f"not a per-layer MAE cell (no field {e})")
+    if use_cell(mpath, mdoc, lambda d: mae_rows(d, []) or True, "per-layer MAE cell"):
+        mae_rows(mdoc, rows)
     ldir = os.path.join(root, m, "llama")
     for fn in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
         if not fn.endswith(".json"):
             continue
-        doc = load_json(os.path.join(ldir, fn))
-        if doc is None:
-            continue
-        try:
-            rows.append(llama_row(doc))
-        except (KeyError, TypeError, AttributeError) as e:
-            note_unreadable(os.path.join(ldir, fn), f"not a llama.cpp cell (no field {e})")
+        row = use_cell(os.path.join(ldir, fn), load_json(os.path.join(ldir, fn)), llama_row, "llama.cpp cell")
+        if row is not None:
+            rows.append(row)
     if not rows:  # no finished cell of this model: issue 22's quoted numbers alone are no report
         return rows
     for name, bits, ppl, kld, top1 in ISSUE_LLAMA.get(m, []):
@@ -753,14 +948,52 @@ def rows_of(root, m):
     return rows
 
 
+def field(d, path):
+    """d's value at the dotted `path` ("report.plans.0.stored"), or BadCell naming the first part that is missing."""
+    x = d
+    done = []
+    for k in path.split("."):
+        if isinstance(x, list) and k.isdigit() and int(k) < len(x):
+            x = x[int(k)]
+        elif isinstance(x, dict) and k in x:
+            x = x[k]
+        else:
+            raise BadCell(f"no field {'.'.join(done + [k])}" + (f" ({'.'.join(done)} is {json.dumps(x)[:40]})"
+                                                                  if done and not isinstance(x, dict) else ""))
+        done.append(k)
+    return x
+
+
 def eval_row(doc, fn):
-    """The row of one eval cell (eval/, eval3/, evalk/ <fn>); KeyError etc. on a cell that lacks a field."""
-    rep = doc["report"]
-    p = rep["plans"][0]
-    mode = doc["params"]["mode"]
-    ppl = p["ppl_kv"] if mode == "kv" else p["ppl_k"]
-    nt = p["next_token"]["kv" if mode == "kv" else "k"]
-    st = p["stored"]
+    """The row of one eval cell (eval/, eval3/, evalk/, evalr/ <fn>). BadCell (naming the field) on a cell that
+    lacks a field the row reads or holds a value of the wrong type there (a number where one is read; a finite
+    one for the stored bits and bytes); the caller treats such a cell like an unreadable one (unfinished)."""
+    rep = field(doc, "report")
+    p = field(rep, "plans.0")
+    mode = field(doc, "params.mode")
+    if mode not in ("kv", "k"):
+        raise BadCell(f"params.mode is {json.dumps(mode)[:40]}; expected \"kv\" or \"k\"")
+    pk = "ppl_kv" if mode == "kv" else "ppl_k"
+    ppl = field(p, pk)
+    nk = "kv" if mode == "kv" else "k"
+    nt = field(p, "next_token." + nk)
+    st = field(p, "stored")
+    for k in ("mean", "sd"):
+        number(field(ppl, k), f"report.plans.0.{pk}.{k}", none=True)
+    numbers(field(ppl, "per_seed"), f"report.plans.0.{pk}.per_seed")
+    for k in ("kld_mean", "kld_p99", "top1"):
+        number(field(nt, k + ".mean"), f"report.plans.0.next_token.{nk}.{k}.mean", none=True)
+    for k in ("kld_mean", "kld_p99", "top1"):
+        numbers(field(nt, k + ".per_seed"), f"report.plans.0.next_token.{nk}.{k}.per_seed")
+    for k in ("k_bits_per_element",) + (("v_bits_per_element", "bytes_per_token") if mode == "kv" else
+                                        ("k_bytes_per_token",)):
+        number(field(st, k), f"report.plans.0.stored.{k}", finite=True)
+    number(field(p, "mae.mean"), "report.plans.0.mae.mean", none=True)
+    numbers(field(p, "mae.layers_mean"), "report.plans.0.mae.layers_mean", none=True)
+    for k in ("n_chunks", "n_tokens", "ppl_scored_tokens"):
+        number(field(rep, k), "report." + k, finite=True)
+    if not isinstance(field(doc, "command"), str):
+        raise BadCell(f"command is {json.dumps(doc['command'])[:40]}; expected the command line (a string)")
     return {
         "plan": fn[:-5], "method": p["method"], "mode": "K+V" if mode == "kv" else "K only (V fp32)",
         "stored_bits_k": st["k_bits_per_element"], "stored_bits_v": st["v_bits_per_element"] if mode == "kv" else None,
@@ -783,6 +1016,11 @@ def eval_row(doc, fn):
 def mae_rows(mdoc, rows):
     """Per-layer MAE cell (mae/all.json): its values replace the perplexity cells' MAE; plans without one get a row."""
     mrep = mdoc["report"]
+    for i, p in enumerate(mrep["plans"]):  # the fields read below: numbers (BadCell naming the field otherwise)
+        number(field(p, "mae.mean"), f"report.plans.{i}.mae.mean", none=True)
+        numbers(field(p, "mae.layers_mean"), f"report.plans.{i}.mae.layers_mean", none=True)
+        for k in ("k_bits_per_element", "v_bits_per_element"):
+            number(field(p, "stored." + k), f"report.plans.{i}.stored.{k}", finite=True)
     for p in mrep["plans"]:
         name = p["name"][:-5] if p["name"].endswith(".json") else p["name"]
         r = next((r for r in rows if r["plan"] == name), None)
@@ -807,6 +1045,9 @@ def llama_row(doc):
     """The row of one llama.cpp cell (llama/<type>.json)."""
     r = doc["result"]
     t = doc["params"]["type"]
+    number(field(r, "ppl"), "result.ppl", finite=True)
+    for k in ("kld_mean", "kld_p99", "top1"):
+        number(r.get(k), "result." + k, none=True)
     bits = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}[t]
     return {"plan": doc["row"], "method": "llama.cpp " + t, "mode": "K+V (llama.cpp)",
             "stored_bits_k": bits, "stored_bits_v": bits, "ppl": r["ppl"], "ppl_sd": 0.0,
@@ -818,13 +1059,17 @@ def llama_row(doc):
 
 def merge_run_seeds(root, m, rows):
     """Rows with run seeds 1.. in their own cells (evalr/<row>.r<s>.json, seeds_more): seed 0 is eval/<row>.json;
-    the per-seed values are joined and the mean / sample sd taken as `eval --seeds` reports them."""
+    the per-seed values are joined and the mean / sample sd taken as `eval --seeds` reports them. A seed cell that
+    is not a finished eval cell stops the merge there (named, unfinished); one whose stored bits differ from seed 0's
+    or whose per-layer MAE has another number of layers is excluded (both files named); a seed whose perplexity is
+    not finite (seed 0 included) is excluded and counted in the row's ppl_status."""
     rdir = os.path.join(root, m, "evalr")
     if not os.path.isdir(rdir):
         return
     for r in rows:
         if r["mode"] != "K+V" or r["seeds"] != 1 or len(r.get("ppl_per_seed") or []) != 1:
             continue
+        base = ROW_FILE.get(id(r), f"{m}/eval/{r['plan']}.json")
         extra = []
         for s in range(1, 1000):
             path = os.path.join(rdir, f"{r['plan']}.r{s}.json")
@@ -833,31 +1078,69 @@ def merge_run_seeds(root, m, rows):
             doc = load_json(path)
             if doc is None:  # unfinished: the seeds from here on are left out
                 break
-            extra.append(doc)
+            x = use_cell(path, doc, lambda d: eval_row(d, os.path.basename(path)),
+                         f"eval cell; seeds from here on are left out of {r['plan']}")
+            if x is None:
+                break
+            if x["mode"] != "K+V" or len(x["ppl_per_seed"]) != 1:
+                note_unreadable(path, f"not a one-seed K+V eval cell; seeds from here on are left out of {r['plan']}")
+                break
+            if abs(x["stored_bits_k"] - r["stored_bits_k"]) >= 1e-12:
+                print(f"quality_panel: {path}: stored K bits {x['stored_bits_k']} differ from seed 0's "
+                      f"{r['stored_bits_k']} in {base} (another plan); this seed is left out of {r['plan']}",
+                      file=sys.stderr, flush=True)
+                continue
+            la, lb = x["mae_layers"], r.get("mae_layers")
+            if la is not None and lb is not None and len(la) != len(lb):
+                print(f"quality_panel: {path}: report.plans.0.mae.layers_mean has {len(la)} layers, seed 0's in "
+                      f"{base} has {len(lb)}; this seed is left out of {r['plan']}", file=sys.stderr, flush=True)
+                continue
+            extra.append((path, doc))
         if not extra:
             continue
-        per = {"ppl": list(r["ppl_per_seed"]), "kld": list(r["kld_per_seed"]), "p99": [r["kld_p99"]],
-               "top1": [r["top1"]], "mae": [r["mae"]], "layers": [r["mae_layers"]], "mae_ps": list(r["mae_per_seed"])}
-        for doc in extra:
+        seeds = [(base, {"ppl": r["ppl_per_seed"][0], "kld": list(r["kld_per_seed"]), "p99": [r["kld_p99"]],
+                         "top1": [r["top1"]], "mae": r["mae"], "layers": r["mae_layers"],
+                         "mae_ps": list(r["mae_per_seed"]), "command": r["command"], "seconds": r["seconds"]})]
+        for path, doc in extra:
             p = doc["report"]["plans"][0]
             nt = p["next_token"]["kv"]
-            assert abs(p["stored"]["k_bits_per_element"] - r["stored_bits_k"]) < 1e-12, r["plan"]
-            per["ppl"] += p["ppl_kv"]["per_seed"]
-            per["kld"] += nt["kld_mean"]["per_seed"]
-            per["p99"] += nt["kld_p99"]["per_seed"]
-            per["top1"] += nt["top1"]["per_seed"]
-            per["mae"].append(p["mae"]["mean"])
-            per["layers"].append(p["mae"]["layers_mean"])
-            per["mae_ps"] += p["mae"]["per_seed"]  # per seed: its per-layer MAE (as eval --seeds writes it)
+            seeds.append((path, {"ppl": p["ppl_kv"]["per_seed"][0], "kld": nt["kld_mean"]["per_seed"],
+                                 "p99": nt["kld_p99"]["per_seed"], "top1": nt["top1"]["per_seed"],
+                                 "mae": p["mae"]["mean"], "layers": p["mae"]["layers_mean"],
+                                 "mae_ps": p["mae"]["per_seed"],  # per seed: its per-layer MAE (as eval --seeds writes it)
+                                 "command": clean_cmd(doc["command"]), "seconds": doc["seconds"]}))
+        bad = [(path, v["ppl"]) for path, v in seeds if v["ppl"] is None or not math.isfinite(v["ppl"])]
+        for path, x in bad:
+            print(f"quality_panel: {path}: perplexity is {'null' if x is None else x} (the evaluation failed); this "
+                  f"seed is left out of {r['plan']} and counted in its ppl_status", file=sys.stderr, flush=True)
+        good = [v for path, v in seeds if v["ppl"] is not None and math.isfinite(v["ppl"])]
+        status = f"{len(bad)} of {len(seeds)} seeds failed (perplexity not finite; left out)" if bad else None
+        if not good:
+            r.update({"ppl": None, "ppl_status": status, "seeds": 0})
+            continue
+        per = {k: [] for k in ("ppl", "kld", "p99", "top1", "mae", "layers", "mae_ps")}
+        for v in good:
+            per["ppl"].append(v["ppl"])
+            per["kld"] += v["kld"]
+            per["p99"] += v["p99"]
+            per["top1"] += v["top1"]
+            per["mae"].append(v["mae"])
+            per["layers"].append(v["layers"])
+            per["mae_ps"] += v["mae_ps"]
         n = len(per["ppl"])
         mu = mean(per["ppl"])
-        r.update({"ppl": mu, "ppl_sd": math.sqrt(sum((x - mu) ** 2 for x in per["ppl"]) / (n - 1)),
+        r.update({"ppl": mu, "ppl_sd": math.sqrt(sum((x - mu) ** 2 for x in per["ppl"]) / (n - 1)) if n > 1 else 0.0,
                   "ppl_per_seed": per["ppl"], "kld_mean": mean(per["kld"]), "kld_per_seed": per["kld"],
-                  "kld_p99": mean(per["p99"]), "top1": mean(per["top1"]), "mae": mean(per["mae"]),
-                  "mae_per_seed": per["mae_ps"], "mae_layers": [mean(v) for v in zip(*per["layers"])],
+                  "kld_p99": mean(per["p99"]), "top1": mean(per["top1"]),
+                  "mae": mean(per["mae"]) if None not in per["mae"] else None, "mae_per_seed": per["mae_ps"],
+                  "mae_layers": ([mean(v) for v in zip(*per["layers"])] if None not in per["layers"] else None),
                   "seeds": n, "mae_seeds": n,
-                  "seed_commands": [r["command"]] + [clean_cmd(d["command"]) for d in extra],
-                  "seconds": r["seconds"] + sum(d["seconds"] for d in extra)})
+                  "seed_commands": [v["command"] for v in good],
+                  "seconds": good[0]["seconds"] + sum(v["seconds"] for v in good[1:])})
+        if status:
+            r["ppl_status"] = status
+        elif r.get("ppl_status"):
+            del r["ppl_status"]
 
 
 def mae_comparison(rows, a, b):
@@ -869,6 +1152,11 @@ def mae_comparison(rows, a, b):
     if not ra.get("mae_layers") or not rb.get("mae_layers"):
         return None
     la, lb = ra["mae_layers"], rb["mae_layers"]
+    if len(la) != len(lb):  # zip would silently compare the first layers only
+        print(f"quality_panel: the per-layer MAE of {a} ({ROW_FILE.get(id(ra), 'mae/all.json')}) has {len(la)} layers, "
+              f"{b}'s ({ROW_FILE.get(id(rb), 'mae/all.json')}) {len(lb)}; expected the model's layers in both: the "
+              "comparison is left out", file=sys.stderr, flush=True)
+        return None
     red = [1 - x / y for x, y in zip(la, lb) if y > 0]
     return {"a": a, "b": b, "stored_bits_k_a": ra["stored_bits_k"], "stored_bits_k_b": rb["stored_bits_k"],
             "layers_lower": sum(1 for x, y in zip(la, lb) if x < y), "n_layers": len(la),
@@ -903,6 +1191,12 @@ def cmd_report(a):
     for m in a.model_list:
         n_unreadable = len(UNREADABLE)
         rows = rows_of(root, m)
+        # RateQuant's side calibration (side/ cells), read here so that an unusable side cell is listed as left out
+        pr = PROTOCOL[m]
+        kst = os.path.join(root, m, "calib_stats_rq.safetensors" if pr.get("ratequant_kivi") else "calib_stats.safetensors")
+        scell = os.path.join(root, m, "side", "side.json")
+        sest = ({e: side_key_weight(scell, kst, e) for e in ("grad", "none")}
+                if rows and os.path.exists(scell) and os.path.exists(kst) else {})
         skipped = [{"file": os.path.relpath(path, root), "why": why} for path, why in UNREADABLE[n_unreadable:]]
         if not rows:
             print(f"quality_panel report: {m}: no finished cell under {os.path.join(root, m)}; the model is left out",
@@ -913,6 +1207,8 @@ def cmd_report(a):
         for r in rows:  # llama.cpp's rows against llama.cpp's own f16 cache
             base = llama16 if "issue 22" in r["plan"] else fp16
             r["ppl_rel"] = (r["ppl"] / base["ppl"] - 1) if base and base.get("ppl") and r["ppl"] else None
+            if base is fp16 and fp16 and fp16.get("ppl_status"):
+                r["ppl_rel_status"] = "fp16 reference failed"
         cmps = []
         for b in (2, 3, 4):
             for x, y in [(f"gtq-K{b}V{b}", f"uniform-K{b}V{b}"), (f"gtq+off-K{b}V{b}", f"uniform+off-K{b}V{b}"),
@@ -929,9 +1225,11 @@ def cmd_report(a):
             md.append("Left out (unfinished: the cell file is unreadable, what an interrupted cell leaves; `run` re-runs "
                       "it): " + "; ".join(f"`{x['file']}` ({x['why']})" for x in skipped) + ".\n")
         if fp16:
-            md.append(f"fp16 cache PPL {fmt(fp16['ppl'], 4)}, fp32 cache {fmt(fp16['fp32_ppl'], 4)}; "
-                      f"{fp16['tokens']} tokens = {fp16['tokens'] // CTX} windows of {CTX}, "
-                      f"{fp16['scored_tokens']} scored.\n")
+            ref = fmt(fp16["ppl"], 4) if not fp16.get("ppl_status") else f"{fp16['ppl_status']} (failed)"
+            md.append(f"fp16 cache PPL {ref}, fp32 cache {fmt(fp16['fp32_ppl'], 4)}; "
+                      f"{fmt(fp16['tokens'], 0)} tokens = "
+                      f"{fmt(fp16['tokens'] // CTX if fp16['tokens'] is not None else None, 0)} windows of {CTX}, "
+                      f"{fmt(fp16['scored_tokens'], 0)} scored.\n")
         md.append("| plan | mode | K bits | V bits | PPL | ΔPPL vs fp16 | KLD mean | KLD p99 | top-1 % | MAE | "
                   "seeds (PPL / MAE) | windows |")
         md.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -940,12 +1238,16 @@ def cmd_report(a):
                     (r["stored_bits_k"] or 0) + (r["stored_bits_v"] or 0), r["plan"])
         for r in sorted(rows, key=key):
             ppl = fmt(r["ppl"], 3) + (f" ± {r['ppl_sd']:.3f}" if r.get("ppl_sd") else "")
-            if r.get("ppl_status"):  # a failed (non-finite) perplexity: said, not shown as "not run"
+            if r.get("ppl_status") and r["ppl"] is None:  # a failed (non-finite) perplexity: said, not "not run"
                 ppl = f"{r['ppl_status']} (failed)"
+            elif r.get("ppl_status"):  # some seeds failed: the mean of the others, and how many
+                ppl += f" ({r['ppl_status']})"
             elif r["ppl"] is None:
                 ppl = "–"
+            rel = (fmt(100 * r["ppl_rel"], 1) + " %" if r.get("ppl_rel") is not None else
+                   f"n/a ({r['ppl_rel_status']})" if r.get("ppl_rel_status") and r["ppl"] is not None else "–")
             md.append(f"| {r['plan']} | {r['mode']} | {fmt(r['stored_bits_k'], 4)} | {fmt(r['stored_bits_v'], 4)} | "
-                      f"{ppl} | {fmt(100 * r['ppl_rel'], 1) + ' %' if r.get('ppl_rel') is not None else '–'} | "
+                      f"{ppl} | {rel} | "
                       f"{fmt(r['kld_mean'], 4)} | {fmt(r.get('kld_p99'), 3)} | "
                       f"{fmt(100 * r['top1'], 1) if r.get('top1') is not None else '–'} | {fmt(r.get('mae'), 3)} | "
                       f"{r['seeds']} / {r.get('mae_seeds', '–')} | {r.get('windows', '–')} |")
@@ -983,14 +1285,9 @@ def cmd_report(a):
                              "below on PPL only" if rqc[-1]["below"] else "not below"))
         doc["models"][m]["ratequant_kivi_comparisons"] = rqc
         # RateQuant's side calibration (side/ cells): measured K-only / V-only KLD ratio vs the model's prediction.
-        pr = PROTOCOL[m]
-        kst = os.path.join(root, m, "calib_stats_rq.safetensors" if pr.get("ratequant_kivi") else "calib_stats.safetensors")
-        scell = os.path.join(root, m, "side", "side.json")
-        if os.path.exists(scell) and os.path.exists(kst):
-            with open(scell) as f:
-                sdoc = json.load(f)
-            sc = {"command": clean_cmd(sdoc["command"]), "note": sdoc.get("note"),
-                  "estimators": {e: side_key_weight(scell, kst, e) for e in ("grad", "none")}}
+        if sest and None not in sest.values():  # (an unusable side cell is named on stderr and left out)
+            sdoc = load_json(scell)
+            sc = {"command": clean_cmd(sdoc["command"]), "note": sdoc.get("note"), "estimators": sest}
             doc["models"][m]["ratequant_side_calibration"] = sc
             g = sc["estimators"]["grad"]
             md.append(f"- RateQuant side calibration ({g['text']}, {g['tokens']} tokens; KIVI K-only vs V-only): "
@@ -1098,6 +1395,8 @@ def check_args(p, a):
         path = getattr(a, flag, None)
         if path is None:
             continue
+        if not path.strip():
+            p.error(f"--{flag}: an empty path; expected an output file path")
         parent = os.path.dirname(os.path.abspath(path))
         if os.path.isdir(path) or not os.path.isdir(parent):
             p.error(f"--{flag} {path}: " + ("is a directory" if os.path.isdir(path) else

@@ -10,15 +10,30 @@ was asked, and never a Python traceback or a silently wrong number.
   - run --only with a bad regular expression;
   - report/status on a panel directory that does not exist (used to exit 0 with only the llama.cpp
     rows copied from issue 22), and output files in a directory that does not exist;
-  - a NaN perplexity: the JSON holds null (strictly valid JSON) with the row marked, the table says nan.
+  - a NaN perplexity: the JSON holds null (strictly valid JSON) with the row marked, the table says nan;
+  - RateQuant's side cell (side/side.json): truncated, empty, a side plan missing, a KLD of 0 or NaN: named,
+    unfinished, no key weight derived (and a valid one gives the key weight computed here by hand);
+  - `run` exits 1 when a cell failed; --only that matches nothing; an empty --md; Ctrl-C during `run`;
+  - a non-finite or non-numeric fp16 reference perplexity: ΔPPL unavailable, not -100 % / nan %;
+  - reseeded runs (evalr/): a missing field, other stored bits, a NaN seed, another number of layers;
+  - wrong types in an eval cell's fields; one "finished" predicate for status / run / report (a cell lacking a
+    field, a cell holding null or a list, a truncated plan file with valid params, an unreadable file).
 Synthetic cells only (no model, no ratekv run)."""
+import hashlib
+import importlib.util
+import io
 import json
+import math
 import os
+import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
+from unittest import mock
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "tools", "quality_panel.py")
@@ -47,9 +62,50 @@ def eval_report(plan, ppl, kld=0.05):
             "fp": {"ppl": 15.0, "next_token": {"kld_mean": 0.0}}, "fp16_cache": {"ppl": 15.25}}
 
 
-def eval_cell(plan, ppl):
-    return {"params": {"mode": "kv"}, "seconds": 1.0, "command": "ratekv eval --baseline " + plan,
+def eval_cell(plan, ppl, params=None):
+    return {"params": params or {"mode": "kv"}, "seconds": 1.0, "command": "ratekv eval --baseline " + plan,
             "report": eval_report(plan, ppl)}
+
+
+# the parameters `run` records for smollm2's eval/q8_0 (3 seeds, K+V) and plan/uniform-K3V3 cells
+Q8_PARAMS = {"tokens": 4096, "ctx": 512, "seeds": 3, "mode": "kv", "args": ["--baseline", "q8_0"]}
+PLAN_ARGS = ["--method", "uniform", "--kbits", "3", "--vbits", "3", "--budget-unit", "code"]
+
+
+def write_safetensors(path, tensors, meta):
+    """A float32 safetensors file: tensors = {name: (flat values, shape)}, meta: the ratekv metadata object."""
+    head, blob = {}, b""
+    for name, (vals, shape) in tensors.items():
+        data = struct.pack(f"<{len(vals)}f", *vals)
+        head[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(blob), len(blob) + len(data)]}
+        blob += data
+    head["__metadata__"] = {"ratekv": json.dumps(meta)}
+    h = json.dumps(head).encode()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + blob)
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+# A side calibration for smollm2 (2 key and 2 value components of d = 2; KIVI curves alpha * beta^-b).
+SIDE_KLD = {"konly-kivi2": 0.2, "vonly-kivi2": 0.08, "konly-kivi3": 0.03, "vonly-kivi3": 0.01}
+GRAD_K, GRAD_V = [1.0, 2.0, 0.5, 0.5], [3.0, 1.0, 1.0, 1.0]   # per component: sums 3, 1 (K) and 4, 2 (V)
+ALPHA_K, ALPHA_V, BETA_K, BETA_V = [0.5, 2.0], [1.0, 0.25], 3.0, 4.0
+
+
+def side_key_weight_by_hand(b_list=(2, 3)):
+    """The key weight of the side calibration above, written out: geometric mean over b of (KLD_K/KLD_V) /
+    (P_K/P_V), P_K(b) = (3*0.5 + 1*2) * 3^-b, P_V(b) = (4*1 + 2*0.25) * 4^-b."""
+    logs = []
+    for b in b_list:
+        pk = (3 * 0.5 + 1 * 2.0) * BETA_K ** -b
+        pv = (4 * 1.0 + 2 * 0.25) * BETA_V ** -b
+        logs.append(math.log((SIDE_KLD[f"konly-kivi{b}"] / SIDE_KLD[f"vonly-kivi{b}"]) / (pk / pv)))
+    return math.exp(sum(logs) / len(logs))
 
 
 def write(path, text):
@@ -207,6 +263,345 @@ class QualityPanelBadInput(unittest.TestCase):
         self.assertEqual(len(lines), 1)
         self.assertIn("| nan (failed) |", lines[0])
         self.assertIn("nan", r.stderr)  # and the run says so
+
+    # ---- helpers of the cases below
+
+    def side_panel(self, side_doc_text):
+        """smollm2's statistics, its four side plans and side/side.json = side_doc_text (with the parameters `run`
+        records, so that only the content decides whether the cell is finished)."""
+        m = os.path.join(self.root, "smollm2")
+        write_safetensors(os.path.join(m, "calib_stats.safetensors"),
+                          {"grad_sq_k_post": (GRAD_K, [2, 2]), "grad_sq_v": (GRAD_V, [2, 2]),
+                           "curves.kivi.alpha_k": (ALPHA_K, [2]), "curves.kivi.alpha_v": (ALPHA_V, [2])},
+                          {"curves": {"kivi": {"beta_k": BETA_K, "beta_v": BETA_V}}})
+        plans = []
+        for name in ("konly-kivi2", "vonly-kivi2", "konly-kivi3", "vonly-kivi3"):
+            write(os.path.join(m, "side", name + ".json"), json.dumps({"layers": [], "name": name}))
+            plans.append(f"smollm2/side/{name}.json")
+        params = {"tokens": 2048, "ctx": 512, "seeds": 1, "mode": "side", "plans": plans,
+                  "plans_sha256": [sha256(os.path.join(self.root, x)) for x in plans]}
+        write(os.path.join(m, "side", "side.json"), side_doc_text(params) if callable(side_doc_text) else side_doc_text)
+        write(os.path.join(m, "eval", "q4_0.json"), json.dumps(eval_cell("q4_0", 16.5)))
+        return os.path.join(m, "side", "side.json")
+
+    @staticmethod
+    def side_doc(params, klds=None, drop=None):
+        klds = dict(SIDE_KLD, **(klds or {}))
+        plans = [{"name": n, "next_token": {"kv": {"kld_mean": {"mean": v, "sd": 0.0, "per_seed": [v]}}}}
+                 for n, v in klds.items() if n != drop]
+        return json.dumps({"params": params, "seconds": 1.0, "command": "ratekv eval side", "note": None,
+                           "report": {"plans": plans, "text": {"file": "calib.txt"}, "n_tokens": 2048}})
+
+    def report(self, models="smollm2"):
+        md, js = os.path.join(self.tmp.name, "p.md"), os.path.join(self.tmp.name, "p.json")
+        for f in (md, js):
+            if os.path.exists(f):
+                os.remove(f)
+        r = run("report", "--out", self.root, "--models", models, "--md", md, "--json", js)
+        self.no_traceback(r)
+        doc = text = None
+        if os.path.exists(js):
+            with open(js) as f:
+                doc = strict_loads(f.read())
+            with open(md) as f:
+                text = f.read()
+        return r, doc, text
+
+    def fake_ratekv(self, body=None):
+        """A fake `ratekv` that logs its call and writes a valid eval report of q8_0 (PPL 15.3) where --json says."""
+        fake = os.path.join(self.tmp.name, "ratekv")
+        calls = os.path.join(self.tmp.name, "calls.txt")
+        write(fake, "#!" + sys.executable + "\n"
+              "import json, sys, time\n"
+              f"open({calls!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+              + (body or "") +
+              "out = sys.argv[sys.argv.index('--json') + 1]\n"
+              f"json.dump({eval_report('q8_0', 15.3)!r}, open(out, 'w'))\n")
+        os.chmod(fake, os.stat(fake).st_mode | stat.S_IXUSR)
+        return fake, calls
+
+    # ---- 1: the side cell
+
+    def test_side_cell_valid_gives_the_key_weight_by_hand(self):
+        self.side_panel(lambda params: self.side_doc(params))
+        r = run("run", "--out", self.root, "--models", "smollm2", "--only", "rq/plan/ratequant-kivi-2.5-kw$",
+                "--dry-run")
+        self.no_traceback(r)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        kw = side_key_weight_by_hand()
+        self.assertIn(f"--key-weight {kw:.4g}", r.stdout)
+        r, doc, text = self.report()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        sc = doc["models"]["smollm2"]["ratequant_side_calibration"]
+        self.assertAlmostEqual(sc["estimators"]["grad"]["key_weight"], kw, places=5)
+        self.assertIn("RateQuant side calibration", text)
+        r = run("status", "--out", self.root, "--models", "smollm2")
+        self.assertIn("done  smollm2/side/eval\n", r.stdout)
+
+    def test_side_cell_bad_input_is_named_and_unfinished(self):
+        cases = {  # content -> what stderr must name
+            "truncated": (lambda p: self.side_doc(p)[:70], "not valid JSON"),
+            "empty object": (lambda p: "{}", "no field report"),
+            "a side plan missing": (lambda p: self.side_doc(p, drop="vonly-kivi3"), "'vonly-kivi3'"),
+            "KLD 0": (lambda p: self.side_doc(p, klds={"vonly-kivi2": 0.0}),
+                      "report.plans[vonly-kivi2].next_token.kv.kld_mean.mean is 0.0; expected a positive finite"),
+            "KLD NaN": (lambda p: self.side_doc(p, klds={"konly-kivi3": float("nan")}),
+                        "report.plans[konly-kivi3].next_token.kv.kld_mean.mean is nan"),
+        }
+        for case, (content, named) in cases.items():
+            with self.subTest(case):
+                self.tmp.cleanup()
+                self.setUp()
+                side = self.side_panel(content)
+                r = run("status", "--out", self.root, "--models", "smollm2")
+                self.no_traceback(r)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("----  smollm2/side/eval\n", r.stdout)
+                self.assertNotIn("ratequant-kivi-2.5-kw", r.stdout)
+                self.assertIn(side, r.stderr)
+                self.assertIn(named, r.stderr)
+                r = run("run", "--out", self.root, "--models", "smollm2", "--only", "side/eval|rq/plan", "--dry-run")
+                self.no_traceback(r)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertIn("[run ] smollm2/side/eval", r.stdout)  # re-run
+                self.assertNotIn("--key-weight", r.stdout)
+                r, doc, text = self.report()
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(side, r.stderr)
+                self.assertNotIn("ratequant_side_calibration", doc["models"]["smollm2"])
+                self.assertIn("smollm2/side/side.json", text)  # listed as left out
+
+    # ---- 2, 11: run's exit status, --only matching nothing, an empty --md
+
+    def test_run_fails_when_a_cell_fails(self):
+        r = run("run", "--out", self.root, "--models", "smollm2", "--only", "^smollm2/eval/q(8|4)_0$",
+                env={"RATEKV_BIN": os.path.join(self.tmp.name, "nonexistent"), "RATEKV_NICE": "0"})
+        self.no_traceback(r)
+        self.assertIn("[FAIL] smollm2/eval/q8_0", r.stdout)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("2 of 2 cells failed", r.stderr)
+        fake, calls = self.fake_ratekv()  # one of two fails: still 1, and says which
+        r = run("run", "--out", self.root, "--models", "smollm2", "--only", "^smollm2/eval/q(8|4)_0$",
+                env={"RATEKV_BIN": fake, "RATEKV_NICE": "0", "RATEKV_ASSETS": os.path.join(self.tmp.name, "a")})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertNotIn("failed", r.stderr)
+
+    def test_only_matching_nothing_and_empty_output_paths(self):
+        r = run("run", "--out", self.root, "--models", "smollm2", "--only", "zzz")
+        self.no_traceback(r)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("no cell matches --only 'zzz'", r.stderr)
+        self.assertIn("smollm2/calibrate", r.stderr)  # names some cells
+        write(os.path.join(self.root, "smollm2", "eval", "q4_0.json"), json.dumps(eval_cell("q4_0", 16.5)))
+        for flag in ("--md", "--json", "--png"):
+            r = run("report", "--out", self.root, "--models", "smollm2", flag, "")
+            self.no_traceback(r)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn(f"{flag}: an empty path", r.stderr)
+            self.assertEqual(r.stdout, "")
+
+    # ---- 10: Ctrl-C
+
+    def test_interrupt_during_run(self):
+        started = os.path.join(self.tmp.name, "started")
+        fake, calls = self.fake_ratekv(f"open({started!r}, 'w').close()\ntime.sleep(60)\n")
+        e = dict(os.environ, RATEKV_BIN=fake, RATEKV_NICE="0")
+        p = subprocess.Popen([sys.executable, SCRIPT, "run", "--out", self.root, "--models", "smollm2", "--only",
+                              "^smollm2/eval/q8_0$"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+        t0 = time.time()
+        while not os.path.exists(started) and time.time() - t0 < 30:
+            time.sleep(0.05)
+        self.assertTrue(os.path.exists(started))
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 130, out + err)
+        self.assertNotIn("Traceback", out + err)
+        self.assertIn("interrupted; the current cell (smollm2/eval/q8_0.json) stays unfinished and is re-run next "
+                      "time", err)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "smollm2", "eval", "q8_0.json")))
+        self.assertFalse(os.path.exists(os.path.join(self.root, "smollm2", "eval", "q8_0.json.report")))
+        r = run("status", "--out", self.root, "--models", "smollm2")
+        self.assertIn("----  smollm2/eval/q8_0\n", r.stdout)
+
+    # ---- 3: the fp16 reference
+
+    def test_failed_fp16_reference_makes_delta_ppl_unavailable(self):
+        for ref, said in ((float("inf"), "inf"), (float("nan"), "nan"), ("16.0", '"16.0"'), (0.0, "0.0")):
+            with self.subTest(ref=ref):
+                doc = eval_cell("q4_0", 16.5)
+                doc["report"]["fp16_cache"]["ppl"] = ref
+                path = os.path.join(self.root, "smollm2", "eval", "q4_0.json")
+                write(path, json.dumps(doc))
+                write(os.path.join(self.root, "smollm2", "eval", "q8_0.json"), json.dumps(eval_cell("q8_0", 15.5)))
+                r, out, text = self.report()
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(path, r.stderr)
+                self.assertIn(f"report.fp16_cache.ppl is {said}", r.stderr)
+                rows = {row["plan"]: row for row in out["models"]["smollm2"]["rows"]}
+                self.assertIsNone(rows["q4_0"]["ppl_rel"])
+                self.assertIsNone(rows["q8_0"]["ppl_rel"])
+                self.assertAlmostEqual(rows["q8_0"]["ppl"], 15.5)
+                self.assertIsNone(rows["fp16"]["ppl"])
+                line = [ln for ln in text.splitlines() if ln.startswith("| q8_0 ")][0]
+                self.assertIn("| 15.500 | n/a (fp16 reference failed) |", line)
+                self.assertNotIn("-100.0 %", text)
+                self.assertNotIn("nan %", text)
+
+    # ---- 4: reseeded runs
+
+    def reseed_panel(self, r1=None, r2=None):
+        """qwen05's gtq+off-K3V3 row: seed 0 (PPL 20), seeds 1 and 2 in evalr/ (PPL 22, 24), each edited by r1/r2."""
+        m = os.path.join(self.root, "qwen05")
+        paths = []
+        for s, ppl, edit in ((0, 20.0, None), (1, 22.0, r1), (2, 24.0, r2)):
+            doc = eval_cell("gtq+off-K3V3", ppl)
+            doc["report"]["plans"][0]["deterministic"] = False
+            if edit:
+                edit(doc["report"]["plans"][0])
+            path = os.path.join(m, "eval", "gtq+off-K3V3.json") if s == 0 else \
+                os.path.join(m, "evalr", f"gtq+off-K3V3.r{s}.json")
+            write(path, json.dumps(doc))
+            paths.append(path)
+        return paths
+
+    def reseed_row(self):
+        r, doc, text = self.report("qwen05")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r, {row["plan"]: row for row in doc["models"]["qwen05"]["rows"]}["gtq+off-K3V3"], text
+
+    def test_reseeded_runs(self):
+        self.reseed_panel()
+        r, row, _ = self.reseed_row()  # control: 3 seeds, mean 22, sample sd 2
+        self.assertEqual(row["seeds"], 3)
+        self.assertAlmostEqual(row["ppl"], 22.0)
+        self.assertAlmostEqual(row["ppl_sd"], 2.0)
+        # a missing ppl_kv: named; seeds from there on left out
+        p = self.reseed_panel(r1=lambda pl: pl.pop("ppl_kv"))
+        r, row, _ = self.reseed_row()
+        self.assertIn(p[1], r.stderr)
+        self.assertIn("ppl_kv", r.stderr)
+        self.assertEqual(row["seeds"], 1)
+        self.assertAlmostEqual(row["ppl"], 20.0)
+        # other stored bits: excluded, both files named
+        p = self.reseed_panel(r1=lambda pl: pl["stored"].update(k_bits_per_element=3.25))
+        r, row, _ = self.reseed_row()
+        self.assertIn(p[1], r.stderr)
+        self.assertIn(p[0], r.stderr)
+        self.assertIn("stored K bits 3.25 differ", r.stderr)
+        self.assertEqual(row["seeds"], 2)
+        self.assertAlmostEqual(row["ppl"], 22.0)  # seeds 0 and 2
+        # a NaN seed: excluded and counted
+        p = self.reseed_panel(r2=lambda pl: pl["ppl_kv"].update(mean=float("nan"), per_seed=[float("nan")]))
+        r, row, text = self.reseed_row()
+        self.assertIn(p[2], r.stderr)
+        self.assertEqual(row["seeds"], 2)
+        self.assertAlmostEqual(row["ppl"], 21.0)
+        self.assertAlmostEqual(row["ppl_sd"], math.sqrt(2.0))
+        self.assertEqual(row["ppl_status"], "1 of 3 seeds failed (perplexity not finite; left out)")
+        self.assertNotIn("nan ± nan", text)
+        self.assertIn("| 21.000 ± 1.414 (1 of 3 seeds failed", text)
+        # another number of layers in a seed's per-layer MAE: excluded, both files named
+        p = self.reseed_panel(r1=lambda pl: pl["mae"].update(layers_mean=[0.4, 0.6, 0.7]))
+        r, row, _ = self.reseed_row()
+        self.assertIn(p[1], r.stderr)
+        self.assertIn("has 3 layers", r.stderr)
+        self.assertEqual(row["seeds"], 2)
+        self.assertEqual(len(row["mae_layers"]), 2)
+
+    # ---- 5: wrong types in an eval cell
+
+    def test_wrong_types_in_an_eval_cell(self):
+        edits = {
+            "report.plans.0.ppl_kv.mean": lambda pl: pl["ppl_kv"].update(mean="16.5"),
+            "report.plans.0.next_token.kv.top1.mean": lambda pl: pl["next_token"]["kv"]["top1"].update(mean="0.9"),
+            "report.plans.0.stored.k_bits_per_element": lambda pl: pl["stored"].update(k_bits_per_element=None),
+        }
+        for fieldname, edit in edits.items():
+            with self.subTest(fieldname):
+                doc = eval_cell("q8_0", 15.5, Q8_PARAMS)
+                edit(doc["report"]["plans"][0])
+                bad = os.path.join(self.root, "smollm2", "eval", "q8_0.json")
+                write(bad, json.dumps(doc))
+                write(os.path.join(self.root, "smollm2", "eval", "q4_0.json"), json.dumps(eval_cell("q4_0", 16.5)))
+                r, out, text = self.report()
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(bad, r.stderr)
+                self.assertIn(fieldname, r.stderr)
+                plans = [row["plan"] for row in out["models"]["smollm2"]["rows"]]
+                self.assertIn("q4_0", plans)
+                self.assertNotIn("q8_0", plans)
+                self.assertIn("smollm2/eval/q8_0.json", text)  # left out, said
+                r = run("status", "--out", self.root, "--models", "smollm2")
+                self.assertIn("----  smollm2/eval/q8_0\n", r.stdout)
+
+    # ---- 9: one "finished" predicate
+
+    def test_status_run_report_agree_on_a_cell_lacking_a_field(self):
+        doc = eval_cell("q8_0", 15.5, Q8_PARAMS)
+        del doc["report"]["plans"][0]["stored"]
+        bad = os.path.join(self.root, "smollm2", "eval", "q8_0.json")
+        write(bad, json.dumps(doc))
+        r = run("status", "--out", self.root, "--models", "smollm2")
+        self.no_traceback(r)
+        self.assertIn("----  smollm2/eval/q8_0\n", r.stdout)
+        self.assertIn(bad, r.stderr)
+        fake, calls = self.fake_ratekv()
+        r = run("run", "--out", self.root, "--models", "smollm2", "--only", "^smollm2/eval/q8_0$",
+                env={"RATEKV_BIN": fake, "RATEKV_NICE": "0"})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(calls) as f:
+            self.assertEqual(len(f.read().splitlines()), 1)  # re-run
+        r = run("status", "--out", self.root, "--models", "smollm2")
+        self.assertIn("done  smollm2/eval/q8_0\n", r.stdout)
+
+    def test_cells_holding_null_or_a_list_and_truncated_plan_files(self):
+        for content in ("null", "[1, 2]"):
+            with self.subTest(content):
+                bad = os.path.join(self.root, "smollm2", "eval", "q8_0.json")
+                write(bad, content)
+                write(os.path.join(self.root, "smollm2", "eval", "q4_0.json"), json.dumps(eval_cell("q4_0", 16.5)))
+                for cmd in ("status", "report"):
+                    r = run(cmd, "--out", self.root, "--models", "smollm2")
+                    self.no_traceback(r)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    self.assertIn(f"{bad}: not a JSON object", r.stderr)
+        plan = os.path.join(self.root, "smollm2", "plans", "uniform-K3V3.json")
+        write(plan, '{"layers": [{"heads": [')
+        write(plan + ".params.json", json.dumps({"params": {"args": PLAN_ARGS}, "seconds": 1.0}))
+        r = run("status", "--out", self.root, "--models", "smollm2")
+        self.assertIn("----  smollm2/plan/uniform-K3V3\n", r.stdout)
+        self.assertIn(plan + ": not valid JSON", r.stderr)
+        write(plan, '{"layers": []}')  # control: the same cell with a whole plan file is done
+        r = run("status", "--out", self.root, "--models", "smollm2")
+        self.assertIn("done  smollm2/plan/uniform-K3V3\n", r.stdout)
+
+    def test_unreadable_file_says_permission_not_interrupted(self):
+        spec = importlib.util.spec_from_file_location("quality_panel", SCRIPT)
+        qp = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(qp)
+        err = io.StringIO()
+        with mock.patch("builtins.open", side_effect=PermissionError(13, "Permission denied")), \
+                mock.patch("sys.stderr", err):
+            self.assertIsNone(qp.load_json("/panel/smollm2/eval/q8_0.json"))
+        self.assertIn("/panel/smollm2/eval/q8_0.json: cannot be read (Permission denied)", err.getvalue())
+        self.assertIn("permissions", err.getvalue())
+        self.assertNotIn("interrupted", err.getvalue())
+
+    def test_per_layer_mae_of_another_length_is_refused(self):
+        a, b = eval_cell("gtq-K3V3", 16.0), eval_cell("uniform-K3V3", 16.5)
+        b["report"]["plans"][0]["mae"]["layers_mean"] = [0.5, 0.7, 0.9]
+        write(os.path.join(self.root, "smollm2", "eval", "gtq-K3V3.json"), json.dumps(a))
+        write(os.path.join(self.root, "smollm2", "eval", "uniform-K3V3.json"), json.dumps(b))
+        r, doc, _ = self.report()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("uniform-K3V3.json) 3", r.stderr)
+        self.assertEqual(doc["models"]["smollm2"]["mae_comparisons"], [])
+        b["report"]["plans"][0]["mae"]["layers_mean"] = [0.5, 0.7]  # control: same length, compared
+        write(os.path.join(self.root, "smollm2", "eval", "uniform-K3V3.json"), json.dumps(b))
+        r, doc, _ = self.report()
+        c = doc["models"]["smollm2"]["mae_comparisons"][0]
+        self.assertEqual((c["a"], c["b"], c["layers_lower"], c["n_layers"]), ("gtq-K3V3", "uniform-K3V3", 2, 2))
+        self.assertAlmostEqual(c["mean_reduction"], ((1 - 0.4 / 0.5) + (1 - 0.6 / 0.7)) / 2)
 
 
 if __name__ == "__main__":
