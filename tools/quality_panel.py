@@ -153,21 +153,24 @@ def load_json(path):
         note_unreadable(path, f"not valid JSON ({e})")
         return None
     except OSError as e:
-        note_unreadable(path, f"cannot be read ({e.strerror})", interrupted=False)
+        note_unreadable(path, f"cannot be read ({e.strerror})", cause="permission")
         return None
     if not isinstance(doc, dict):
-        note_unreadable(path, f"not a JSON object (it holds {json.dumps(doc)[:40]}); expected a cell's object")
+        note_unreadable(path, f"not a JSON object (it holds {json.dumps(doc)[:40]}); expected a cell's object",
+                        cause="content")
         return None
     return doc
 
 
-def note_unreadable(path, why, interrupted=True):
-    """Names an unusable cell file on stderr (once) and records it in UNREADABLE. interrupted: the file is readable
-    but its content is not a finished cell's (say so); False: the file itself cannot be read (e.g. permissions)."""
+def note_unreadable(path, why, cause="interrupted"):
+    """Names an unusable cell file on stderr (once) and records it in UNREADABLE. cause: "interrupted" (not valid
+    JSON: what an interrupted write leaves), "permission" (the file cannot be read) or "content" (valid JSON whose
+    content is not a finished cell's: a field missing or of the wrong type)."""
     if all(p != path for p, _ in UNREADABLE):
         UNREADABLE.append((path, why))
-        tail = ("an interrupted cell leaves such a file: its cell counts as unfinished" if interrupted else
-                "check the file's permissions; its cell counts as unfinished")
+        tail = {"interrupted": "an interrupted cell leaves such a file: its cell counts as unfinished",
+                "permission": "check the file's permissions; its cell counts as unfinished",
+                "content": "its cell counts as unfinished (`run` re-runs it)"}[cause]
         print(f"quality_panel: {path}: {why}; {tail}", file=sys.stderr, flush=True)
 
 
@@ -570,7 +573,7 @@ def side_klds(side_json):
             raise BadCell("command is not a string; expected the cell's command line")
     except BadCell as e:
         note_unreadable(side_json, f"not a usable side calibration ({e}); the key-weighted RateQuant cells "
-                        "(rq/plan/ratequant-kivi-2.5-*) wait for it")
+                        "(rq/plan/ratequant-kivi-2.5-*) wait for it", cause="content")
         return None
     return out
 
@@ -628,7 +631,7 @@ def reseed_plan(src, dst, run):
 CELL_ERRORS = (BadCell, KeyError, IndexError, TypeError, AttributeError, ValueError)
 
 
-def use_cell(path, doc, reader, what):
+def use_cell(path, doc, reader, what, then=""):
     """reader(doc) (the row / values the report takes from a cell), or None when it raises on the content (a field
     missing or of the wrong type): the file is named on stderr once and the cell counts as unfinished. The one test
     of a finished cell's content: `status`, `run` (cell_done) and `report` (rows_of) all go through it."""
@@ -637,9 +640,9 @@ def use_cell(path, doc, reader, what):
     try:
         return reader(doc)
     except BadCell as e:
-        note_unreadable(path, f"not a finished {what} ({e})")
+        note_unreadable(path, f"not a finished {what} ({e}){then}", cause="content")
     except CELL_ERRORS as e:
-        note_unreadable(path, f"not a finished {what} (no usable field {e})")
+        note_unreadable(path, f"not a finished {what} (no usable field {e}){then}", cause="content")
     return None
 
 
@@ -658,7 +661,7 @@ def safetensors_complete(path):
             raise ValueError(f"{size} bytes, its header describes {8 + n + end}")
         return True
     except OSError as e:
-        note_unreadable(path, f"cannot be read ({e.strerror})", interrupted=False)
+        note_unreadable(path, f"cannot be read ({e.strerror})", cause="permission")
     except (ValueError, struct.error, KeyError, TypeError, IndexError, AttributeError) as e:
         note_unreadable(path, f"not a complete safetensors file ({e})")
     return False
@@ -969,29 +972,29 @@ def eval_row(doc, fn):
     lacks a field the row reads or holds a value of the wrong type there (a number where one is read; a finite
     one for the stored bits and bytes); the caller treats such a cell like an unreadable one (unfinished)."""
     rep = field(doc, "report")
-    p = field(rep, "plans.0")
+    p = field(doc, "report.plans.0")
     mode = field(doc, "params.mode")
     if mode not in ("kv", "k"):
         raise BadCell(f"params.mode is {json.dumps(mode)[:40]}; expected \"kv\" or \"k\"")
     pk = "ppl_kv" if mode == "kv" else "ppl_k"
-    ppl = field(p, pk)
+    ppl = field(doc, "report.plans.0." + pk)
     nk = "kv" if mode == "kv" else "k"
-    nt = field(p, "next_token." + nk)
-    st = field(p, "stored")
+    nt = field(doc, "report.plans.0.next_token." + nk)
+    st = field(doc, "report.plans.0.stored")
     for k in ("mean", "sd"):
-        number(field(ppl, k), f"report.plans.0.{pk}.{k}", none=True)
-    numbers(field(ppl, "per_seed"), f"report.plans.0.{pk}.per_seed")
+        number(field(doc, f"report.plans.0.{pk}.{k}"), f"report.plans.0.{pk}.{k}", none=True)
+    numbers(field(doc, f"report.plans.0.{pk}.per_seed"), f"report.plans.0.{pk}.per_seed")
     for k in ("kld_mean", "kld_p99", "top1"):
-        number(field(nt, k + ".mean"), f"report.plans.0.next_token.{nk}.{k}.mean", none=True)
+        number(field(doc, f"report.plans.0.next_token.{nk}.{k}.mean"), f"report.plans.0.next_token.{nk}.{k}.mean", none=True)
     for k in ("kld_mean", "kld_p99", "top1"):
-        numbers(field(nt, k + ".per_seed"), f"report.plans.0.next_token.{nk}.{k}.per_seed")
+        numbers(field(doc, f"report.plans.0.next_token.{nk}.{k}.per_seed"), f"report.plans.0.next_token.{nk}.{k}.per_seed")
     for k in ("k_bits_per_element",) + (("v_bits_per_element", "bytes_per_token") if mode == "kv" else
                                         ("k_bytes_per_token",)):
-        number(field(st, k), f"report.plans.0.stored.{k}", finite=True)
-    number(field(p, "mae.mean"), "report.plans.0.mae.mean", none=True)
-    numbers(field(p, "mae.layers_mean"), "report.plans.0.mae.layers_mean", none=True)
+        number(field(doc, f"report.plans.0.stored.{k}"), f"report.plans.0.stored.{k}", finite=True)
+    number(field(doc, "report.plans.0.mae.mean"), "report.plans.0.mae.mean", none=True)
+    numbers(field(doc, "report.plans.0.mae.layers_mean"), "report.plans.0.mae.layers_mean", none=True)
     for k in ("n_chunks", "n_tokens", "ppl_scored_tokens"):
-        number(field(rep, k), "report." + k, finite=True)
+        number(field(doc, "report." + k), "report." + k, finite=True)
     if not isinstance(field(doc, "command"), str):
         raise BadCell(f"command is {json.dumps(doc['command'])[:40]}; expected the command line (a string)")
     return {
@@ -1078,12 +1081,13 @@ def merge_run_seeds(root, m, rows):
             doc = load_json(path)
             if doc is None:  # unfinished: the seeds from here on are left out
                 break
-            x = use_cell(path, doc, lambda d: eval_row(d, os.path.basename(path)),
-                         f"eval cell; seeds from here on are left out of {r['plan']}")
+            x = use_cell(path, doc, lambda d: eval_row(d, os.path.basename(path)), "eval cell",
+                         f"; seeds from here on are left out of {r['plan']}")
             if x is None:
                 break
             if x["mode"] != "K+V" or len(x["ppl_per_seed"]) != 1:
-                note_unreadable(path, f"not a one-seed K+V eval cell; seeds from here on are left out of {r['plan']}")
+                note_unreadable(path, f"not a one-seed K+V eval cell; seeds from here on are left out of {r['plan']}",
+                                cause="content")
                 break
             if abs(x["stored_bits_k"] - r["stored_bits_k"]) >= 1e-12:
                 print(f"quality_panel: {path}: stored K bits {x['stored_bits_k']} differ from seed 0's "
@@ -1222,8 +1226,8 @@ def cmd_report(a):
                             "rows": rows, "mae_comparisons": cmps, "skipped_cells": skipped}
         md.append(f"## {MODELS[m][0]} (head_dim {MODELS[m][1]})\n")
         if skipped:
-            md.append("Left out (unfinished: the cell file is unreadable, what an interrupted cell leaves; `run` re-runs "
-                      "it): " + "; ".join(f"`{x['file']}` ({x['why']})" for x in skipped) + ".\n")
+            md.append("Left out (unfinished: the cell file is unreadable or incomplete; `run` re-runs it): "
+                      + "; ".join(f"`{x['file']}` ({x['why']})" for x in skipped) + ".\n")
         if fp16:
             ref = fmt(fp16["ppl"], 4) if not fp16.get("ppl_status") else f"{fp16['ppl_status']} (failed)"
             md.append(f"fp16 cache PPL {ref}, fp32 cache {fmt(fp16['fp32_ppl'], 4)}; "

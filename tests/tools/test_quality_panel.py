@@ -527,6 +527,9 @@ class QualityPanelBadInput(unittest.TestCase):
                 self.assertEqual(r.returncode, 0, r.stderr)
                 self.assertIn(bad, r.stderr)
                 self.assertIn(fieldname, r.stderr)
+                # a whole file with a bad field is not what an interrupted write leaves: not said to be
+                self.assertNotIn("interrupted", r.stderr)
+                self.assertIn("its cell counts as unfinished (`run` re-runs it)", r.stderr)
                 plans = [row["plan"] for row in out["models"]["smollm2"]["rows"]]
                 self.assertIn("q4_0", plans)
                 self.assertNotIn("q8_0", plans)
@@ -544,7 +547,10 @@ class QualityPanelBadInput(unittest.TestCase):
         r = run("status", "--out", self.root, "--models", "smollm2")
         self.no_traceback(r)
         self.assertIn("----  smollm2/eval/q8_0\n", r.stdout)
-        self.assertIn(bad, r.stderr)
+        self.assertIn(f"{bad}: not a finished eval cell (no field report.plans.0.stored)", r.stderr)
+        r, _, text = self.report()  # report says the same of it
+        self.assertIn(f"{bad}: not a finished eval cell (no field report.plans.0.stored)", r.stderr)
+        self.assertIn("`smollm2/eval/q8_0.json` (not a finished eval cell", text)
         fake, calls = self.fake_ratekv()
         r = run("run", "--out", self.root, "--models", "smollm2", "--only", "^smollm2/eval/q8_0$",
                 env={"RATEKV_BIN": fake, "RATEKV_NICE": "0"})
