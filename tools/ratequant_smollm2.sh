@@ -74,7 +74,9 @@ plan() {
   local name=$1 seed=$2; shift 2
   local f=$W/plans/$name.s$seed.json
   [[ -e $f ]] && return 0
-  "$R" plan --stats "$STATS" --seed "$seed" --budget-unit code "$@" -o "$f.tmp" --json > "$W/plans/$name.s$seed.summary.json"
+  # kivi has no rotation: ratekv plan refuses --seed there (one seed, 0, as the default)
+  local seed_arg=(--seed "$seed"); [[ " $* " == *" --quantizer kivi "* ]] && seed_arg=()
+  "$R" plan --stats "$STATS" "${seed_arg[@]}" --budget-unit code "$@" -o "$f.tmp" --json > "$W/plans/$name.s$seed.summary.json"
   mv "$f.tmp" "$f"
 }
 ROWS=()  # name|kind|seeds

@@ -255,6 +255,30 @@ double split_cost(const RateQuantProblem& p, int kb, int vb) {
   return ratequant_distortion(p, bits);
 }
 
+// Block-GTQ minimizes J(b) = Σ_i s_i 4^(−b_i) over a head's RoPE blocks (alloc/block_gtq.h): where every
+// energy s_i of a (layer, KV head) is 0, J is 0 at every allocation and the lowest-cost one (every key block
+// dropped) wins — an artefact of the objective, not an allocation. Such statistics (hand-made or broken; real
+// queries and keys have energy) are refused, naming the stats file, the fields and the first such head.
+void check_block_energies(const CalibStats& st, const PlanRequest& rq, bool centered) {
+  const int L = st.model.n_layers, H = st.model.n_kv_heads;
+  int n_zero = 0, first_l = -1, first_h = -1;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      const std::vector<double> s = centered ? st.centered_block_energies(l, h) : st.block_energies(l, h);
+      if (std::any_of(s.begin(), s.end(), [](double x) { return x > 0.0; })) continue;
+      if (n_zero++ == 0) first_l = l, first_h = h;
+    }
+  if (n_zero == 0) return;
+  const std::string file = rq.stats_file.empty() ? "the statistics" : rq.stats_file;
+  fail_param("make_plan.stats",
+             "{}: fields q_block_energy and k_block_energy{} are 0 in every RoPE block of {} of {} (layer, KV head)s "
+             "(first: layer {} KV head {}): {}'s objective J = Σ s_i 4^(−b_i) over the block energies s_i = (E q_i² + "
+             "E k_i²)/2 is 0 at every allocation there, so every key block would be dropped; expected statistics "
+             "with positive query/key energies (re-run ratekv calibrate)",
+             file, centered ? " (centered by k_pre_mean, PlanRequest.key_offset mean)" : "", n_zero, L * H, first_l,
+             first_h, rq.method);
+}
+
 }  // namespace
 
 json PlanDiagnostics::to_json() const {
@@ -411,6 +435,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     check_param(rq.curves_from.empty(), "PlanRequest.curves_from",
                 "\"{}\": block-gtq allocates from the RoPE block energies, not from distortion curves (ratequant "
                 "does)", rq.curves_from);
+    check_block_energies(st, rq, centered);
     BlockGtqOptions opt;  // the packed format's prices (format/stored_bytes.h)
     opt.b_min = rq.b_min < 0 ? 0 : rq.b_min;
     opt.b_max = rq.b_max < 0 ? 4 : rq.b_max;
@@ -471,6 +496,7 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
     const std::string quantizer = composed ? "block-gtq" : rq.quantizer;
     if (!composed) check_quantizer(quantizer);
     const std::string cn = rq.curves_from.empty() ? quantizer : rq.curves_from;
+    if (composed) check_block_energies(st, rq, false);
     if (rq.b_min >= 0 || rq.b_max >= 0)
       check_width_bounds(rq.b_min < 0 ? 1 : rq.b_min, rq.b_max < 0 ? 8 : rq.b_max, "ratequant");
     const auto [lo, hi] = fitted_bounds(curves_of(c, cn), cn, rq.b_min, rq.b_max);

@@ -34,6 +34,7 @@ struct PlanArgs {
   // RateQuant's allocation flags that were given (any value, the defaults included)
   bool key_weight_given = false, sensitivity_given = false, curves_from_given = false;
   bool force = false, json = false, quiet = false;
+  const CLI::App* app = nullptr;  // the subcommand, to ask which flags were given (count())
   // --method tasq | cq (docs/design.md §5)
   std::string model, text;
   int64_t tokens = 40960, ctx = 512;
@@ -159,7 +160,60 @@ void run_vq(PlanArgs& a) {
 }
 #endif
 
+// Flags the method or its codecs do not use, refused when given at all (they used to be ignored silently,
+// issue 22): the TaSQ / CQ fit's flags on the methods that allocate from statistics and the allocation's
+// flags on the fit; --bits with --kbits/--vbits; codec options on codecs without them.
+void refuse_ignored_flags(const PlanArgs& a) {
+  const auto given = [&](const char* f) { return a.app->get_option(f)->count() > 0; };
+  const std::string& m = a.rq.method;
+  const bool vq = m == "tasq" || m == "cq";
+  if (vq) {
+    for (const char* f : {"--kbits", "--vbits", "--bits", "--bmin", "--bmax", "--budget-unit", "--group-size",
+                          "--quantizer"})
+      check(!given(f),
+            "{}: not used by --method {}: it fits vector-quantized keys on -f text (widths from --group and "
+            "--centroids, values from --vquantizer)",
+            f, m);
+    return;
+  }
+  for (const char* f : {"--model", "--file", "--tokens", "--ctx", "--group", "--centroids", "--vgroup", "--vcentroids",
+                        "--kmeans-iters", "--kmeans-seeds", "--also-kmeans-seeds", "--no-weighting",
+                        "--no-normalization", "--no-grouping", "--fisher", "--also"})
+    check(!given(f), "{}: not used by --method {}: it applies to --method tasq and cq (vector-quantized keys fitted on "
+          "-f text)", std::string(f) == "--model" ? "-m/--model" : std::string(f) == "--file" ? "-f/--file" : f, m);
+  for (const char* f : {"--kbits", "--vbits"})
+    check(!a.avg_given || !given(f),
+          "{}: conflicts with --bits (the average budget of keys and values); give --bits alone, or --kbits and --vbits",
+          f);
+  check(!a.curves_from_given || !a.rq.curves_from.empty(),
+        "--curves-from: empty; expected the quantizer whose distortion curves to allocate with");
+  check(!a.sensitivity_given || !a.rq.sensitivity.empty(),
+        "--sensitivity: empty; expected an estimator in the statistics (grad, activation) or none");
+  // The codecs the request names (block-gtq and ratequant+block-gtq refuse any but tq-mse in make_plan).
+  const std::string& kq = a.rq.quantizer;
+  const std::string& vq_ = a.rq.v_quantizer.empty() ? kq : a.rq.v_quantizer;
+  const auto any_of = [&](std::initializer_list<const char*> set) {
+    for (const char* q : set)
+      if (kq == q || vq_ == q) return true;
+    return false;
+  };
+  const bool gtq = m == "block-gtq" || m == "ratequant+block-gtq";
+  const std::string codecs =
+      gtq ? "" : " with --quantizer " + kq + (a.rq.v_quantizer.empty() ? "" : " --vquantizer " + a.rq.v_quantizer);
+  check(!given("--norm-correction") || any_of({"tq-mse"}),
+        "--norm-correction: not used by --method {}{}: it applies to TQ-MSE codecs (tq-mse, block-gtq)", m, codecs);
+  check(!given("--seed") || any_of({"tq-mse", "quarot"}),
+        "--seed: not used by --method {}{}: it seeds the rotations of tq-mse, block-gtq and quarot codecs", m, codecs);
+  check(!given("--group-size") || any_of({"kivi", "quarot"}),
+        "--group-size: not used by --method {}{}: it is the scale group of kivi and quarot codecs", m, codecs);
+  const auto fixed = [](const std::string& q) { return q == "q8_0" || q == "q4_0" || q == "fp16"; };
+  for (const char* f : {"--bmin", "--bmax"})
+    check(!given(f) || !fixed(kq) || !fixed(vq_),
+          "{}: not used by --method {}{}: fixed-width codecs (q8_0, q4_0, fp16) take no width bounds", f, m, codecs);
+}
+
 void run(PlanArgs& a) {
+  refuse_ignored_flags(a);
   // --key-weight / --sensitivity / --curves-from set RateQuant's allocation: a method that allocates without it
   // would ignore them silently (tasq / cq fit codebooks; block-gtq allocates from block energies; uniform with
   // --kbits/--vbits has fixed widths).
@@ -238,6 +292,7 @@ const FlagNames kPlanFlags = {
     {"PlanRequest.fp16_window", "--fp16-window"}, {"PlanRequest.sink_tokens", "--sink-tokens"},
     {"PlanRequest.key_offset", "--key-offset"},   {"PlanRequest.key_weight", "--key-weight"},
     {"load_alloc_stats.path", "--stats"},         {"capture_for_fit.ctx", "--ctx"},
+    {"make_plan.stats", "--stats"},
     {"FitOptions.method", "--method"},            {"FitOptions.values", "--vquantizer"},
     {"FitOptions.group", "--group"},              {"FitOptions.centroids", "--centroids"},
     {"FitOptions.kmeans_iters", "--kmeans-iters"}, {"FitOptions.value_group", "--vgroup"},
@@ -336,7 +391,8 @@ const Registrar reg("plan", [](CLI::App& app) {
   c->add_flag("--force", a->force, "overwrite the output file");
   c->add_flag("--json", a->json, "print the achieved bits and the allocator diagnostics as JSON on stdout");
   c->add_flag("-q,--quiet", a->quiet, "print nothing on success");
-  c->callback([a, bits, key_weight, sensitivity, curves_from] {
+  c->callback([a, c, bits, key_weight, sensitivity, curves_from] {
+    a->app = c;
     a->avg_given = bits->count() > 0;
     a->key_weight_given = key_weight->count() > 0;
     a->sensitivity_given = sensitivity->count() > 0;

@@ -806,3 +806,59 @@ TEST(MakePlan, KeyOffsetsAndCenteredEnergies) {
   EXPECT_NE(error_of([&] { stats_from_json(j, "s.json"); }).find("s.json: k_pre_mean[0][0]: 15 entries, expected 16"),
             std::string::npos);
 }
+
+// Block-GTQ's objective J = Σ s_i 4^(−b_i) is 0 at every allocation of a (layer, KV head) whose block energies are
+// all 0: the lowest-cost allocation (every key block dropped) won silently. Refused, naming the stats file, the
+// fields and the first such head (make_plan.stats: the CLI's --stats); a head with any energy is planned.
+TEST(MakePlan, BlockGtqRefusesAllZeroBlockEnergies) {
+  const CalibStats base = synthetic_stats();
+  PlanRequest rq;
+  rq.method = "block-gtq";
+  rq.k_bits = 3;
+  rq.v_bits = 3;
+  rq.budget_unit = "code";
+  rq.stats_file = "s.safetensors";
+  PlanRequest composed = rq;
+  composed.method = "ratequant+block-gtq";
+  composed.avg_bits = 3;
+  {
+    CalibStats st = base;  // globally 0
+    std::fill(st.q_block_energy.begin(), st.q_block_energy.end(), 0.0);
+    std::fill(st.k_block_energy.begin(), st.k_block_energy.end(), 0.0);
+    EXPECT_EQ(error_of([&] { make_plan(st, rq); }),
+              "make_plan.stats s.safetensors: fields q_block_energy and k_block_energy are 0 in every RoPE block of 6 "
+              "of 6 (layer, KV head)s (first: layer 0 KV head 0): block-gtq's objective J = Σ s_i 4^(−b_i) over the "
+              "block energies s_i = (E q_i² + E k_i²)/2 is 0 at every allocation there, so every key block would be "
+              "dropped; expected statistics with positive query/key energies (re-run ratekv calibrate)");
+    EXPECT_EQ(param_of([&] { make_plan(st, composed); }), "make_plan.stats");
+  }
+  {
+    CalibStats st = base;  // one head: layer 1 KV head 1 (rows of 8 blocks, (l·2 + h)·8)
+    for (int i = 0; i < 8; ++i) st.q_block_energy[(1 * 2 + 1) * 8 + i] = st.k_block_energy[(1 * 2 + 1) * 8 + i] = 0;
+    const std::string e = error_of([&] { make_plan(st, rq); });
+    EXPECT_NE(e.find("are 0 in every RoPE block of 1 of 6 (layer, KV head)s (first: layer 1 KV head 1)"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(param_of([&] { make_plan(st, composed); }), "make_plan.stats");
+    // The same head with one block of query energy left is planned (J > 0 there), and keeps that block.
+    st.q_block_energy[(1 * 2 + 1) * 8 + 5] = 0.25;
+    const Plan p = make_plan(st, rq);
+    bool kept = false;
+    for (const auto& g : p.layers[1][1].key.groups)
+      if (g.bits > 0) kept = kept || std::find(g.blocks.begin(), g.blocks.end(), 5) != g.blocks.end();
+    EXPECT_TRUE(kept);
+  }
+  {
+    // key_offset mean: keys equal to their mean have centered energy 0; with no query energy the head is degenerate.
+    CalibStats st = base;
+    st.k_pre_mean.assign(3 * 2 * 16, 0.0);
+    std::fill(st.q_block_energy.begin(), st.q_block_energy.end(), 0.0);
+    PlanRequest c = rq;
+    c.key_offset = "mean";
+    EXPECT_EQ(param_of([&] { make_plan(st, c); }), "(no error)");  // mean 0: the keys' energy stays
+    for (int i = 0; i < 8; ++i) st.k_block_energy[i] = 0.0;         // layer 0 head 0: no energy at all
+    const std::string e = error_of([&] { make_plan(st, c); });
+    EXPECT_NE(e.find("k_block_energy (centered by k_pre_mean, PlanRequest.key_offset mean) are 0"), std::string::npos)
+        << e;
+  }
+}

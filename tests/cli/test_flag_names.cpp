@@ -228,4 +228,82 @@ TEST_F(CliFlagNames, RateQuantDegenerateInputsAndIgnoredFlags) {
   }
 }
 
+
+// Issue 22's second adversarial pass. (A) statistics whose query/key block energies are all 0 gave a Block-GTQ
+// plan with every key block dropped (exit 0, a warning naming the budget); (B) flags the method or codec ignores
+// were accepted silently (exit 0): each is refused naming the flag and what it does not apply to.
+TEST_F(CliFlagNames, DegenerateBlockEnergiesAndIgnoredFlags) {
+  std::ofstream(dir_ / "zero.json") << R"({"format": "ratekv-calib-stats", "version": 1,
+      "model": {"arch": "llama", "n_layers": 1, "n_kv_heads": 1, "head_dim": 4, "rope_layout": "interleaved"},
+      "q_block_energy": [[[0.0, 0.0]]], "k_block_energy": [[[0.0, 0.0]]],
+      "sensitivity": {"grad": {"k": [[2.0]], "v": [[1.0]]}},
+      "curves": {"tq-mse": {"bits": [1, 2, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5, "alpha_k": [[1.0]], "alpha_v": [[1.0]]}}})";
+  expect_error("plan --method block-gtq --kbits 8 --vbits 12",
+               "--stats zero.json: fields q_block_energy and k_block_energy are 0 in every RoPE block of 1 of 1 "
+               "(layer, KV head)s (first: layer 0 KV head 0): block-gtq's objective J = Σ s_i 4^(−b_i) over the block "
+               "energies s_i = (E q_i² + E k_i²)/2 is 0 at every allocation there, so every key block would be "
+               "dropped; expected statistics with positive query/key energies (re-run ratekv calibrate)",
+               "zero.json");
+  // --bits is the average budget of both sides: with --kbits / --vbits it is a conflict (the budget stayed K3V3).
+  expect_error("plan --method ratequant --bits 3 --kbits 2 --vbits 5",
+               "--kbits: conflicts with --bits (the average budget of keys and values); give --bits alone, or "
+               "--kbits and --vbits");
+  expect_error("plan --method uniform --bits 3 --vbits 2",
+               "--vbits: conflicts with --bits (the average budget of keys and values); give --bits alone, or "
+               "--kbits and --vbits");
+  expect_error("plan --method ratequant --bits 3 --curves-from ''",
+               "--curves-from: empty; expected the quantizer whose distortion curves to allocate with");
+  // Codec options on codecs that have no such option.
+  expect_error("plan --method uniform --quantizer kivi --group-size 4 --norm-correction",
+               "--norm-correction: not used by --method uniform with --quantizer kivi: it applies to TQ-MSE codecs "
+               "(tq-mse, block-gtq)");
+  expect_error("plan --method uniform --quantizer q8_0 --vquantizer fp16 --bmin 3",
+               "--bmin: not used by --method uniform with --quantizer q8_0 --vquantizer fp16: fixed-width codecs "
+               "(q8_0, q4_0, fp16) take no width bounds");
+  expect_error("plan --method uniform --quantizer q8_0 --bmax 8",
+               "--bmax: not used by --method uniform with --quantizer q8_0: fixed-width codecs (q8_0, q4_0, fp16) "
+               "take no width bounds");
+  expect_error("plan --method uniform --quantizer fp16 --seed 3",
+               "--seed: not used by --method uniform with --quantizer fp16: it seeds the rotations of tq-mse, "
+               "block-gtq and quarot codecs");
+  expect_error("plan --method uniform --quantizer fp16 --norm-correction",
+               "--norm-correction: not used by --method uniform with --quantizer fp16: it applies to TQ-MSE codecs "
+               "(tq-mse, block-gtq)");
+  expect_error("plan --method block-gtq --group-size 4",
+               "--group-size: not used by --method block-gtq: it is the scale group of kivi and quarot codecs");
+  // TaSQ / CQ fitting flags on the methods that allocate from statistics.
+  for (const char* f : {"--group 4", "--tokens 100", "--also cq", "--fisher", "--centroids 16", "--ctx 64",
+                        "--kmeans-seeds 2", "--no-grouping"})
+    for (const char* m : {"uniform", "block-gtq"}) {
+      const std::string flag = std::string(f).substr(0, std::string(f).find(' '));
+      expect_error(std::string("plan --method ") + m + " " + f,
+                   flag + ": not used by --method " + m + ": it applies to --method tasq and cq (vector-quantized "
+                   "keys fitted on -f text)");
+    }
+  // The codecs with those options still take them.
+  const auto ok = run_cli("plan --method uniform --quantizer kivi --vquantizer tq-mse --norm-correction --group-size 2 "
+                          "--seed 5 --bmin 2 --budget-unit code --stats " + shell_quote((dir_ / "stats.json").string()) + " -o " +
+                          shell_quote((dir_ / "ok.json").string()));
+  EXPECT_EQ(ok.status, 0) << ok.output;
+}
+
+// Flags --method cq / tasq ignore (the fit takes its widths from --group/--centroids, its values from --vquantizer):
+// the adversarial line "--vquantizer fp16 --kbits 2 --vbits 7 --bmin 3 --budget-unit code --group-size 16
+// --quantizer kivi" exited 0. Refused before the model loads (no -m needed to see it).
+TEST_F(CliFlagNames, VqMethodsRefuseTheAllocationFlags) {
+  for (const char* f : {"--kbits 2", "--vbits 7", "--bits 3", "--bmin 3", "--bmax 4", "--budget-unit code",
+                        "--group-size 16", "--quantizer kivi"})
+    for (const char* m : {"cq", "tasq"}) {
+      const std::string flag = std::string(f).substr(0, std::string(f).find(' '));
+      const auto r = run_cli(std::string("plan --method ") + m + " --vquantizer fp16 " + f + " -o " +
+                             shell_quote((dir_ / "p.json").string()));
+      EXPECT_EQ(r.status, 1) << f << "\n" << r.output;
+      EXPECT_NE(r.output.find("error: " + flag + ": not used by --method " + m +
+                              ": it fits vector-quantized keys on -f text (widths from --group and --centroids, values "
+                              "from --vquantizer)\n"),
+                std::string::npos)
+          << f << "\n" << r.output;
+    }
+}
+
 }  // namespace

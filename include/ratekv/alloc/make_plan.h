@@ -125,7 +125,10 @@ struct PlanDiagnostics {
 /// sensitivity estimator whose keys or values (a whole side) are all 0
 /// ("PlanRequest.sensitivity", naming the stats field); a sensitivity, curves
 /// or key weight given to a method that uses none (block-gtq, uniform without
-/// avg_bits); Error for distortion curves the stats lack.
+/// avg_bits); statistics whose RoPE block energies (q_block_energy, k_block_energy; centered with
+/// key_offset mean) are all 0 for some (layer, KV head) under block-gtq or ratequant+block-gtq
+/// ("make_plan.stats", naming the stats file, the fields and the first head: Block-GTQ's objective is 0 at
+/// every allocation there); Error for distortion curves the stats lack.
 Plan make_plan(const CalibStats& stats, const PlanRequest& req, PlanDiagnostics* diag = nullptr);
 
 /// A readable per-layer table: K and V bit histograms ("4:10 3:12 0:10" =
