@@ -54,6 +54,7 @@ struct BenchArgs {
   uint64_t seed = 1;
   bool profile = false, force = false, no_plan_check = false;
   int fp16_kernel = 0;
+  bool layers_given = false, fp16_kernel_given = false;  // the flag was given (any value)
   int64_t chunk = 0;  // cuda: chunked prefill in chunks of this many tokens (0: one piece)
   // cuda request stream (continuous batching): requests, prompt / output tokens each, pool GiB, batch cap
   int64_t requests = 0, req_prompt = 512, req_gen = 128;
@@ -528,6 +529,12 @@ void run(const BenchArgs& a, const std::string& command_line) {
         "to generate above 0 (or --requests)");
   check(a.plans.empty() || (a.ctk.empty() && a.ctv.empty()), "bench: give -ctk/-ctv or --plan, not both");
   check(a.ctk.empty() == a.ctv.empty(), "-ctk/-ctv: give both");
+  // Flags that only apply elsewhere (they used to be ignored silently, issue 22).
+  check(!a.layers_given || !a.synthetic.empty(),
+        "--layers: applies to --synthetic only (-m {} runs every layer of the model)", a.model);
+  check(!a.profile || a.device == "cuda", "--profile: the decode-step profile runs on --device cuda only");
+  check(!a.fp16_kernel_given || a.device == "cuda",
+        "--fp16-kernel: selects the CUDA fp16 decode kernel; runs on --device cuda only");
   if (!a.out_file.empty()) check_output_path(a.out_file, a.force, "--out");
   require_engine(a.device);  // --device cuda: a build with the engine and a visible GPU, before anything loads
   BenchArgs args = a;
@@ -630,8 +637,15 @@ Registrar reg("bench", [](CLI::App& app) {
                   "a published configuration with seeded random weights: " + synthetic_names +
                       " (and tiny-llama, a 2-layer test model)")
       ->check(CLI::IsMember(synthetic_model_names()));
+  // (CLI::NonNegativeNumber's message printed the range's top, DBL_MAX, in full)
   cmd->add_option("--layers", a->layers, "synthetic: keep only the first N layers (0 = all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
+                       ? std::string()
+                       : "expected a whole number of layers ≥ 0 (0 = all), got '" + v + "'";
+          },
+          "N ≥ 0"));
   add_list_option(cmd, "-p,--n-prompt", a->p, "prompt lengths of the pp rows (comma list; 0 = none)");
   add_list_option(cmd, "-n,--n-gen", a->n, "decode steps of the tg rows (comma list; 0 = none)");
   add_list_option(cmd, "-d,--n-depth", a->d, "cached tokens before the tg rows decode (comma list)");
@@ -684,6 +698,8 @@ Registrar reg("bench", [](CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 3));
   cmd->callback([a, cmd] {
+    a->layers_given = cmd->get_option("--layers")->count() > 0;
+    a->fp16_kernel_given = cmd->get_option("--fp16-kernel")->count() > 0;
     std::string line = "ratekv bench";
     for (const auto* o : cmd->get_options())
       for (const std::string& r : o->results()) line.append(" ").append(o->get_name()).append(" ").append(r);

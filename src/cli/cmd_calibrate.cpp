@@ -29,14 +29,27 @@ struct CalibrateArgs {
   std::vector<std::string> curves;  // quantizers whose distortion curves are measured
   std::vector<int> curve_bits = {1, 2, 3, 4, 5};
   std::string curves_json;
+  bool curve_bits_given = false;  // --curve-bits was given
 };
 
 void run(const CalibrateArgs& a) {
-  check(a.tokens >= 1, "--tokens {}: expected ≥ 1", a.tokens);
+  // ≥ 2: k_pre_cov is the population covariance (1/N) of the pre-RoPE keys, 0 for one token (and with a BOS
+  // that one token is the BOS): statistics of nothing (--tokens 1 used to be accepted).
+  check(a.tokens >= 2, "--tokens {}: expected ≥ 2 (the key covariance of one token is 0)", a.tokens);
   check(a.ctx >= 1, "--ctx {}: expected ≥ 1", a.ctx);
   if (a.sensitivity) {
     check(a.sens_seqs >= 1 && a.sens_seqs <= 4096, "--sens-seqs {}: expected 1..4096", a.sens_seqs);
     check(a.sens_len >= 2, "--sens-len {}: expected ≥ 2", a.sens_len);
+  }
+  // The curve options before the model loads (a duplicate quantizer or a bad width was refused only after the
+  // whole calibration forward pass).
+  check(!a.curve_bits_given || !a.curves.empty(),
+        "--curve-bits: needs --curves (no distortion curves are measured without it)");
+  if (!a.curves.empty()) {
+    eval::CurveMeasureOptions co;
+    co.quantizers = a.curves;
+    co.bits = a.curve_bits;
+    eval::validate_curve_options(co);
   }
   check_output_path(a.out, a.force, "-o");
   if (!a.curves_json.empty()) {
@@ -135,7 +148,10 @@ const Registrar reg("calibrate", [](CLI::App& app) {
   add_list_option(c, "--curve-bits", a->curve_bits, "code widths the curves are measured at");
   c->add_option("--curves-json", a->curves_json, "also write the measured MSE and the fits as JSON");
   c->add_flag("--force", a->force, "overwrite the output file");
-  c->callback([a] { with_flag_names(kCalibrateFlags, [&] { run(*a); }); });
+  c->callback([a, c] {
+    a->curve_bits_given = c->get_option("--curve-bits")->count() > 0;
+    with_flag_names(kCalibrateFlags, [&] { run(*a); });
+  });
 });
 
 }  // namespace

@@ -39,6 +39,10 @@ void run(const PerplexityArgs& a) {
   check(a.chunk == 0 || (a.chunk >= 64 && a.chunk % 64 == 0),
         "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", a.chunk);
   check(a.chunk == 0 || a.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
+  // (it used to be accepted and the report said "evaluation mode")
+  check(a.device == "cuda" || a.mode == "evaluation",
+        "--prefill-mode {}: the CPU caches always quantize before attention (evaluation); serving runs on --device "
+        "cuda only", a.mode);
   if (!a.output.empty()) check_output_path(a.output, a.force, "--output");  // before the run, not after
   const std::string text = read_text_file(a.text, "-f");
   warn_if_not_utf8(text, "-f", a.text);

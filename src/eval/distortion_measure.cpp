@@ -50,12 +50,7 @@ struct DistortionAccumulator::Impl {
   std::vector<int64_t> tokens;  // per layer
 };
 
-DistortionAccumulator::DistortionAccumulator(const ModelConfig& cfg, const CalibStats& st,
-                                             const CurveMeasureOptions& opt)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& I = *impl_;
-  I.cfg = cfg;
-  I.opt = opt;
+void validate_curve_options(const CurveMeasureOptions& opt) {
   check_param(!opt.quantizers.empty(), "CurveMeasureOptions.quantizers", ": none given");
   {
     std::set<std::string> seen;
@@ -65,13 +60,24 @@ DistortionAccumulator::DistortionAccumulator(const ModelConfig& cfg, const Calib
       check_param(seen.insert(q).second, "CurveMeasureOptions.quantizers", ": \"{}\" given twice", q);
     }
   }
+  std::vector<int> bits = opt.bits;
+  std::sort(bits.begin(), bits.end());
+  check_param(std::unique(bits.begin(), bits.end()) == bits.end(), "CurveMeasureOptions.bits",
+              ": widths must be distinct");
+  check_param(bits.size() >= 2, "CurveMeasureOptions.bits", ": need at least two widths, got {}", bits.size());
+  check_param(bits.front() >= 1 && bits.back() <= 8, "CurveMeasureOptions.bits",
+              ": widths must be in 1..8 (got {}..{})", bits.front(), bits.back());
+}
+
+DistortionAccumulator::DistortionAccumulator(const ModelConfig& cfg, const CalibStats& st,
+                                             const CurveMeasureOptions& opt)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.cfg = cfg;
+  I.opt = opt;
+  validate_curve_options(opt);
   I.bits = opt.bits;
   std::sort(I.bits.begin(), I.bits.end());
-  check_param(std::unique(I.bits.begin(), I.bits.end()) == I.bits.end(), "CurveMeasureOptions.bits",
-              ": widths must be distinct");
-  check_param(I.bits.size() >= 2, "CurveMeasureOptions.bits", ": need at least two widths, got {}", I.bits.size());
-  check_param(I.bits.front() >= 1 && I.bits.back() <= 8, "CurveMeasureOptions.bits",
-              ": widths must be in 1..8 (got {}..{})", I.bits.front(), I.bits.back());
   check(st.model.n_layers == cfg.n_layers && st.model.n_kv_heads == cfg.n_kv_heads &&
             st.model.head_dim == cfg.head_dim,
         "distortion curves: statistics are for {} layers × {} KV heads × head_dim {}, the model has {} × {} × {}",

@@ -267,4 +267,47 @@ TEST_F(BadInputFlags, DeviceCudaWithoutAGpuIsRefusedBeforeAnythingLoads) {
     expect_error_before_weights(cmd + " -m " + q(smollm2) + " --device cuda", {why});
 }
 
+
+// Issue 22's second adversarial pass: flags accepted where they do nothing, and calibrate's curve options refused
+// only after the whole forward pass. m.gguf is not a model: every refusal here comes before anything is read.
+TEST_F(BadInputFlags, FlagsThatDoNotApplyAreRefusedBeforeLoading) {
+  std::ofstream(dir_ / "m.gguf") << "x";
+  std::ofstream(dir_ / "t.txt") << "Some calibration text, long enough for a handful of tokens.\n";
+  const std::string m = " -m " + q(dir_ / "m.gguf") + " ", f = " -f " + q(dir_ / "t.txt") + " ";
+  // perplexity on the CPU: the report said "evaluation mode" for --prefill-mode serving.
+  expect("perplexity" + m + f + "-c 32 --prefill-mode serving", 1,
+         "error: --prefill-mode serving: the CPU caches always quantize before attention (evaluation); serving runs "
+         "on --device cuda only");
+  // bench: --layers with -m (it keeps the first N layers of --synthetic only), CUDA-only flags on the CPU.
+  expect("bench" + m + "--layers 2 -p 16 -n 0 -r 1", 1,
+         "error: --layers: applies to --synthetic only (-m " + (dir_ / "m.gguf").string() +
+             " runs every layer of the model)");
+  expect("bench --synthetic tiny-llama -p 16 -n 0 -r 1 --profile", 1,
+         "error: --profile: the decode-step profile runs on --device cuda only");
+  expect("bench --synthetic tiny-llama -p 16 -n 0 -r 1 --fp16-kernel 2", 1,
+         "error: --fp16-kernel: selects the CUDA fp16 decode kernel; runs on --device cuda only");
+  // --layers -1 printed CLI11's NonNegativeNumber range, DBL_MAX in full.
+  const Result neg = run_cli("bench --synthetic tiny-llama -p 16 -n 0 -r 1 --layers -1");
+  EXPECT_EQ(neg.status, 2) << neg.output;
+  EXPECT_NE(neg.output.find("--layers: expected a whole number of layers ≥ 0 (0 = all), got '-1'"), std::string::npos)
+      << neg.output;
+  EXPECT_EQ(neg.output.find("1.79769"), std::string::npos) << neg.output;
+  // calibrate: curve options before the model loads; --curve-bits without --curves; --tokens ≥ 2.
+  const std::string cal = "calibrate" + m + f + "-o " + q(dir_ / "s.safetensors") + " ";
+  expect(cal + "--tokens 8 --curves kivi,kivi", 1, "error: --curves: \"kivi\" given twice");
+  expect(cal + "--tokens 8 --curves kivi --curve-bits 3", 1, "error: --curve-bits: need at least two widths, got 1");
+  expect(cal + "--tokens 8 --curves kivi --curve-bits 2,2", 1, "error: --curve-bits: widths must be distinct");
+  expect(cal + "--tokens 8 --curves kivi --curve-bits 0,1", 1, "error: --curve-bits: widths must be in 1..8 (got 0..1)");
+  expect(cal + "--tokens 8 --curves kivi --curve-bits 9,10", 1,
+         "error: --curve-bits: widths must be in 1..8 (got 9..10)");
+  expect(cal + "--tokens 8 --curve-bits 2,3", 1,
+         "error: --curve-bits: needs --curves (no distortion curves are measured without it)");
+  expect(cal + "--tokens 1", 1, "error: --tokens 1: expected ≥ 2 (the key covariance of one token is 0)");
+  // The same command with good options gets as far as the model (which is not one).
+  const Result r = run_cli(cal + "--tokens 8 --curves kivi --curve-bits 2,3");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_EQ(r.output.find("--curve"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("--tokens"), std::string::npos) << r.output;
+}
+
 }  // namespace

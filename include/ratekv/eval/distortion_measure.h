@@ -40,6 +40,12 @@ struct CurveMeasureOptions {
   uint64_t seed = 0;                        ///< plan seed (rotations)
 };
 
+/// Checks opt's quantizers (kivi, quarot, tq-mse, block-gtq; each once) and
+/// widths (≥ 2 distinct, in 1..8): throws ParamError naming
+/// CurveMeasureOptions.quantizers / .bits. Needs no model, so a front end can
+/// refuse bad options before it loads one (the accumulator calls it too).
+void validate_curve_options(const CurveMeasureOptions& opt);
+
 /// The distortion of every (quantizer, width) plan of a CurveMeasureOptions
 /// on activations given chunk by chunk: for each chunk of each layer, the
 /// post-RoPE keys and the values go through the plan's codec
