@@ -19,7 +19,8 @@
 #   --force     overwrite an existing report in the output folder; without it an
 #               existing out/main_job is left alone and the run goes to out/main_job-<UTC time>
 #   --out DIR   output folder (default out/main_job)
-# Env: RATEKV_BUILD_DIR (default build), RATEKV_JOBS (default nproc), RATEKV_ASSETS.
+# Env: RATEKV_BUILD_DIR (default build), RATEKV_JOBS (default nproc), RATEKV_ASSETS,
+#   RATEKV_CMAKE_ARGS (extra configure flags, e.g. -DRATEKV_CUDA=OFF to skip the CUDA kernels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${RATEKV_SEEDS:-1}
