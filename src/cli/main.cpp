@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "ratekv — rate–distortion-optimal KV-cache compression for RoPE LLMs.\n"
       "Calibrate a GGUF model on unlabeled text, allocate bits (uniform, Block-GTQ, RateQuant),\n"
-      "measure attention error / perplexity / retrieval, and generate from a packed cache."};
+      "measure attention error / perplexity / retrieval, and generate from a packed cache.",
+      "ratekv"};
   app.require_subcommand(1);
   app.footer(
       "Exit status: 0 success; 1 bad input (file, field, value) or a failure while running, with an\n"

@@ -88,6 +88,8 @@ TEST_F(CliFlags, UsageErrorsExitTwo) {
   const Result help = run_cli("--help");
   EXPECT_EQ(help.status, 0) << help.output;
   EXPECT_NE(help.output.find("Exit status"), std::string::npos) << help.output;
+  // The usage line names the program (CLI11 prints "Usage: [OPTIONS]" when the App has no name).
+  EXPECT_NE(help.output.find("Usage: ratekv"), std::string::npos) << help.output;
 }
 
 }  // namespace
