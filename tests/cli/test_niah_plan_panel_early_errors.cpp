@@ -124,8 +124,10 @@ TEST_F(EarlyErrors, NiahOnTheGpuRefusesWhatItCannotServe) {
     expect_error_before_weights(base + " --device cuda --no-fp16 -ctk q8_0 -ctv q8_0",
                                 {"-ctk q8_0 -ctv q8_0 with --device cuda", "'q8_0' is not served on the GPU"});
   // A uniform plan at --vbits 6 (value groups of 5 code bits): served on the GPU since 5..8-bit groups are
-  // (extension pages, docs/packed_format.md §6), so the early check lets it through: without a GPU the run
-  // ends at the engine's "no CUDA device visible", with one it runs; the old refusal must not appear.
+  // (extension pages, docs/packed_format.md §6), so the early check lets it through and the run completes.
+  // Without a GPU, --device cuda is refused before the plan is read (require_engine, checked above), so
+  // this case is observable only on a machine with one.
+  if (ratekv::engine::cuda_device_name().empty()) return;
   const std::string stats = std::string(RATEKV_SOURCE_DIR) + "/bench/results/niah_plans/ratequant-2.25.stats.json";
   if (!fs::exists(stats)) GTEST_SKIP() << "stats fixture missing: " << stats;
   const fs::path plan = dir_ / "k6.plan.json";
@@ -133,7 +135,7 @@ TEST_F(EarlyErrors, NiahOnTheGpuRefusesWhatItCannotServe) {
   ASSERT_EQ(made.status, 0) << made.output;
   const Result wide = run_cli(base + " --device cuda --no-fp16 --plan " + q(plan));
   EXPECT_EQ(wide.output.find("groups only"), std::string::npos) << wide.output;
-  EXPECT_TRUE(wide.status == 0 || wide.output.find("no CUDA device visible") != std::string::npos) << wide.output;
+  EXPECT_EQ(wide.status, 0) << wide.output;
 #else
   expect_error_before_weights(base + " --device cuda", {"--device cuda", "no GPU engine"});
 #endif
