@@ -21,8 +21,9 @@ derived from it; the key-weighted RateQuant cells wait). One predicate decides "
 report (cell_done / use_cell). A non-finite perplexity is null in the JSON (the row's "ppl_status" says what it
 was) and "nan (failed)" in the table; a reseeded run (evalr/) with a non-finite perplexity or other stored bits is
 left out of its row's seeds (named; counted in ppl_status); a failed fp16 reference makes ΔPPL "n/a". `run` exits 1
-when a cell failed ("N of M cells failed"), 2 when --only matches no cell, 130 on Ctrl-C (the current cell stays
-unfinished).
+when a cell failed ("N of M cells failed"; a cell whose command exits 0 but leaves an output that is not usable
+fails, run once per pass; so does a reseed cell whose plan file is not a plan), 2 when --only matches no cell, 130
+on Ctrl-C (the current cell stays unfinished).
 
 Environment: RATEKV_BIN (ratekv binary, default build/bin/ratekv), RATEKV_ASSETS (default
 ~/.cache/ratekv/assets), RATEKV_LLAMA_BIN (llama.cpp binaries, default ~/.cache/ratekv/llama-build/bin),
@@ -605,23 +606,29 @@ def mix32(seed, run):
 
 def reseed_plan(src, dst, run):
     """The plan file `src` as `ratekv eval` runs it at run seed `run` (cache::reseeded_plan: every TQ-MSE /
-    grouped TQ-MSE / QuaRot group with bits > 0 gets seed mix32(seed, run)), written to `dst`."""
+    grouped TQ-MSE / QuaRot group with bits > 0 gets seed mix32(seed, run)), written to `dst`. BadCell naming `src`
+    when it is not a plan file (not valid JSON, no "layers", a layer / head / group of the wrong shape) or has no
+    rotation seed; `run` fails that cell only (run_cell)."""
     plan = load_json(src)
     if not isinstance(plan, dict) or "layers" not in plan:
-        raise SystemExit(f"reseed: {src}: not a plan file (not valid JSON or no \"layers\"); re-run its plan cell")
+        raise BadCell(f"reseed: {src}: not a plan file (not valid JSON or no \"layers\"); re-run its plan cell")
     n = 0
-    for layer in plan["layers"]:
-        for h in layer["heads"]:
-            for side in ("key", "value"):
-                c = h[side]
-                if c.get("kind") not in ("tq-mse", "tq-mse-grouped", "quarot"):
-                    continue
-                for g in c.get("groups", []):
-                    if g.get("bits", 0) > 0:
-                        g["seed"] = mix32(g["seed"], run)
-                        n += 1
+    try:
+        for layer in plan["layers"]:
+            for h in layer["heads"]:
+                for side in ("key", "value"):
+                    c = h[side]
+                    if c.get("kind") not in ("tq-mse", "tq-mse-grouped", "quarot"):
+                        continue
+                    for g in c.get("groups", []):
+                        if number(g.get("bits", 0), "bits") > 0:
+                            g["seed"] = mix32(number(g["seed"], "seed"), run)
+                            n += 1
+    except (BadCell, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise BadCell(f"reseed: {src}: not a plan file (a layer, head or group of the wrong shape: "
+                      f"{type(e).__name__} {e}); re-run its plan cell") from None
     if n == 0:
-        raise SystemExit(f"reseed: {src}: no rotation seed to re-mix (a deterministic plan needs no more seeds)")
+        raise BadCell(f"reseed: {src}: no rotation seed to re-mix (a deterministic plan needs no more seeds)")
     tmp = dst + ".tmp"
     with open(tmp, "w") as f:
         json.dump(plan, f, indent=1)
@@ -746,10 +753,14 @@ def run_cell(c, root, dry):
         if dry:
             return "dry"
         CURRENT[:] = [os.path.join(root, c["out"])]
-        reseed_plan(os.path.join(root, c["plan"]), os.path.join(root, c["out"]), c["run_seed"])
+        try:
+            reseed_plan(os.path.join(root, c["plan"]), os.path.join(root, c["out"]), c["run_seed"])
+        except BadCell as e:  # this cell fails; the others still run
+            print(f"[FAIL] {c['id']}: {e}", flush=True)
+            return "fail"
         atomic_json(os.path.join(root, c["out"] + ".params.json"),
                     {"params": dict(c["params"], plan_sha256=sha256_file(os.path.join(root, c["plan"])))})
-        return "done"
+        return finished(c, root, "")
     cmd = ["nice", "-n", NICE] + c["cmd"]
     print(f"[run ] {c['id']}: {' '.join(c['cmd'])}", flush=True)
     if dry:
@@ -785,8 +796,22 @@ def run_cell(c, root, dry):
         atomic_json(os.path.join(root, c["out"]), {"params": c["params"], "seconds": secs, "row": c["row"],
                                                     "command": " ".join(c["cmd"]), "env": c.get("env", {}),
                                                     "result": r})
-    print(f"[done] {c['id']} ({secs:.0f} s)", flush=True)
-    return "done"
+    return finished(c, root, f" ({secs:.0f} s)")
+
+
+def finished(c, root, took):
+    """After cell c's command succeeded: "done" when its output now counts as finished (cell_done, the predicate
+    `run` skips cells by), else "fail" with the reason. Without this a cell whose command exits 0 but writes an
+    output the report cannot use (a field missing) would count as progress and be re-run by every pass, forever."""
+    out = os.path.join(root, c["out"])
+    UNREADABLE[:] = [(p, w) for p, w in UNREADABLE if p not in (out, out + ".params.json")]  # judge the new output
+    n = len(UNREADABLE)
+    if cell_done(c, root):
+        print(f"[done] {c['id']}{took}", flush=True)
+        return "done"
+    why = "; ".join(w for _, w in UNREADABLE[n:]) or "missing, or not made with the parameters of this cell"
+    print(f"[FAIL] {c['id']}: output not usable ({why})", flush=True)
+    return "fail"
 
 
 CURRENT = []  # the output path of the cell `run` is making (what an interrupt leaves unfinished)
@@ -902,30 +927,9 @@ def rows_of(root, m):
             doc = load_json(os.path.join(edir, fn))
             rep = doc.get("report") if isinstance(doc, dict) else None
             if isinstance(rep, dict) and "fp16_cache" in rep:
-                try:
-                    fp16 = {"plan": "fp16", "method": "fp16 cache (the eval reference)", "mode": "K+V",
-                            "stored_bits_k": 16.0, "stored_bits_v": 16.0, "bytes_per_token": None,
-                            "ppl": rep["fp16_cache"]["ppl"], "ppl_sd": 0.0, "kld_mean": 0.0, "kld_p99": 0.0,
-                            "top1": 1.0, "mae": 0.0, "seeds": 1, "windows": rep["n_chunks"], "fp32_ppl": rep["fp"]["ppl"],
-                            "fp32_kld_mean": rep["fp"]["next_token"]["kld_mean"], "tokens": rep["n_tokens"],
-                            "scored_tokens": rep["ppl_scored_tokens"], "command": f"(reference of eval/{fn})"}
-                except (KeyError, TypeError):
+                fp16 = fp16_row(doc, os.path.join(edir, fn), fn)
+                if fp16 is None:  # named on stderr; the next eval cell's reference is used
                     continue
-                ref = fp16["ppl"]
-                if not (isinstance(ref, (int, float)) and not isinstance(ref, bool) and math.isfinite(ref) and ref > 0):
-                    # a failed reference: every ΔPPL against it would be a wrong number (-100 %, nan %)
-                    fp16["ppl_status"] = json.dumps(ref)[:40] if not isinstance(ref, float) else str(ref)
-                    fp16["ppl"] = None
-                    print(f"quality_panel: {os.path.join(edir, fn)}: report.fp16_cache.ppl is {fp16['ppl_status']}; "
-                          "expected a positive finite perplexity (the fp16 reference failed): ΔPPL vs fp16 is "
-                          "unavailable for every row of this model", file=sys.stderr, flush=True)
-                for k in ("fp32_ppl", "windows", "tokens", "scored_tokens"):
-                    if not (isinstance(fp16[k], (int, float)) and not isinstance(fp16[k], bool)
-                            and math.isfinite(fp16[k])):
-                        print(f"quality_panel: {os.path.join(edir, fn)}: the fp16 reference's {k} is "
-                              f"{json.dumps(fp16[k])[:40] if not isinstance(fp16[k], float) else fp16[k]}; expected "
-                              "a finite number: shown as not measured", file=sys.stderr, flush=True)
-                        fp16[k] = None
                 break
     if fp16:
         rows.insert(0, fp16)
@@ -949,6 +953,45 @@ def rows_of(root, m):
                      "top1": top1, "mae": None, "seeds": 1, "windows": 8,
                      "command": "llama-perplexity -c 512 --chunks 8 -fa on -ctk T -ctv T (issue 22)"})
     return rows
+
+
+def fp16_row(doc, path, fn):
+    """The fp16 row (the reference of every report: K and V rounded to fp16, the same windows) from the eval cell
+    `doc` read from `path` (eval/<fn>), or None when a field it reads is missing (report.fp16_cache.ppl, report.fp.ppl,
+    report.fp.next_token.kld_mean, report.n_chunks / n_tokens / ppl_scored_tokens): the file and the field are
+    named on stderr and the caller takes the next cell's reference. The cell itself stays as eval_row judges it (the
+    row of its own plan does not read these). A reference perplexity that is not a positive finite number gives
+    ppl null with ppl_status (every ΔPPL against it would be wrong: -100 %, nan %); another field that is not a
+    finite number is null (not measured). Both are named."""
+    try:
+        row = {"plan": "fp16", "method": "fp16 cache (the eval reference)", "mode": "K+V",
+               "stored_bits_k": 16.0, "stored_bits_v": 16.0, "bytes_per_token": None,
+               "ppl": field(doc, "report.fp16_cache.ppl"), "ppl_sd": 0.0, "kld_mean": 0.0, "kld_p99": 0.0,
+               "top1": 1.0, "mae": 0.0, "seeds": 1, "windows": field(doc, "report.n_chunks"),
+               "fp32_ppl": field(doc, "report.fp.ppl"),
+               "fp32_kld_mean": field(doc, "report.fp.next_token.kld_mean"), "tokens": field(doc, "report.n_tokens"),
+               "scored_tokens": field(doc, "report.ppl_scored_tokens"), "command": f"(reference of eval/{fn})"}
+    except BadCell as e:
+        print(f"quality_panel: {path}: not usable as the fp16 reference ({e}); the next eval cell's reference is used",
+              file=sys.stderr, flush=True)
+        return None
+    try:
+        number(row["ppl"], "report.fp16_cache.ppl", positive=True)
+    except BadCell as e:
+        ref = row["ppl"]
+        row["ppl_status"] = json.dumps(ref)[:40] if not isinstance(ref, float) else str(ref)
+        row["ppl"] = None
+        print(f"quality_panel: {path}: {e} (the fp16 reference failed): ΔPPL vs fp16 is unavailable for every row of "
+              "this model", file=sys.stderr, flush=True)
+    for k, f in (("fp32_ppl", "report.fp.ppl"), ("windows", "report.n_chunks"), ("tokens", "report.n_tokens"),
+                 ("scored_tokens", "report.ppl_scored_tokens"), ("fp32_kld_mean", "report.fp.next_token.kld_mean")):
+        try:
+            number(row[k], f, finite=True)
+        except BadCell as e:
+            print(f"quality_panel: {path}: the fp16 reference's {k}: {e}: shown as not measured", file=sys.stderr,
+                  flush=True)
+            row[k] = None
+    return row
 
 
 def field(d, path):

@@ -18,6 +18,9 @@ was asked, and never a Python traceback or a silently wrong number.
   - reseeded runs (evalr/): a missing field, other stored bits, a NaN seed, another number of layers;
   - wrong types in an eval cell's fields; one "finished" predicate for status / run / report (a cell lacking a
     field, a cell holding null or a list, a truncated plan file with valid params, an unreadable file).
+  - `run` on a cell whose command exits 0 but whose output is not usable: one call, [FAIL], exit 1 (it used to
+    re-run the cell forever); a bad plan file under a reseed cell fails that cell only (it used to stop the run);
+  - an eval cell whose fp16 reference fields are missing: named on stderr (it used to be skipped silently).
 Synthetic cells only (no model, no ratekv run)."""
 import hashlib
 import importlib.util
@@ -400,6 +403,64 @@ class QualityPanelBadInput(unittest.TestCase):
             self.assertIn(f"{flag}: an empty path", r.stderr)
             self.assertEqual(r.stdout, "")
 
+    def test_run_fails_a_cell_whose_output_is_not_usable_once(self):
+        # A fake `ratekv eval` that exits 0 with a report lacking report.plans.0.mae (which the report reads): the
+        # cell is run once, fails (named, with the field), and `run` exits 1. The fake gives up after 3 calls so that
+        # the old behaviour (re-running the cell forever) ends and fails this test instead of hanging it.
+        fake, calls = self.fake_ratekv(
+            f"if len(open({os.path.join(self.tmp.name, 'calls.txt')!r}).read().splitlines()) > 3: sys.exit(9)\n"
+            "_dump = json.dump\n"
+            "def dump(d, f):\n"
+            "    d['plans'][0].pop('mae')\n"
+            "    _dump(d, f)\n"
+            "json.dump = dump\n")
+        r = subprocess.run([sys.executable, SCRIPT, "run", "--out", self.root, "--models", "smollm2", "--only",
+                            "^smollm2/eval/q(8|4)_0$"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, RATEKV_BIN=fake, RATEKV_NICE="0"))
+        self.no_traceback(r)
+        with open(calls) as f:
+            self.assertEqual(len(f.read().splitlines()), 2)  # one call per cell
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("[FAIL] smollm2/eval/q8_0: output not usable (not a finished eval cell (no field "
+                      "report.plans.0.mae", r.stdout)
+        self.assertIn("[FAIL] smollm2/eval/q4_0: output not usable", r.stdout)
+        self.assertNotIn("[done]", r.stdout)
+        self.assertIn("2 of 2 cells failed", r.stderr)
+        self.assertIn(os.path.join(self.root, "smollm2", "eval", "q8_0.json"), r.stderr)
+        r = run("status", "--out", self.root, "--models", "smollm2")
+        self.assertIn("----  smollm2/eval/q8_0\n", r.stdout)
+
+    def test_bad_plan_under_a_reseed_cell_fails_that_cell_only(self):
+        m = os.path.join(self.root, "qwen05", "plans")
+        group = {"kind": "tq-mse", "groups": [{"bits": 3, "seed": 12345}]}
+        good = {"layers": [{"heads": [{"key": group, "value": {"kind": "fp16"}}]}]}
+        write(os.path.join(m, "gtq+off-K3V3.json"), json.dumps(good))
+        cases = {"no layers": ('{"name": "x"}', 'not a plan file'),
+                 "truncated": ('{"layers": [{"heads', 'not a plan file'),
+                 "heads not a list": ('{"layers": [{"heads": 7}]}', 'not a plan file'),
+                 "no rotation seed": ('{"layers": [{"heads": [{"key": {"kind": "kivi"}, "value": {"kind": "kivi"}}]}]}',
+                                      'no rotation seed to re-mix')}
+        for case, (content, said) in cases.items():
+            with self.subTest(case):
+                bad = os.path.join(m, "gtq+off-K2V2.json")
+                write(bad, content)
+                for f in os.listdir(m):
+                    if ".r1." in f:
+                        os.remove(os.path.join(m, f))
+                r = run("run", "--out", self.root, "--models", "qwen05", "--only",
+                        r"^qwen05/reseed/gtq\+off-K(2V2|3V3)\.r1$", env={"RATEKV_NICE": "0"})
+                self.no_traceback(r)
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                self.assertIn(f"[FAIL] qwen05/reseed/gtq+off-K2V2.r1: reseed: {bad}: {said}", r.stdout)
+                self.assertIn("1 of 2 cells failed: qwen05/reseed/gtq+off-K2V2.r1", r.stderr)
+                self.assertFalse(os.path.exists(os.path.join(m, "gtq+off-K2V2.r1.json")))
+                with open(os.path.join(m, "gtq+off-K3V3.r1.json")) as f:  # the other cell still ran
+                    seed = json.load(f)["layers"][0]["heads"][0]["key"]["groups"][0]["seed"]
+                self.assertNotEqual(seed, 12345)
+                r = run("status", "--out", self.root, "--models", "qwen05")
+                self.assertIn("done  qwen05/reseed/gtq+off-K3V3.r1\n", r.stdout)
+                self.assertIn("----  qwen05/reseed/gtq+off-K2V2.r1\n", r.stdout)
+
     # ---- 10: Ctrl-C
 
     def test_interrupt_during_run(self):
@@ -446,6 +507,30 @@ class QualityPanelBadInput(unittest.TestCase):
                 self.assertIn("| 15.500 | n/a (fp16 reference failed) |", line)
                 self.assertNotIn("-100.0 %", text)
                 self.assertNotIn("nan %", text)
+
+    def test_unusable_fp16_reference_fields_are_named(self):
+        # eval/q4_0.json's own row is whole (the fields eval_row reads) but its fp16 reference is not: it is named
+        # with the field, and the reference comes from the next cell (q8_0, whose fp16 cache PPL is 15.0)
+        edits = {"report.fp16_cache.ppl": lambda rep: rep.update(fp16_cache={}),
+                 "report.fp16_cache is 5": lambda rep: rep.update(fp16_cache=5),
+                 "report.fp.next_token": lambda rep: rep["fp"].pop("next_token")}
+        for named, edit in edits.items():
+            with self.subTest(named):
+                doc = eval_cell("q4_0", 16.5)
+                edit(doc["report"])
+                path = os.path.join(self.root, "smollm2", "eval", "q4_0.json")
+                write(path, json.dumps(doc))
+                good = eval_cell("q8_0", 15.5)
+                good["report"]["fp16_cache"]["ppl"] = 15.0
+                write(os.path.join(self.root, "smollm2", "eval", "q8_0.json"), json.dumps(good))
+                r, out, text = self.report()
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(path, r.stderr)
+                self.assertIn(named, r.stderr)
+                rows = {row["plan"]: row for row in out["models"]["smollm2"]["rows"]}
+                self.assertEqual(rows["fp16"]["ppl"], 15.0)
+                self.assertEqual(rows["fp16"]["command"], "(reference of eval/q8_0.json)")
+                self.assertAlmostEqual(rows["q4_0"]["ppl_rel"], 16.5 / 15.0 - 1)
 
     # ---- 4: reseeded runs
 
