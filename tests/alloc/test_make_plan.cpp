@@ -856,7 +856,10 @@ TEST(MakePlan, BlockGtqRefusesAllZeroBlockEnergies) {
     PlanRequest c = rq;
     c.key_offset = "mean";
     EXPECT_EQ(param_of([&] { make_plan(st, c); }), "(no error)");  // mean 0: the keys' energy stays
-    for (int i = 0; i < 8; ++i) st.k_block_energy[i] = 0.0;         // layer 0 head 0: no energy at all
+    // Layer 0 head 0: a key mean whose block norms exceed the raw energies (E‖k − R_p μ‖² = E‖k‖² − ‖μ‖², floored
+    // at 0): the raw energies stay positive, so only the centered request is degenerate.
+    for (int j = 0; j < 16; ++j) st.k_pre_mean[j] = 1e3;
+    EXPECT_EQ(param_of([&] { make_plan(st, rq); }), "(no error)");  // uncentered: the raw key energy counts
     const std::string e = error_of([&] { make_plan(st, c); });
     EXPECT_NE(e.find("k_block_energy (centered by k_pre_mean, PlanRequest.key_offset mean) are 0"), std::string::npos)
         << e;
