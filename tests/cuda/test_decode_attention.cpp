@@ -111,11 +111,7 @@ void run_packed_case(const Case& c, uint32_t seed) {
       for (int qh = 0; qh < hq; ++qh)
         std::copy_n(c.real->q.data() + ((size_t)qh * c.real->n + c.lens[b] - 1) * c.d, c.d,
                     q.data() + ((size_t)b * hq + qh) * c.d);
-  std::vector<uint16_t> q16(q.size());
-  for (size_t i = 0; i < q.size(); ++i) {
-    q16[i] = fp32_to_fp16(q[i]);
-    if (c.q_dtype == DType::f16) q[i] = fp16_to_fp32(q16[i]);
-  }
+  const std::vector<uint16_t> q16 = fp16_queries(q, c.q_dtype);
   const float scale = 1.f / std::sqrt((float)c.d);
 
   // ---- GPU ----

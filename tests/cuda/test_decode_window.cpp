@@ -136,12 +136,8 @@ Fp16Data fp16_data(const Fp16Case& c, int W, uint32_t seed) {
   D.pool.resize((size_t)D.B.n_pages * page_elems);
   for (auto& x : D.pool) x = fp32_to_fp16(N(rng));
   D.q.resize((size_t)nb * hq * c.d);
-  D.q16.resize(D.q.size());
-  for (size_t i = 0; i < D.q.size(); ++i) {
-    D.q[i] = N(rng);
-    D.q16[i] = fp32_to_fp16(D.q[i]);
-    if (c.q_dtype == DType::f16) D.q[i] = fp16_to_fp32(D.q16[i]);
-  }
+  for (auto& x : D.q) x = N(rng);
+  D.q16 = fp16_queries(D.q, c.q_dtype);
   D.scale = 1.f / std::sqrt((float)c.d);
   D.full = ref::fp16_decode_attention(hq, c.hkv, c.d, D.B.ref(), D.pool, D.q, D.scale);
   // Pages wholly before the window: NaN in every K and V row (not to be read).
@@ -247,12 +243,8 @@ PackedData packed_data(const PackedCase& c, const PackedTestPlan& P, int W, uint
   D.pool = random_pages(L, D.B.n_pages, rng);  // every bit pattern a code; norms in [0.5, 2)
   std::normal_distribution<float> N;
   D.q.resize((size_t)nb * hq * c.d);
-  D.q16.resize(D.q.size());
-  for (size_t i = 0; i < D.q.size(); ++i) {
-    D.q[i] = N(rng);
-    D.q16[i] = fp32_to_fp16(D.q[i]);
-    if (c.q_dtype == DType::f16) D.q[i] = fp16_to_fp32(D.q16[i]);
-  }
+  for (auto& x : D.q) x = N(rng);
+  D.q16 = fp16_queries(D.q, c.q_dtype);
   D.scale = 1.f / std::sqrt((float)c.d);
   const ref::PackedPlan rplan = P.ref(hq);
   D.full = ref::packed_decode_attention(rplan, D.B.ref(), D.pool, {}, D.q, D.scale, ref::PackedRounding::fp16);

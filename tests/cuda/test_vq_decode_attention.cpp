@@ -69,11 +69,7 @@ void run_case(const Case& c, uint32_t seed) {
   std::vector<float> q((size_t)nb * hq * d);
   std::normal_distribution<float> nq(0.0f, 1.5f);
   for (auto& x : q) x = nq(rng);
-  std::vector<uint16_t> q16(q.size());
-  for (size_t i = 0; i < q.size(); ++i) {
-    q16[i] = fp32_to_fp16(q[i]);
-    if (c.q_dtype == DType::f16) q[i] = fp16_to_fp32(q16[i]);
-  }
+  const std::vector<uint16_t> q16 = fp16_queries(q, c.q_dtype);
   const float scale = 1.0f / std::sqrt((float)d);
   for (int b = 0; b < nb; ++b) {
     const int T = c.lens[b];

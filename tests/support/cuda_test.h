@@ -1,7 +1,8 @@
 // tests/support/cuda_test.h — what the GPU tests share (tests/cuda): CK(call)
 // asserts a CUDA runtime call succeeded, have_gpu() says whether a device is
 // visible (tests skip without one), DevBuf<T> is a device array owned by the
-// test. Header-only; host code (cuda_runtime.h), compiled by the C++ compiler.
+// test, fp16_queries() gives a query batch in both dtypes the kernels read.
+// Header-only; host code (cuda_runtime.h), compiled by the C++ compiler.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,12 +10,28 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
+
+#include "ratekv/common/fp16.h"
+#include "ratekv/cuda/decode_attention.h"
 
 /// ASSERT that a CUDA runtime call returned cudaSuccess, naming the call.
 #define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
 
 namespace ratekv_test {
+
+/// The fp16 copy of the queries q (any layout, one float per element) that the
+/// kernels read with q_dtype f16; with f16, q itself is rounded to those fp16
+/// values, so the fp32 CPU reference sees exactly what the kernel does.
+inline std::vector<uint16_t> fp16_queries(std::vector<float>& q, ratekv::cuda::DType q_dtype) {
+  std::vector<uint16_t> q16(q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    q16[i] = ratekv::fp32_to_fp16(q[i]);
+    if (q_dtype == ratekv::cuda::DType::f16) q[i] = ratekv::fp16_to_fp32(q16[i]);
+  }
+  return q16;
+}
 
 /// True when at least one CUDA device is visible.
 inline bool have_gpu() {
