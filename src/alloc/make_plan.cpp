@@ -310,6 +310,11 @@ json PlanDiagnostics::to_json() const {
   return j;
 }
 
+bool allocates_with_ratequant(const PlanRequest& req) {
+  return req.method == "ratequant" || req.method == "ratequant+block-gtq" ||
+         (req.method == "uniform" && req.avg_bits.has_value());
+}
+
 Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* diag) {
   st.validate("stats");
   check_param(rq.budget_unit == "effective" || rq.budget_unit == "code", "PlanRequest.budget_unit",
@@ -334,15 +339,13 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
               "PlanRequest.key_weight", "{}: expected a factor in 1e-6..1e6 (1 = the sensitivities as measured)",
               rq.key_weight);
   static_assert(kMinKeyWeight == 1e-6 && kMaxKeyWeight == 1e6, "the message above states the range");
-  check_param(rq.key_weight == 1.0 || rq.method == "ratequant" || rq.method == "ratequant+block-gtq" ||
-                  (rq.method == "uniform" && rq.avg_bits),
-              "PlanRequest.key_weight", "{} with method {}: the key weight scales RateQuant's sensitivities (methods "
+  check_param(rq.key_weight == 1.0 || allocates_with_ratequant(rq), "PlanRequest.key_weight",
+              "{} with method {}: the key weight scales RateQuant's sensitivities (methods "
               "ratequant, ratequant+block-gtq, or uniform with an average budget); this plan uses none",
               rq.key_weight, rq.method);
   // Sensitivities and curves select RateQuant's allocation; a plan that allocates without it would ignore them.
   {
-    const bool rq_alloc = rq.method == "ratequant" || rq.method == "ratequant+block-gtq" ||
-                          (rq.method == "uniform" && rq.avg_bits);
+    const bool rq_alloc = allocates_with_ratequant(rq);
     check_param(rq_alloc || rq.sensitivity == "grad", "PlanRequest.sensitivity",
                 "\"{}\" with method {}: the sensitivity weighs RateQuant's components (methods ratequant, "
                 "ratequant+block-gtq, or uniform with an average budget); this plan uses none",

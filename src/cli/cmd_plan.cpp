@@ -214,12 +214,13 @@ void refuse_ignored_flags(const PlanArgs& a) {
 
 void run(PlanArgs& a) {
   refuse_ignored_flags(a);
+  if (a.avg_given) a.rq.avg_bits = a.avg_bits;
   // --key-weight / --sensitivity / --curves-from set RateQuant's allocation: a method that allocates without it
   // would ignore them silently (tasq / cq fit codebooks; block-gtq allocates from block energies; uniform with
   // --kbits/--vbits has fixed widths).
   {
     const std::string& m = a.rq.method;
-    const bool rq_alloc = m == "ratequant" || m == "ratequant+block-gtq" || (m == "uniform" && a.avg_given);
+    const bool rq_alloc = alloc::allocates_with_ratequant(a.rq);
     for (const auto& [given, flag] : {std::pair{a.key_weight_given, "--key-weight"},
                                       std::pair{a.sensitivity_given, "--sensitivity"},
                                       std::pair{a.curves_from_given, "--curves-from"}})
@@ -241,7 +242,6 @@ void run(PlanArgs& a) {
   check_output_path(a.out, a.force, "-o");
   CalibStats st = calib::load_alloc_stats(a.stats);  // safetensors or JSON
   a.rq.stats_file = std::filesystem::path(a.stats).filename().string();
-  if (a.avg_given) a.rq.avg_bits = a.avg_bits;
   alloc::PlanDiagnostics dg;
   const Plan plan = alloc::make_plan(st, a.rq, &dg);
   plan.save(a.out);

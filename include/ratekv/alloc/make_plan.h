@@ -131,6 +131,12 @@ struct PlanDiagnostics {
 /// every allocation there); Error for distortion curves the stats lack.
 Plan make_plan(const CalibStats& stats, const PlanRequest& req, PlanDiagnostics* diag = nullptr);
 
+/// Whether `req` allocates with RateQuant's model (sensitivities × distortion
+/// curves, docs/design.md §4.1): methods ratequant and ratequant+block-gtq, and
+/// uniform with avg_bits (RateQuant's uniform K/V-split baseline). Only these
+/// read key_weight, sensitivity and curves_from. Throws nothing.
+bool allocates_with_ratequant(const PlanRequest& req);
+
 /// A readable per-layer table: K and V bit histograms ("4:10 3:12 0:10" =
 /// blocks or heads per width) and effective bits, plus totals.
 std::string plan_summary(const Plan& plan);
