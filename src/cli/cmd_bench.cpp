@@ -577,9 +577,7 @@ void run(const BenchArgs& a, const std::string& command_line) {
   std::vector<json> rows;
   json meta;
   meta["command"] = command_line;
-  check(args.chunk == 0 || (args.chunk >= 64 && args.chunk % 64 == 0),
-        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", args.chunk);
-  check(args.chunk == 0 || args.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
+  check_chunk_option(args.device, args.chunk);
   check(args.requests == 0 || args.device == "cuda", "--requests: the request stream runs on --device cuda only");
   check(args.req_prompt >= 1 && args.req_gen >= 1 && args.stream_batch >= 1 && args.pool_gib >= 0,
         "--req-prompt {} / --req-gen {} / --stream-batch {} must be >= 1 and --pool-gib {} >= 0", args.req_prompt,

@@ -299,9 +299,7 @@ void run_cuda_many(const GenerateArgs& a, LoadedModel& lm, const std::vector<Fil
 void run(const GenerateArgs& a) {
   check(a.n_predict >= 0, "-n: {} must be >= 0", a.n_predict);
   check(std::isfinite(a.temp) && a.temp >= 0, "--temp: {} must be a finite value >= 0", a.temp);
-  check(a.chunk == 0 || (a.chunk >= 64 && a.chunk % 64 == 0),
-        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", a.chunk);
-  check(a.chunk == 0 || a.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
+  check_chunk_option(a.device, a.chunk);
   check(a.top_p > 0 && a.top_p <= 1, "--top-p: {} must be in (0, 1]", a.top_p);
   check(a.prompt.empty() != a.prompts_file.empty(), "generate: give one of -p (a prompt) or --prompts-file (many)");
   check(a.prompts_file.empty() || a.device == "cuda",

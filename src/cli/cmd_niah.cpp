@@ -94,12 +94,8 @@ void run(const NiahArgs& a) {
   const bool cuda = a.device == "cuda";
   check(!a.no_fp16 || !a.plans.empty() || !a.ctk.empty() || !a.ctv.empty(),
         "--no-fp16: nothing left to evaluate (give --plan or -ctk/-ctv)");
-  check(a.chunk == 0 || (a.chunk >= 64 && a.chunk % 64 == 0),
-        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", a.chunk);
-  check(a.chunk == 0 || cuda, "--chunk: chunked prefill runs on --device cuda only");
-  check(cuda || a.mode == "evaluation",
-        "--prefill-mode {}: the CPU caches always quantize before attention (evaluation); serving runs on --device "
-        "cuda only", a.mode);
+  check_chunk_option(a.device, a.chunk);
+  check_prefill_mode_option(a.device, a.mode);
   check(!cuda || a.cache == "packed", "--cache {}: the fake-quant cache runs on the CPU only (--device cpu)", a.cache);
   require_engine(a.device);
   if (!a.json.empty()) check_output_path(a.json, a.force, "--json");

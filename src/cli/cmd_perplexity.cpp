@@ -36,13 +36,8 @@ struct PerplexityArgs {
 
 void run(const PerplexityArgs& a) {
   check(a.n_ctx >= 4, "-c: context {} is too small (need >= 4)", a.n_ctx);
-  check(a.chunk == 0 || (a.chunk >= 64 && a.chunk % 64 == 0),
-        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", a.chunk);
-  check(a.chunk == 0 || a.device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
-  // (it used to be accepted and the report said "evaluation mode")
-  check(a.device == "cuda" || a.mode == "evaluation",
-        "--prefill-mode {}: the CPU caches always quantize before attention (evaluation); serving runs on --device "
-        "cuda only", a.mode);
+  check_chunk_option(a.device, a.chunk);
+  check_prefill_mode_option(a.device, a.mode);  // serving on the CPU was accepted and reported "evaluation mode"
   if (!a.output.empty()) check_output_path(a.output, a.force, "--output");  // before the run, not after
   const std::string text = read_text_file(a.text, "-f");
   warn_if_not_utf8(text, "-f", a.text);

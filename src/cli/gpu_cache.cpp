@@ -46,4 +46,17 @@ engine::CacheFormat gpu_cache_format(const std::optional<Plan>& types, const std
 }
 #endif
 
+void check_chunk_option(const std::string& device, int64_t chunk) {
+  check(chunk == 0 || (chunk >= 64 && chunk % 64 == 0),
+        "--chunk {}: expected a multiple of 64 tokens (the page), or 0 for a one-piece prefill", chunk);
+  check(chunk == 0 || device == "cuda", "--chunk: chunked prefill runs on --device cuda only");
+}
+
+void check_prefill_mode_option(const std::string& device, const std::string& mode) {
+  check(device == "cuda" || mode == "evaluation",
+        "--prefill-mode {}: the CPU caches always quantize before attention (evaluation); serving runs on --device "
+        "cuda only",
+        mode);
+}
+
 }  // namespace ratekv::cli

@@ -2,6 +2,7 @@
 // (-ctk/-ctv, --plan, --cache), with errors that name the flags.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -31,4 +32,14 @@ namespace ratekv::cli {
 /// GPU engine, or when no CUDA device is visible (engine::cuda_device_name()
 /// is empty). Does nothing for --device cpu.
 void require_engine(const std::string& device);
+
+/// --chunk N (chunked prefill, every command that prefills): throws Error
+/// naming --chunk unless N is 0 (one piece) or a positive multiple of the
+/// 64-token page, and for N > 0 unless --device is cuda (docs/design.md §10).
+void check_chunk_option(const std::string& device, int64_t chunk);
+
+/// --prefill-mode M (perplexity, niah): throws Error naming --prefill-mode for
+/// serving without --device cuda (the CPU caches always quantize before
+/// attention reads them: evaluation; docs/design.md §9.2).
+void check_prefill_mode_option(const std::string& device, const std::string& mode);
 }  // namespace ratekv::cli
