@@ -21,14 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-MODELS = {  # HF config fields of the synthetic configurations (model/synthetic.h)
-    "llama-3.1-8b": dict(arch="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
-                         rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False),
-    "qwen2.5-7b": dict(arch="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rope_theta=1e6,
-                       rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=False),
-}
+from hf_configs import MODELS  # the synthetic configurations as HF config fields
 
 dev = torch.device("cuda")
 
