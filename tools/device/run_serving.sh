@@ -21,9 +21,16 @@
 #   ttft128   the 128K prompt (chunked by 2048, no warm-up prefill), fp16 vs K3V3
 #   racecheck compute-sanitizer racecheck (the tile softmax, the sampler, the
 #             tiny model eager)
+#   prefill_vs_sdpa  (not in the default list: STAGES="build prefill_vs_sdpa collect", ≤ 265 s)
+#             issue 18, Llama-3.1-8B shapes, prompts PVS_PROMPTS (8192,32768), one piece and
+#             chunks of 2048: ratekv bench fp16 / K3V3 prefill tokens/s, then
+#             tools/device/prefill_vs_sdpa.py (torch SDPA flash attention alone per layer, HF
+#             LlamaForCausalLM + SDPA end to end), then prefill_vs_sdpa_table.py:
+#             $OUT/prefill_vs_sdpa.json and .md (ratekv is end to end only: no per-layer
+#             prefill attention timer)
 #   collect   $OUT/serving_h200.json: every row + the test summary
 # Files in $OUT: all.log, test_engine.json, sanitize.log, ttft.json,
-# ttft128.json, stream.json, serving_h200.json.
+# ttft128.json, stream.json, prefill_vs_sdpa.{json,md}, serving_h200.json.
 set -x
 set -uo pipefail
 STAGES=${STAGES:-build tests ttft stream memcheck ttft128 racecheck collect}
@@ -120,6 +127,25 @@ if has racecheck; then
   done
   grep -E -B2 -A12 "Race reported|Invalid|Error:" "$OUT/sanitize.log" | head -60 | tee -a "$LOG"
 fi
+if has prefill_vs_sdpa; then
+  # Both sides in this call, the same GPU: ratekv one piece per prompt (its own file, so a limit on
+  # 32K keeps the 8K rows), ratekv chunked, then torch (rows written as they finish), then the table.
+  P=${PVS_PROMPTS:-8192,32768}
+  say "prefill_vs_sdpa: ratekv vs SDPA flash / HF+SDPA prefill, prompts $P, one piece and chunks of 2048"
+  LP="$RK bench --device cuda --synthetic llama-3.1-8b -ctk f16,tq3 -ctv f16,tq3 -r 1 -n 0"
+  rm -f /tmp/pvs_*.json
+  PVS_RK=""
+  for p in ${P//,/ }; do
+    bench "/tmp/pvs_rk_$p.json" $((p <= 8192 ? 30 : 60)) $LP -p "$p"
+    PVS_RK="$PVS_RK /tmp/pvs_rk_$p.json"
+  done
+  bench /tmp/pvs_rk_chunked.json 60 $LP -p "$P" --chunk 2048
+  timeout "$(lim 110)" python3 "$ROOT/tools/device/prefill_vs_sdpa.py" --prompts "$P" --chunk 2048 \
+    --out /tmp/pvs_torch.json 2>&1 | tee -a "$LOG"
+  echo "prefill_vs_sdpa.py exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+  python3 "$ROOT/tools/device/prefill_vs_sdpa_table.py" --ratekv $PVS_RK /tmp/pvs_rk_chunked.json \
+    --torch /tmp/pvs_torch.json --out "$OUT/prefill_vs_sdpa.json" --md "$OUT/prefill_vs_sdpa.md" 2>&1 | tee -a "$LOG"
+fi
 if has collect; then
   say "collect"
   python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
@@ -153,6 +179,10 @@ for (test, chunk), c in sorted(by.items(), key=lambda kv: str(kv[0])):
             e[key] = {"fp16": f[key], "K3V3": k[key], "K3V3_over_fp16": k[key] / f[key]}
     cmp.append(e)
 doc["fp16_vs_K3V3"] = cmp
+p = os.path.join(out, "prefill_vs_sdpa.json")
+if os.path.exists(p):  # its own rows stay in prefill_vs_sdpa.json (same tests as ttft.json's, another run)
+    d = json.load(open(p))
+    doc["prefill_vs_sdpa"] = {"facts": d.get("facts"), "table": d.get("table"), "missing": d.get("missing")}
 json.dump(doc, open(os.path.join(out, "serving_h200.json"), "w"), indent=1)
 print(json.dumps(cmp, indent=1))
 PY
