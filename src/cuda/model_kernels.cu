@@ -1,5 +1,9 @@
 // The GPU engine's own kernels (ratekv/cuda/model_kernels.h).
 #include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "attention_common.cuh"
 #include "ratekv/cuda/model_kernels.h"
@@ -562,9 +566,10 @@ __global__ void __launch_bounds__(1024) sample_kernel(const float* __restrict__ 
   if (tid == 0) out[row] = chosen != 0xffffffffu ? (int32_t)chosen : (last_all >= 0 ? last_all : 0);
 }
 
-// Grid (⌈n_tokens/32⌉, Hkv, 2 sides), 128 threads: 32 tokens per block so
-// that each rotation is read once per 32 tokens (chunked prefill dequantizes
-// every earlier chunk again for each chunk). Per group: y_t,j = n_t ·
+// packed_dequantize's fp32 variant (DequantVariant::fp32; the tensor_cores
+// variant below is the default). Grid (⌈n_tokens/32⌉, Hkv, 2 sides), 128
+// threads: 32 tokens per block so that each rotation is read once per 32
+// tokens (chunked prefill dequantizes every earlier chunk again for each chunk). Per group: y_t,j = n_t ·
 // c[idx_t,j] for the block's tokens, then x̂_t[ch_i] = Σ_j Π[j][i] y_t,j
 // (fmaf over j ascending: the same arithmetic, hence bits, as one token per
 // block). y is staged coordinate-major (y[j][t], 32 tokens contiguous) so
@@ -622,6 +627,204 @@ __global__ void __launch_bounds__(128) dequant_kernel(const detail::HeadTables* 
         }
       }
       for (int t = 0; t < nt; ++t) o[((size_t)(t0 + t) * Hkv + h) * hd + ch[i]] = f16_bits(acc[t]);
+    }
+  }
+}
+
+// ---- packed_dequantize, tensor_cores variant ----------------------------------
+// Grid (blocks_x, Hkv, 2 sides), kDqThreads threads; block (x, h, s) takes
+// pages x, x + gridDim.x, … of the sequence (64 tokens each: one page is the
+// block's token tile, so the page table may be in any order). Once per block
+// it stages every group of side s of KV head h: Π_g (dim_pad × dim_pad,
+// fp32 → fp16 round-to-nearest, zero-padded rows and columns ≥ dim, row
+// stride dim_pad + 8 halves), the 2^b levels (fp16) and the channel list.
+// Per page, per group: the levels L[t][j] = c[idx_t,j] (fp16, 64 × dim_pad,
+// one thread per (16-channel tile, lane) decoding the 4·8 codes of its
+// lane-words) and the norms n_t (fp32); then X = L · Π_g by WMMA 16×16×16
+// (fp16 in, fp32 accumulate; warp w takes row tile w mod 4 and every second
+// column tile from w / 4), and in the epilogue x̂_t[ch_i] = fp16(n_t · X[t][i])
+// into a (64 × head_dim) fp16 staging tile (channels in no group stay 0),
+// written to k16 / v16 row by row (16-byte stores when both are 16-byte
+// aligned). Padded coordinates j ≥ dim multiply zero rows of the staged Π
+// (the levels are finite), so their codes never matter; rows t ≥ n_tokens
+// of the last page get n_t = 0 and are not written.
+// Shared memory (dynamic; dequant_smem_bytes): the group records (DqGroup)
+// | scratch (kDqWarps × 256 fp32, the epilogue's accumulator tiles) | norms
+// (64 fp32) | levels (8 × 16 fp16) | channels (head_dim int32) | Π
+// (r_halves fp16) | L (64 × ld_l fp16) | output tile (64 × (head_dim + 8)
+// fp16). Every region starts 32-byte aligned (WMMA operands); head_dim 256
+// with one group per side: 212.7 KB, one block per SM; head_dim 128: 2.
+constexpr int kDqWarps = 8, kDqThreads = 32 * kDqWarps, kDqTokens = packed::kPageTokens, kDqPad = 8;
+static_assert(kDqTokens == 64 && kDqWarps == 8, "warp w takes row tile w % 4 of the 64-token page");
+
+struct DqGroup {
+  int dim, dim_pad, bits, code_offset, norm_offset, chan_offset, rot_offset;
+};
+constexpr int kDqGroupBytes = 256;  // the group records, first in shared memory (32-byte multiple)
+static_assert(sizeof(DqGroup) * packed::kMaxGroupsPerSide <= kDqGroupBytes, "group records fit");
+
+// Decodes the codes of one (16-channel tile ct, lane) of a B-bit group over
+// the page's 4 token tiles into L (row = token, column = rotated coordinate).
+template <int B>
+__device__ __forceinline__ void dq_decode_lane(const uint8_t* __restrict__ seg, int ct, int lane, int side,
+                                               const __half* __restrict__ lvs, __half* __restrict__ L, int ld_l) {
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < B; ++i)
+    w[i] = *reinterpret_cast<const uint32_t*>(seg + ((size_t)(ct * B + i) * packed::kWarpLanes + lane) * 4);
+  // Inverse of packed::element_pos: element e of `lane` is (a, b) with
+  // a = 8·(e/4) + lane/4, b = 8·((e/2) mod 2) + 2·(lane mod 4) + e mod 2,
+  // (token, channel) = (a, b) for keys, (b, a) for values.
+  const int la = lane >> 2, lb = 2 * (lane & 3);
+#pragma unroll
+  for (int tt = 0; tt < packed::kTilesPerPage; ++tt) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      uint32_t code;
+      if constexpr (B == 3) {
+        if (tt < 3) {
+          code = (w[tt] >> (4 * e)) & 7u;
+        } else {
+          code = ((w[0] >> (4 * e + 3)) & 1u) | (((w[1] >> (4 * e + 3)) & 1u) << 1) |
+                 (((w[2] >> (4 * e + 3)) & 1u) << 2);
+        }
+      } else {
+        constexpr uint32_t mask = (1u << B) - 1u;
+        const int q = tt * B;
+        code = (w[q >> 2] >> (4 * e + (q & 3))) & mask;
+      }
+      const int a = 8 * (e >> 2) + la, b = 8 * ((e >> 1) & 1) + lb + (e & 1);
+      const int tok = side == 0 ? a : b, chn = side == 0 ? b : a;
+      L[(tt * packed::kTileTokens + tok) * ld_l + ct * packed::kTileChannels + chn] = lvs[code];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kDqThreads) dequant_tc_kernel(
+    const detail::HeadTables* __restrict__ tables, const float* __restrict__ rot, const int32_t* __restrict__ chans,
+    const float* __restrict__ levels, const uint8_t* __restrict__ pool, size_t page_bytes,
+    const int32_t* __restrict__ page_table, int hd, int n_tokens, int r_halves, int ld_l, int vec_store,
+    uint16_t* __restrict__ k16, uint16_t* __restrict__ v16) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char dq_smem[];
+  DqGroup* grp = reinterpret_cast<DqGroup*>(dq_smem);
+  float* scratch = reinterpret_cast<float*>(dq_smem + kDqGroupBytes);
+  float* nrm = scratch + kDqWarps * 256;
+  __half* lvs = reinterpret_cast<__half*>(nrm + kDqTokens);
+  int32_t* chs = reinterpret_cast<int32_t*>(lvs + packed::kMaxGroupsPerSide * 16);
+  __half* Rs = reinterpret_cast<__half*>(chs + hd);
+  __half* Ls = Rs + r_halves;
+  __half* Os = Ls + kDqTokens * ld_l;
+
+  const int h = blockIdx.y, s = blockIdx.z, Hkv = gridDim.y, tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31, ld_o = hd + kDqPad;
+  const detail::HeadTables& T = tables[h];
+  const int ng = T.n_groups[s];
+  if (tid < ng) {
+    DqGroup G;
+    G.dim = T.dim[s][tid];
+    G.dim_pad = T.dim_pad[s][tid];
+    G.bits = T.bits[s][tid];
+    G.code_offset = T.code_offset[s][tid];
+    G.norm_offset = T.norm_offset[s][tid];
+    G.chan_offset = 0;
+    G.rot_offset = 0;
+    for (int g = 0; g < tid; ++g) {  // offsets into chs / Rs
+      G.chan_offset += T.dim[s][g];
+      G.rot_offset += T.dim_pad[s][g] * (T.dim_pad[s][g] + kDqPad);
+    }
+    grp[tid] = G;
+  }
+  __syncthreads();
+  // Stage Π (fp16, padded with zeros), the levels and the channel lists.
+  for (int g = 0; g < ng; ++g) {
+    const DqGroup G = grp[g];
+    const float* R = rot + T.rot_offset[s][g];
+    __half* Rg = Rs + G.rot_offset;
+    const int ldr = G.dim_pad + kDqPad;
+    for (int idx = tid; idx < G.dim_pad * G.dim_pad; idx += kDqThreads) {
+      const int j = idx / G.dim_pad, i = idx - j * G.dim_pad;
+      Rg[j * ldr + i] = __float2half_rn(j < G.dim && i < G.dim ? R[(size_t)j * G.dim + i] : 0.f);
+    }
+    for (int i = tid; i < G.dim; i += kDqThreads) chs[G.chan_offset + i] = chans[T.chan_offset[s][g] + i];
+    if (tid < 16) lvs[g * 16 + tid] = __float2half_rn(tid < (1 << G.bits) ? levels[T.lvl_offset[s][g] + tid] : 0.f);
+  }
+  uint16_t* out = s == 0 ? k16 : v16;
+  const int n_pages = (n_tokens + kDqTokens - 1) / kDqTokens, hd8 = hd / 8;
+  for (int p = blockIdx.x; p < n_pages; p += gridDim.x) {
+    const int t0 = p * kDqTokens, nt = min(kDqTokens, n_tokens - t0);
+    const uint8_t* head = pool + (size_t)page_table[p] * page_bytes + T.block_offset;
+    __syncthreads();  // the previous page's output tile is written out (and, first page, the staging done)
+    for (int idx = tid; idx < kDqTokens * hd8; idx += kDqThreads) {
+      const int r = idx / hd8, c8 = idx - r * hd8;
+      *reinterpret_cast<uint4*>(Os + r * ld_o + 8 * c8) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    for (int g = 0; g < ng; ++g) {
+      const DqGroup G = grp[g];
+      __syncthreads();  // L and the norms free (the previous group's products done); the zeros written
+      const int n_ct = G.dim_pad / packed::kTileChannels;
+      const uint8_t* seg = head + G.code_offset;
+      const __half* lv = lvs + g * 16;
+      for (int item = tid; item < n_ct * 32; item += kDqThreads) {
+        const int ct = item >> 5, ln = item & 31;
+        switch (G.bits) {
+          case 1: dq_decode_lane<1>(seg, ct, ln, s, lv, Ls, ld_l); break;
+          case 2: dq_decode_lane<2>(seg, ct, ln, s, lv, Ls, ld_l); break;
+          case 3: dq_decode_lane<3>(seg, ct, ln, s, lv, Ls, ld_l); break;
+          default: dq_decode_lane<4>(seg, ct, ln, s, lv, Ls, ld_l); break;
+        }
+      }
+      if (tid < kDqTokens)
+        nrm[tid] = tid < nt ? __half2float(*reinterpret_cast<const __half*>(head + G.norm_offset + 2 * tid)) : 0.f;
+      __syncthreads();
+      const int n_nt = G.dim_pad / 16, ldr = G.dim_pad + kDqPad, m = warp & 3;
+      const __half* Rg = Rs + G.rot_offset;
+      const int32_t* ch = chs + G.chan_offset;
+      float* sc = scratch + warp * 256;
+      for (int n0 = warp >> 2; n0 < n_nt; n0 += 8) {  // up to 4 column tiles n0, n0 + 2, n0 + 4, n0 + 6
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) wmma::fill_fragment(acc[q], 0.f);
+        for (int k = 0; k < n_nt; ++k) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+          wmma::load_matrix_sync(a, Ls + m * 16 * ld_l + k * 16, ld_l);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (n0 + 2 * q < n_nt) {
+              wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+              wmma::load_matrix_sync(b, Rg + k * 16 * ldr + (n0 + 2 * q) * 16, ldr);
+              wmma::mma_sync(acc[q], a, b, acc[q]);
+            }
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int n = n0 + 2 * q;
+          if (n < n_nt) {
+            wmma::store_matrix_sync(sc, acc[q], 16, wmma::mem_row_major);
+            __syncwarp();
+#pragma unroll
+            for (int e = lane; e < 256; e += 32) {
+              const int r = e >> 4, i = n * 16 + (e & 15), row = m * 16 + r;
+              if (i < G.dim) Os[row * ld_o + ch[i]] = __float2half_rn(sc[e] * nrm[row]);
+            }
+            __syncwarp();
+          }
+        }
+      }
+    }
+    __syncthreads();  // the output tile complete
+    if (vec_store) {
+      for (int idx = tid; idx < nt * hd8; idx += kDqThreads) {
+        const int r = idx / hd8, c8 = idx - r * hd8;
+        *reinterpret_cast<uint4*>(out + ((size_t)(t0 + r) * Hkv + h) * hd + 8 * c8) =
+            *reinterpret_cast<const uint4*>(Os + r * ld_o + 8 * c8);
+      }
+    } else {
+      for (int idx = tid; idx < nt * hd; idx += kDqThreads) {
+        const int r = idx / hd, c = idx - r * hd;
+        out[((size_t)(t0 + r) * Hkv + h) * hd + c] = __half_as_ushort(Os[r * ld_o + c]);
+      }
     }
   }
 }
@@ -787,14 +990,57 @@ void sample_rows(const float* logits, int n, int V, const float* temperature, co
   sample_kernel<<<n, 1024, 0, (cudaStream_t)stream>>>(logits, V, temperature, top_k, top_p, u, out);
   check_launch("sample_rows");
 }
+static size_t dequant_smem_bytes(const PackedPlan& plan, int* r_halves, int* ld_l) {
+  int rh = 0, max_pad = 16;
+  for (const detail::HeadTables& T : plan.device().host_heads)
+    for (int s = 0; s < 2; ++s) {
+      int r = 0;
+      for (int g = 0; g < T.n_groups[s]; ++g) {
+        r += T.dim_pad[s][g] * (T.dim_pad[s][g] + kDqPad);
+        max_pad = std::max(max_pad, T.dim_pad[s][g]);
+      }
+      rh = std::max(rh, r);
+    }
+  *r_halves = rh;
+  *ld_l = max_pad + kDqPad;
+  const size_t hd = (size_t)plan.head_dim();
+  return kDqGroupBytes + kDqWarps * 256 * 4 + kDqTokens * 4 + packed::kMaxGroupsPerSide * 16 * 2 + hd * 4 +
+         (size_t)rh * 2 + (size_t)kDqTokens * (max_pad + kDqPad) * 2 + (size_t)kDqTokens * (hd + kDqPad) * 2;
+}
 void packed_dequantize(const PackedPlan& plan, const uint8_t* pool, const int32_t* page_table, int n_tokens,
-                       uint16_t* k16, uint16_t* v16, void* stream) {
+                       uint16_t* k16, uint16_t* v16, void* stream, DequantVariant variant) {
   require(pool && page_table && k16 && v16 && n_tokens > 0, "packed_dequantize: bad arguments");
   require(!plan.device().has_wide, "packed_dequantize: the plan has 5..8-bit groups (extension pages)");
   const auto& D = plan.device();
-  dequant_kernel<<<dim3((n_tokens + kDequantTokens - 1) / kDequantTokens, plan.layout().n_kv_heads(), 2), 128, 0,
-                   (cudaStream_t)stream>>>(D.heads, D.rotations, D.channels, D.levels, pool, plan.layout().page_bytes(),
-                                           page_table, plan.head_dim(), n_tokens, k16, v16);
+  const int Hkv = plan.layout().n_kv_heads(), hd = plan.head_dim();
+  if (variant == DequantVariant::fp32) {
+    dequant_kernel<<<dim3((n_tokens + kDequantTokens - 1) / kDequantTokens, Hkv, 2), 128, 0, (cudaStream_t)stream>>>(
+        D.heads, D.rotations, D.channels, D.levels, pool, plan.layout().page_bytes(), page_table, hd, n_tokens, k16,
+        v16);
+    check_launch("packed_dequantize (fp32)");
+    return;
+  }
+  require(variant == DequantVariant::tensor_cores, "packed_dequantize: unknown variant ", (int)variant);
+  int r_halves = 0, ld_l = 0;
+  const size_t smem = dequant_smem_bytes(plan, &r_halves, &ld_l);
+  int dev = 0, sms = 0, optin = 0, per_sm = 0;
+  RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
+  RATEKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  RATEKV_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  require(smem <= (size_t)optin, "packed_dequantize: the tensor-core kernel needs ", smem,
+          " bytes of shared memory for this plan (head_dim ", hd, "), the device allows ", optin, " per block");
+  static int smem_cache[detail::kMaxDevices] = {};
+  detail::set_smem_limit((const void*)dequant_tc_kernel, smem, smem_cache);
+  RATEKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dequant_tc_kernel, kDqThreads, smem));
+  // Two waves of blocks over the (KV head, side) pairs; a block takes every
+  // gridDim.x-th page (its Π staged once for all of them).
+  const int n_pages = (n_tokens + kDqTokens - 1) / kDqTokens;
+  const int64_t want = 2 * (int64_t)sms * std::max(per_sm, 1);
+  const int bx = (int)std::clamp<int64_t>((want + 2 * Hkv - 1) / (2 * Hkv), 1, n_pages);
+  const int vec = (reinterpret_cast<uintptr_t>(k16) % 16 == 0 && reinterpret_cast<uintptr_t>(v16) % 16 == 0) ? 1 : 0;
+  dequant_tc_kernel<<<dim3(bx, Hkv, 2), kDqThreads, smem, (cudaStream_t)stream>>>(
+      D.heads, D.rotations, D.channels, D.levels, pool, plan.layout().page_bytes(), page_table, hd, n_tokens,
+      r_halves, ld_l, vec, k16, v16);
   check_launch("packed_dequantize");
 }
 void read_probe(const void* buf, size_t bytes, uint32_t* sink, void* stream) {

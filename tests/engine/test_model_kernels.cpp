@@ -5,11 +5,14 @@
 // the read probe. GPU only (skipped without a device).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "gpu_util.h"
 #include "ratekv/cache/plan_codecs.h"
+#include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
 #include "ratekv/cuda/decode_attention.h"
 #include "ratekv/cuda/model_kernels.h"
@@ -460,81 +463,160 @@ TEST(EngineKernels, SampleRowsMatchesTheReference) {
 
 // packed_prefill (the GPU quantizer) then packed_dequantize against the CPU:
 // the codes and norms read back with the format's scalar reader and decoded
-// with the plan's TQ-MSE codecs (x̂ = n Πᵀ c[idx]), for a uniform plan and a
-// two-group key plan, GQA 2, head_dim 64 and 128, 100 tokens (2 pages).
+// with the plan's TQ-MSE codecs (x̂ = n Πᵀ c[idx]). One case: head_dim hd,
+// Hkv KV heads (GQA 2), n tokens in pages placed out of order (a shuffled
+// page table into a pool with spare pages); uniform K3V2, or (grouped) keys
+// in a 4-bit and a 1-bit group over RoPE blocks 0 .. hd/4−1 (hd/2 channels;
+// hd 128: 22 and 42) and values in a 3-bit and a 2-bit
+// group over 3·hd/4 (hd 128: 20 and 76): group dims not multiples of 16, the
+// other channels in no group (0). Bounds (u = 2⁻¹¹):
+//   fp32:          |x − x̂_i| ≤ 1e-3·|x̂_i| + 2e-4 (one fp16 rounding)
+//   tensor_cores:  |x − x̂_i| ≤ u·|x̂_i| + 2.1·u·‖x̂_g‖ (DequantVariant's bound;
+//                  ‖x̂_g‖ the CPU reconstruction's norm of i's group) and the
+//                  RMS error over the case ≤ 2u of the RMS value (~1e-3).
+// Returns the case's RMS error relative to the RMS value.
+double check_dequantize(int hd, int Hkv, bool grouped, int n, cuda::DequantVariant variant) {
+  const std::string what = "hd " + std::to_string(hd) + " Hkv " + std::to_string(Hkv) + " grouped " +
+                           std::to_string(grouped) + " n " + std::to_string(n) + " variant " +
+                           (variant == cuda::DequantVariant::fp32 ? "fp32" : "tensor_cores");
+  ModelConfig c = synthetic_config("llama-3.1-8b", 1);
+  c.head_dim = hd;
+  c.n_kv_heads = Hkv;
+  c.n_heads = 2 * Hkv;
+  c.d_model = 256;
+  Plan plan = eval::cache_type_plan("tq3", "tq2", c, 3);
+  if (grouped)
+    for (auto& hp : plan.layers[0]) {
+      Codec k;
+      k.kind = CodecKind::TqMseGrouped;
+      k.norm = NormStorage::FP16;
+      CodecGroup a, b;
+      a.bits = 4, b.bits = 1, a.seed = 5, b.seed = 6;
+      for (int i = 0; i < hd / 4; ++i) (i % 3 == 0 ? a : b).blocks.push_back(i);
+      k.groups = {a, b};
+      hp.key = k;
+      Codec v = k;
+      v.groups[0].bits = 3, v.groups[1].bits = 2, v.groups[0].blocks.clear(), v.groups[1].blocks.clear();
+      for (int i = 0; i < 3 * hd / 8; ++i) (i % 5 == 1 ? v.groups[0] : v.groups[1]).blocks.push_back(i);
+      hp.value = v;
+    }
+  auto codecs = std::make_shared<const cache::PlanCodecs>(plan, c);
+  const engine::CacheFormat fmt = engine::CacheFormat::packed(codecs);
+  const packed::LayerLayout& L = fmt.layout(0);
+  cuda::PackedPlan pp(L, c.n_heads, fmt.rotations(0), fmt.levels(0));
+  const int kvd = Hkv * hd, n_pages = (n + 63) / 64, pool_pages = n_pages + 3;
+  std::mt19937 g(hd * 131 + Hkv * 7 + grouped * 3 + n);
+  auto k = randn(size_t(n) * kvd, g), v = randn(size_t(n) * kvd, g);
+  std::vector<int32_t> phys(pool_pages);
+  for (int i = 0; i < pool_pages; ++i) phys[i] = i;
+  std::shuffle(phys.begin(), phys.end(), g);
+  const std::vector<int32_t> pt(phys.begin(), phys.begin() + n_pages);
+  Dev<uint8_t> pool(size_t(pool_pages) * L.page_bytes());
+  Dev<int32_t> dpt(pt), zero(std::vector<int32_t>{0});
+  Dev<float> dk(k), dv(v);
+  Dev<uint16_t> k16(size_t(n) * kvd), v16(size_t(n) * kvd);
+  cuda::DecodeBatch db{dpt.p, n_pages, zero.p, 1, n};
+  cuda::packed_prefill(pp, db, pool.p, dk.p, dv.p, n, cuda::DType::f32, nullptr);
+  // Poison the outputs: every element must be written (0 for channels in no group).
+  EXPECT_EQ(cudaMemset(k16.p, 0xff, size_t(n) * kvd * 2), cudaSuccess);
+  EXPECT_EQ(cudaMemset(v16.p, 0xff, size_t(n) * kvd * 2), cudaSuccess);
+  cuda::packed_dequantize(pp, pool.p, dpt.p, n, k16.p, v16.p, nullptr, variant);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  const auto bytes = pool.get();
+  const auto gk = k16.get(), gv = v16.get();
+  const double u = std::ldexp(1.0, -11);
+  double err2 = 0, ref2 = 0;
+  int bad = 0;
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < Hkv; ++h)
+      for (int s = 0; s < 2; ++s) {
+        const auto page = std::span<const uint8_t>(bytes).subspan(size_t(pt[t / 64]) * L.page_bytes(), L.page_bytes());
+        const quant::Quantizer* q = codecs->quantizer(0, h, static_cast<cache::KVSide>(s));
+        std::vector<float> ref(hd, 0.f), gnorm(hd, 0.f);
+        std::vector<std::pair<const quant::TQMSE*, std::vector<int>>> groups;
+        if (auto* tq = dynamic_cast<const quant::TQMSE*>(q)) {
+          std::vector<int> all(hd);
+          for (int i = 0; i < hd; ++i) all[i] = i;
+          groups.emplace_back(tq, all);
+        } else {
+          auto* gq = dynamic_cast<const quant::GroupedTQMSE*>(q);
+          EXPECT_NE(gq, nullptr) << what;
+          if (!gq) return 1.0;
+          for (size_t gi = 0; gi < gq->codecs().size(); ++gi)
+            groups.emplace_back(&gq->codecs()[gi], gq->config().groups[gi].channels);
+        }
+        for (size_t gi = 0; gi < groups.size(); ++gi) {
+          const auto& [tq, ch] = groups[gi];
+          std::vector<uint8_t> idx(ch.size());
+          packed::read_codes(L, page, h, static_cast<packed::Side>(s), (int)gi, t % 64, idx);
+          const float nrm = fp16_to_fp32(packed::read_norm(L, page, h, static_cast<packed::Side>(s), (int)gi, t % 64));
+          std::vector<float> x(ch.size());
+          tq->decode(idx.data(), nrm, x.data());
+          double x2 = 0;
+          for (size_t i = 0; i < ch.size(); ++i) ref[ch[i]] = x[i], x2 += double(x[i]) * x[i];
+          for (size_t i = 0; i < ch.size(); ++i) gnorm[ch[i]] = (float)std::sqrt(x2);
+        }
+        const auto& got = s == 0 ? gk : gv;
+        for (int i = 0; i < hd; ++i) {
+          const double x = fp16_to_fp32(got[(size_t(t) * Hkv + h) * hd + i]), e = x - ref[i];
+          const double tol = variant == cuda::DequantVariant::fp32 ? 1e-3 * std::fabs(ref[i]) + 2e-4
+                                                                   : u * std::fabs(ref[i]) + 2.1 * u * gnorm[i];
+          err2 += e * e, ref2 += double(ref[i]) * ref[i];
+          if (!(std::fabs(e) <= tol) && bad++ < 5)
+            ADD_FAILURE() << what << ": t " << t << " h " << h << " side " << s << " i " << i << " got " << x
+                          << " want " << ref[i] << " tol " << tol;
+        }
+      }
+  EXPECT_EQ(bad, 0) << what << ": elements out of bounds";
+  const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+  if (variant == cuda::DequantVariant::tensor_cores) {
+    EXPECT_LE(rel, 2 * u) << what << ": RMS error / RMS value";
+  }
+  return rel;
+}
+
 TEST(EngineKernels, DequantizeMatchesCpuDecoderOfTheCodes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
-  for (int hd : {64, 128}) {
-    ModelConfig c = synthetic_config("llama-3.1-8b", 1);
-    c.head_dim = hd;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.d_model = 256;
-    for (int grouped = 0; grouped < 2; ++grouped) {
-      Plan plan = eval::cache_type_plan("tq3", "tq2", c, 3);
-      if (grouped)
-        for (auto& hp : plan.layers[0]) {
-          Codec k;
-          k.kind = CodecKind::TqMseGrouped;
-          k.norm = NormStorage::FP16;
-          CodecGroup a, b;
-          a.bits = 4, b.bits = 1, a.seed = 5, b.seed = 6;
-          for (int i = 0; i < hd / 2; ++i) (i % 3 == 0 ? a : b).blocks.push_back(i);
-          k.groups = {a, b};
-          hp.key = k;
-        }
-      auto codecs = std::make_shared<const cache::PlanCodecs>(plan, c);
-      const engine::CacheFormat fmt = engine::CacheFormat::packed(codecs);
-      const packed::LayerLayout& L = fmt.layout(0);
-      cuda::PackedPlan pp(L, c.n_heads, fmt.rotations(0), fmt.levels(0));
-      const int n = 100, kvd = c.n_kv_heads * hd;
-      std::mt19937 g(hd + grouped);
-      auto k = randn(size_t(n) * kvd, g), v = randn(size_t(n) * kvd, g);
-      const std::vector<int32_t> pt = {3, 1};
-      Dev<uint8_t> pool(4 * L.page_bytes());
-      Dev<int32_t> dpt(pt), zero(std::vector<int32_t>{0});
-      Dev<float> dk(k), dv(v);
-      Dev<uint16_t> k16(size_t(n) * kvd), v16(size_t(n) * kvd);
-      cuda::DecodeBatch db{dpt.p, 2, zero.p, 1, n};
-      cuda::packed_prefill(pp, db, pool.p, dk.p, dv.p, n, cuda::DType::f32, nullptr);
-      cuda::packed_dequantize(pp, pool.p, dpt.p, n, k16.p, v16.p, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto bytes = pool.get();
-      const auto gk = k16.get(), gv = v16.get();
-      for (int t = 0; t < n; ++t)
-        for (int h = 0; h < c.n_kv_heads; ++h)
-          for (int s = 0; s < 2; ++s) {
-            const auto page = std::span<const uint8_t>(bytes).subspan(size_t(pt[t / 64]) * L.page_bytes(), L.page_bytes());
-            const quant::Quantizer* q = codecs->quantizer(0, h, static_cast<cache::KVSide>(s));
-            std::vector<float> ref(hd, 0.f);
-            std::vector<std::pair<const quant::TQMSE*, std::vector<int>>> groups;
-            if (auto* tq = dynamic_cast<const quant::TQMSE*>(q)) {
-              std::vector<int> all(hd);
-              for (int i = 0; i < hd; ++i) all[i] = i;
-              groups.emplace_back(tq, all);
-            } else {
-              auto* gq = dynamic_cast<const quant::GroupedTQMSE*>(q);
-              ASSERT_NE(gq, nullptr);
-              for (size_t gi = 0; gi < gq->codecs().size(); ++gi)
-                groups.emplace_back(&gq->codecs()[gi], gq->config().groups[gi].channels);
-            }
-            for (size_t gi = 0; gi < groups.size(); ++gi) {
-              const auto& [tq, ch] = groups[gi];
-              std::vector<uint8_t> idx(ch.size());
-              packed::read_codes(L, page, h, static_cast<packed::Side>(s), (int)gi, t % 64, idx);
-              const float nrm = fp16_to_fp32(packed::read_norm(L, page, h, static_cast<packed::Side>(s), (int)gi, t % 64));
-              std::vector<float> x(ch.size());
-              tq->decode(idx.data(), nrm, x.data());
-              for (size_t i = 0; i < ch.size(); ++i) ref[ch[i]] = x[i];
-            }
-            const auto& got = s == 0 ? gk : gv;
-            for (int i = 0; i < hd; ++i)
-              ASSERT_NEAR(fp16_to_fp32(got[(size_t(t) * c.n_kv_heads + h) * hd + i]), ref[i],
-                          1e-3f * std::fabs(ref[i]) + 2e-4f)
-                  << "hd " << hd << " grouped " << grouped << " t " << t << " h " << h << " side " << s << " i " << i;
+  for (auto variant : {cuda::DequantVariant::tensor_cores, cuda::DequantVariant::fp32})
+    for (int hd : {64, 128, 256})
+      for (int Hkv : {1, 3, 8})
+        for (int grouped = 0; grouped < 2; ++grouped)
+          for (int n : {1, 97}) {
+            const double rel = check_dequantize(hd, Hkv, grouped, n, variant);
+            if (n == 97 && Hkv == 3)
+              std::printf("  dequantize %s hd %d grouped %d: RMS error / RMS value %.3g\n",
+                          variant == cuda::DequantVariant::fp32 ? "fp32" : "tensor_cores", hd, grouped, rel);
           }
-    }
+}
+
+// Enough pages that a block of the tensor-core kernel takes several (its
+// grid covers two waves of the (KV head, side) pairs): Llama-3.1-8B's KV
+// shape (8 × 128), 4000 tokens (63 pages, the last partial), both plans.
+TEST(EngineKernels, DequantizeManyPagesMatchesCpuDecoder) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (int grouped = 0; grouped < 2; ++grouped) {
+    const double rel = check_dequantize(128, 8, grouped, 4000, cuda::DequantVariant::tensor_cores);
+    std::printf("  dequantize tensor_cores hd 128 Hkv 8 grouped %d n 4000: RMS error / RMS value %.3g\n", grouped,
+                rel);
   }
+  check_dequantize(256, 8, true, 1500, cuda::DequantVariant::tensor_cores);
+}
+
+// Bad input is refused: null pointers, n_tokens ≤ 0, an unknown variant.
+TEST(EngineKernels, DequantizeRefusesBadArguments) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  ModelConfig c = synthetic_config("llama-3.1-8b", 1);
+  c.head_dim = 64, c.n_kv_heads = 1, c.n_heads = 2, c.d_model = 256;
+  auto codecs = std::make_shared<const cache::PlanCodecs>(eval::cache_type_plan("tq3", "tq3", c, 3), c);
+  const engine::CacheFormat fmt = engine::CacheFormat::packed(codecs);
+  cuda::PackedPlan pp(fmt.layout(0), c.n_heads, fmt.rotations(0), fmt.levels(0));
+  Dev<uint8_t> pool(fmt.layout(0).page_bytes());
+  Dev<int32_t> pt(std::vector<int32_t>{0});
+  Dev<uint16_t> o(64 * 64);
+  EXPECT_THROW(cuda::packed_dequantize(pp, pool.p, pt.p, 0, o.p, o.p, nullptr), Error);
+  EXPECT_THROW(cuda::packed_dequantize(pp, nullptr, pt.p, 1, o.p, o.p, nullptr), Error);
+  EXPECT_THROW(cuda::packed_dequantize(pp, pool.p, pt.p, 1, o.p, o.p, nullptr, static_cast<cuda::DequantVariant>(7)),
+               Error);
 }
 
 TEST(EngineKernels, ReadProbeReadsEveryWord) {

@@ -126,13 +126,37 @@ void fp16_write_tokens(uint16_t* pool, int n_kv_heads, int head_dim, const int32
                        const int32_t* start, const float* k, const float* v, int n_tokens, int batch,
                        void* stream);
 
+/// How packed_dequantize computes the rotation product x̂ = n · Πᵀ c:
+///  tensor_cores — (default) per page and group, the levels c[idx] (fp16)
+///                 times Π (rounded to fp16 once per launch) on tensor cores
+///                 (WMMA 16×16×16, fp32 accumulation), then × the fp32 norm,
+///                 rounded to fp16 once. With u = 2⁻¹¹ (fp16 unit roundoff),
+///                 each element is within u·|x̂_i| + 2.1·u·‖x̂_g‖ of the exact
+///                 x̂ (‖x̂_g‖ = n‖c‖ the group's reconstructed norm: the two
+///                 operand roundings contribute ≤ 2u·n·Σ_j|c_j Π_ji| ≤
+///                 2u·‖x̂_g‖ by Cauchy–Schwarz, Π orthogonal; 0.1u covers
+///                 the fp32 sums), i.e. ~1e-3 of the group's norm; the RMS
+///                 error is ~u of the RMS value (tests/engine bound it by 2u).
+///  fp32         — the levels, Π and norms in fp32 FMA (CUDA cores; the
+///                 CPU decoder's value up to fp32 summation order, then one
+///                 fp16 rounding). The default before issue 18 (1.08x the
+///                 fp16 cache's chunked-prefill TTFT at 128K, Llama-3.1-8B);
+///                 kept for comparisons (tests, bench_cuda_dequant).
+enum class DequantVariant { tensor_cores, fp32 };
+
 /// The reconstructions x̂ = n·Πᵀ c[idx] (per group, docs/packed_format.md) of
 /// positions 0 .. n_tokens−1 of one sequence's packed pages (page_table: its
-/// row), as fp16: k16, v16 (n_tokens, Hkv, hd). What evaluation-mode prefill
-/// attends to. Channels in no group are 0. fp32 arithmetic (levels, norms as
-/// stored), rounded to fp16 once. Throws Error for a plan with 5..8-bit groups.
+/// row, any order of physical pages), as fp16: k16, v16 (n_tokens, Hkv, hd)
+/// row-major. What evaluation-mode and chunked prefill attend to. Channels
+/// in no group are 0. Arithmetic and error bound: DequantVariant (the
+/// default, tensor_cores, is not bit-equal to the CPU decoder). Throws Error
+/// for a plan with 5..8-bit groups (packed_dequantize_wide serves them), for
+/// null pointers or n_tokens ≤ 0, and when the tensor_cores kernel's shared
+/// memory for the plan (Π of every group of a side staged as fp16: up to
+/// ~200 KB at head_dim 256) exceeds the device's per-block limit.
 void packed_dequantize(const PackedPlan& plan, const uint8_t* pool, const int32_t* page_table, int n_tokens,
-                       uint16_t* k16, uint16_t* v16, void* stream);
+                       uint16_t* k16, uint16_t* v16, void* stream,
+                       DequantVariant variant = DequantVariant::tensor_cores);
 
 /// The fp16 cache's reader (inverse of fp16_write_tokens for one sequence):
 /// positions 0 .. n_tokens−1 of the pages in page_table (that sequence's row,
