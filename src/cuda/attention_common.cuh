@@ -244,9 +244,15 @@ void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const 
 /// scale·Π_g q_g per key group (tables == nullptr: scale·q, unrotated); with
 /// zero_counters it also sets zero_counters[b·n_kv_heads + h] = 0 for every
 /// (sequence, KV head) (the fused fp16 kernel's arrival counters).
+/// n_cols: the columns any head writes — PackedPlan::Device::max_tiles[0]·16
+/// with tables (0 when no head has a key group), head_dim without; the grid
+/// covers ⌈n_cols/8⌉ column blocks (at least one, for the counters) instead
+/// of all kMaxTiles·16 / 8 (at head_dim 128, 20 of 36 blocks did nothing).
+/// Columns ≥ a head's n_tiles[0]·16 are not written (no kernel reads them).
+/// Throws Error for GQA ∉ 1..16, head_dim > 256 or n_cols ∉ 0..kMaxTiles·16.
 void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,
                          float scale, const HeadTables* tables, const float* rot,
-                         const int32_t* chans, __half* out, cudaStream_t stream,
+                         const int32_t* chans, int n_cols, __half* out, cudaStream_t stream,
                          int* zero_counters = nullptr);
 
 /// Launches the split-K epilogue (splitk_lse_merge.cu): the log-sum-exp merge
