@@ -231,14 +231,22 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
   RATEKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+/// Splits (warps) per CTA of the GQA ≤ 8 kernel at head_dim: 8 (4 for head_dim > 128).
+int gqa8_splits_per_cta(int head_dim);
+
 /// Launches the GQA ≤ 8 kernel (decode_attention_gqa8.cu) over `pool`: split
 /// states into w.part. uniform: the instance for uniform plans (int8 key
 /// scores; plan.device().uniform_bits > 0), else the general one (runtime
-/// tables, fp16 keys). Throws Error for GQA > 8, 5..8-bit groups, a
-/// non-uniform plan with uniform = true, or head_dim ∉ {64, 128, 256}.
+/// tables, fp16 keys). fused_out: with w.part.n_splits ≤
+/// gqa8_splits_per_cta(head_dim) (one CTA per (sequence, KV head)) the CTA
+/// merges its splits and rotates back into fused_out (batch·n_heads,
+/// head_dim) fp32 itself — what launch_splitk_lse_merge would write — and no
+/// merge launch follows; null: split states only. Throws Error for GQA > 8,
+/// 5..8-bit groups, a non-uniform plan with uniform = true, head_dim ∉ {64,
+/// 128, 256}, or fused_out with more splits than one CTA holds.
 void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
                         const WorkspaceView& w, int pages_per_split, bool uniform,
-                        cudaStream_t stream);
+                        cudaStream_t stream, float* fused_out = nullptr);
 
 /// Launches the query prologue: (batch·n_heads, kMaxTiles·16) fp16 rows of
 /// scale·Π_g q_g per key group (tables == nullptr: scale·q, unrotated); with

@@ -187,6 +187,9 @@ int default_splits(const packed::LayerLayout& layout, int n_heads, int batch, in
 /// kernel's integer scores: PackedDecodeVariant); P is rounded
 /// to fp16 after multiplying by the value norm. `pool` holds the layer's pages
 /// (layout.page_bytes() each). n_splits = 0 picks default_splits(plan, …).
+/// GQA ≤ 8 with n_splits ≤ 8 (≤ 4 at head_dim 256): one CTA holds all the
+/// splits of a (sequence, KV head) and merges and rotates back itself (two
+/// launches instead of three; the same result up to fp32 summation order).
 void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                              const uint8_t* pool, const void* q, DType q_dtype, float scale,
                              float* out, void* workspace, size_t workspace_bytes, int n_splits,
