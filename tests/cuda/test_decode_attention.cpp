@@ -266,6 +266,24 @@ TEST(CudaPackedDecode, LargeBatchShortContexts) {
   for (const Case& c : cases) run_packed_case(c, seed++);
 }
 
+// default_splits for GQA ≤ 8 (1..4-bit groups) fills one CTA's warps (8; 4 at
+// head_dim 256), or one split per page when there are fewer pages, also past
+// one wave (large batches at short contexts: the kernel then merges in the
+// CTA); long contexts keep more than a CTA's splits (the merge launch), GQA > 8
+// (the 16-row kernel) its wave bound. Host only (the SM count of the visible
+// device, 132 without one; the batches are past one wave on any of them).
+TEST(CudaPackedDecode, DefaultSplitsFillTheCtaPastOneWave) {
+  const LayerLayout L128 = LayerLayout::uniform(128, 8, 3, 3), L256 = LayerLayout::uniform(256, 8, 3, 3);
+  EXPECT_EQ(cuda::default_splits(L128, 32, 109, 512), 8);   // was 2 on the H200 (6 of 8 warps idle)
+  EXPECT_EQ(cuda::default_splits(L128, 32, 109, 8192), 8);
+  EXPECT_EQ(cuda::default_splits(L128, 32, 300, 97), 2);    // 2 pages
+  EXPECT_EQ(cuda::default_splits(L128, 32, 300, 1), 1);
+  EXPECT_EQ(cuda::default_splits(L256, 32, 109, 512), 4);
+  EXPECT_GT(cuda::default_splits(L128, 32, 1, 131072), 8);  // long contexts: more than one CTA
+  EXPECT_GT(cuda::default_splits(L128, 32, 8, 131072), 8);
+  EXPECT_LT(cuda::default_splits(L128, 128, 109, 512), 4);  // GQA 16: unchanged
+}
+
 // Real SmolLM2-135M activations (head_dim 64, 3 KV heads, GQA 3): the
 // directory in RATEKV_CUDA_CAPTURE holds k/v/q_layer<l>.npy from
 // `ratekv capture --queries` (tools/device/run_cuda.sh makes them). Uniform
