@@ -5,6 +5,7 @@
 // back-rotation, is splitk_lse_merge.cu; PackedPlan's host tables are
 // packed_plan.cpp.
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "attention_common.cuh"
@@ -134,11 +135,16 @@ __global__ void __launch_bounds__(256) rotate_query_kernel(
 
 void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,
                          float scale, const HeadTables* tables, const float* rot,
-                         const int32_t* chans, __half* out, cudaStream_t stream, int* zero_counters) {
+                         const int32_t* chans, int n_cols, __half* out, cudaStream_t stream,
+                         int* zero_counters) {
   require(gqa >= 1 && gqa <= 16 && n_heads % gqa == 0 && head_dim <= 256,
           "cuda decode attention: query rotation supports GQA 1..16 and head_dim <= 256 (got GQA ",
           gqa, ", head_dim ", head_dim, ")");
-  const dim3 grid(batch * (n_heads / gqa), kRotDim / 8);  // (batch, KV head) × 8 coordinates
+  require(n_cols >= 0 && n_cols <= kRotDim && (tables || n_cols == head_dim),
+          "cuda decode attention: query rotation over ", n_cols, " columns (0..", kRotDim,
+          ", head_dim ", head_dim, " without tables)");
+  // (batch, KV head) × 8 coordinates, over the written columns only.
+  const dim3 grid(batch * (n_heads / gqa), std::max(1, (n_cols + 7) / 8));
   if (q_f16)
     rotate_query_kernel<__half><<<grid, 256, 0, stream>>>(
         static_cast<const __half*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out, zero_counters);

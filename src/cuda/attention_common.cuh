@@ -231,22 +231,36 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
   RATEKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+/// Splits (warps) per CTA of the GQA ≤ 8 kernel at head_dim: 8 (4 for head_dim > 128).
+int gqa8_splits_per_cta(int head_dim);
+
 /// Launches the GQA ≤ 8 kernel (decode_attention_gqa8.cu) over `pool`: split
 /// states into w.part. uniform: the instance for uniform plans (int8 key
 /// scores; plan.device().uniform_bits > 0), else the general one (runtime
-/// tables, fp16 keys). Throws Error for GQA > 8, 5..8-bit groups, a
-/// non-uniform plan with uniform = true, or head_dim ∉ {64, 128, 256}.
+/// tables, fp16 keys). fused_out: with w.part.n_splits ≤
+/// gqa8_splits_per_cta(head_dim) (one CTA per (sequence, KV head)) the CTA
+/// merges its splits and rotates back into fused_out (batch·n_heads,
+/// head_dim) fp32 itself — what launch_splitk_lse_merge would write — and no
+/// merge launch follows; null: split states only. Throws Error for GQA > 8,
+/// 5..8-bit groups, a non-uniform plan with uniform = true, head_dim ∉ {64,
+/// 128, 256}, or fused_out with more splits than one CTA holds.
 void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
                         const WorkspaceView& w, int pages_per_split, bool uniform,
-                        cudaStream_t stream);
+                        cudaStream_t stream, float* fused_out = nullptr);
 
 /// Launches the query prologue: (batch·n_heads, kMaxTiles·16) fp16 rows of
 /// scale·Π_g q_g per key group (tables == nullptr: scale·q, unrotated); with
 /// zero_counters it also sets zero_counters[b·n_kv_heads + h] = 0 for every
 /// (sequence, KV head) (the fused fp16 kernel's arrival counters).
+/// n_cols: the columns any head writes — PackedPlan::Device::max_tiles[0]·16
+/// with tables (0 when no head has a key group), head_dim without; the grid
+/// covers ⌈n_cols/8⌉ column blocks (at least one, for the counters) instead
+/// of all kMaxTiles·16 / 8 (at head_dim 128, 20 of 36 blocks did nothing).
+/// Columns ≥ a head's n_tiles[0]·16 are not written (no kernel reads them).
+/// Throws Error for GQA ∉ 1..16, head_dim > 256 or n_cols ∉ 0..kMaxTiles·16.
 void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,
                          float scale, const HeadTables* tables, const float* rot,
-                         const int32_t* chans, __half* out, cudaStream_t stream,
+                         const int32_t* chans, int n_cols, __half* out, cudaStream_t stream,
                          int* zero_counters = nullptr);
 
 /// Launches the split-K epilogue (splitk_lse_merge.cu): the log-sum-exp merge

@@ -223,7 +223,7 @@ void fp16_decode_attention(int n_heads, int n_kv_heads, int head_dim, const Deco
   }
   const bool fused = fp16_fused_merge(gqa, n_splits, variant);
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, n_heads, head_dim, gqa, scale,
-                              nullptr, nullptr, nullptr, w.q, stream, fused ? w.counters : nullptr);
+                              nullptr, nullptr, nullptr, head_dim, w.q, stream, fused ? w.counters : nullptr);
   if (use_n8(gqa, variant)) {
     detail::launch_fp16_n8(n_kv_heads, head_dim, batch, pool, w, tps, n_heads, gqa, stream,
                            fused ? out : nullptr);

@@ -36,6 +36,8 @@
 // arrives by one bulk async copy (TMA, cp.async.bulk) into one of two stages
 // per warp, completion signalled on an mbarrier; the next page is in flight
 // while one is computed.
+#include <algorithm>
+
 #include "attention_common.cuh"
 #include "code_decode.cuh"
 #include "ratekv/cuda/decode_attention.h"
@@ -195,15 +197,30 @@ constexpr size_t kQfragBytes = UB > 0 ? (size_t)(D / 32) * 32 * sizeof(uint4)
 template <int D, int UB>
 constexpr size_t kStagesOffset = kBarBytes + (UB > 0 ? 0 : kTablesBytes) + kQfragBytes<D, UB>;
 
+/// The in-kernel merge (fused_out): after the page loop, the stage buffers
+/// hold each warp's split state, Os [W][8 rows][NT·16 channels], then m and l
+/// [W][8] each, then the merged rotated row orot [8][NT·16]; the back-rotation
+/// reuses Os as its partial sums [W][8][D]. Floats, from kStagesOffset.
+template <int D, int UB>
+constexpr size_t kFusedFloats = (size_t)kWarps<D> * 8 * kTiles<D, UB> * 16 + 2 * kWarps<D> * 8 +
+                                (size_t)8 * kTiles<D, UB> * 16;
+
 /// D: head_dim; UB: the plan's width (bits of every key and value code) for a
 /// uniform plan, 0 for the general instance (runtime tables).
+/// fused_out (null: split states into `part`, merged by launch_splitk_lse_merge):
+/// the launch has one CTA per (sequence, KV head) (n_splits ≤ kWarps<D>) and
+/// the CTA merges its warps' states and rotates back into fused_out
+/// (batch·n_heads, D) fp32 itself, as splitk_lse_merge_kernel does (value
+/// Π_g and channels from rot / chans, read from L2 into registers).
 template <int D, int UB>
 __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     const HeadTables* __restrict__ tables, const uint8_t* __restrict__ pool, size_t page_bytes,
     const int32_t* __restrict__ page_table, int max_pages, const int32_t* __restrict__ seq_lens, int window,
-    int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot, Partials part) {
+    int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot, Partials part,
+    const float* __restrict__ rot, const int32_t* __restrict__ chans, float* __restrict__ fused_out) {
   constexpr bool U = UB > 0;
   constexpr int NT = kTiles<D, UB>;
+  static_assert(NT * 16 >= D, "the fused merge's Os region holds its back-rotation partial sums");
   constexpr int kSideCodeBytes = (D / 16) * UB * 128;  // uniform: one side's codes in the head block
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem);
@@ -321,11 +338,16 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     kexp[0] = q_scale[2 * t] * sl;
     kexp[1] = q_scale[2 * t + 1] * sl;
   }
-  if (split >= part.n_splits) return;
-  if (page_lo >= page_hi) {
-    store_empty(part, row_base, gqa, split);
-    return;
+  const bool fused = fused_out != nullptr;  // CTA-uniform
+  if (!fused) {
+    if (split >= part.n_splits) return;
+    if (page_lo >= page_hi) {
+      store_empty(part, row_base, gqa, split);
+      return;
+    }
   }
+  // Fused: a warp without pages keeps the empty state (m = −∞, l = 0, O = 0)
+  // and stays for the CTA's barriers.
 
   float O[NT][4];  // Oᵀ: (channel 16vt + g (+8 for [2], [3]), row 2t + (i & 1))
 #pragma unroll
@@ -508,7 +530,10 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     }
     __syncwarp();  // every lane is done with this stage before it is refilled
   }
-  allow_dependent_launch();  // the merge may start its prologue (it waits for all CTAs)
+  // The merge may start its prologue (it waits for all CTAs). Not when fused:
+  // the output is written after this point, and a later kernel launched with
+  // PDL must not be let in before it.
+  if (!fused) allow_dependent_launch();
 
   // ---- split state: rows 2t + r < gqa; l summed over the lanes of the row (g)
 #pragma unroll
@@ -516,6 +541,107 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+  }
+  if (fused) {
+    // ---- in-kernel merge of the CTA's splits (one CTA per (sequence, KV head))
+    constexpr int W = kWarps<D>, RD = NT * 16;
+    float* Os = reinterpret_cast<float*>(smem + kStagesOffset<D, UB>);  // [W][8][RD]; later red [W][8][D]
+    float* ms = Os + (size_t)W * 8 * RD;                                // [W][8]
+    float* ls = ms + W * 8;                                             // [W][8]
+    float* orot = ls + W * 8;                                           // [8][RD]
+    __syncthreads();  // every warp is done with its stages (no copy in flight)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 2 * t + r;
+      if (row >= gqa) continue;
+      if (g == 0) {
+        ms[warp * 8 + row] = m[r];
+        ls[warp * 8 + row] = l[r];
+      }
+      float* o = Os + ((size_t)warp * 8 + row) * RD;
+#pragma unroll
+      for (int vt = 0; vt < NT; ++vt) {
+        if (vt >= nV) break;
+        o[vt * 16 + g] = O[vt][r];
+        o[vt * 16 + g + 8] = O[vt][r + 2];
+      }
+    }
+    __syncthreads();
+    // M = max_w m_w, weights 2^(m_w − M) (empty splits 0), L = Σ_w w_w l_w,
+    // orot = Σ_w w_w O_w / L (the formulas of splitk_lse_merge_kernel).
+    const int n_o = nV * 16;
+    for (int e = threadIdx.x; e < gqa * n_o; e += blockDim.x) {
+      const int r = e / n_o, c = e % n_o;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < W; ++w) M = fmaxf(M, ms[w * 8 + r]);
+      float L = 0.f, acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float mw = ms[w * 8 + r];
+        const float wt = mw == -INFINITY ? 0.f : exp2f(mw - M);
+        L = fmaf(wt, ls[w * 8 + r], L);
+        acc = fmaf(wt, Os[((size_t)w * 8 + r) * RD + c], acc);
+      }
+      orot[r * RD + c] = acc / L;
+    }
+    float* out = fused_out + (size_t)row_base * D;  // rows r < gqa of this KV head, D channels each
+    // Output channels in no value group are 0 (as the merge); written before
+    // the covered ones (the barrier orders the two writes of a channel).
+    int covered = 0;
+    for (int grp = 0; grp < T.n_groups[1]; ++grp) covered += T.dim[1][grp];
+    if (covered < D)
+      for (int e = threadIdx.x; e < gqa * D; e += blockDim.x) out[e] = 0.f;
+    __syncthreads();
+    // Back-rotation per value group: out[r, ch_i] = Σ_j Π_g[j][i] orot[r][base + j].
+    // Warp w sums rows j ∈ [dim·w/W, dim·(w+1)/W) of Π_g, lanes over i (coalesced
+    // rows read from L2 straight into registers, every KV head row of the CTA
+    // sharing each load); the W partial sums meet in shared memory.
+    constexpr int CH = D / 32;  // 32-channel chunks of a group (dim ≤ D)
+    float* red = Os;            // [W][8][D]
+    for (int grp = 0; grp < T.n_groups[1]; ++grp) {
+      const int dim = T.dim[1][grp], base = T.tile_begin[1][grp] * 16;
+      const float* R = rot + T.rot_offset[1][grp];
+      const int32_t* ch = chans + T.chan_offset[1][grp];
+      const int j_lo = dim * warp / W, j_hi = dim * (warp + 1) / W;
+      float acc[CH][8];
+#pragma unroll
+      for (int c = 0; c < CH; ++c)
+#pragma unroll
+        for (int r = 0; r < 8; ++r) acc[c][r] = 0.f;
+#pragma unroll 4
+      for (int j = j_lo; j < j_hi; ++j) {
+        float ov[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) ov[r] = r < gqa ? orot[r * RD + base + j] : 0.f;
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+          const int i = 32 * c + lane;
+          if (32 * c >= dim) break;  // warp-uniform
+          const float rv = i < dim ? __ldg(R + (size_t)j * dim + i) : 0.f;
+#pragma unroll
+          for (int r = 0; r < 8; ++r) acc[c][r] = fmaf(rv, ov[r], acc[c][r]);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const int i = 32 * c + lane;
+        if (i < dim)
+#pragma unroll
+          for (int r = 0; r < 8; ++r)
+            if (r < gqa) red[((size_t)warp * 8 + r) * D + i] = acc[c][r];
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < gqa * dim; e += blockDim.x) {
+        const int r = e / dim, i = e % dim;
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) sum += red[((size_t)w * 8 + r) * D + i];
+        out[(size_t)r * D + ch[i]] = sum;
+      }
+      __syncthreads();  // red free for the next group
+    }
+    return;
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -538,28 +664,31 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
 
 template <int D, int UB>
 void launch(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
-            const WorkspaceView& w, int pages_per_split, cudaStream_t stream) {
+            const WorkspaceView& w, int pages_per_split, float* fused_out, cudaStream_t stream) {
   const auto& dev = plan.device();
-  const size_t smem = kStagesOffset<D, UB> + (size_t)kWarps<D> * kStages * dev.max_stage_bytes;
+  size_t tail = (size_t)kWarps<D> * kStages * dev.max_stage_bytes;  // the page stages
+  if (fused_out) tail = std::max(tail, kFusedFloats<D, UB> * sizeof(float));  // the merge reuses them
+  const size_t smem = kStagesOffset<D, UB> + tail;
   static int smem_set[kMaxDevices] = {};  // one cache per instance
   set_smem_limit(reinterpret_cast<const void*>(gqa8_decode_kernel<D, UB>), smem, smem_set);
   const dim3 grid((w.part.n_splits + kWarps<D> - 1) / kWarps<D>, plan.layout().n_kv_heads(),
                   batch.batch);
   launch_pdl(gqa8_decode_kernel<D, UB>, grid, dim3(32 * kWarps<D>), smem, stream, dev.heads, pool,
              plan.layout().page_bytes(), batch.page_table, batch.max_pages, batch.seq_lens, batch.window,
-             pages_per_split, plan.n_heads(), plan.gqa(), (const __half*)w.q, w.part);
+             pages_per_split, plan.n_heads(), plan.gqa(), (const __half*)w.q, w.part,
+             (const float*)dev.rotations, (const int32_t*)dev.channels, fused_out);
 }
 
 /// Instance choice for head_dim D: the uniform width, or 0 (general).
 template <int D>
 void launch_width(int ub, const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
-                  const WorkspaceView& w, int pps, cudaStream_t stream) {
+                  const WorkspaceView& w, int pps, float* fused_out, cudaStream_t stream) {
   switch (ub) {
-    case 0: return launch<D, 0>(plan, batch, pool, w, pps, stream);
-    case 1: return launch<D, 1>(plan, batch, pool, w, pps, stream);
-    case 2: return launch<D, 2>(plan, batch, pool, w, pps, stream);
-    case 3: return launch<D, 3>(plan, batch, pool, w, pps, stream);
-    case 4: return launch<D, 4>(plan, batch, pool, w, pps, stream);
+    case 0: return launch<D, 0>(plan, batch, pool, w, pps, fused_out, stream);
+    case 1: return launch<D, 1>(plan, batch, pool, w, pps, fused_out, stream);
+    case 2: return launch<D, 2>(plan, batch, pool, w, pps, fused_out, stream);
+    case 3: return launch<D, 3>(plan, batch, pool, w, pps, fused_out, stream);
+    case 4: return launch<D, 4>(plan, batch, pool, w, pps, fused_out, stream);
     default:
       throw_error(cat("GQA-8 decode attention: plan width ", ub, " has no instance (0..4)"));
   }
@@ -567,19 +696,24 @@ void launch_width(int ub, const PackedPlan& plan, const DecodeBatch& batch, cons
 
 }  // namespace
 
+int gqa8_splits_per_cta(int head_dim) { return head_dim > 128 ? kWarps<256> : kWarps<128>; }
+
 void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
                         const WorkspaceView& w, int pages_per_split, bool uniform,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, float* fused_out) {
   require(plan.gqa() <= 8, "GQA-8 decode attention: GQA ", plan.gqa(), " > 8");
+  require(!fused_out || w.part.n_splits <= gqa8_splits_per_cta(plan.head_dim()),
+          "GQA-8 decode attention: the in-kernel merge needs n_splits <= ",
+          gqa8_splits_per_cta(plan.head_dim()), " (one CTA per sequence and KV head), got ", w.part.n_splits);
   require(!plan.device().has_wide, "GQA-8 decode attention: the plan has 5..8-bit groups");
   require(plan.device().max_stage_bytes % 16 == 0, "GQA-8 decode attention: head block of ",
           plan.device().max_stage_bytes, " bytes is not a multiple of 16 (bulk copy)");
   const int ub = uniform ? plan.device().uniform_bits : 0;
   require(!uniform || ub > 0, "GQA-8 decode attention: the plan is not uniform");
   switch (plan.head_dim()) {
-    case 64: return launch_width<64>(ub, plan, batch, pool, w, pages_per_split, stream);
-    case 128: return launch_width<128>(ub, plan, batch, pool, w, pages_per_split, stream);
-    case 256: return launch_width<256>(ub, plan, batch, pool, w, pages_per_split, stream);
+    case 64: return launch_width<64>(ub, plan, batch, pool, w, pages_per_split, fused_out, stream);
+    case 128: return launch_width<128>(ub, plan, batch, pool, w, pages_per_split, fused_out, stream);
+    case 256: return launch_width<256>(ub, plan, batch, pool, w, pages_per_split, fused_out, stream);
     default:
       throw_error(cat("GQA-8 decode attention: head_dim ", plan.head_dim(),
                       " has no kernel (64, 128, 256)"));

@@ -319,7 +319,7 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
       detail::carve_workspace(workspace, workspace_bytes, batch.batch, hq, d, n_splits);
   const auto& D = plan.device();
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
-                              D.heads, D.rotations, D.channels, w.q, stream);
+                              D.heads, D.rotations, D.channels, D.max_tiles[0] * 16, w.q, stream);
   detail::launch_generic_decode(plan, batch, pool, ext_pool, w, pps, stream);
   detail::launch_splitk_lse_merge(w, batch.batch, hq, plan.gqa(), d, D.heads, D.rotations, D.channels,
                                   out, stream);
@@ -345,11 +345,17 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
       detail::carve_workspace(workspace, workspace_bytes, batch.batch, hq, d, n_splits);
   const auto& D = plan.device();
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
-                              D.heads, D.rotations, D.channels, w.q, stream);
+                              D.heads, D.rotations, D.channels, D.max_tiles[0] * 16, w.q, stream);
   // GQA ≤ 8: the kernel with the query rows as the MMA N side (uniform plans
-  // under `specialized`: its integer-key instance); GQA > 8: the 16-row kernel.
+  // under `specialized`: its integer-key instance), which merges its splits
+  // and rotates back itself when they fit one CTA (no merge launch; every
+  // short context and every batch past one wave, default_splits); GQA > 8:
+  // the 16-row kernel.
   if (plan.gqa() <= 8) {
-    detail::launch_gqa8_decode(plan, batch, pool, w, pps, uses_int8_keys(plan, variant), stream);
+    const bool fused = n_splits <= detail::gqa8_splits_per_cta(d);
+    detail::launch_gqa8_decode(plan, batch, pool, w, pps, uses_int8_keys(plan, variant), stream,
+                               fused ? out : nullptr);
+    if (fused) return;
   } else {
     switch (d) {
       case 64: launch_packed<64>(plan, batch, pool, w, pps, stream); break;

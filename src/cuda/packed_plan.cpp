@@ -315,7 +315,17 @@ int packed_default_splits(int gqa, int head_dim, int n_kv_heads, bool has_wide, 
   const int wave = std::max(1, sm_count() * warps / rows);
   const int small_grid = std::min(pages, (1024 + rows - 1) / rows);
   const int want = std::max((pages + 1) / 2, small_grid);
-  return whole_ctas(std::max(1, std::min(wave, want)));
+  int splits = std::max(1, std::min(wave, want));
+  // GQA ≤ 8: a CTA is one (sequence, KV head) under 8 splits (4 at head_dim
+  // 256), and its warps without a split idle: past one wave (wave < CTA) the
+  // bound above left 6 of 8 warps idle at B = 109, T = 512 (issue 18). Fill
+  // the CTA instead (at most one split per page): the CTA count is the same,
+  // each CTA streams its pages with all its warps, and it merges its splits
+  // itself (decode_attention_gqa8.cu, no merge launch). Split counts of a CTA
+  // or more (long contexts, small batches) are as before.
+  const int cta = wide ? 4 : 8;
+  if (r8 && splits < cta) splits = std::min(cta, pages);
+  return whole_ctas(splits);
 }
 }  // namespace
 

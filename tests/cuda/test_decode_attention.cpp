@@ -55,6 +55,9 @@ struct Case {
   /// the captured tokens 0..len−1), sequence b's query = the captured query of
   /// its last token; plan codebooks Lloyd–Max.
   const RealData* real = nullptr;
+  /// Split counts to run (0 = cuda::default_splits); empty = {0}. The
+  /// workspace is sized for the largest.
+  std::vector<int> splits = {};
 };
 
 std::string name(const Case& c) {
@@ -63,6 +66,10 @@ std::string name(const Case& c) {
                   std::to_string(c.kb) + "V" + std::to_string(c.vb)) +
                   (c.sp == Special::zero_bit ? " zero-bit sides" : c.sp == Special::wide ? " 5..8-bit groups" : "") +
                   (c.real ? " real " + c.real->name : "") + " lens=";
+  if (c.lens.size() > 12)  // large batches: the count and the range
+    return s + std::to_string(c.lens.size()) + " sequences, " +
+           std::to_string(*std::min_element(c.lens.begin(), c.lens.end())) + ".." +
+           std::to_string(*std::max_element(c.lens.begin(), c.lens.end()));
   for (int l : c.lens) s += std::to_string(l) + ",";
   return s;
 }
@@ -120,34 +127,13 @@ void run_packed_case(const Case& c, uint32_t seed) {
   DevBuf<float> dq(q);
   DevBuf<uint16_t> dq16(q16);
   DevBuf<float> dout((size_t)nb * hq * c.d);
-  CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
-  const int splits = cuda::default_splits(plan, nb, B.max_len);
-  const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, splits);
+  const std::vector<int> split_counts = c.splits.empty() ? std::vector<int>{0} : c.splits;
+  int ws_splits = 1;
+  for (int n : split_counts) ws_splits = std::max(ws_splits, n > 0 ? n : cuda::default_splits(plan, nb, B.max_len));
+  const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, ws_splits);
   DevBuf<uint8_t> ws(ws_bytes);
   cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
-  std::vector<std::vector<float>> outs;
   const void* qp = c.q_dtype == DType::f16 ? (void*)dq16.p : dq.p;
-  if (P.ext) {  // generic kernel (extension pages); run twice so both result slots are filled
-    for (int rep = 0; rep < 2; ++rep) {
-      CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
-      cuda::packed_decode_attention(plan, db, dpool.p, dext.p, qp, c.q_dtype, scale, dout.p, ws.p,
-                                    ws_bytes, splits, nullptr);
-      CK(cudaDeviceSynchronize());
-      outs.push_back(dout.get());
-    }
-    EXPECT_THROW(cuda::packed_decode_attention(plan, db, dpool.p, qp, c.q_dtype, scale, dout.p, ws.p,
-                                               ws_bytes, splits, nullptr),
-                 ratekv::Error);  // a wide plan needs the extension pages
-  } else {
-    for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
-      CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
-      cuda::packed_decode_attention(plan, db, dpool.p, qp, c.q_dtype, scale, dout.p, ws.p, ws_bytes,
-                                    splits, nullptr, variant);
-      CK(cudaDeviceSynchronize());
-      outs.push_back(dout.get());
-    }
-  }
-  const std::vector<float>& out = outs[0];
 
   // ---- the named CPU reference, with the rounding of each variant ----
   const ref::PackedPlan rplan = P.ref(hq);
@@ -158,21 +144,50 @@ void run_packed_case(const Case& c, uint32_t seed) {
       int8_keys ? ref::packed_decode_attention(rplan, B.ref(), pool.bytes, ext_pool, q, scale,
                                                ref::PackedRounding::int8_keys)
                 : std::vector<float>{};
-  for (int b = 0; b < nb; ++b) {
-    const int T = c.lens[b];
-    const size_t n = (size_t)hq * c.d;
-    const double e = rel_err(out, int8_keys ? ref8 : reference, (size_t)b * n, n);
-    EXPECT_LT(e, 1e-3) << "specialized variant, sequence " << b << " (length " << T << ")";
-    if (int8_keys) {  // what the int8 key codebooks cost against fp16 levels
-      const double e8 = rel_err(ref8, reference, (size_t)b * n, n);
-      EXPECT_LT(e8, 5e-3) << "int8 key levels vs fp16 levels, sequence " << b;
-      std::printf("  %s seq %d: int8 key levels move the reference by %.2e (rel), kernel vs fp16-level "
-                  "reference %.2e\n", name(c).c_str(), b, e8, rel_err(out, reference, (size_t)b * n, n));
+
+  for (const int n_splits : split_counts) {
+    const int splits = n_splits > 0 ? n_splits : cuda::default_splits(plan, nb, B.max_len);
+    SCOPED_TRACE("splits " + std::to_string(splits) + (n_splits == 0 ? " (default)" : ""));
+    std::vector<std::vector<float>> outs;
+    if (P.ext) {  // generic kernel (extension pages); run twice so both result slots are filled
+      for (int rep = 0; rep < 2; ++rep) {
+        CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+        cuda::packed_decode_attention(plan, db, dpool.p, dext.p, qp, c.q_dtype, scale, dout.p, ws.p,
+                                      ws_bytes, splits, nullptr);
+        CK(cudaDeviceSynchronize());
+        outs.push_back(dout.get());
+      }
+      EXPECT_THROW(cuda::packed_decode_attention(plan, db, dpool.p, qp, c.q_dtype, scale, dout.p, ws.p,
+                                                 ws_bytes, splits, nullptr),
+                   ratekv::Error);  // a wide plan needs the extension pages
+    } else {
+      for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
+        CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+        cuda::packed_decode_attention(plan, db, dpool.p, qp, c.q_dtype, scale, dout.p, ws.p, ws_bytes,
+                                      splits, nullptr, variant);
+        CK(cudaDeviceSynchronize());
+        outs.push_back(dout.get());
+      }
     }
-    const double e1 = rel_err(outs[1], reference, (size_t)b * n, n);
-    EXPECT_LT(e1, 1e-3) << "runtime_tables variant, sequence " << b << " (length " << T << ")";
-    std::printf("  %s seq %d len %d: rel err %.2e (specialized) %.2e (runtime_tables)\n", name(c).c_str(), b,
-                T, e, e1);
+    const std::vector<float>& out = outs[0];
+    for (int b = 0; b < nb; ++b) {
+      const int T = c.lens[b];
+      const size_t n = (size_t)hq * c.d;
+      const double e = rel_err(out, int8_keys ? ref8 : reference, (size_t)b * n, n);
+      EXPECT_LT(e, 1e-3) << "specialized variant, sequence " << b << " (length " << T << ")";
+      if (int8_keys) {  // what the int8 key codebooks cost against fp16 levels
+        const double e8 = rel_err(ref8, reference, (size_t)b * n, n);
+        EXPECT_LT(e8, 5e-3) << "int8 key levels vs fp16 levels, sequence " << b;
+        if (nb <= 16 || b % 16 == 0)
+          std::printf("  %s seq %d: int8 key levels move the reference by %.2e (rel), kernel vs fp16-level "
+                      "reference %.2e\n", name(c).c_str(), b, e8, rel_err(out, reference, (size_t)b * n, n));
+      }
+      const double e1 = rel_err(outs[1], reference, (size_t)b * n, n);
+      EXPECT_LT(e1, 1e-3) << "runtime_tables variant, sequence " << b << " (length " << T << ")";
+      if (nb <= 16 || b % 16 == 0 || e >= 1e-3 || e1 >= 1e-3)  // large batches: a sample of the lines
+        std::printf("  %s splits %d seq %d len %d: rel err %.2e (specialized) %.2e (runtime_tables)\n",
+                    name(c).c_str(), splits, b, T, e, e1);
+    }
   }
 }
 
@@ -204,6 +219,69 @@ TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
   };
   uint32_t seed = 100;
   for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+// Split counts around the GQA ≤ 8 kernel's in-kernel merge: the splits of
+// one CTA (≤ 8 warps, ≤ 4 at head_dim 256) are merged and rotated back by
+// that CTA, more by the split-K merge launch. 1 split, a few, one CTA's worth,
+// one more, and 33 (splits without pages), besides the default; GQA 1/3/4/8,
+// head_dim 64/128/256, uniform, mixed and zero-bit plans, lengths 1, 97 and
+// not multiples of the 64-token page, against the CPU reference.
+TEST(CudaPackedDecode, SplitCountsAroundTheInKernelMerge) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const Case cases[] = {
+      {64, 2, 1, {1, 97, 700}, true, 0, 0, DType::f32, Special::none, nullptr, {0, 1, 3, 8, 9, 33}},
+      {128, 2, 3, {97, 1, 1000}, false, 3, 3, DType::f16, Special::none, nullptr, {0, 1, 7, 8, 9, 33}},
+      {128, 3, 4, {700, 1, 97}, true, 0, 0, DType::f32, Special::none, nullptr, {1, 4, 8, 9, 33}},
+      {128, 2, 8, {1, 97, 520}, false, 4, 4, DType::f32, Special::none, nullptr, {1, 8, 9, 33}},
+      {256, 1, 8, {1, 97, 600}, false, 2, 4, DType::f32, Special::none, nullptr, {0, 1, 3, 4, 5, 33}},
+      {256, 2, 4, {600, 97}, true, 0, 0, DType::f16, Special::none, nullptr, {1, 4, 5}},
+      {64, 3, 4, {1, 97, 300}, false, 0, 0, DType::f32, Special::zero_bit, nullptr, {1, 5, 8, 9}},
+  };
+  uint32_t seed = 1800;
+  for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+// A batch past one wave at short contexts (the serving regime of issues 18/19:
+// Llama-3.1-8B shapes, 8 KV heads, GQA 4, B = 109 at depth ≤ 512; B = 300 at
+// ≤ 97 tokens), unequal lengths with 1, 97 and 512 among them: the default
+// split count (which fills the CTA's warps past one wave) and others, both
+// paths of the merge, against the CPU reference.
+TEST(CudaPackedDecode, LargeBatchShortContexts) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  std::vector<int> l109(109), l300(300), l40(40);
+  for (int b = 0; b < 109; ++b) l109[b] = 1 + (b * 131 + 7) % 512;
+  l109[0] = 1, l109[1] = 97, l109[2] = 512;
+  for (int b = 0; b < 300; ++b) l300[b] = 1 + (b * 37) % 97;
+  l300[0] = 1, l300[1] = 97;
+  for (int b = 0; b < 40; ++b) l40[b] = 1 + (b * 53) % 600;
+  const Case cases[] = {
+      {128, 8, 4, l109, false, 3, 3, DType::f16, Special::none, nullptr, {0, 2, 9}},
+      {128, 8, 4, l300, false, 3, 3, DType::f32, Special::none, nullptr, {0, 1}},
+      {128, 8, 4, l109, true, 0, 0, DType::f32, Special::none, nullptr, {0}},
+      {64, 4, 8, l109, false, 2, 2, DType::f16, Special::none, nullptr, {0}},
+      {256, 8, 3, l40, false, 3, 3, DType::f32, Special::none, nullptr, {0, 5}},
+  };
+  uint32_t seed = 1900;
+  for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+// default_splits for GQA ≤ 8 (1..4-bit groups) fills one CTA's warps (8; 4 at
+// head_dim 256), or one split per page when there are fewer pages, also past
+// one wave (large batches at short contexts: the kernel then merges in the
+// CTA); long contexts keep more than a CTA's splits (the merge launch), GQA > 8
+// (the 16-row kernel) its wave bound. Host only (the SM count of the visible
+// device, 132 without one; the batches are past one wave on any of them).
+TEST(CudaPackedDecode, DefaultSplitsFillTheCtaPastOneWave) {
+  const LayerLayout L128 = LayerLayout::uniform(128, 8, 3, 3), L256 = LayerLayout::uniform(256, 8, 3, 3);
+  EXPECT_EQ(cuda::default_splits(L128, 32, 109, 512), 8);   // was 2 on the H200 (6 of 8 warps idle)
+  EXPECT_EQ(cuda::default_splits(L128, 32, 109, 8192), 8);
+  EXPECT_EQ(cuda::default_splits(L128, 32, 300, 97), 2);    // 2 pages
+  EXPECT_EQ(cuda::default_splits(L128, 32, 300, 1), 1);
+  EXPECT_EQ(cuda::default_splits(L256, 32, 109, 512), 4);
+  EXPECT_GT(cuda::default_splits(L128, 32, 1, 131072), 8);  // long contexts: more than one CTA
+  EXPECT_GT(cuda::default_splits(L128, 32, 8, 131072), 8);
+  EXPECT_LT(cuda::default_splits(L128, 128, 109, 512), 4);  // GQA 16: unchanged
 }
 
 // Real SmolLM2-135M activations (head_dim 64, 3 KV heads, GQA 3): the

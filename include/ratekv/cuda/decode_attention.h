@@ -170,7 +170,10 @@ int default_splits(int batch, int n_kv_heads, int max_seq_len);
 
 /// Split count for the instance `plan` runs on (at most one wave of that
 /// instance's warps; ≥ 2 pages per split,
-/// one page per split for grids under 1024 warps: measured, docs/cuda_results.md);
+/// one page per split for grids under 1024 warps: measured, docs/cuda_results.md;
+/// GQA ≤ 8 with 1..4-bit groups: at least one CTA's warps — 8, 4 at head_dim
+/// 256 — or one split per page when there are fewer pages, also past one wave:
+/// large batches at short contexts, where the kernel then merges in the CTA);
 /// what packed_decode_attention uses for n_splits = 0, so size its workspace
 /// with decode_workspace_bytes(…, default_splits(plan, batch, max_seq_len)).
 int default_splits(const PackedPlan& plan, int batch, int max_seq_len);
@@ -187,6 +190,9 @@ int default_splits(const packed::LayerLayout& layout, int n_heads, int batch, in
 /// kernel's integer scores: PackedDecodeVariant); P is rounded
 /// to fp16 after multiplying by the value norm. `pool` holds the layer's pages
 /// (layout.page_bytes() each). n_splits = 0 picks default_splits(plan, …).
+/// GQA ≤ 8 with n_splits ≤ 8 (≤ 4 at head_dim 256): one CTA holds all the
+/// splits of a (sequence, KV head) and merges and rotates back itself (two
+/// launches instead of three; the same result up to fp32 summation order).
 void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                              const uint8_t* pool, const void* q, DType q_dtype, float scale,
                              float* out, void* workspace, size_t workspace_bytes, int n_splits,
