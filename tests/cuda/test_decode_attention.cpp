@@ -225,7 +225,7 @@ TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
 // one CTA (≤ 8 warps, ≤ 4 at head_dim 256) are merged and rotated back by
 // that CTA, more by the split-K merge launch. 1 split, a few, one CTA's worth,
 // one more, and 33 (splits without pages), besides the default; GQA 1/3/4/8,
-// head_dim 64/128/256, uniform, mixed and zero-bit plans, lengths 1, 97 and
+// head_dim 64/128/256, uniform (K = V and K ≠ V), mixed (head_dim 64/128) and zero-bit plans, lengths 1, 97 and
 // not multiples of the 64-token page, against the CPU reference.
 TEST(CudaPackedDecode, SplitCountsAroundTheInKernelMerge) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
@@ -235,7 +235,9 @@ TEST(CudaPackedDecode, SplitCountsAroundTheInKernelMerge) {
       {128, 3, 4, {700, 1, 97}, true, 0, 0, DType::f32, Special::none, nullptr, {1, 4, 8, 9, 33}},
       {128, 2, 8, {1, 97, 520}, false, 4, 4, DType::f32, Special::none, nullptr, {1, 8, 9, 33}},
       {256, 1, 8, {1, 97, 600}, false, 2, 4, DType::f32, Special::none, nullptr, {0, 1, 3, 4, 5, 33}},
-      {256, 2, 4, {600, 97}, true, 0, 0, DType::f16, Special::none, nullptr, {1, 4, 5}},
+      // head_dim 256 K3V2 (the general instance: K ≠ V widths); mixed_head at 256 needs 18 padded
+      // tiles, past the 16 the head_dim-256 kernels hold (the plan is refused at creation).
+      {256, 2, 4, {600, 97}, false, 3, 2, DType::f16, Special::none, nullptr, {1, 4, 5}},
       {64, 3, 4, {1, 97, 300}, false, 0, 0, DType::f32, Special::zero_bit, nullptr, {1, 5, 8, 9}},
   };
   uint32_t seed = 1800;

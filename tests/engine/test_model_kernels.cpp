@@ -466,10 +466,10 @@ TEST(EngineKernels, SampleRowsMatchesTheReference) {
 // with the plan's TQ-MSE codecs (x̂ = n Πᵀ c[idx]). One case: head_dim hd,
 // Hkv KV heads (GQA 2), n tokens in pages placed out of order (a shuffled
 // page table into a pool with spare pages); uniform K3V2, or (grouped) keys
-// in a 4-bit and a 1-bit group over RoPE blocks 0 .. hd/4−1 (hd/2 channels;
+// in a 4-bit and a 1-bit group over RoPE blocks 0 .. hd/4−1 and a 0-bit group over the rest (hd/2 channels;
 // hd 128: 22 and 42) and values in a 3-bit and a 2-bit
 // group over 3·hd/4 (hd 128: 20 and 76): group dims not multiples of 16, the
-// other channels in no group (0). Bounds (u = 2⁻¹¹):
+// 0-bit group's channels 0. Bounds (u = 2⁻¹¹):
 //   fp32:          |x − x̂_i| ≤ 1e-3·|x̂_i| + 2e-4 (one fp16 rounding)
 //   tensor_cores:  |x − x̂_i| ≤ u·|x̂_i| + 2.1·u·‖x̂_g‖ (DequantVariant's bound;
 //                  ‖x̂_g‖ the CPU reconstruction's norm of i's group) and the
@@ -490,14 +490,18 @@ double check_dequantize(int hd, int Hkv, bool grouped, int n, cuda::DequantVaria
       Codec k;
       k.kind = CodecKind::TqMseGrouped;
       k.norm = NormStorage::FP16;
-      CodecGroup a, b;
-      a.bits = 4, b.bits = 1, a.seed = 5, b.seed = 6;
-      for (int i = 0; i < hd / 4; ++i) (i % 3 == 0 ? a : b).blocks.push_back(i);
-      k.groups = {a, b};
+      // Every RoPE block is in a group (the plan requires it); the blocks past
+      // the coded ones go to a 0-bit group, last, so the coded groups keep
+      // their packed group indices 0 and 1 and its channels decode to 0.
+      CodecGroup a, b, z;
+      a.bits = 4, b.bits = 1, z.bits = 0, a.seed = 5, b.seed = 6, z.seed = 7;
+      for (int i = 0; i < hd / 2; ++i) (i >= hd / 4 ? z : i % 3 == 0 ? a : b).blocks.push_back(i);
+      k.groups = {a, b, z};
       hp.key = k;
       Codec v = k;
-      v.groups[0].bits = 3, v.groups[1].bits = 2, v.groups[0].blocks.clear(), v.groups[1].blocks.clear();
-      for (int i = 0; i < 3 * hd / 8; ++i) (i % 5 == 1 ? v.groups[0] : v.groups[1]).blocks.push_back(i);
+      for (auto& gr : v.groups) gr.blocks.clear();
+      v.groups[0].bits = 3, v.groups[1].bits = 2;
+      for (int i = 0; i < hd / 2; ++i) (i >= 3 * hd / 8 ? v.groups[2] : i % 5 == 1 ? v.groups[0] : v.groups[1]).blocks.push_back(i);
       hp.value = v;
     }
   auto codecs = std::make_shared<const cache::PlanCodecs>(plan, c);
@@ -542,8 +546,8 @@ double check_dequantize(int hd, int Hkv, bool grouped, int n, cuda::DequantVaria
           auto* gq = dynamic_cast<const quant::GroupedTQMSE*>(q);
           EXPECT_NE(gq, nullptr) << what;
           if (!gq) return 1.0;
-          for (size_t gi = 0; gi < gq->codecs().size(); ++gi)
-            groups.emplace_back(&gq->codecs()[gi], gq->config().groups[gi].channels);
+          for (size_t gi = 0; gi < gq->codecs().size(); ++gi)  // 0-bit groups store nothing: channels stay 0
+            if (gq->config().groups[gi].bits > 0) groups.emplace_back(&gq->codecs()[gi], gq->config().groups[gi].channels);
         }
         for (size_t gi = 0; gi < groups.size(); ++gi) {
           const auto& [tq, ch] = groups[gi];
