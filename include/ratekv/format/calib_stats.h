@@ -41,6 +41,11 @@ namespace ratekv {
 struct Sensitivity {
   std::vector<double> k;
   std::vector<double> v;
+  /// Where k / v were read from, as the file format spells it, for messages: empty for the JSON form (its
+  /// fields sensitivity.<name>.k / .v); the safetensors reader (calib/kv_stats.h to_alloc_stats) sets the
+  /// tensors they are sums of ("grad_sq_k_post" and "grad_sq_v", "k_block_energy" and "v_sq").
+  std::string k_tensor;
+  std::string v_tensor;
 };
 
 /// Fitted distortion curves D(b) = α β^(−b) of one quantizer: one β per side,
