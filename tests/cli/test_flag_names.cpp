@@ -298,6 +298,66 @@ TEST_F(CliFlagNames, RateQuantDegenerateSensitivitiesNameTheSafetensorsTensors) 
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
+// Fractional curve widths (issue 22's adversarial pass): curves fitted "at 1.5..5.5 bits" were accepted and rounded
+// inward (RateQuant then handed out 2..5), though widths are whole code bits. Refused, naming the file and the
+// field as the file spells it: the JSON form's curves.<q>.bits[i], the safetensors metadata's
+// __metadata__ curves.<q>.bits[i] (that file: a good one written by KVStats::save, its metadata patched in place).
+TEST_F(CliFlagNames, FractionalCurveWidthsAreRefused) {
+  const std::string sens = R"("sensitivity": {"grad": {"k": [[2.0]], "v": [[1.0]]}})";
+  write_stats("frac.json", sens, R"({"tq-mse": {"bits": [1, 2.5, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5,
+                                     "alpha_k": [[1.0]], "alpha_v": [[1.0]]}})");
+  write_stats("range.json", sens, R"({"tq-mse": {"bits": [1, 2, 3, 4, 17], "beta_k": 3.5, "beta_v": 3.5,
+                                      "alpha_k": [[1.0]], "alpha_v": [[1.0]]}})");
+  const std::string rq = "plan --method ratequant --budget-unit code --bits 3";
+  expect_error(rq,
+               "frac.json: curves.tq-mse.bits[1] = 2.5: expected ascending distinct integer code widths in 0..16",
+               "frac.json");
+  expect_error(rq, "range.json: curves.tq-mse.bits[4] = 17: expected ascending distinct integer code widths in 0..16",
+               "range.json");
+  ratekv::calib::KVStats s;
+  s.model.arch = "llama";
+  s.model.n_layers = 1;
+  s.model.n_kv_heads = 1;
+  s.model.head_dim = 4;
+  s.model.rope_layout = "interleaved";
+  s.n_heads = 1;
+  s.text_file = "calib.txt";
+  s.n_tokens = 8;
+  s.ctx = 8;
+  s.q_block_energy = {4.0, 1.0};
+  s.k_block_energy = {2.0, 0.5};
+  s.k_pre_mean = std::vector<double>(4, 0.0);
+  s.k_pre_cov = std::vector<double>(16, 0.0);
+  s.q_pre_sq = std::vector<double>(4, 1.0);
+  s.v_sq = std::vector<double>(4, 1.0);
+  ratekv::calib::QuantizerCurves c;
+  c.bits = {1, 2, 3, 4, 5};
+  for (double b : c.bits) c.mse_k.push_back(std::pow(4.0, -b));
+  c.mse_v = c.mse_k;
+  ratekv::calib::fit_curves(c, 1);
+  s.curves["tq-mse"] = c;
+  const fs::path good = dir_ / "good.safetensors", frac = dir_ / "frac.safetensors";
+  s.save(good.string());
+  std::string bytes;
+  {
+    std::ifstream in(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string from = "[1.0,2.0,3.0,4.0,5.0]", to = "[1.0,2.5,3.0,4.0,5.0]";  // same length: header intact
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos) << "the widths as KVStats::save writes them";
+  bytes.replace(at, from.size(), to);
+  std::ofstream(frac, std::ios::binary) << bytes;
+  expect_error(rq,
+               frac.string() + ": __metadata__ curves.tq-mse.bits[1] = 2.5: expected ascending distinct integer code "
+               "widths in 0..16",
+               "frac.safetensors");
+  // Control: the unpatched file makes a plan (it has no gradient sensitivity: the activation one).
+  const auto r = run_cli(rq + " --sensitivity activation --stats " + shell_quote(good.string()) + " -o " +
+                         shell_quote((dir_ / "ok.json").string()));
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
 // Issue 22's second adversarial pass. (A) statistics whose query/key block energies are all 0 gave a Block-GTQ
 // plan with every key block dropped (exit 0, a warning naming the budget); (B) flags the method or codec ignores
 // were accepted silently (exit 0): each is refused naming the flag and what it does not apply to.
