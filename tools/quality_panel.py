@@ -23,7 +23,7 @@ was) and "nan (failed)" in the table; a reseeded run (evalr/) with a non-finite 
 left out of its row's seeds (named; counted in ppl_status); a failed fp16 reference makes ΔPPL "n/a". `run` exits 1
 when a cell failed ("N of M cells failed"; a cell whose command exits 0 but leaves an output that is not usable
 fails, run once per pass; so does a reseed cell whose plan file is not a plan), 2 when --only matches no cell, 130
-on Ctrl-C (the current cell stays unfinished).
+on Ctrl-C (the current cell stays unfinished; `status` and `report` also exit 130 with one line).
 
 Environment: RATEKV_BIN (ratekv binary, default build/bin/ratekv), RATEKV_ASSETS (default
 ~/.cache/ratekv/assets), RATEKV_LLAMA_BIN (llama.cpp binaries, default ~/.cache/ratekv/llama-build/bin),
@@ -1411,6 +1411,11 @@ def main():
         {"run": cmd_run, "status": cmd_status, "report": cmd_report}[a.cmd](a)
     except OSError as e:  # e.g. an output that cannot be written: the path and the reason, not a traceback
         sys.exit(f"quality_panel {a.cmd}: {e.filename or ''}: {e.strerror or e}")
+    except KeyboardInterrupt:  # status / report (run handles its own: it cleans up the current cell)
+        what = ("nothing was changed" if a.cmd == "status" else
+                "the panel directory is unchanged; an output file being written may be incomplete: run report again")
+        print(f"\nquality_panel {a.cmd}: interrupted; {what}", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 def check_args(p, a):

@@ -234,14 +234,16 @@ def uniform_plan(
     v_bits: float = 3,
     quantizer: str = "tq-mse",
     budget_unit: str = "code",
-    seed: int = 0,
+    seed: Optional[int] = None,
 ) -> Plan:
     """A uniform plan (every head, K at ``k_bits``, V at ``v_bits``) from the model's
     shapes alone, built by the C++ allocator (method ``uniform`` of make_plan.h).
 
     ``budget_unit`` "code": the widths are code bits (integers; TQ-MSE adds one fp16
     norm per head per token); "effective": the widest code whose code + metadata bits
-    fit the budget. Raises RatekvError for an impossible budget."""
+    fit the budget. ``seed`` (default 0) seeds the rotations of tq-mse and quarot codecs;
+    given for another quantizer it is refused (as :func:`make_plan` does). Raises
+    RatekvError for an impossible budget."""
     return make_plan(
         _core.identity_stats(config), "uniform", k_bits=k_bits, v_bits=v_bits, quantizer=quantizer,
         budget_unit=budget_unit, seed=seed,
@@ -258,12 +260,12 @@ def make_plan(
     budget_unit: str = "effective",
     b_min: int = -1,
     b_max: int = -1,
-    seed: int = 0,
+    seed: Optional[int] = None,
     quantizer: str = "tq-mse",
     v_quantizer: str = "",
     curves_from: str = "",
     sensitivity: str = "grad",
-    group_size: int = 32,
+    group_size: Optional[int] = None,
     fp16_window: int = 0,
     sink_tokens: int = 0,
 ) -> Plan:
@@ -272,20 +274,27 @@ def make_plan(
     ``method``: ``uniform`` | ``block-gtq`` | ``ratequant`` | ``ratequant+block-gtq``
     (include/ratekv/alloc/make_plan.h gives what the budgets mean for each).
     ``stats``: a KVStats (from :func:`calibrate` / :func:`load_stats`), allocator
-    CalibStats, or a statistics file path. RateQuant needs sensitivities and
-    distortion curves in the statistics. Raises RatekvError naming what is missing
-    or out of range; integer arguments outside their C++ types (b_min, b_max,
-    group_size: int32; seed: 0..2^64-1; fp16_window, sink_tokens: 0..2^31-1) are
-    refused here, naming the argument."""
+    CalibStats, or a statistics file path: the safetensors file of ``ratekv calibrate``
+    or the JSON form (format "ratekv-calib-stats"), read by the same library call as
+    ``ratekv plan --stats``; anything else is a TypeError naming ``stats``. RateQuant
+    needs sensitivities and distortion curves in the statistics. ``seed`` (default 0:
+    the rotations of tq-mse, block-gtq and quarot codecs) and ``group_size`` (default
+    32: the scale group of kivi and quarot codecs), given for a request whose codecs do
+    not use them, are refused naming the argument (as ``ratekv plan`` refuses --seed /
+    --group-size). Raises RatekvError naming what is missing or out of range; integer
+    arguments outside their C++ types (b_min, b_max, group_size: int32; seed:
+    0..2^64-1; fp16_window, sink_tokens: 0..2^31-1) are refused here, naming the argument."""
     stats_file = ""
     if isinstance(stats, (str, os.PathLike)):
         stats_file = os.path.basename(os.fspath(stats))
-        _check_safetensors("make_plan: stats", os.fspath(stats))
-        st = _core.load_alloc_stats(os.fspath(stats))
+        st = _core.load_alloc_stats(os.fspath(stats))  # safetensors or JSON, as `ratekv plan --stats`
     elif isinstance(stats, KVStats):
         st = stats.to_alloc_stats()
-    else:
+    elif isinstance(stats, CalibStats):
         st = stats
+    else:
+        raise TypeError(f"make_plan: stats is {type(stats).__name__}; expected a KVStats, a CalibStats or the path "
+                        "of a statistics file (the .safetensors of `ratekv calibrate`, or JSON statistics)")
     rq = _core.PlanRequest()
     rq.method = method
     rq.k_bits = float(k_bits)
@@ -294,16 +303,35 @@ def make_plan(
     rq.budget_unit = budget_unit
     rq.b_min = _int_arg("make_plan", "b_min", b_min, *_I32)
     rq.b_max = _int_arg("make_plan", "b_max", b_max, *_I32)
-    rq.seed = _int_arg("make_plan", "seed", seed, *_U64)
+    rq.seed = 0 if seed is None else _int_arg("make_plan", "seed", seed, *_U64)
     rq.quantizer = quantizer
     rq.v_quantizer = v_quantizer
     rq.curves_from = curves_from
     rq.sensitivity = sensitivity
-    rq.group_size = _int_arg("make_plan", "group_size", group_size, *_I32)
+    rq.group_size = 32 if group_size is None else _int_arg("make_plan", "group_size", group_size, *_I32)
+    _refuse_unused_codec_args(method, quantizer, v_quantizer, seed is not None, group_size is not None)
     rq.fp16_window = _int_arg("make_plan", "fp16_window", fp16_window, 0, _I32[1])
     rq.sink_tokens = _int_arg("make_plan", "sink_tokens", sink_tokens, 0, _I32[1])
     rq.stats_file = stats_file
     return _core.make_plan(st, rq)
+
+
+def _refuse_unused_codec_args(method: Any, quantizer: Any, v_quantizer: Any, seed_given: bool,
+                              group_size_given: bool) -> None:
+    """RatekvError naming ``seed`` / ``group_size`` when given for a request whose codecs do not use them (they
+    used to be ignored silently): the same rule and wording as ``ratekv plan``'s --seed / --group-size refusal
+    (src/cli/cmd_plan.cpp refuse_ignored_flags). The codecs are ``quantizer`` and ``v_quantizer`` (or
+    ``quantizer``); block-gtq and ratequant+block-gtq use tq-mse (make_plan refuses others)."""
+    kq = quantizer
+    vq = v_quantizer or quantizer
+    gtq = method in ("block-gtq", "ratequant+block-gtq")
+    codecs = "" if gtq else f" with quantizer {kq}" + (f" v_quantizer {v_quantizer}" if v_quantizer else "")
+    if seed_given and not {kq, vq} & {"tq-mse", "quarot"}:
+        raise RatekvError(f"make_plan: seed: not used by method {method}{codecs}: it seeds the rotations of tq-mse, "
+                          "block-gtq and quarot codecs")
+    if group_size_given and not {kq, vq} & {"kivi", "quarot"}:
+        raise RatekvError(f"make_plan: group_size: not used by method {method}{codecs}: it is the scale group of "
+                          "kivi and quarot codecs")
 
 
 def codecs(plan: Plan, config: ModelConfig, name: str = "plan") -> PlanCodecs:

@@ -137,10 +137,12 @@ def test_messages_name_the_library_not_its_internals(llama, tmp_path):
     # load_stats / make_plan on a plan's JSON: "safetensors header length 7595430040395844219 exceeds ..." before.
     plan_path = tmp_path / "plan.json"
     good.save(str(plan_path))
-    for f, what in ((ratekv.load_stats, "load_stats"), (ratekv.make_plan, "make_plan: stats")):
-        with pytest.raises(RatekvError, match=rf"^{what}: '{plan_path}' is not a safetensors statistics file "
-                                              r"\(.*\) — it is JSON \(a plan\? load_plan reads plans\)"):
-            f(plan_path)
+    with pytest.raises(RatekvError, match=rf"^load_stats: '{plan_path}' is not a safetensors statistics file "
+                                          r"\(.*\) — it is JSON \(a plan\? load_plan reads plans\)"):
+        ratekv.load_stats(plan_path)
+    # make_plan reads JSON statistics too (as `ratekv plan --stats` does): a plan's JSON is named by its format.
+    with pytest.raises(RatekvError, match=r'^plan.json: format = "ratekv-plan": expected "ratekv-calib-stats"$'):
+        ratekv.make_plan(plan_path)
     txt = tmp_path / "notes.txt"
     txt.write_text("just some text, long enough to hold a length field\n")
     with pytest.raises(RatekvError, match=r"is not a safetensors statistics file \(docs/calibration_stats.md: an "

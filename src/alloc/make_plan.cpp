@@ -206,18 +206,21 @@ RateQuantProblem ratequant_problem(const Ctx& c, const std::string& curves_name,
     };
     if (c.rq.sensitivity != "none") {
       const bool k = positive(sens.k), v = positive(sens.v);
+      // Named as the file spells them: the JSON form's fields, or the safetensors tensors they are sums of.
+      const bool tensors = !sens.k_tensor.empty();
       const std::string field = fmt::format("sensitivity.{}", c.rq.sensitivity);
+      const std::string kf = tensors ? sens.k_tensor : field + ".k", vf = tensors ? sens.v_tensor : field + ".v";
       check_param(k || v, "PlanRequest.sensitivity",
-                  "\"{}\": every sensitivity in {} is 0 (fields {}.k and {}.v, {} components each): RateQuant would "
+                  "\"{}\": every sensitivity in {} is 0 ({} {} and {}, {} components each): RateQuant would "
                   "predict no distortion at any width; expected positive sensitivities (re-measure them, or use "
                   "\"none\" to weigh every component 1)",
-                  c.rq.sensitivity, file, field, field, n);
+                  c.rq.sensitivity, file, tensors ? "tensors" : "fields", kf, vf, n);
       check_param(k && v, "PlanRequest.sensitivity",
-                  "\"{}\": every {} sensitivity in {} is 0 (field {}.{}, {} components): RateQuant would give every "
+                  "\"{}\": every {} sensitivity in {} is 0 ({} {}, {} components): RateQuant would give every "
                   "{} its lowest width and predict no distortion from the {}; expected positive sensitivities on both "
                   "sides (re-measure them, or use \"none\" to weigh every component 1)",
-                  c.rq.sensitivity, k ? "value" : "key", file, field, k ? "v" : "k", n, k ? "value" : "key",
-                  k ? "values" : "keys");
+                  c.rq.sensitivity, k ? "value" : "key", file, tensors ? "tensor" : "field", k ? vf : kf, n,
+                  k ? "value" : "key", k ? "values" : "keys");
     }
     double top_k = 0.0, top_v = 0.0;
     for (size_t i = 0; i < n; ++i) {

@@ -32,8 +32,8 @@ void validate_curves(const std::map<std::string, QuantizerCurves>& curves, size_
     const size_t nb = c.bits.size();
     check(nb >= 2, "{}: curves.{}.bits has {} widths, expected ≥ 2", name, q, nb);
     for (size_t j = 0; j < nb; ++j)
-      check(std::isfinite(c.bits[j]) && c.bits[j] >= 0 && c.bits[j] <= 16 && (j == 0 || c.bits[j] > c.bits[j - 1]),
-            "{}: curves.{}.bits must be ascending distinct widths in 0..16 (got {} at index {})", name, q, c.bits[j], j);
+      check(curve_width_ok(c.bits, j), "{}: curves.{}.bits[{}] = {}: expected ascending distinct integer code widths "
+            "in 0..16", name, q, j, c.bits[j]);
     for (const auto& [field, v] : {std::pair{"mse_k", &c.mse_k}, std::pair{"mse_v", &c.mse_v}}) {
       check(v->size() == n * nb, "{}: curves.{}.{} has {} values, expected {} components × {} widths", name, q, field,
             v->size(), n, nb);
@@ -81,6 +81,9 @@ std::map<std::string, QuantizerCurves> read_curves(const SafetensorsFile& f, con
     }
     check(c.bits.size() >= 2 && c.bits.size() <= 64, "{}: curves.{}.bits: expected 2..64 widths, got {}", path, q,
           c.bits.size());
+    for (size_t j = 0; j < c.bits.size(); ++j)  // named as this file spells the field (validate_curves: its own words)
+      check(curve_width_ok(c.bits, j), "{}: __metadata__ curves.{}.bits[{}] = {}: expected ascending distinct integer "
+            "code widths in 0..16", path, q, j, c.bits[j]);
     const int64_t nb = static_cast<int64_t>(c.bits.size());
     const std::string prefix = "curves." + q + ".";  // (a lambda may not capture a structured binding before clang 16)
     auto rd = [&](const std::string& t, std::vector<int64_t> shape) {

@@ -156,8 +156,9 @@ CalibStats KVStats::to_alloc_stats() const {
   a.k_block_energy = k_block_energy;
   a.k_pre_mean = k_pre_mean;
   const size_t d = model.head_dim;
-  a.sensitivity["activation"] = {row_sums(k_block_energy, d / 2), row_sums(v_sq, d)};
-  if (grad.n_sequences > 0) a.sensitivity["grad"] = {row_sums(grad.k_post_sq, d), row_sums(grad.v_sq, d)};
+  a.sensitivity["activation"] = {row_sums(k_block_energy, d / 2), row_sums(v_sq, d), "k_block_energy", "v_sq"};
+  if (grad.n_sequences > 0)
+    a.sensitivity["grad"] = {row_sums(grad.k_post_sq, d), row_sums(grad.v_sq, d), "grad_sq_k_post", "grad_sq_v"};
   for (const auto& [q, c] : curves) a.curves[q] = c.fit;
   return a;
 }

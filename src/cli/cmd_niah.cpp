@@ -19,6 +19,7 @@
 #include "cli/flag_names.h"
 #include "cli/gpu_cache.h"
 #include "cli/loaded_model.h"
+#include "cli/text_tokens.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/common/error.h"
@@ -176,7 +177,9 @@ void run(const NiahArgs& a) {
 #endif
     }
     // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×).
-    std::string hay = eval::load_haystack(hay_dir);
+    // A file that is not UTF-8 text is tokenized as raw bytes: warned about, naming it, as perplexity -f does.
+    std::string hay = eval::load_haystack(
+        hay_dir, [](const std::string& f, std::string_view t) { warn_if_not_utf8(t, "--haystack", f); });
     if (hay.size() > static_cast<size_t>(max_ctx) * 13) hay.resize(static_cast<size_t>(max_ctx) * 13);
     hay_tok = h.tokenizer.encode(hay, false);
     spdlog::info("haystack: {} tokens from {}", hay_tok.size(), hay_dir);

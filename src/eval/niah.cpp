@@ -35,7 +35,8 @@ uint64_t splitmix64(uint64_t x) {
 
 }  // namespace
 
-std::string load_haystack(const std::string& dir) {
+std::string load_haystack(const std::string& dir,
+                          const std::function<void(const std::string& path, std::string_view text)>& on_file) {
   namespace fs = std::filesystem;
   check(fs::is_directory(dir), "haystack: '{}' is not a directory (expected $RATEKV_ASSETS/text/haystack, see "
         "docs/assets.md and tools/fetch_assets.sh)", dir);
@@ -49,7 +50,9 @@ std::string load_haystack(const std::string& dir) {
     std::ifstream in(f, std::ios::binary);
     check(static_cast<bool>(in), "haystack: cannot read '{}'", f);
     if (!all.empty()) all += "\n\n";
+    const size_t start = all.size();
     all.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (on_file) on_file(f, std::string_view(all).substr(start));
   }
   return all;
 }

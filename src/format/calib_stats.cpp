@@ -91,6 +91,11 @@ const std::vector<std::string>& curve_quantizers() {
   return names;
 }
 
+bool curve_width_ok(const std::vector<double>& bits, size_t j) {
+  const double b = bits[j];
+  return std::isfinite(b) && b >= 0 && b <= 16 && b == std::floor(b) && (j == 0 || b > bits[j - 1]);
+}
+
 void validate_curve_fit(const std::string& quantizer, const DistortionCurves& c, const std::string& name) {
   const auto& known = curve_quantizers();
   check(std::find(known.begin(), known.end(), quantizer) != known.end(),
@@ -102,8 +107,8 @@ void validate_curve_fit(const std::string& quantizer, const DistortionCurves& c,
   check(c.bits.size() >= 2, "{}: curves.{}.bits: {} widths; expected the ≥ 2 code widths the curves were fitted at",
         name, quantizer, c.bits.size());
   for (size_t j = 0; j < c.bits.size(); ++j)
-    check(std::isfinite(c.bits[j]) && c.bits[j] >= 0 && c.bits[j] <= 16 && (j == 0 || c.bits[j] > c.bits[j - 1]),
-          "{}: curves.{}.bits[{}] = {}: expected ascending distinct widths in 0..16", name, quantizer, j, c.bits[j]);
+    check(curve_width_ok(c.bits, j), "{}: curves.{}.bits[{}] = {}: expected ascending distinct integer code widths in "
+          "0..16", name, quantizer, j, c.bits[j]);
   for (const auto& [field, v] : {std::pair{"alpha_k", &c.alpha_k}, std::pair{"alpha_v", &c.alpha_v}})
     for (size_t i = 0; i < v->size(); ++i)
       check(std::isfinite((*v)[i]) && (*v)[i] > 0.0 && (*v)[i] <= kMaxCurveAlpha,

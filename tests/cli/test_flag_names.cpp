@@ -5,11 +5,14 @@
 // model is needed: `ratekv plan` reads a JSON statistics file written here.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "../support/temp_dir.h"
 #include "cli/flag_names.h"
 #include "cli_runner.h"
+#include "ratekv/calib/distortion_curves.h"
+#include "ratekv/calib/kv_stats.h"
 #include "ratekv/common/param_error.h"
 
 using ratekv_test::cli_path;
@@ -228,6 +231,132 @@ TEST_F(CliFlagNames, RateQuantDegenerateInputsAndIgnoredFlags) {
   }
 }
 
+
+// The same refusal on a safetensors statistics file (what `ratekv calibrate` writes) names the tensors the
+// sensitivities are sums of, not the JSON form's fields (sensitivity.grad.k is no name in that file). One layer,
+// one KV head, head_dim 4, written through KVStats::save; tq-mse curves measured as 4^-b and fitted.
+TEST_F(CliFlagNames, RateQuantDegenerateSensitivitiesNameTheSafetensorsTensors) {
+  auto write = [&](const std::string& name, double gk, double gv, double kbe) {
+    ratekv::calib::KVStats s;
+    s.model.arch = "llama";
+    s.model.n_layers = 1;
+    s.model.n_kv_heads = 1;
+    s.model.head_dim = 4;
+    s.model.rope_layout = "interleaved";
+    s.n_heads = 1;
+    s.text_file = "calib.txt";
+    s.n_tokens = 8;
+    s.ctx = 8;
+    s.q_block_energy = {4.0, 1.0};
+    s.k_block_energy = {kbe, kbe};
+    s.k_pre_mean = std::vector<double>(4, 0.0);
+    s.k_pre_cov = std::vector<double>(16, 0.0);
+    s.q_pre_sq = std::vector<double>(4, 1.0);
+    s.v_sq = std::vector<double>(4, 1.0);
+    s.grad = {.n_sequences = 1, .seq_len = 8, .mean_loss = 2.0, .k_pre_sq = std::vector<double>(4, gk),
+              .k_post_sq = std::vector<double>(4, gk), .v_sq = std::vector<double>(4, gv)};
+    ratekv::calib::QuantizerCurves c;
+    c.bits = {1, 2, 3, 4, 5};
+    for (double b : c.bits) c.mse_k.push_back(std::pow(4.0, -b));
+    c.mse_v = c.mse_k;
+    ratekv::calib::fit_curves(c, 1);
+    s.curves["tq-mse"] = c;
+    s.save((dir_ / name).string());
+  };
+  write("zk.safetensors", 0.0, 1.0, 1.0);
+  write("zv.safetensors", 2.0, 0.0, 1.0);
+  write("z.safetensors", 0.0, 0.0, 1.0);
+  write("za.safetensors", 2.0, 1.0, 0.0);  // activation sensitivity of the keys: the sums of k_block_energy
+  const std::string rq = "plan --method ratequant --budget-unit code --bits 3";
+  expect_error(rq,
+               "--sensitivity \"grad\": every key sensitivity in zk.safetensors is 0 (tensor grad_sq_k_post, 1 "
+               "components): RateQuant would give every key its lowest width and predict no distortion from the "
+               "keys; expected positive sensitivities on both sides (re-measure them, or use \"none\" to weigh every "
+               "component 1)",
+               "zk.safetensors");
+  expect_error(rq,
+               "--sensitivity \"grad\": every value sensitivity in zv.safetensors is 0 (tensor grad_sq_v, 1 "
+               "components): RateQuant would give every value its lowest width and predict no distortion from the "
+               "values; expected positive sensitivities on both sides (re-measure them, or use \"none\" to weigh "
+               "every component 1)",
+               "zv.safetensors");
+  expect_error(rq,
+               "--sensitivity \"grad\": every sensitivity in z.safetensors is 0 (tensors grad_sq_k_post and "
+               "grad_sq_v, 1 components each): RateQuant would predict no distortion at any width; expected positive "
+               "sensitivities (re-measure them, or use \"none\" to weigh every component 1)",
+               "z.safetensors");
+  expect_error(rq + " --sensitivity activation",
+               "--sensitivity \"activation\": every key sensitivity in za.safetensors is 0 (tensor k_block_energy, 1 "
+               "components): RateQuant would give every key its lowest width and predict no distortion from the "
+               "keys; expected positive sensitivities on both sides (re-measure them, or use \"none\" to weigh every "
+               "component 1)",
+               "za.safetensors");
+  // Control: the same file format with positive sensitivities makes a plan.
+  write("ok.safetensors", 2.0, 1.0, 1.0);
+  const auto r = run_cli(rq + " --stats " + shell_quote((dir_ / "ok.safetensors").string()) + " -o " +
+                         shell_quote((dir_ / "ok.json").string()));
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
+// Fractional curve widths (issue 22's adversarial pass): curves fitted "at 1.5..5.5 bits" were accepted and rounded
+// inward (RateQuant then handed out 2..5), though widths are whole code bits. Refused, naming the file and the
+// field as the file spells it: the JSON form's curves.<q>.bits[i], the safetensors metadata's
+// __metadata__ curves.<q>.bits[i] (that file: a good one written by KVStats::save, its metadata patched in place).
+TEST_F(CliFlagNames, FractionalCurveWidthsAreRefused) {
+  const std::string sens = R"("sensitivity": {"grad": {"k": [[2.0]], "v": [[1.0]]}})";
+  write_stats("frac.json", sens, R"({"tq-mse": {"bits": [1, 2.5, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5,
+                                     "alpha_k": [[1.0]], "alpha_v": [[1.0]]}})");
+  write_stats("range.json", sens, R"({"tq-mse": {"bits": [1, 2, 3, 4, 17], "beta_k": 3.5, "beta_v": 3.5,
+                                      "alpha_k": [[1.0]], "alpha_v": [[1.0]]}})");
+  const std::string rq = "plan --method ratequant --budget-unit code --bits 3";
+  expect_error(rq,
+               "frac.json: curves.tq-mse.bits[1] = 2.5: expected ascending distinct integer code widths in 0..16",
+               "frac.json");
+  expect_error(rq, "range.json: curves.tq-mse.bits[4] = 17: expected ascending distinct integer code widths in 0..16",
+               "range.json");
+  ratekv::calib::KVStats s;
+  s.model.arch = "llama";
+  s.model.n_layers = 1;
+  s.model.n_kv_heads = 1;
+  s.model.head_dim = 4;
+  s.model.rope_layout = "interleaved";
+  s.n_heads = 1;
+  s.text_file = "calib.txt";
+  s.n_tokens = 8;
+  s.ctx = 8;
+  s.q_block_energy = {4.0, 1.0};
+  s.k_block_energy = {2.0, 0.5};
+  s.k_pre_mean = std::vector<double>(4, 0.0);
+  s.k_pre_cov = std::vector<double>(16, 0.0);
+  s.q_pre_sq = std::vector<double>(4, 1.0);
+  s.v_sq = std::vector<double>(4, 1.0);
+  ratekv::calib::QuantizerCurves c;
+  c.bits = {1, 2, 3, 4, 5};
+  for (double b : c.bits) c.mse_k.push_back(std::pow(4.0, -b));
+  c.mse_v = c.mse_k;
+  ratekv::calib::fit_curves(c, 1);
+  s.curves["tq-mse"] = c;
+  const fs::path good = dir_ / "good.safetensors", frac = dir_ / "frac.safetensors";
+  s.save(good.string());
+  std::string bytes;
+  {
+    std::ifstream in(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string from = "[1.0,2.0,3.0,4.0,5.0]", to = "[1.0,2.5,3.0,4.0,5.0]";  // same length: header intact
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos) << "the widths as KVStats::save writes them";
+  bytes.replace(at, from.size(), to);
+  std::ofstream(frac, std::ios::binary) << bytes;
+  expect_error(rq,
+               frac.string() + ": __metadata__ curves.tq-mse.bits[1] = 2.5: expected ascending distinct integer code "
+               "widths in 0..16",
+               "frac.safetensors");
+  // Control: the unpatched file makes a plan (it has no gradient sensitivity: the activation one).
+  const auto r = run_cli(rq + " --sensitivity activation --stats " + shell_quote(good.string()) + " -o " +
+                         shell_quote((dir_ / "ok.json").string()));
+  EXPECT_EQ(r.status, 0) << r.output;
+}
 
 // Issue 22's second adversarial pass. (A) statistics whose query/key block energies are all 0 gave a Block-GTQ
 // plan with every key block dropped (exit 0, a warning naming the budget); (B) flags the method or codec ignores

@@ -1,5 +1,5 @@
-// Text that is not valid UTF-8: the commands that read -f warn, naming the
-// flag, the file and the first offending byte, and still run (the tokenizer
+// Text that is not valid UTF-8: the commands that read -f (and niah its
+// --haystack files) warn, naming the flag, the file and the first offending byte, and still run (the tokenizer
 // takes such bytes as raw bytes, as llama.cpp does); valid UTF-8 gives no
 // warning. Runs the built CLI on the real SmolLM2 model; skips without them.
 #include <gtest/gtest.h>
@@ -58,6 +58,32 @@ TEST_F(TextEncoding, Utf8TextGivesNoWarning) {
                            " -c 8 --chunks 1");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find("UTF-8"), std::string::npos) << r.output;
+}
+
+// niah --haystack: a file of random bytes was read without a word (only the tokenizer's count of dropped bytes,
+// naming no file). Warned about as -f is, naming the file and the first offending byte, per file; the grid still
+// runs (the bytes are tokenized as raw bytes, as for -f). A directory of UTF-8 files gives no warning.
+TEST_F(TextEncoding, NiahHaystackNotUtf8WarnsNamingTheFile) {
+  std::string noise = "Hay\xFF";
+  uint32_t x = 12345;  // a fixed LCG: the same bytes every run
+  for (int i = 0; i < 20000; ++i) {
+    x = x * 1664525u + 1013904223u;
+    noise += static_cast<char>(x >> 24);
+  }
+  fs::create_directories(dir_ / "hay");
+  const fs::path text = write("hay/a.txt", "Caf\xC3\xA9" + kSentence), bytes = write("hay/b.txt", noise);
+  const std::string cmd = "niah -m " + shell_quote(model_) + " --depths 2 --trials 1 --ctx 128 --haystack ";
+  const Result r = run_cli(cmd + shell_quote((dir_ / "hay").string()));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--haystack '" + bytes.string() + "': not valid UTF-8 at byte 3 (0xFF)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("--haystack '" + text.string() + "'"), std::string::npos) << r.output;
+  fs::remove(bytes);
+  fs::copy_file(text, dir_ / "hay" / "c.txt");
+  for (int i = 0; i < 40; ++i) std::ofstream(dir_ / "hay" / ("t" + std::to_string(i) + ".txt")) << kSentence;
+  const Result ok = run_cli(cmd + shell_quote((dir_ / "hay").string()));
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_EQ(ok.output.find("UTF-8"), std::string::npos) << ok.output;
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ was asked, and never a Python traceback or a silently wrong number.
   - a NaN perplexity: the JSON holds null (strictly valid JSON) with the row marked, the table says nan;
   - RateQuant's side cell (side/side.json): truncated, empty, a side plan missing, a KLD of 0 or NaN: named,
     unfinished, no key weight derived (and a valid one gives the key weight computed here by hand);
-  - `run` exits 1 when a cell failed; --only that matches nothing; an empty --md; Ctrl-C during `run`;
+  - `run` exits 1 when a cell failed; --only that matches nothing; an empty --md; Ctrl-C during `run`, `status` and `report`;
   - a non-finite or non-numeric fp16 reference perplexity: ΔPPL unavailable, not -100 % / nan %;
   - reseeded runs (evalr/): a missing field, other stored bits, a NaN seed, another number of layers;
   - wrong types in an eval cell's fields; one "finished" predicate for status / run / report (a cell lacking a
@@ -483,6 +483,36 @@ class QualityPanelBadInput(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.root, "smollm2", "eval", "q8_0.json.report")))
         r = run("status", "--out", self.root, "--models", "smollm2")
         self.assertIn("----  smollm2/eval/q8_0\n", r.stdout)
+
+    def test_interrupt_during_status_and_report(self):
+        """Ctrl-C while `status` / `report` reads a cell: exit 130 with one line, no traceback (as `run`). A FIFO as
+        the cell file holds the command in its read until SIGINT comes (no timing guess: the writer end opens only
+        once the command has opened the file)."""
+        fifo = os.path.join(self.root, "smollm2", "eval", "q8_0.json")
+        os.makedirs(os.path.dirname(fifo))
+        os.mkfifo(fifo)
+        for cmd in ("status", "report"):
+            with self.subTest(cmd=cmd):
+                p = subprocess.Popen([sys.executable, SCRIPT, cmd, "--out", self.root, "--models", "smollm2"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                t0, w = time.time(), None
+                while w is None and time.time() - t0 < 30:
+                    try:
+                        w = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until the command opens it to read
+                    except OSError:
+                        time.sleep(0.05)
+                self.assertIsNotNone(w)
+                try:
+                    time.sleep(0.2)
+                    p.send_signal(signal.SIGINT)
+                    out, err = p.communicate(timeout=30)
+                finally:
+                    os.close(w)
+                self.assertEqual(p.returncode, 130, out + err)
+                self.assertNotIn("Traceback", out + err)
+                lines = [ln for ln in err.splitlines() if ln.strip()]
+                self.assertEqual(len(lines), 1, err)
+                self.assertIn(f"quality_panel {cmd}: interrupted", lines[0])
 
     # ---- 3: the fp16 reference
 

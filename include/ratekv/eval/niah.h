@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -82,7 +83,10 @@ struct NiahGrid {
 
 /// Reads every *.txt of `dir` in byte-wise sorted name order, joined with
 /// "\n\n". Throws Error if the directory is missing or holds no .txt file.
-std::string load_haystack(const std::string& dir);
+/// `on_file` (optional) sees each file's path and bytes as read, e.g. for the
+/// CLI's per-file UTF-8 warning (`ratekv niah --haystack`).
+std::string load_haystack(const std::string& dir,
+                          const std::function<void(const std::string& path, std::string_view text)>& on_file = {});
 
 /// The needle of (seed, context length, depth index, trial): a city name and
 /// a 7-digit code (first digit 1–9).

@@ -41,13 +41,18 @@ namespace ratekv {
 struct Sensitivity {
   std::vector<double> k;
   std::vector<double> v;
+  /// Where k / v were read from, as the file format spells it, for messages: empty for the JSON form (its
+  /// fields sensitivity.<name>.k / .v); the safetensors reader (calib/kv_stats.h to_alloc_stats) sets the
+  /// tensors they are sums of ("grad_sq_k_post" and "grad_sq_v", "k_block_energy" and "v_sq").
+  std::string k_tensor;
+  std::string v_tensor;
 };
 
 /// Fitted distortion curves D(b) = α β^(−b) of one quantizer: one β per side,
 /// one α per component. alpha_k / alpha_v: (n_layers, n_kv_heads) row-major,
 /// in (0, kMaxCurveAlpha]; beta_k, beta_v in (1, kMaxCurveBeta]. `bits`: the
 /// code widths the curves were measured and fitted at (≥ 2, ascending,
-/// distinct, in 0..16); RateQuant hands out only widths within
+/// distinct, whole numbers in 0..16); RateQuant hands out only widths within
 /// [bits.front(), bits.back()] (alloc/make_plan.h).
 struct DistortionCurves {
   double beta_k = 0.0;
@@ -70,9 +75,13 @@ inline constexpr double kMaxCurveAlpha = 3.4028234663852886e38;  // FLT_MAX
 /// --curves`) and the allocators read: kivi, quarot, tq-mse, block-gtq.
 const std::vector<std::string>& curve_quantizers();
 
+/// Whether bits[j] is a curve width: a whole number of code bits in 0..16, above
+/// bits[j − 1] (a fractional width used to be rounded inward silently).
+bool curve_width_ok(const std::vector<double>& bits, size_t j);
+
 /// Checks one quantizer's fitted curve parameters: `quantizer` one of
 /// curve_quantizers(), β in (1, kMaxCurveBeta], every α in (0, kMaxCurveAlpha],
-/// bits ≥ 2 ascending distinct widths in 0..16. Throws Error
+/// bits ≥ 2 ascending distinct integer widths in 0..16 (curve_width_ok). Throws Error
 /// "<name>: curves.<quantizer>.<field> ...". (Sizes are the caller's to check.)
 void validate_curve_fit(const std::string& quantizer, const DistortionCurves& c, const std::string& name);
 

@@ -1,0 +1,122 @@
+"""make_plan's arguments against ``ratekv plan``'s (issue 22's adversarial pass): what the CLI refuses, the
+binding refuses, naming the argument; what the CLI accepts, the binding accepts, through the same library call.
+
+  - ``seed`` / ``group_size`` for codecs that do not use them were ignored silently: refused, as the CLI refuses
+    --seed / --group-size (and accepted for the codecs that use them, changing the plan);
+  - ``make_plan(None)`` failed with nanobind's signature mismatch: a TypeError naming ``stats``;
+  - a JSON statistics file (format "ratekv-calib-stats") was refused as "not a safetensors statistics file" while
+    ``ratekv plan --stats x.json`` accepts it: accepted, and the plan equals the CLI's on the same file.
+
+Needs neither torch nor a model (JSON statistics written here); the CLI comparison skips without the built CLI."""
+
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+import ratekv
+from ratekv import RatekvError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# Two layers, one KV head, head_dim 64 (32 RoPE blocks, energies falling with the block index), grad
+# sensitivities and TQ-MSE curves: JSON statistics of format/calib_stats.h.
+STATS = {
+    "format": "ratekv-calib-stats", "version": 1,
+    "model": {"arch": "llama", "n_layers": 2, "n_kv_heads": 1, "head_dim": 64, "rope_layout": "interleaved"},
+    "q_block_energy": [[[4.0 / (1 + i) for i in range(32)]], [[2.0 / (1 + i) for i in range(32)]]],
+    "k_block_energy": [[[1.0 + 0.1 * i for i in range(32)]], [[0.5 for _ in range(32)]]],
+    "sensitivity": {"grad": {"k": [[2.0], [1.0]], "v": [[1.0], [3.0]]}},
+    "curves": {"tq-mse": {"bits": [1, 2, 3, 4, 5], "beta_k": 3.5, "beta_v": 3.5, "alpha_k": [[1.0], [2.0]],
+                          "alpha_v": [[1.0], [0.5]]}},
+}
+
+
+@pytest.fixture
+def stats_json(tmp_path):
+    p = tmp_path / "stats.json"
+    p.write_text(json.dumps(STATS))
+    return p
+
+
+def cli():
+    p = pathlib.Path(os.environ.get("RATEKV_CLI", ROOT / "build" / "bin" / "ratekv"))
+    if not p.is_file():
+        pytest.skip(f"ratekv CLI not built at {p} (set RATEKV_CLI)")
+    return p
+
+
+def uniform(path, **kw):
+    return ratekv.make_plan(path, "uniform", k_bits=3, v_bits=3, budget_unit="code", **kw)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(quantizer="kivi", seed=7),
+     "make_plan: seed: not used by method uniform with quantizer kivi: it seeds the rotations of tq-mse, block-gtq "
+     "and quarot codecs"),
+    (dict(quantizer="q8_0", v_quantizer="kivi", seed=0),  # given at its default value: still given
+     "make_plan: seed: not used by method uniform with quantizer q8_0 v_quantizer kivi: it seeds the rotations"),
+    (dict(group_size=16),
+     "make_plan: group_size: not used by method uniform with quantizer tq-mse: it is the scale group of kivi and "
+     "quarot codecs"),
+    (dict(quantizer="q8_0", group_size=32),
+     "make_plan: group_size: not used by method uniform with quantizer q8_0: it is the scale group"),
+])
+def test_codec_arguments_the_codecs_do_not_use_are_refused(stats_json, kw, msg):
+    with pytest.raises(RatekvError) as e:
+        uniform(stats_json, **kw)
+    assert str(e.value).startswith(msg), str(e.value)
+
+
+def test_block_gtq_refuses_group_size_and_takes_seed(stats_json):
+    with pytest.raises(RatekvError, match=r"^make_plan: group_size: not used by method block-gtq: it is the scale "
+                                          r"group of kivi and quarot codecs$"):
+        ratekv.make_plan(stats_json, "block-gtq", k_bits=3, v_bits=3, group_size=16)
+    a = ratekv.make_plan(stats_json, "block-gtq", k_bits=3, v_bits=3, seed=1)
+    b = ratekv.make_plan(stats_json, "block-gtq", k_bits=3, v_bits=3, seed=2)
+    assert a.to_json() != b.to_json()  # the seed is used: it changes the plan
+
+
+def test_codec_arguments_the_codecs_use_change_the_plan(stats_json):
+    # seed for tq-mse and quarot, group_size for kivi and quarot (in either side's quantizer).
+    assert uniform(stats_json, seed=1).to_json() != uniform(stats_json, seed=2).to_json()
+    assert "quarot" in uniform(stats_json, quantizer="quarot", seed=5, group_size=4).to_json()
+    k16 = uniform(stats_json, quantizer="tq-mse", v_quantizer="kivi", group_size=16)
+    k32 = uniform(stats_json, quantizer="tq-mse", v_quantizer="kivi")
+    assert k16.to_json() != k32.to_json()
+    # Not given: the defaults (seed 0, group_size 32) as before, for every quantizer.
+    for q, b in (("kivi", 3), ("quarot", 3), ("q8_0", 8), ("q4_0", 4), ("tq-mse", 3), ("fp16", 16)):
+        ratekv.make_plan(stats_json, "uniform", k_bits=b, v_bits=b, budget_unit="code", quantizer=q)
+    assert uniform(stats_json).to_json() == uniform(stats_json, seed=0).to_json()
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"stats.json", ["stats.json"]])
+def test_stats_of_another_type_is_a_type_error_naming_it(bad):
+    with pytest.raises(TypeError, match=rf"^make_plan: stats is {type(bad).__name__}; expected a KVStats, a "
+                                        r"CalibStats or the path of a statistics file"):
+        ratekv.make_plan(bad, "uniform")
+
+
+def test_json_statistics_are_read_as_the_cli_reads_them(stats_json, tmp_path):
+    for p in (stats_json, str(stats_json)):
+        plan = ratekv.make_plan(p, "ratequant", avg_bits=3.0, budget_unit="code")
+        assert plan.method == "ratequant"
+    # The same plan as `ratekv plan --stats stats.json`.
+    out = tmp_path / "cli.plan.json"
+    r = subprocess.run([str(cli()), "plan", "--method", "ratequant", "--bits", "3", "--budget-unit", "code",
+                        "--seed", "5", "--stats", str(stats_json), "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    plan = ratekv.make_plan(stats_json, "ratequant", avg_bits=3.0, budget_unit="code", seed=5)
+    assert json.loads(plan.to_json()) == json.loads(out.read_text())
+    # And both refuse the same bad JSON statistics with the same message (the file named).
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(STATS, format="something-else")))
+    r = subprocess.run([str(cli()), "plan", "--method", "block-gtq", "--stats", str(bad), "-o",
+                        str(tmp_path / "x.json")], capture_output=True, text=True)
+    assert r.returncode != 0
+    with pytest.raises(RatekvError) as e:
+        ratekv.make_plan(bad, "block-gtq")
+    assert "bad.json" in str(e.value)
+    assert f"error: {e.value}" in r.stdout + r.stderr, (str(e.value), r.stdout + r.stderr)
