@@ -64,6 +64,24 @@ class Script(unittest.TestCase):
             self.assertEqual(r.returncode, 2, (args, r.stderr))
             self.assertIn(words, r.stderr, args)
 
+    def test_chunk_must_be_zero_or_a_positive_multiple_of_64(self):
+        for bad in ("100", "63", "-64", "2048.5", "x"):
+            r = run(SCRIPT, "--out", "x.json", "--chunk", bad)
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+            self.assertIn("--chunk", r.stderr, bad)
+            self.assertNotIn("Traceback", r.stderr, bad)
+        for good in ("0", "64", "2048"):
+            self.assertEqual(pvs.parse_args(["--out", "x.json", "--chunk", good]).chunk, int(good))
+
+    def test_out_in_a_missing_directory_or_a_directory_is_refused_before_any_work(self):
+        with tempfile.TemporaryDirectory() as d:
+            for out in (os.path.join(d, "no", "such", "o.json"), d):
+                r = run(SCRIPT, "--out", out)
+                self.assertEqual(r.returncode, 2, (out, r.stderr))
+                self.assertIn("--out", r.stderr, out)
+                self.assertNotIn("CUDA", r.stderr, out)  # refused in parsing, before torch
+            self.assertEqual(os.listdir(d), [])
+
     def test_without_torch_it_says_so(self):
         if importlib.util.find_spec("torch") is not None:
             self.skipTest("torch is installed here: the script would measure (or say there is no CUDA device)")

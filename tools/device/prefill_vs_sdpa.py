@@ -3,7 +3,9 @@
 
 Two measurements at the shapes of a synthetic configuration (hf_configs.MODELS; default
 llama-3.1-8b: 32 query / 8 KV heads, head_dim 128, 32 layers, d_model 4096, ffn 14336), each for
-every prompt length of --prompts, in one piece and, when --chunk > 0, in chunks of --chunk tokens:
+every prompt length of --prompts, in one piece and, when --chunk > 0, in chunks of --chunk tokens
+(0 or a multiple of 64, as ratekv's --chunk; --out in a directory that does not exist, or a directory,
+is refused before torch is imported: exit 2):
 
 attn  causal attention of ONE layer, torch SDPA flash, fp16, batch 1, GQA through enable_gqa=True
       (flash reads the 8 KV heads as they are: no repeat_interleave copy). Chunked = ratekv's
@@ -135,18 +137,25 @@ def error_text(e):
 def parse_args(argv=None):
     """The command line (module docstring); exits 2 with a message on bad input."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="JSON output file (rewritten after every row)")
+    ap.add_argument("--out", required=True,
+                    help="JSON output file (rewritten after every row); its directory must exist")
     ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(MODELS))
     ap.add_argument("--prompts", type=int_list, default=[8192, 32768], help="prompt lengths (comma list)")
     ap.add_argument("--chunk", type=int, default=2048,
-                    help="also chunked prefill in chunks of N tokens (0: one piece only)")
+                    help="also chunked prefill in chunks of N tokens, a multiple of 64 (0: one piece only)")
     ap.add_argument("--what", type=what_list, default=list(WHATS), help="attn, hf or both (comma list)")
     ap.add_argument("--reps", type=int, default=10, help="timed reps of the attention rows (median)")
     ap.add_argument("--hf-reps", type=int, default=3, help="timed reps of the HF rows (median)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs first (the first one profiled)")
     a = ap.parse_args(argv)
-    if a.chunk < 0:
-        ap.error(f"--chunk: expected 0 (one piece only) or a chunk size > 0, got {a.chunk}")
+    if a.chunk < 0 or a.chunk % 64:
+        ap.error(f"--chunk: expected 0 (one piece only) or a positive multiple of 64 tokens (ratekv's page, "
+                 f"its --chunk rule), got {a.chunk}")
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    if os.path.isdir(a.out):
+        ap.error(f"--out {a.out!r} is a directory (expected a JSON file to write)")
+    if not os.path.isdir(out_dir):
+        ap.error(f"--out {a.out!r}: directory {out_dir!r} does not exist")
     if a.reps < 1 or a.hf_reps < 1:
         ap.error(f"--reps / --hf-reps: expected ≥ 1, got {a.reps} / {a.hf_reps}")
     if a.warmup < 1:
