@@ -262,6 +262,122 @@ class Table(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("neither prefill_tok_s nor error", r.stderr)
 
+    def assertRefused(self, rk_docs, tdoc, *words, extra=()):
+        r, out, md = self.table(rk_docs, tdoc, extra=extra)
+        self.assertEqual(r.returncode, 2, (words, r.stdout, r.stderr))
+        self.assertNotIn("Traceback", r.stderr, words)
+        for w in words:
+            self.assertIn(w, r.stderr)
+        self.assertFalse(os.path.exists(out), words)
+        self.assertFalse(os.path.exists(md), words)
+        return r
+
+    def test_duplicate_torch_rows_are_refused(self):
+        one = {"device_name": "NVIDIA H200", "rows": [rk_row("fp16", 8192, 0, 16000.0)]}
+        self.assertRefused([one], torch_doc([hf(8192, 0, 30000.0), attn(8192, 0, 2.0), hf(8192, 0, 31000.0)]),
+                           "torch.json", "rows[0]", "rows[2]", "hf-sdpa-prefill prompt 8192 chunk 0")
+        self.assertRefused([one], torch_doc([attn(8192, 2048, 2.0), attn(8192, 2048, 2.0)]),
+                           "torch.json", "rows[0]", "rows[1]")
+
+    def test_malformed_ratekv_rows_name_the_file_row_and_field(self):
+        good = rk_row("fp16", 8192, 0, 16000.0)
+        t = torch_doc([])
+        for rows, where in (([1, "x"], "rows[0]"),
+                            ([dict(good, chunk=None)], "rows[0].chunk"),
+                            ([good, dict(good, cache="K3V3", chunk="2048")], "rows[1].chunk"),
+                            ([dict(good, chunk=2048.7)], "rows[0].chunk"),
+                            ([dict(good, chunk=True)], "rows[0].chunk"),
+                            ([dict(good, chunk=-64)], "rows[0].chunk"),
+                            ([dict(good, prefill_tok_s="16000")], "rows[0].prefill_tok_s"),
+                            ([dict(good, prefill_tok_s=True)], "rows[0].prefill_tok_s"),
+                            ([dict(good, prefill_tok_s=-1.0)], "rows[0].prefill_tok_s"),
+                            ([dict(good, ttft_ms="x")], "rows[0].ttft_ms"),
+                            ([dict(good, error=None)], "rows[0].error"),
+                            ([dict(good, error=5)], "rows[0].error"),
+                            ([dict(good, test="ppabc")], "rows[0].test"),
+                            ([dict(good, test="pp0")], "rows[0].test"),
+                            ([dict(good, test="pp2048.7")], "rows[0].test"),
+                            ([dict(good, test=8192)], "rows[0].test"),
+                            ([dict(good, cache=["fp16"])], "rows[0].cache"),
+                            ([dict(good, model=["x"])], "rows[0].model"),
+                            ([dict(good, prefill_mode=3)], "rows[0].prefill_mode")):
+            self.assertRefused([{"device_name": "NVIDIA H200", "rows": rows}], t, "rk0.json", where)
+        self.assertRefused([{"device_name": ["NVIDIA H200"], "rows": [good]}], t, "rk0.json", "device_name")
+
+    def test_malformed_torch_side_names_the_file_row_and_field(self):
+        one = {"device_name": "NVIDIA H200", "rows": [rk_row("fp16", 8192, 0, 16000.0)]}
+        sh = pvs.shapes("llama-3.1-8b")
+        for doc, where in (({"meta": None, "rows": []}, "meta"),
+                           ({"meta": "llama", "rows": []}, "meta"),
+                           (dict(torch_doc([]), rows=[1, "x"]), "rows[0]"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), chunk=None)]), "rows[0].chunk"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), prompt="8192")]), "rows[0].prompt"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), prompt=True)]), "rows[0].prompt"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), chunk=2048.7)]), "rows[0].chunk"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), chunk=-64)]), "rows[0].chunk"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), tok_s="1")]), "rows[0].tok_s"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), ttft_ms=[1])]), "rows[0].ttft_ms"),
+                           (torch_doc([dict(attn(8192, 0, 2.0), ms_per_layer="2")]), "rows[0].ms_per_layer"),
+                           (torch_doc([dict(attn(8192, 0, 2.0), ms_all_layers=None)]), "rows[0].ms_all_layers"),
+                           (torch_doc([{"kind": "hf-sdpa-prefill", "prompt": 8192, "chunk": 0, "error": None}]),
+                            "rows[0].error"),
+                           (torch_doc([{"kind": "hf-sdpa-prefill", "prompt": 8192, "chunk": 0, "error": 5}]),
+                            "rows[0].error"),
+                           (torch_doc([{"kind": "hf-sdpa-prefill", "prompt": 8192, "chunk": 0}]),
+                            "rows[0] has neither"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), backends_seen="flash")]), "rows[0].backends_seen"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), backends_seen=[1])]), "rows[0].backends_seen"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), kind="sdpa-math")]), "rows[0].kind"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), model="qwen2.5-7b")]), "rows[0].model"),
+                           (torch_doc([dict(hf(8192, 0, 1.0), mode="chunks of 64")]), "rows[0].mode"),
+                           (dict(torch_doc([]), meta=dict(torch_doc([])["meta"], device=["H200"])), "meta.device"),
+                           (dict(torch_doc([]), meta=dict(torch_doc([])["meta"], model=7)), "meta.model"),
+                           (dict(torch_doc([]), meta=dict(torch_doc([])["meta"], shapes=None)), "meta.shapes"),
+                           (dict(torch_doc([]), meta=dict(torch_doc([])["meta"],
+                                                          shapes={k: v for k, v in sh.items() if k != "hkv"})),
+                            "meta.shapes.hkv"),
+                           (dict(torch_doc([]), meta=dict(torch_doc([])["meta"], shapes=dict(sh, d="128"))),
+                            "meta.shapes.d")):
+            self.assertRefused([one], doc, "torch.json", where)
+
+    def test_deeply_nested_json_is_refused(self):
+        deep = '{"rows": [], "x": ' + "[" * 100000 + "]" * 100000 + "}"
+        self.assertRefused([deep], torch_doc([]), "rk0.json")
+        shallow_but_deep = '{"rows": [], "x": ' + "[" * 500 + "]" * 500 + "}"
+        self.assertRefused([shallow_but_deep], torch_doc([]), "rk0.json", "nested")
+
+    def test_non_finite_numbers_are_refused_and_the_output_is_strict_json(self):
+        one = {"device_name": "NVIDIA H200", "rows": [rk_row("fp16", 8192, 0, 16000.0)]}
+        t = torch_doc([hf(8192, 0, 30000.0)])
+        good = json.dumps(one)
+        for bad, where in ((good.replace("16000.0", "NaN", 1), "rows[0].prefill_tok_s"),
+                           (good.replace("16000.0", "Infinity", 1), "rows[0].prefill_tok_s"),
+                           (good.replace("16000.0", "1e999", 1), "rows[0].prefill_tok_s"),
+                           (good[:-1] + ', "read_ceiling_gbps": {"fp16": NaN}}', "read_ceiling_gbps.fp16")):
+            self.assertRefused([bad], t, "rk0.json", where)
+        tbad = json.dumps(torch_doc([attn(8192, 0, 2.5)])).replace("2.5", "NaN", 1)
+        self.assertRefused([one], tbad, "torch.json", "rows[0].ms_per_layer")
+        # finite inputs whose ratio overflows: refused, never "infx" or a bare Infinity in the output
+        huge = {"device_name": "NVIDIA H200", "rows": [rk_row("fp16", 8192, 0, 1e308, ttft_ms=1.0)]}
+        self.assertRefused([huge], torch_doc([hf(8192, 0, 1e-300)]), "not finite")
+        r, out, _ = self.table([one], t)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        json.loads(read(out), parse_constant=lambda c: self.fail(f"{c} in the output"))
+
+    def test_out_and_md_in_a_missing_directory_are_refused_before_writing(self):
+        one = {"device_name": "NVIDIA H200", "rows": [rk_row("fp16", 8192, 0, 16000.0)]}
+        rk, t = self.path("rk.json", one), self.path("t.json", torch_doc([hf(8192, 0, 30000.0)]))
+        nowhere = os.path.join(self.tmp.name, "no", "such")
+        for flag, args in (("--out", ["--out", os.path.join(nowhere, "o.json"), "--md", self.path("o.md")]),
+                           ("--md", ["--out", self.path("o.json"), "--md", os.path.join(nowhere, "o.md")]),
+                           ("--out", ["--out", self.tmp.name])):
+            r = run(TABLE, "--ratekv", rk, "--torch", t, *args)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn(flag, r.stderr, args)
+            self.assertNotIn("Traceback", r.stderr, args)
+            self.assertFalse(os.path.exists(self.path("o.json")), args)
+            self.assertFalse(os.path.exists(self.path("o.md")), args)
+
     def test_nothing_at_all_exits_1(self):
         r, _, _ = self.table([{"rows": []}], torch_doc([]))
         self.assertEqual(r.returncode, 1)
