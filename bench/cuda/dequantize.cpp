@@ -14,16 +14,24 @@
 // ≈ 2.1 · 2⁻¹¹ ≈ 1e-3). Prints a table; exits 1 when that difference
 // exceeds 2.2 · 2⁻¹¹. Not part of CI; run on the GPU machine:
 //   build/bench/bench_cuda_dequant [--tokens 2048,16384,131072] [--reps 20]
+// Exit codes: 0 done, 1 the difference above the bound or a runtime failure
+// (no CUDA device, out of memory, a library error: one line
+// "bench_cuda_dequant: <what>" on stderr), 2 bad arguments (the flag named,
+// then the usage). --help prints the usage and exits 0.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "ratekv/cache/plan_codecs.h"
@@ -38,14 +46,45 @@ namespace {
 
 using namespace ratekv;
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    const cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                   \
-    }                                                                                 \
+// A failed CUDA runtime call throws std::runtime_error naming the call, the
+// CUDA error string and the line (main prints it as one line, exit 1).
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    const cudaError_t e_ = (x);                                                                    \
+    if (e_ != cudaSuccess)                                                                         \
+      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_) + " (" + __FILE__ + \
+                               ":" + std::to_string(__LINE__) + ")");                              \
   } while (0)
+
+constexpr const char* kUsage =
+    "usage: bench_cuda_dequant [--tokens N,N,...] [--reps R] [--kv-heads H] [--head-dim D] [--block-gtq] [--help]\n"
+    "  --tokens    token counts, each 1..16777216 (default 2048,16384,131072)\n"
+    "  --reps      timed calls per point, 1..10000 (median; default 20)\n"
+    "  --kv-heads  KV heads, 1..64 (default 8; query heads are 4 per KV head)\n"
+    "  --head-dim  64, 128 or 256 (default 128)\n"
+    "  --block-gtq keys in 4/3/2-bit groups of 1/8, 1/4, 1/8 of the channel pairs (default K3V3)\n";
+
+constexpr long long kMaxTokens = 1LL << 24;
+
+/// Prints "bench_cuda_dequant: <flag>: <why>, got '<text>'" and the usage to
+/// stderr and exits 2 (bad arguments).
+[[noreturn]] void usage_error(const std::string& flag, const std::string& why, const std::string& text) {
+  std::fprintf(stderr, "bench_cuda_dequant: %s: %s, got '%s'\n%s", flag.c_str(), why.c_str(), text.c_str(), kUsage);
+  std::exit(2);
+}
+
+/// The whole of `text` as a decimal integer in lo..hi (no sign, no spaces, no
+/// trailing characters, no overflow); usage_error naming `flag` otherwise.
+int parse_int(const std::string& flag, const std::string& text, long long lo, long long hi) {
+  long long v = 0;
+  const char* b = text.data();
+  const char* e = b + text.size();
+  const auto r = std::from_chars(b, e, v);
+  const std::string want = "expected a whole number in " + std::to_string(lo) + ".." + std::to_string(hi);
+  if (text.empty() || !(text[0] >= '0' && text[0] <= '9') || r.ptr != e) usage_error(flag, want, text);
+  if (r.ec == std::errc::result_out_of_range || v < lo || v > hi) usage_error(flag, want, text);
+  return (int)v;
+}
 
 template <typename T>
 T* dev_alloc(size_t n) {
@@ -77,48 +116,49 @@ double median_ms(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
-std::vector<int> parse_list(const char* s) {
+/// "2048,16384" -> {2048, 16384}: every entry parse_int(flag, entry, 1, kMaxTokens)
+/// (an empty entry, as in "2048,," or "", is refused).
+std::vector<int> parse_list(const std::string& flag, const std::string& text) {
   std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
+  size_t p = 0;
+  while (true) {
+    const size_t c = text.find(',', p);
+    v.push_back(parse_int(flag, text.substr(p, c == std::string::npos ? std::string::npos : c - p), 1, kMaxTokens));
+    if (c == std::string::npos) break;
+    p = c + 1;
   }
   return v;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::vector<int> tokens = {2048, 16384, 131072};
   int reps = 20, Hkv = 8, hd = 128;
   bool block_gtq = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(a, "needs a value", "");
       return argv[++i];
     };
-    if (a == "--tokens") tokens = parse_list(next());
-    else if (a == "--reps") reps = std::atoi(next());
-    else if (a == "--kv-heads") Hkv = std::atoi(next());
-    else if (a == "--head-dim") hd = std::atoi(next());
-    else if (a == "--block-gtq") block_gtq = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_cuda_dequant [--tokens N,N,...] [--reps R] [--kv-heads H] [--head-dim D] "
-                   "[--block-gtq]\n");
-      return 2;
-    }
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--tokens") tokens = parse_list(a, next());
+    else if (a == "--reps") reps = parse_int(a, next(), 1, 10000);
+    else if (a == "--kv-heads") Hkv = parse_int(a, next(), 1, 64);
+    else if (a == "--head-dim") {
+      hd = parse_int(a, next(), 64, 256);
+      if (hd != 64 && hd != 128 && hd != 256) usage_error(a, "expected 64, 128 or 256", argv[i]);
+    } else if (a == "--block-gtq") block_gtq = true;
+    else usage_error(a, "unknown argument", a);
   }
-  if (tokens.empty() || reps < 1 || Hkv < 1 || !(hd == 64 || hd == 128 || hd == 256) ||
-      *std::min_element(tokens.begin(), tokens.end()) < 1) {
-    std::fprintf(stderr, "bench_cuda_dequant: bad arguments (tokens ≥ 1, reps ≥ 1, head_dim 64/128/256)\n");
-    return 2;
-  }
+  // No GPU: refused here, before any plan or allocation (as bench_cuda_decode
+  // asks for the device's properties first).
+  int n_dev = 0;
+  const cudaError_t de = cudaGetDeviceCount(&n_dev);
+  if (de != cudaSuccess || n_dev < 1)
+    throw std::runtime_error(std::string("no usable CUDA device (cudaGetDeviceCount: ") +
+                             (de != cudaSuccess ? cudaGetErrorString(de) : "0 devices") + ")");
   ModelConfig c = synthetic_config("llama-3.1-8b", 1);
   c.head_dim = hd;
   c.n_kv_heads = Hkv;
@@ -220,4 +260,17 @@ int main(int argc, char** argv) {
                 tc / rd);
   }
   return worst <= 2.2 * u ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');  // one line
+    std::fprintf(stderr, "bench_cuda_dequant: %s\n", what.c_str());
+    return 1;
+  }
 }
