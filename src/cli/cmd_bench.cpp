@@ -649,9 +649,9 @@ Registrar reg("bench", [](CLI::App& app) {
   add_list_option(cmd, "-d,--n-depth", a->d, "cached tokens before the tg rows decode (comma list)");
   add_list_option(cmd, "-b,--batch", a->b, "sequences decoded together (comma list)");
   const std::vector<std::string> types = eval::cache_type_names();
-  add_list_option(cmd, "--cache-type-k", a->ctk, "K cache types (comma list; f16, q8_0, q4_0, tq2, tq3, tq4)",
+  add_list_option(cmd, "--cache-type-k", a->ctk, "K cache types (short: -ctk; comma list; f16, q8_0, q4_0, tq2, tq3, tq4)",
                   CLI::IsMember(types));
-  add_list_option(cmd, "--cache-type-v", a->ctv, "V cache types (comma list, paired with -ctk)", CLI::IsMember(types));
+  add_list_option(cmd, "--cache-type-v", a->ctv, "V cache types (short: -ctv; comma list, paired with -ctk)", CLI::IsMember(types));
   cmd->add_option("--plan", a->plans, "plan files (uniform, Block-GTQ, RateQuant), one cache each")
       ->check(CLI::ExistingFile);
   add_no_plan_check_option(cmd, a->no_plan_check);

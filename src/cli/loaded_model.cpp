@@ -127,10 +127,10 @@ std::unique_ptr<cache::PackedKVCache> make_packed_cache(const KVCacheShape& shap
 void add_cache_type_options(CLI::App* cmd, std::string& ctk, std::string& ctv) {
   const std::vector<std::string> names = eval::cache_type_names();
   cmd->add_option("--cache-type-k", ctk,
-                  "KV cache type for K, as llama.cpp's -ctk: f16, q8_0, q4_0, or tq2/tq3/tq4 (uniform TurboQuant-MSE "
+                  "KV cache type for K (short: -ctk, as llama.cpp): f16, q8_0, q4_0, or tq2/tq3/tq4 (uniform TurboQuant-MSE "
                   "at 2/3/4 bits, built from the model's shapes; no calibration). Needs -ctv; replaces --cache/--plan")
       ->check(CLI::IsMember(names));
-  cmd->add_option("--cache-type-v", ctv, "KV cache type for V (as -ctk)")->check(CLI::IsMember(names));
+  cmd->add_option("--cache-type-v", ctv, "KV cache type for V (short: -ctv; values as --cache-type-k)")->check(CLI::IsMember(names));
 }
 
 std::optional<Plan> cache_type_plan_or_empty(const std::string& ctk, const std::string& ctv,
