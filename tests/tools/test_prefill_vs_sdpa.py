@@ -142,7 +142,8 @@ class Script(unittest.TestCase):
         self.assertEqual(len(pvs.error_text(RuntimeError("x" * 1000))), 400)
 
     def test_every_device_script_compiles(self):
-        for name in ("prefill_vs_sdpa.py", "prefill_vs_sdpa_table.py", "e2e_peers.py", "hf_configs.py"):
+        for name in ("prefill_vs_sdpa.py", "prefill_vs_sdpa_table.py", "e2e_peers.py", "hf_configs.py",
+                     "cuda_timing.py", "sdpa_baseline.py"):
             r = subprocess.run([sys.executable, "-m", "py_compile", os.path.join(DEV, name)], capture_output=True,
                                text=True)
             self.assertEqual(r.returncode, 0, (name, r.stderr))

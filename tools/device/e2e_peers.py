@@ -16,39 +16,23 @@ Usage: e2e_peers.py sdpa --hq 32 --hkv 8 --d 128 --shapes 1:32768,4:131072 --out
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from hf_configs import MODELS  # the synthetic configurations as HF config fields
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings, from any working directory
+from cuda_timing import l2_flush_buffer, median_ms  # noqa: E402
+from hf_configs import MODELS  # noqa: E402  (the synthetic configurations as HF config fields)
 
 dev = torch.device("cuda")
 
 
-def flush_buf():
-    return torch.empty(512 << 20, dtype=torch.uint8, device=dev)
-
-
-def timed(fn, reps, flush=None):
-    ts = []
-    for i in range(reps):
-        if flush is not None:
-            flush.fill_(i & 0xFF)
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
 def run_sdpa(args):
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    flush = flush_buf()
+    flush = l2_flush_buffer(dev)
     rows = []
     for s in args.shapes.split(","):
         B, T = (int(x) for x in s.split(":"))
@@ -61,7 +45,7 @@ def run_sdpa(args):
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                 torch.cuda.synchronize()
-                row["ms"] = timed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.reps, flush)
+                row["ms"] = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.reps, flush)
             print(f"sdpa-flash-fp16 B={B} T={T}: {row['ms']:.4f} ms", flush=True)
             del q, k, v
         except Exception as e:  # recorded, never replaced by another backend
@@ -140,7 +124,7 @@ def run_hf(args):
                 for _ in range(args.warmup):
                     fwd()
                 torch.cuda.synchronize()
-                row["step_ms"] = timed(fwd, args.steps)
+                row["step_ms"] = median_ms(fwd, args.steps)
                 row["decode_tok_s"] = B * 1e3 / row["step_ms"]
                 row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
                 print(f"hf-{setup} {args.model} B={B} depth={T}: {row['step_ms']:.2f} ms/step "

@@ -44,6 +44,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_timing import l2_flush_buffer, median_ms  # noqa: E402  (torch-lazy)
 from hf_configs import MODELS  # noqa: E402
 
 WHATS = ("attn", "hf")
@@ -176,24 +177,6 @@ def cases(args):
 
 # ---- torch (imported in main) --------------------------------------------------------------------
 
-def timed(torch, fn, reps, flush=None):
-    """Median ms of `reps` calls of fn between two CUDA events (flush: a buffer overwritten before
-    each call, outside the events)."""
-    ts = []
-    for i in range(reps):
-        if flush is not None:
-            flush.fill_(i & 0xFF)
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
 def profiled_backends(torch, fn):
     """Runs fn once under the CPU profiler; the SDPA backends its aten ops name."""
     from torch.profiler import ProfilerActivity, profile
@@ -253,7 +236,7 @@ def run_attn(torch, args, sh, rows, dump):
     """The attention rows (module docstring: attn)."""
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_flush_buffer("cuda")
     try:
         check = {"max_abs_diff": check_chunked(torch, sh)}
     except Exception as e:  # every attention row then carries the failure
@@ -283,7 +266,7 @@ def run_attn(torch, args, sh, rows, dump):
                 for _ in range(args.warmup - 1):
                     fn()
                 torch.cuda.synchronize()
-                row["ms_per_layer"] = timed(torch, fn, args.reps, flush)
+                row["ms_per_layer"] = median_ms(fn, args.reps, flush)
             row["ms_all_layers"] = row["ms_per_layer"] * sh["layers"]
             row["tflops"] = attention_flop(sh["hq"], sh["d"], bounds) / (row["ms_per_layer"] * 1e-3) / 1e12
             print(f"{ATTN_KIND} {args.model} T={T} {mode_name(chunk)}: {row['ms_per_layer']:.3f} ms/layer "
@@ -339,7 +322,7 @@ def run_hf(torch, args, sh, rows, dump):
                 for _ in range(args.warmup - 1):
                     prefill()
                 torch.cuda.synchronize()
-                row["ttft_ms"] = timed(torch, prefill, args.hf_reps)
+                row["ttft_ms"] = median_ms(prefill, args.hf_reps)
             row["tok_s"] = T * 1e3 / row["ttft_ms"]
             row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
             print(f"{HF_KIND} {args.model} T={T} {mode_name(chunk)}: {row['ttft_ms']:.1f} ms, {row['tok_s']:.0f} tok/s "

@@ -16,10 +16,15 @@ denominator of bench_cuda_decode's prefill-quantize fraction.
 """
 import argparse
 import json
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings, from any working directory
+from cuda_timing import l2_flush_buffer, median_ms  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -39,23 +44,7 @@ if args.only_T:
     CASES = [c for c in CASES if c[2] in keep]
 
 dev = torch.device("cuda")
-flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
-
-
-def timed(fn, reps, stream=None):
-    ts = []
-    for i in range(reps):
-        flush.fill_(i & 0xFF)
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
-
+flush = l2_flush_buffer(dev)  # 512 MiB, filled before every timed run
 
 rows = []
 for model, B, T in CASES:
@@ -69,7 +58,7 @@ for model, B, T in CASES:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             torch.cuda.synchronize()
-            ms = timed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.reps)
+            ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.reps, flush)
             ms_graph = -1.0
             if T <= 32768:
                 s = torch.cuda.Stream()
@@ -80,7 +69,7 @@ for model, B, T in CASES:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                ms_graph = timed(graph.replay, args.reps)
+                ms_graph = median_ms(graph.replay, args.reps, flush)
         nbytes = B * T * HKV * 2 * D * 2
         row.update({"ms": ms, "ms_graph": ms_graph, "cache_bytes": nbytes,
                     "GBps": nbytes / (ms * 1e-3) / 1e9})
@@ -107,7 +96,7 @@ if args.prefill:
                     fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
                     fn()
                     torch.cuda.synchronize()
-                    ms = timed(fn, 5)
+                    ms = median_ms(fn, 5, flush)
                 flop = 4.0 * HQ * D * T * T / 2  # QK^T and PV, causal half
                 row.update({"ms": ms, "TFLOPs": flop / (ms * 1e-3) / 1e12})
                 print(f"sdpa-flash prefill {model} T={T}: {ms:.3f} ms ({row['TFLOPs']:.0f} TFLOP/s)", flush=True)
