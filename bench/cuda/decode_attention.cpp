@@ -353,12 +353,12 @@ bool check_references(nlohmann::json& J) {
         cuda::packed_decode_attention(plan, db, dpool, dq, cuda::DType::f32, scale, dout, ws, ws_bytes, splits,
                                       nullptr, variant);
         CK(cudaDeviceSynchronize());
-        const bool i8 = cuda::uses_int8_keys(plan, variant);
+        const bool i8 = cuda::uses_int8_levels(plan, variant);
         const auto want =
-            i8 ? ref::packed_decode_attention(rplan, rb, pool, {}, q, scale, ref::PackedRounding::int8_keys) : want16;
+            i8 ? ref::packed_decode_attention(rplan, rb, pool, {}, q, scale, ref::PackedRounding::int8_levels) : want16;
         row(name,
             std::string("decode ") + (variant == cuda::PackedDecodeVariant::specialized ? "specialized" : "runtime_tables") +
-                (i8 ? " (int8 keys)" : " (fp16)"),
+                (i8 ? " (int8 levels)" : " (fp16)"),
             max_rel_err(to_host(dout, q.size()), want, B), 1e-3);
       }
       // Quantize-append at positions 4096, 1, 97 (room for one more token in max_pages).

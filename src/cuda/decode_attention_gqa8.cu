@@ -3,7 +3,7 @@
 // version 2). Two instances per head_dim:
 //  - uniform plans (one b-bit key and one b-bit value group per head, b = 1..4;
 //    variant `specialized`): widths and offsets at compile time, integer key
-//    scores (below);
+//    scores and integer P·V products (below);
 //  - any other plan of 1..4-bit groups (Block-GTQ, RateQuant, K≠V widths, 0-bit
 //    sides; and every plan under variant `runtime_tables`): widths, codebooks,
 //    offsets and norms per 16-channel tile from the head tables in shared
@@ -19,14 +19,18 @@
 //                 parts of the query; mma.m16n8k32.s8, int32 accumulation
 //        general: A = 16 tokens × 16 channels of fp16 levels, B = fp16 query;
 //                 mma.m16n8k16, fp32 accumulation
-//   Oᵀ (16 channels × 8 rows) += V_tileᵀ (A: 16 channels × 16 tokens, fp16 levels)
-//                               · (P ∘ n^V_g)ᵀ (B: 16 × 8, fp16)            mma.m16n8k16, fp32
+//   Oᵀ (16 channels × 8 rows) += V_tileᵀ (A) · (P ∘ n^V_g)ᵀ (B)
+//        uniform: A = 16 channels × 32 tokens of int8 levels, B = the int8 hi and
+//                 lo parts of x = P ∘ n^V · 127/max|n^V| (per page); m16n8k32.s8,
+//                 int32 sums per page folded into fp32 O (split_int8)
+//        general: A = 16 channels × 16 tokens of fp16 levels, B = fp16 P ∘ n^V_g;
+//                 mma.m16n8k16, fp32 accumulation
 // The format's lane words hold exactly these A fragments (code_decode.cuh): a
-// key code becomes its int8 level with one byte permute per 4 codes
-// (ref::int8_key_levels: one scale per codebook), an fp16 level takes two per 2
+// code becomes its int8 level with one byte permute per 4 codes
+// (ref::int8_levels: one scale per codebook), an fp16 level takes two per 2
 // codes. The uniform score of token t, row r is
 // n^K_t · s_r·s_L/254 · (254·Σ hi·L + Σ lo·L), the scale folded into the softmax
-// exponent. A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,
+// exponent; its output sV·max|n^V|/127 · (Σ_t hi_t·L_t + Σ_t lo_t·L_t/254). A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,
 // g+8 of each token tile; P moves from the C layout of Sᵀ to the B layout of
 // the P·V product with movmatrix (one 8×8 transpose per half tile).
 //
@@ -111,7 +115,32 @@ __device__ __forceinline__ void imma_16832(int (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/// An int8 key codebook in registers: byte k of c[w] = int8 level 4w + k.
+/// imma_16832 with a fresh accumulator: d = A·B + (c, c, c, c).
+__device__ __forceinline__ void imma_16832_from(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1, uint32_t c) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
+}
+
+/// Two fp16 pairs x0 = (row g: tokens 2t, 2t+1) and x1 = (tokens 2t+8, 2t+9),
+/// |x| ≤ 127, -> the int8 B fragments of the m16n8k32 P·V product, hi =
+/// round(x) and lo = round(254·(x − hi)) (so x = hi + lo/254 ± 1/508), bytes in
+/// the k order 2t, 2t+1, 2t+8, 2t+9 (the order code_nibbles gives the codes).
+/// fp16 adds of 1536 = 1.5·2^10 round to an integer held in the low byte.
+__device__ __forceinline__ void split_int8(uint32_t x0, uint32_t x1, uint32_t& hi, uint32_t& lo) {
+  const __half2 mag = __halves2half2(__ushort_as_half(0x6600), __ushort_as_half(0x6600));
+  const __half2 k254 = __halves2half2(__ushort_as_half(0x5BF0), __ushort_as_half(0x5BF0));
+  const __half2 a = *reinterpret_cast<const __half2*>(&x0), b = *reinterpret_cast<const __half2*>(&x1);
+  const __half2 ha = __hadd2(a, mag), hb = __hadd2(b, mag);
+  const __half2 la = __hfma2(__hsub2(a, __hsub2(ha, mag)), k254, mag);
+  const __half2 lb = __hfma2(__hsub2(b, __hsub2(hb, mag)), k254, mag);
+  hi = prmt(*reinterpret_cast<const uint32_t*>(&ha), *reinterpret_cast<const uint32_t*>(&hb), 0x6420u);
+  lo = prmt(*reinterpret_cast<const uint32_t*>(&la), *reinterpret_cast<const uint32_t*>(&lb), 0x6420u);
+}
+
+/// An int8 codebook in registers: byte k of c[w] = int8 level 4w + k.
 struct Codebook8 {
   uint32_t c[4];
 };
@@ -320,12 +349,14 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
                             ok ? *reinterpret_cast<const uint32_t*>(r + 8) : 0u);
     }
   }
-  Codebook8 cbK8;
+  Codebook8 cbK8, cbV8;
   Codebook cbK, cbV;
   if constexpr (U) {
 #pragma unroll
-    for (int w = 0; w < 4; ++w) cbK8.c[w] = Tg.i8tab[0][w];
-    load_codebook(Tg.ptab[1][0], UB, cbV);
+    for (int w = 0; w < 4; ++w) {
+      cbK8.c[w] = Tg.i8tab[0][0][w];
+      cbV8.c[w] = Tg.i8tab[1][0][w];
+    }
   }
   __syncthreads();
   const HeadTables& T = U ? Tg : Ts;
@@ -333,8 +364,10 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
   // Softmax exponent per score unit, rows 2t, 2t+1: log2 e (general); uniform:
   // log2 e · s_r · s_L / 254 per integer score unit.
   float kexp[2] = {kLog2e, kLog2e};
+  float vscale8 = 0.f;  // uniform: the int8 value codebook's scale
   if constexpr (U) {
-    const float sl = Tg.i8scale[0] / 254.f * kLog2e;
+    const float sl = Tg.i8scale[0][0] / 254.f * kLog2e;
+    vscale8 = Tg.i8scale[1][0];
     kexp[0] = q_scale[2 * t] * sl;
     kexp[1] = q_scale[2 * t + 1] * sl;
   }
@@ -460,6 +493,7 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     }
     // ---- online softmax, rows 2t + r: this lane's 8 tokens, then over g
     float alpha[2];
+    bool m_moved = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
@@ -470,7 +504,9 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
       const float m_new = fmaxf(m[r], mx);  // finite: every page has a valid token
-      alpha[r] = fast_exp2(m[r] - m_new);
+      const bool moved = !(m_new == m[r]);  // NaN rows count as moved
+      m_moved = m_moved || moved;
+      alpha[r] = moved ? fast_exp2(m[r] - m_new) : 1.f;
       m[r] = m_new;
       float sum = 0.f;
 #pragma unroll
@@ -483,12 +519,16 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         }
       l[r] = l[r] * alpha[r] + sum;
     }
+    // Rescale O only when a row's max moved on this page (after the first
+    // pages of a long split it rarely does; warp-uniform branch).
+    if (__any_sync(0xffffffffu, m_moved)) {
 #pragma unroll
-    for (int vt = 0; vt < NT; ++vt) {
-      O[vt][0] *= alpha[0];
-      O[vt][1] *= alpha[1];
-      O[vt][2] *= alpha[0];
-      O[vt][3] *= alpha[1];
+      for (int vt = 0; vt < NT; ++vt) {
+        O[vt][0] *= alpha[0];
+        O[vt][1] *= alpha[1];
+        O[vt][2] *= alpha[0];
+        O[vt][3] *= alpha[1];
+      }
     }
     // ---- Oᵀ += V_tileᵀ · (P ∘ n^V_g)ᵀ per value tile; (P ∘ n^V_g)ᵀ as B
     // fragments (tokens 2t, 2t+1 (+8), row g) via 8×8 transposes, per value group.
@@ -507,8 +547,66 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       }
     };
     if constexpr (U) {
-      p_fragments(0);
-      value_group_tiles<UB>(O, sb + kSideCodeBytes, 0, NT, pb, cbV, lane);
+      // int8 P·V: x = P ∘ n^V · 127/max_t|n^V_t| (the page's written tokens;
+      // 0 ≤ x ≤ 127 as p ≤ 1) rounded to fp16, moved to B layout by 8×8
+      // transposes, split into int8 hi + lo/254 (split_int8); A = the value
+      // codes as int8 levels (ref::int8_levels, scale sV), 32 tokens (two
+      // token tiles) per mma.m16n8k32; per channel tile and page two int32
+      // sums, folded as Oᵀ += sV·max|n^V|/(127·254) · (254·Σ hi·L + Σ lo·L). A non-finite norm
+      // makes the page's max ∞: the fold then gives a non-finite O, as the
+      // fp16 path would, instead of a finite number from the integer sums.
+      const __half* nv = reinterpret_cast<const __half*>(sb + T.norm_offset[1][0]);
+      float vn[4][2];
+      float mx = 0.f, chk = 0.f;
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) {
+        float v0 = __half2float(nv[16 * tt + g]), v1 = __half2float(nv[16 * tt + g + 8]);
+        if (valid < packed::kPageTokens) {  // unwritten slots may hold NaN norms
+          if (16 * tt + g >= valid) v0 = 0.f;
+          if (16 * tt + g + 8 >= valid) v1 = 0.f;
+        }
+        vn[tt][0] = v0;
+        vn[tt][1] = v1;
+        mx = fmaxf(mx, fmaxf(fabsf(v0), fabsf(v1)));
+        chk += v0 + v1;
+      }
+      if (!(chk - chk == 0.f)) mx = INFINITY;  // a NaN or infinite norm
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));  // lanes of one g hold the same tokens
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float inv = mx > 0.f ? 127.f * __frcp_rn(mx) : 0.f;  // ∞ -> 0
+      const float c_lo = vscale8 * mx * (1.f / (127.f * 254.f));
+      uint32_t bh[4], bl[4];  // per token tile: int8 hi / lo of x (row g; tokens 2t, 2t+1, 2t+8, 2t+9)
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) {
+        const float v0 = vn[tt][0] * inv, v1 = vn[tt][1] * inv;
+        split_int8(transpose_8x8(pack_half2(S[tt][0] * v0, S[tt][1] * v0)),
+                   transpose_8x8(pack_half2(S[tt][2] * v1, S[tt][3] * v1)), bh[tt], bl[tt]);
+      }
+      const uint32_t* vrows = reinterpret_cast<const uint32_t*>(sb + kSideCodeBytes) + lane;
+#pragma unroll
+      for (int vt = 0; vt < NT; ++vt) {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = k < UB ? vrows[(vt * UB + k) * 32] : 0u;
+        int ah[4], al[4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {  // token tiles 2u, 2u+1
+          const uint32_t na = code_nibbles<UB>(w, UB, 2 * u), nb = code_nibbles<UB>(w, UB, 2 * u + 1);
+          const uint32_t a[4] = {decode4_i8<UB>(na, cbV8), decode4_i8<UB>(na >> 16, cbV8),
+                                 decode4_i8<UB>(nb, cbV8), decode4_i8<UB>(nb >> 16, cbV8)};
+          if (u == 0) {
+            imma_16832_from(ah, a, bh[0], bh[1], 0u);
+            imma_16832_from(al, a, bl[0], bl[1], 0u);
+          } else {
+            imma_16832(ah, a, bh[2], bh[3]);
+            imma_16832(al, a, bl[2], bl[3]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)  // |254·Σhi·L + Σlo·L| ≤ 255·64·127² < 2^31
+          O[vt][i] = fmaf((float)(ah[i] * 254 + al[i]), c_lo, O[vt][i]);
+      }
     } else {
       // Per value group (widths at compile time through a switch): its P
       // fragments, then its tiles.

@@ -353,7 +353,7 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   // the 16-row kernel.
   if (plan.gqa() <= 8) {
     const bool fused = n_splits <= detail::gqa8_splits_per_cta(d);
-    detail::launch_gqa8_decode(plan, batch, pool, w, pps, uses_int8_keys(plan, variant), stream,
+    detail::launch_gqa8_decode(plan, batch, pool, w, pps, uses_int8_levels(plan, variant), stream,
                                fused ? out : nullptr);
     if (fused) return;
   } else {

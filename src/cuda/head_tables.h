@@ -50,10 +50,11 @@ struct HeadTables {
   // Byte-permute codebooks: ptab[s][g][w] byte k = low byte of fp16 level 4w+k
   // (w = 0..3), ptab[s][g][4+w] the high bytes.
   uint32_t ptab[2][8][8];
-  // Key codebooks as int8 (the uniform kernel's integer scores): i8tab[g][w]
-  // byte k = round(level(4w + k) / i8scale[g]) (ref::int8_key_levels), levels ≥ 2^bits 0.
-  uint32_t i8tab[8][4];
-  float i8scale[8];
+  // Codebooks as int8 (the uniform kernel's integer Q·Kᵀ and P·V products),
+  // per side s and group g: i8tab[s][g][w] byte k = round(level(4w + k) /
+  // i8scale[s][g]) (ref::int8_levels), levels ≥ 2^bits 0.
+  uint32_t i8tab[2][8][4];
+  float i8scale[2][8];
   // Rotations / channels (append and the rotate kernels): offsets into flat arrays.
   int32_t dim[2][8];
   int32_t dim_pad[2][8];

@@ -10,7 +10,7 @@
 #include "head_tables.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
-#include "ratekv/ref/int8_key_levels.h"
+#include "ratekv/ref/int8_levels.h"
 
 namespace ratekv::cuda {
 
@@ -23,7 +23,7 @@ constexpr int kRotDim = detail::kMaxTiles * 16;  // row stride of rotated q / pa
 using detail::upload;
 }  // namespace
 
-bool uses_int8_keys(const PackedPlan& plan, PackedDecodeVariant variant) {
+bool uses_int8_levels(const PackedPlan& plan, PackedDecodeVariant variant) {
   return variant == PackedDecodeVariant::specialized && !plan.device().has_wide &&
          plan.device().uniform_bits > 0 && plan.gqa() <= 8;
 }
@@ -148,13 +148,13 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
           }
           lvl.push_back(v);
         }
-        if (s == 0 && ln <= 16) {  // int8 key codebook (uniform kernel)
+        if (ln >= 2 && ln <= 16) {  // int8 codebook (uniform kernel)
           float sc = 0.f;
           const std::vector<float> q8 =
-              ref::int8_key_levels(std::span<const float>(levels).subspan(lvl_used, ln), &sc);
-          T.i8scale[g] = sc;
+              ref::int8_levels(std::span<const float>(levels).subspan(lvl_used, ln), &sc);
+          T.i8scale[s][g] = sc;
           for (size_t i = 0; i < ln; ++i)
-            T.i8tab[g][i / 4] |= (uint32_t)(uint8_t)(int8_t)std::lrint(q8[i] / sc) << (8 * (i % 4));
+            T.i8tab[s][g][i / 4] |= (uint32_t)(uint8_t)(int8_t)std::lrint(q8[i] / sc) << (8 * (i % 4));
         }
         lvl_used += ln;
         T.chan_offset[s][g] = (int32_t)chans.size();

@@ -8,7 +8,7 @@
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
 #include "ratekv/model/sliding_window.h"
-#include "ratekv/ref/int8_key_levels.h"
+#include "ratekv/ref/int8_levels.h"
 
 namespace ratekv::ref {
 
@@ -42,10 +42,10 @@ std::vector<float> packed_decode_attention(const PackedPlan& plan, const DecodeB
         const Side side = s == 0 ? Side::key : Side::value;
         const std::span<const float> lv = plan.levels(h, side, static_cast<int>(g));
         std::vector<double>& dst = (s == 0 ? klv : vlv)[g];
-        if (s == 0 && rounding == PackedRounding::int8_keys) {
-          check(lv.size() <= 16, "{}: int8 key levels need key groups of at most 4 bits (KV head {} group {} has {})",
-                what, h, g, plan.bits(h, side, static_cast<int>(g)));
-          const std::vector<float> l8 = int8_key_levels(lv);
+        if (rounding == PackedRounding::int8_levels) {
+          check(lv.size() <= 16, "{}: int8 levels need groups of at most 4 bits (KV head {} {} group {} has {})",
+                what, h, s == 0 ? "key" : "value", g, plan.bits(h, side, static_cast<int>(g)));
+          const std::vector<float> l8 = int8_levels(lv);
           dst.assign(l8.begin(), l8.end());
         } else if (rounding == PackedRounding::exact) {
           dst.assign(lv.begin(), lv.end());

@@ -187,10 +187,10 @@ void run_case(int d, const std::vector<int>& starts, int n_tokens, uint32_t seed
                                 cuda::PackedDecodeVariant::specialized);
   CK(cudaDeviceSynchronize());
   const std::vector<float> out = dout.get();
-  const bool int8_keys = cuda::uses_int8_keys(plan, cuda::PackedDecodeVariant::specialized);
+  const bool int8_levels = cuda::uses_int8_levels(plan, cuda::PackedDecodeVariant::specialized);
   const std::vector<float> want =
       ref::packed_decode_attention(rplan, D.ref(), pages, std::span<const uint8_t>{}, q, scale,
-                                   int8_keys ? ref::PackedRounding::int8_keys : ref::PackedRounding::fp16);
+                                   int8_levels ? ref::PackedRounding::int8_levels : ref::PackedRounding::fp16);
   for (int b = 0; b < nb; ++b) {
     const size_t n = (size_t)hq * d;
     EXPECT_LT(rel_err(out, want, (size_t)b * n, n), 1e-3) << "sequence " << b << " (length " << lens[b] << ")";

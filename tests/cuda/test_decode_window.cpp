@@ -279,12 +279,12 @@ void run_packed_case(const PackedCase& c, const PackedTestPlan& P, const cuda::P
   const size_t row = (size_t)hq * c.d;
   expect_cut(D.windowed, D.full, B, W, row);
   // The uniform kernel's int8 key levels: its own reference (as CudaPackedDecode).
-  const bool int8_keys = cuda::uses_int8_keys(plan, cuda::PackedDecodeVariant::specialized);
+  const bool int8_levels = cuda::uses_int8_levels(plan, cuda::PackedDecodeVariant::specialized);
   std::vector<float> windowed8;
-  if (int8_keys) {
+  if (int8_levels) {
     ref::DecodeBatch rb = B.ref();
     rb.window = W;
-    windowed8 = ref::packed_decode_attention(P.ref(hq), rb, D.pool, {}, D.q, D.scale, ref::PackedRounding::int8_keys);
+    windowed8 = ref::packed_decode_attention(P.ref(hq), rb, D.pool, {}, D.q, D.scale, ref::PackedRounding::int8_levels);
   }
   DevBuf<uint8_t> dpool(D.pool);
   DevBuf<uint16_t> dq16(D.q16);
@@ -297,10 +297,10 @@ void run_packed_case(const PackedCase& c, const PackedTestPlan& P, const cuda::P
   double worst = 0;
   for (const auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
     const bool spec = variant == cuda::PackedDecodeVariant::specialized;
-    const std::vector<float>& want = spec && int8_keys ? windowed8 : D.windowed;
+    const std::vector<float>& want = spec && int8_levels ? windowed8 : D.windowed;
     for (const int n_splits : {0, 1, 3, 33}) {
       const int splits = n_splits > 0 ? n_splits : cuda::default_splits(plan, nb, span);
-      SCOPED_TRACE(std::string(spec ? "specialized" : "runtime_tables") + (spec && int8_keys ? " (int8 keys)" : "") +
+      SCOPED_TRACE(std::string(spec ? "specialized" : "runtime_tables") + (spec && int8_levels ? " (int8 levels)" : "") +
                    " splits " + std::to_string(splits) + (n_splits == 0 ? " (default)" : ""));
       const int ws_splits = std::max(splits, cuda::default_splits(plan, nb, B.max_len));
       const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, c.d, ws_splits);

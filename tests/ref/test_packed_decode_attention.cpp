@@ -4,9 +4,10 @@
 // then softmax(q̃ · K̂ᵀ) V̂ in double. The reference instead rotates the query
 // into each key group's domain and accumulates values in the rotated domain.
 //  * exact rounding, Haar rotations: q̃ = scale · q, fp32 levels;
-//  * fp16 / int8_keys rounding, signed-permutation rotations (so rounding the
+//  * fp16 / int8_levels rounding, signed-permutation rotations (so rounding the
 //    rotated query equals rounding q̃ = fp16(scale · q) channel by channel):
-//    levels fp16-rounded, keys at int8_key_levels for int8_keys.
+//    levels fp16-rounded, or at ref::int8_levels (keys and values) for
+//    PackedRounding::int8_levels.
 // Random pages (every bit pattern is a code; fp16 norms in [0.5, 2)), shuffled
 // page tables, lengths 1, 64, 65, 97, 130, 200, unequal in a batch, GQA
 // 1/3/4/7/8, head_dim 64/128/256, mixed widths, 0-bit sides, 5..8-bit groups.
@@ -19,7 +20,7 @@
 #include "../support/packed_plans.h"
 #include "ratekv/common/error.h"
 #include "ratekv/common/fp16.h"
-#include "ratekv/ref/int8_key_levels.h"
+#include "ratekv/ref/int8_levels.h"
 #include "ratekv/ref/packed_decode_attention.h"
 
 using namespace ratekv;
@@ -74,8 +75,8 @@ std::vector<double> decoded_softmax(const PackedTestPlan& P, const TestBatch& B,
         const std::span<const float> lv(P.lvl.data() + lo[h * 2 + s][g], size_t{1} << P.bits[h * 2 + s][g]);
         std::vector<double> t;
         if (rounding == PackedRounding::exact) t.assign(lv.begin(), lv.end());
-        else if (rounding == PackedRounding::int8_keys && s == 0) {
-          const std::vector<float> l8 = ref::int8_key_levels(lv);
+        else if (rounding == PackedRounding::int8_levels) {
+          const std::vector<float> l8 = ref::int8_levels(lv);
           t.assign(l8.begin(), l8.end());
         } else {
           for (float v : lv) t.push_back(round_fp16(v));
@@ -160,9 +161,9 @@ double run_case(const Case& c, uint32_t seed, int window = 0) {
   double cut_min = INFINITY;
   const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
   const float scale = 1.f / std::sqrt((float)c.d);
-  for (const PackedRounding rounding : {PackedRounding::exact, PackedRounding::fp16, PackedRounding::int8_keys}) {
-    if (rounding == PackedRounding::int8_keys && c.sp == Special::wide) continue;  // int8 keys: ≤ 4-bit key groups
-    SCOPED_TRACE(rounding == PackedRounding::exact ? "exact" : rounding == PackedRounding::fp16 ? "fp16" : "int8_keys");
+  for (const PackedRounding rounding : {PackedRounding::exact, PackedRounding::fp16, PackedRounding::int8_levels}) {
+    if (rounding == PackedRounding::int8_levels && c.sp == Special::wide) continue;  // int8 levels: ≤ 4-bit groups
+    SCOPED_TRACE(rounding == PackedRounding::exact ? "exact" : rounding == PackedRounding::fp16 ? "fp16" : "int8_levels");
     std::mt19937 rng(seed);
     // Rounding the rotated query commutes with a signed permutation only.
     const PackedTestPlan P = make_plan(c.d, c.hkv, c.mixed, c.kb, c.vb, rng, c.sp, false,
@@ -192,7 +193,7 @@ double run_case(const Case& c, uint32_t seed, int window = 0) {
       EXPECT_LT(e, 1e-6) << "sequence " << b;
     }
     std::printf("  %s %s: rel err %.2e\n", name(c).c_str(),
-                rounding == PackedRounding::exact ? "exact" : rounding == PackedRounding::fp16 ? "fp16" : "int8_keys", worst);
+                rounding == PackedRounding::exact ? "exact" : rounding == PackedRounding::fp16 ? "fp16" : "int8_levels", worst);
     if (rounding != PackedRounding::exact) {  // the rounding is really applied: the exact mode differs
       const std::vector<float> ex =
           ref::packed_decode_attention(plan, rb, pool, ext_pool, q, scale, PackedRounding::exact);
@@ -302,7 +303,7 @@ TEST(RefPackedDecode, BadInputsAreErrors) {
   std::swap(bad[0], bad[1]);
   EXPECT_THROW(ref::PackedPlan(*P.layout, 4, P.rot, bad), Error);  // levels not ascending
   EXPECT_THROW(ref::PackedPlan(*P.layout, 4, std::span<const float>(P.rot).first(P.rot.size() - 1), P.lvl), Error);
-  // int8 keys need ≤ 4-bit key groups.
+  // int8 levels need ≤ 4-bit groups.
   const PackedTestPlan W = make_plan(64, 2, false, 0, 0, rng, Special::wide);
   const ref::PackedPlan wplan = W.ref(2);
   const TestBatch WB = make_batch({3}, rng);
@@ -310,7 +311,7 @@ TEST(RefPackedDecode, BadInputsAreErrors) {
   const std::vector<uint8_t> wext((size_t)WB.n_pages * W.ext->page_bytes(), 0);
   const std::vector<float> wq(2 * 64, 0.5f);
   EXPECT_NO_THROW(ref::packed_decode_attention(wplan, WB.ref(), wpool, wext, wq, 0.125f, PackedRounding::fp16));
-  EXPECT_THROW(ref::packed_decode_attention(wplan, WB.ref(), wpool, wext, wq, 0.125f, PackedRounding::int8_keys), Error);
+  EXPECT_THROW(ref::packed_decode_attention(wplan, WB.ref(), wpool, wext, wq, 0.125f, PackedRounding::int8_levels), Error);
   EXPECT_THROW(ref::packed_decode_attention(wplan, WB.ref(), wpool, {}, wq, 0.125f, PackedRounding::fp16), Error);
   // An extension layout whose group has no 4-bit partner.
   EXPECT_THROW(ref::PackedPlan(*P.layout, LayerLayout::uniform(64, 2, 2, 2), 4, P.rot, P.lvl), Error);

@@ -146,21 +146,23 @@ size_t packed_plan_device_bytes(const packed::LayerLayout& layout, PrefillMatric
 ///  specialized    — (default) for uniform plans (one b-bit key and one b-bit
 ///                   value group over every head, b = 1..4) with GQA ≤ 8 the
 ///                   uniform instance: compile-time widths and offsets and
-///                   integer scores — key levels as ref::int8_key_levels (one
-///                   scale per codebook), the rotated fp16 query split into two int8
-///                   parts (q ≈ s·(hi + lo/254), s = max|q|/127 per row, error
-///                   ≤ 1.6e-5·max|q|), int32 accumulation; values as in
-///                   runtime_tables. Any other plan: as runtime_tables.
+///                   integer tensor-core products — key and value levels as
+///                   ref::int8_levels (one scale per codebook); the rotated
+///                   fp16 query split into two int8 parts (q ≈ s·(hi + lo/254),
+///                   s = max|q|/127 per row, error ≤ 1.6e-5·max|q|); P ∘ n^V
+///                   scaled by 127/max|n^V| per 64-token page, rounded to fp16
+///                   and split the same way; int32 accumulation. Any other
+///                   plan: as runtime_tables.
 /// Both decode codes with byte permutes from codebooks in registers; both are
 /// tested against their named CPU reference, ref::packed_decode_attention
 /// (include/ratekv/ref/packed_decode_attention.h), with the levels each uses.
 enum class PackedDecodeVariant { runtime_tables, specialized };
 
 /// Whether packed_decode_attention(plan, …, variant) runs the uniform kernel
-/// with int8 key levels (ref::int8_key_levels, include/ratekv/ref/
-/// int8_key_levels.h) instead of fp16 ones: then its CPU reference is
-/// ref::packed_decode_attention with PackedRounding::int8_keys.
-bool uses_int8_keys(const PackedPlan& plan, PackedDecodeVariant variant);
+/// with int8 key and value levels (ref::int8_levels, include/ratekv/ref/
+/// int8_levels.h) instead of fp16 ones: then its CPU reference is
+/// ref::packed_decode_attention with PackedRounding::int8_levels.
+bool uses_int8_levels(const PackedPlan& plan, PackedDecodeVariant variant);
 
 /// Workspace bytes for a decode step (split-K partial states + rotated query).
 size_t decode_workspace_bytes(int batch, int n_heads, int head_dim, int n_splits);

@@ -26,10 +26,12 @@ enum class PackedRounding {
   /// (P is not rounded: the kernels' fp16 P·n^V is within their tolerance.)
   fp16,
   /// The uniform kernel (PackedDecodeVariant::specialized where
-  /// cuda::uses_int8_keys): as fp16, but the key levels are
-  /// int8_key_levels(levels) (ref/int8_key_levels.h). Its int8 split of the
-  /// query (error ≤ 1.6e-5·max|q|) is not modelled. Key groups of ≤ 4 bits.
-  int8_keys,
+  /// cuda::uses_int8_levels): as fp16, but the key and value levels are
+  /// int8_levels(levels) (ref/int8_levels.h). Its int8 splits of the query
+  /// (error ≤ 1.6e-5·max|q|) and of P·n^V (hi + lo/254 of an fp16 value,
+  /// the fp16 rounding of P·n^V as in `fp16`) are not modelled. Groups of
+  /// ≤ 4 bits.
+  int8_levels,
 };
 
 /// Decode attention of one query per sequence over its cached tokens
@@ -52,7 +54,7 @@ enum class PackedRounding {
 ///   returns  : (batch, n_heads, head_dim) fp32
 /// Throws Error on a bad batch (check_batch; window < 0), q of the wrong size, a pool
 /// that is not whole pages (or an ext_pool of another page count), or
-/// int8_keys with a key group wider than 4 bits.
+/// int8_levels with a key or value group wider than 4 bits.
 std::vector<float> packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                                            std::span<const uint8_t> pool, std::span<const uint8_t> ext_pool,
                                            std::span<const float> q, float scale, PackedRounding rounding);

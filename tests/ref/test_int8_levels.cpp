@@ -1,4 +1,4 @@
-// ref::int8_key_levels (the uniform CUDA kernel's int8 key codebooks):
+// ref::int8_levels (the uniform CUDA kernel's int8 key and value codebooks):
 // levels already on an int8 grid come back exactly; every level within s/2
 // of its int8 image; the chosen scale is never worse than the smallest
 // admissible one (max|L|/127); the real Lloyd–Max codebooks at 1..4 bits lose
@@ -10,20 +10,20 @@
 
 #include "ratekv/common/error.h"
 #include "ratekv/quant/lloyd_max.h"
-#include "ratekv/ref/int8_key_levels.h"
+#include "ratekv/ref/int8_levels.h"
 
 using namespace ratekv;
 
-TEST(RefInt8KeyLevels, GridLevelsExactAndLloydMaxWithinHalfAStep) {
+TEST(RefInt8Levels, GridLevelsExactAndLloydMaxWithinHalfAStep) {
   float sc = 0.f;
   const std::vector<float> grid = {-127 * 0.01f, -40 * 0.01f, 3 * 0.01f, 90 * 0.01f};
-  const std::vector<float> g8 = ref::int8_key_levels(grid, &sc);
+  const std::vector<float> g8 = ref::int8_levels(grid, &sc);
   EXPECT_FLOAT_EQ(sc, 0.01f);
   for (size_t i = 0; i < grid.size(); ++i) EXPECT_FLOAT_EQ(g8[i], grid[i]);
   for (int m : {64, 128, 256})
     for (int bits = 1; bits <= 4; ++bits) {
       const std::vector<float>& L = quant::lloyd_max_codebook(m, bits).levels;
-      const std::vector<float> L8 = ref::int8_key_levels(L, &sc);
+      const std::vector<float> L8 = ref::int8_levels(L, &sc);
       float amax = 0.f;
       for (float v : L) amax = std::max(amax, std::fabs(v));
       EXPECT_GE(sc, amax / 127.f * (1.f - 1e-6f));
@@ -43,8 +43,8 @@ TEST(RefInt8KeyLevels, GridLevelsExactAndLloydMaxWithinHalfAStep) {
     }
 }
 
-TEST(RefInt8KeyLevels, BadCodebooksAreErrors) {
-  EXPECT_THROW(ref::int8_key_levels(std::vector<float>{0.5f}), ratekv::Error);
-  EXPECT_THROW(ref::int8_key_levels(std::vector<float>(17, 0.f)), ratekv::Error);
-  EXPECT_THROW(ref::int8_key_levels(std::vector<float>{-1.f, NAN}), ratekv::Error);
+TEST(RefInt8Levels, BadCodebooksAreErrors) {
+  EXPECT_THROW(ref::int8_levels(std::vector<float>{0.5f}), ratekv::Error);
+  EXPECT_THROW(ref::int8_levels(std::vector<float>(17, 0.f)), ratekv::Error);
+  EXPECT_THROW(ref::int8_levels(std::vector<float>{-1.f, NAN}), ratekv::Error);
 }

@@ -1,5 +1,5 @@
-// ref::int8_key_levels (include/ratekv/ref/int8_key_levels.h).
-#include "ratekv/ref/int8_key_levels.h"
+// ref::int8_levels (include/ratekv/ref/int8_levels.h).
+#include "ratekv/ref/int8_levels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,12 +8,12 @@
 
 namespace ratekv::ref {
 
-std::vector<float> int8_key_levels(std::span<const float> levels, float* scale) {
+std::vector<float> int8_levels(std::span<const float> levels, float* scale) {
   check(levels.size() >= 2 && levels.size() <= 16,
-        "int8_key_levels: {} levels, expected 2..16 (a 1..4-bit codebook)", levels.size());
+        "int8_levels: {} levels, expected 2..16 (a 1..4-bit codebook)", levels.size());
   float amax = 0.f;
   for (float v : levels) {
-    check(std::isfinite(v), "int8_key_levels: level {} is not finite", v);
+    check(std::isfinite(v), "int8_levels: level {} is not finite", v);
     amax = std::max(amax, std::fabs(v));
   }
   // The smallest scale that fits ±127, then up to 12.5 % coarser in 64 steps:

@@ -1,8 +1,9 @@
-// ratekv/ref/int8_key_levels.h — the int8 key codebook of the uniform CUDA
-// decode kernel (cuda::PackedDecodeVariant::specialized, include/ratekv/cuda/
-// decode_attention.h): what its integer scores use instead of fp16 levels.
+// ratekv/ref/int8_levels.h — the int8 key and value codebooks of the uniform
+// CUDA decode kernel (cuda::PackedDecodeVariant::specialized, include/ratekv/
+// cuda/decode_attention.h): what its integer Q·Kᵀ and P·V products use instead
+// of fp16 levels.
 // cuda::PackedPlan builds its register codebooks with it; the CPU reference
-// (ref::packed_decode_attention, PackedRounding::int8_keys) decodes with it.
+// (ref::packed_decode_attention, PackedRounding::int8_levels) decodes with it.
 #pragma once
 
 #include <span>
@@ -10,12 +11,12 @@
 
 namespace ratekv::ref {
 
-/// A key codebook as the uniform kernel uses it: level L_i -> s·round(L_i/s),
+/// A key or value codebook as the uniform kernel uses it: level L_i -> s·round(L_i/s),
 /// |round(L_i/s)| ≤ 127, one fp32 scale s per codebook (written to *scale when
 /// non-null), chosen among s₀·(1 + j/512), j = 0..64, s₀ = max|L|/127 (so in
 /// [s₀, 1.125·s₀]) to minimise Σ_i (L_i − s·round(L_i/s))² (ties: the
 /// smallest). Error per level ≤ s/2 (≈ 0.4 % of max|L|). All-zero levels take
 /// s = 1. Throws Error unless 2..16 finite levels.
-std::vector<float> int8_key_levels(std::span<const float> levels, float* scale = nullptr);
+std::vector<float> int8_levels(std::span<const float> levels, float* scale = nullptr);
 
 }  // namespace ratekv::ref
