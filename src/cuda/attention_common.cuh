@@ -235,8 +235,8 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
 int gqa8_splits_per_cta(int head_dim);
 
 /// Launches the GQA ≤ 8 kernel (decode_attention_gqa8.cu) over `pool`: split
-/// states into w.part. uniform: the instance for uniform plans (int8 key
-/// scores; plan.device().uniform_bits > 0), else the general one (runtime
+/// states into w.part. uniform: the instance for uniform plans (int8 Q·Kᵀ and
+/// P·V; plan.device().uniform_bits > 0), else the general one (runtime
 /// tables, fp16 keys). fused_out: with w.part.n_splits ≤
 /// gqa8_splits_per_cta(head_dim) (one CTA per (sequence, KV head)) the CTA
 /// merges its splits and rotates back into fused_out (batch·n_heads,

@@ -21,7 +21,8 @@
 //                 mma.m16n8k16, fp32 accumulation
 //   Oᵀ (16 channels × 8 rows) += V_tileᵀ (A) · (P ∘ n^V_g)ᵀ (B)
 //        uniform: A = 16 channels × 32 tokens of int8 levels, B = the int8 hi and
-//                 lo parts of x = P ∘ n^V · 127/max|n^V| (per page); m16n8k32.s8,
+//                 lo parts of x = P ∘ n^V · 127/(max_t p_t·max|n^V|) (per row and
+//                 page); m16n8k32.s8,
 //                 int32 sums per page folded into fp32 O (split_int8)
 //        general: A = 16 channels × 16 tokens of fp16 levels, B = fp16 P ∘ n^V_g;
 //                 mma.m16n8k16, fp32 accumulation
@@ -30,7 +31,7 @@
 // (ref::int8_levels: one scale per codebook), an fp16 level takes two per 2
 // codes. The uniform score of token t, row r is
 // n^K_t · s_r·s_L/254 · (254·Σ hi·L + Σ lo·L), the scale folded into the softmax
-// exponent; its output sV·max|n^V|/127 · (Σ_t hi_t·L_t + Σ_t lo_t·L_t/254). A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,
+// exponent; its output sV·pm·max|n^V|/127 · (Σ_t hi_t·L_t + Σ_t lo_t·L_t/254). A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,
 // g+8 of each token tile; P moves from the C layout of Sᵀ to the B layout of
 // the P·V product with movmatrix (one 8×8 transpose per half tile).
 //
@@ -125,14 +126,16 @@ __device__ __forceinline__ void imma_16832_from(int (&d)[4], const uint32_t (&a)
 }
 
 /// Two fp16 pairs x0 = (row g: tokens 2t, 2t+1) and x1 = (tokens 2t+8, 2t+9),
-/// |x| ≤ 127, -> the int8 B fragments of the m16n8k32 P·V product, hi =
+/// −127.5 < x (clamped to ≤ 127 here), -> the int8 B fragments of the m16n8k32 P·V product, hi =
 /// round(x) and lo = round(254·(x − hi)) (so x = hi + lo/254 ± 1/508), bytes in
 /// the k order 2t, 2t+1, 2t+8, 2t+9 (the order code_nibbles gives the codes).
 /// fp16 adds of 1536 = 1.5·2^10 round to an integer held in the low byte.
 __device__ __forceinline__ void split_int8(uint32_t x0, uint32_t x1, uint32_t& hi, uint32_t& lo) {
   const __half2 mag = __halves2half2(__ushort_as_half(0x6600), __ushort_as_half(0x6600));
   const __half2 k254 = __halves2half2(__ushort_as_half(0x5BF0), __ushort_as_half(0x5BF0));
-  const __half2 a = *reinterpret_cast<const __half2*>(&x0), b = *reinterpret_cast<const __half2*>(&x1);
+  const __half2 lim = __halves2half2(__ushort_as_half(0x57F0), __ushort_as_half(0x57F0));  // 127
+  const __half2 a = __hmin2(*reinterpret_cast<const __half2*>(&x0), lim);
+  const __half2 b = __hmin2(*reinterpret_cast<const __half2*>(&x1), lim);
   const __half2 ha = __hadd2(a, mag), hb = __hadd2(b, mag);
   const __half2 la = __hfma2(__hsub2(a, __hsub2(ha, mag)), k254, mag);
   const __half2 lb = __hfma2(__hsub2(b, __hsub2(hb, mag)), k254, mag);
@@ -492,7 +495,7 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
           if (16 * tt + g + 8 * (i >> 1) < before) S[tt][i] = -INFINITY;
     }
     // ---- online softmax, rows 2t + r: this lane's 8 tokens, then over g
-    float alpha[2];
+    float alpha[2], pmx[2];  // pmx: the page's max score·kexp per row (log2 units)
     bool m_moved = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -503,8 +506,11 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      pmx[r] = mx;
       const float m_new = fmaxf(m[r], mx);  // finite: every page has a valid token
-      const bool moved = !(m_new == m[r]);  // NaN rows count as moved
+      // (A NaN row's max never moves — fmaxf drops NaN — but its l is NaN, so
+      // its output is NaN.)
+      const bool moved = !(m_new == m[r]);
       m_moved = m_moved || moved;
       alpha[r] = moved ? fast_exp2(m[r] - m_new) : 1.f;
       m[r] = m_new;
@@ -547,17 +553,25 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       }
     };
     if constexpr (U) {
-      // int8 P·V: x = P ∘ n^V · 127/max_t|n^V_t| (the page's written tokens;
-      // 0 ≤ x ≤ 127 as p ≤ 1) rounded to fp16, moved to B layout by 8×8
-      // transposes, split into int8 hi + lo/254 (split_int8); A = the value
+      // int8 P·V. Per row r (2t, 2t+1 in this lane) and page: x = p·n^V ·
+      // 127/(pm_r·max_t|n^V_t|), with pm_r = 2^(pmx_r − m_r) the page's largest
+      // weight of the row and the max over the page's written tokens, so
+      // |x| ≤ 127 and the page's largest terms keep fp16's relative precision
+      // (a scale by the norms alone would leave small-weight rows a fixed
+      // absolute step: a sink token 12 log2 units above the rest quantised
+      // the rest to a few steps). x is rounded to fp16 (clamped to 127: p may
+      // exceed pm_r by an ulp of the exponent), moved to B layout by 8×8
+      // transposes and split into int8 hi + lo/254 (split_int8). A = the value
       // codes as int8 levels (ref::int8_levels, scale sV), 32 tokens (two
       // token tiles) per mma.m16n8k32; per channel tile and page two int32
-      // sums, folded as Oᵀ += sV·max|n^V|/(127·254) · (254·Σ hi·L + Σ lo·L). A non-finite norm
-      // makes the page's max ∞: the fold then gives a non-finite O, as the
-      // fp16 path would, instead of a finite number from the integer sums.
+      // sums, folded as Oᵀ += sV·pm_r·max|n^V|/(127·254) · (254·Σ hi·L + Σ lo·L).
+      // A non-finite norm makes the page's norm max ∞: the fold then gives a
+      // non-finite O, as the fp16 path would, instead of a finite number from
+      // the integer sums. A row whose page weighs < 2^-96 of its running max
+      // adds nothing (fp16 P·n^V flushed such terms to 0 too).
       const __half* nv = reinterpret_cast<const __half*>(sb + T.norm_offset[1][0]);
       float vn[4][2];
-      float mx = 0.f, chk = 0.f;
+      float vmax = 0.f, chk = 0.f;
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt) {
         float v0 = __half2float(nv[16 * tt + g]), v1 = __half2float(nv[16 * tt + g + 8]);
@@ -567,21 +581,28 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         }
         vn[tt][0] = v0;
         vn[tt][1] = v1;
-        mx = fmaxf(mx, fmaxf(fabsf(v0), fabsf(v1)));
+        vmax = fmaxf(vmax, fmaxf(fabsf(v0), fabsf(v1)));
         chk += v0 + v1;
       }
-      if (!(chk - chk == 0.f)) mx = INFINITY;  // a NaN or infinite norm
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));  // lanes of one g hold the same tokens
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      const float inv = mx > 0.f ? 127.f * __frcp_rn(mx) : 0.f;  // ∞ -> 0
-      const float c_lo = vscale8 * mx * (1.f / (127.f * 254.f));
+      if (!(chk - chk == 0.f)) vmax = INFINITY;  // a NaN or infinite norm
+      vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 4));  // lanes of one g hold the same tokens
+      vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 8));
+      vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 16));
+      const float inv = vmax > 0.f ? 127.f * __frcp_rn(vmax) : 0.f;  // ∞ -> 0
+      float rs[2], c_lo[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float dm = m[r] - pmx[r];  // ≥ 0; NaN for a NaN row
+        const bool live = dm < 96.f;
+        rs[r] = live ? fast_exp2(dm) * inv : 0.f;
+        c_lo[r] = live ? vscale8 * vmax * fast_exp2(-dm) * (1.f / (127.f * 254.f)) : 0.f;
+      }
       uint32_t bh[4], bl[4];  // per token tile: int8 hi / lo of x (row g; tokens 2t, 2t+1, 2t+8, 2t+9)
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt) {
-        const float v0 = vn[tt][0] * inv, v1 = vn[tt][1] * inv;
-        split_int8(transpose_8x8(pack_half2(S[tt][0] * v0, S[tt][1] * v0)),
-                   transpose_8x8(pack_half2(S[tt][2] * v1, S[tt][3] * v1)), bh[tt], bl[tt]);
+        const float v0 = vn[tt][0], v1 = vn[tt][1];
+        split_int8(transpose_8x8(pack_half2(S[tt][0] * (v0 * rs[0]), S[tt][1] * (v0 * rs[1]))),
+                   transpose_8x8(pack_half2(S[tt][2] * (v1 * rs[0]), S[tt][3] * (v1 * rs[1]))), bh[tt], bl[tt]);
       }
       const uint32_t* vrows = reinterpret_cast<const uint32_t*>(sb + kSideCodeBytes) + lane;
 #pragma unroll
@@ -605,7 +626,7 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i)  // |254·Σhi·L + Σlo·L| ≤ 255·64·127² < 2^31
-          O[vt][i] = fmaf((float)(ah[i] * 254 + al[i]), c_lo, O[vt][i]);
+          O[vt][i] = fmaf((float)(ah[i] * 254 + al[i]), c_lo[i & 1], O[vt][i]);
       }
     } else {
       // Per value group (widths at compile time through a switch): its P

@@ -1,7 +1,7 @@
 // CUDA decode attention (packed, fp16), quantize-append and quantize-prefill
 // against their named CPU references (include/ratekv/ref/, tested on the CPU
 // in tests/ref): ref::packed_decode_attention with the rounding each kernel
-// variant uses (fp16 rotated query and levels; int8 key levels where
+// variant uses (fp16 rotated query and levels; int8 key and value levels where
 // cuda::uses_int8_levels), ref::fp16_decode_attention, ref::packed_append /
 // ref::packed_prefill — on random pages and on real SmolLM2 K/V/Q
 // (RATEKV_CUDA_CAPTURE). Needs a GPU: skips when none is visible.
@@ -402,9 +402,11 @@ TEST(CudaPackedDecode, NonFiniteQueryGivesNaNRow) {
 
 // A NaN or infinite value norm of a written token gives a non-finite output in
 // every row of its KV head (as fp16 P·n^V would; never a finite number from the
-// uniform kernel's integer P·V) and leaves the other KV head finite; both
-// variants, uniform plans of 2 and 3 bits, the bad token on a full page and on
-// the partial last page.
+// uniform kernel's integer P·V) and leaves the other KV head finite; one in an
+// unwritten slot of the last page changes nothing. Both variants, uniform
+// plans of 2 and 3 bits, the bad token on a full page, on the partial last
+// page and past the length; split counts merged in the CTA (≤ 8) and by the
+// merge launch (9, 16).
 TEST(CudaPackedDecode, NonFiniteValueNormGivesNonFiniteRows) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   for (const int bits : {2, 3}) {
@@ -418,7 +420,7 @@ TEST(CudaPackedDecode, NonFiniteValueNormGivesNonFiniteRows) {
     std::normal_distribution<float> N;
     std::vector<float> q((size_t)hq * d);
     for (auto& x : q) x = N(rng);
-    for (const int bad_t : {10, 70})
+    for (const int bad_t : {10, 70, 110})
       for (const float bad : {NAN, INFINITY}) {
         HostPagePool pool{&L, std::vector<uint8_t>((size_t)B.n_pages * L.page_bytes())};
         for (auto& x : pool.bytes) x = (uint8_t)rng();
@@ -432,7 +434,7 @@ TEST(CudaPackedDecode, NonFiniteValueNormGivesNonFiniteRows) {
         DevBuf<uint8_t> dpool(pool.bytes);
         DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
         DevBuf<float> dq(q), dout((size_t)hq * d);
-        for (const int splits : {0, 1, 2}) {
+        for (const int splits : {0, 1, 2, 9, 16}) {
           const int n_splits = splits > 0 ? splits : cuda::default_splits(plan, 1, T);
           const size_t ws_bytes = cuda::decode_workspace_bytes(1, hq, d, n_splits);
           DevBuf<uint8_t> ws(ws_bytes);
@@ -449,7 +451,7 @@ TEST(CudaPackedDecode, NonFiniteValueNormGivesNonFiniteRows) {
             for (int r = 0; r < hq; ++r) {
               int n_finite = 0;
               for (int c = 0; c < d; ++c) n_finite += std::isfinite(out[(size_t)r * d + c]);
-              if (r / gqa == 1)
+              if (r / gqa == 1 && bad_t < T)
                 EXPECT_EQ(n_finite, 0) << "row " << r << " reads the KV head with the non-finite norm";
               else
                 EXPECT_EQ(n_finite, d) << "row " << r;
@@ -457,6 +459,99 @@ TEST(CudaPackedDecode, NonFiniteValueNormGivesNonFiniteRows) {
           }
         }
       }
+  }
+}
+
+// Peaked attention against the named CPU reference: every token of a KV head
+// has the same key codes and key norm 1 except one sink token (key norm N0),
+// and each query row is scaled so that its score of a norm-1 token is exactly
+// 1 (computed here as the reference does: Π q on the key group's channels,
+// times the levels of the shared codes), so the sink stands (N0 − 1) nats above
+// 4095 (999) other tokens: 10 to 33 log2 units, from the rest carrying most of
+// the mass to none — where a per-page scale of P by the norms alone left the
+// small weights a few int8 steps. The uniform kernel's int8 P·V must stay
+// within 1e-3 of PackedRounding::int8_levels as on flat attention;
+// runtime_tables within 1e-3 of fp16. One split (64 pages in one warp) and the
+// default.
+TEST(CudaPackedDecode, PeakedAttentionWithSinkToken) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  for (const int bits : {2, 3}) {
+    std::mt19937 rng(77 + bits);
+    const int d = 128, hkv = 2, gqa = 4, hq = hkv * gqa;
+    PackedTestPlan P = make_plan(d, hkv, false, bits, bits, rng);
+    const LayerLayout& L = *P.layout;
+    cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
+    ASSERT_TRUE(cuda::uses_int8_levels(plan, cuda::PackedDecodeVariant::specialized));
+    const ref::PackedPlan rplan = P.ref(hq);
+    TestBatch B = make_batch({4096, 1000}, rng);
+    const int nb = (int)B.lens.size();
+    std::vector<std::vector<uint8_t>> kcodes(hkv, std::vector<uint8_t>(d));
+    for (auto& c : kcodes)
+      for (auto& x : c) x = (uint8_t)(rng() % (1u << bits));
+    std::normal_distribution<float> N;
+    std::vector<float> q((size_t)nb * hq * d);
+    for (auto& x : q) x = N(rng);
+    const float scale = 1.f / std::sqrt((float)d);
+    // Score of a norm-1 token: s = scale · Σ_j (Π q[ch])_j · L[c_j] (the key group's
+    // rotated domain); row q ← q / s makes it 1.
+    for (int b = 0; b < nb; ++b)
+      for (int hr = 0; hr < hq; ++hr) {
+        const int h = hr / gqa;
+        const std::span<const float> R = rplan.rotation(h, Side::key, 0), lv = rplan.levels(h, Side::key, 0);
+        const std::vector<int>& ch = L.spec(h).key[0].channels;
+        float* qr = q.data() + ((size_t)b * hq + hr) * d;
+        double sc = 0;
+        for (int j = 0; j < d; ++j) {
+          double acc = 0;
+          for (int i = 0; i < d; ++i) acc += (double)R[(size_t)j * d + i] * qr[ch[i]];
+          sc += scale * acc * lv[kcodes[h][j]];
+        }
+        ASSERT_GT(std::fabs(sc), 1e-3);
+        for (int c = 0; c < d; ++c) qr[c] = (float)(qr[c] / sc);
+      }
+    for (const float n0 : {8.f, 12.f, 16.f, 24.f}) {
+      HostPagePool pool{&L, random_pages(L, B.n_pages, rng)};
+      for (int b = 0; b < nb; ++b)
+        for (int t = 0; t < B.lens[b]; ++t) {
+          const auto page = pool.page(B.page_table[(size_t)b * B.max_pages + t / kPageTokens]);
+          for (int h = 0; h < hkv; ++h) {
+            write_codes(L, page, h, Side::key, 0, t % kPageTokens, kcodes[h]);
+            write_norm(L, page, h, Side::key, 0, t % kPageTokens, fp32_to_fp16(t == 5 ? n0 : 1.f));
+          }
+        }
+      DevBuf<uint8_t> dpool(pool.bytes);
+      DevBuf<int32_t> dpt(B.page_table), dlen(B.lens);
+      cuda::DecodeBatch db{dpt.p, B.max_pages, dlen.p, nb, B.max_len};
+      {
+        const std::vector<float> want8 =
+            ref::packed_decode_attention(rplan, B.ref(), pool.bytes, {}, q, scale, ref::PackedRounding::int8_levels);
+        const std::vector<float> want16 =
+            ref::packed_decode_attention(rplan, B.ref(), pool.bytes, {}, q, scale, ref::PackedRounding::fp16);
+        DevBuf<float> dq(q), dout((size_t)nb * hq * d);
+        for (const int splits : {1, 0}) {
+          const int n_splits = splits > 0 ? splits : cuda::default_splits(plan, nb, B.max_len);
+          const size_t ws_bytes = cuda::decode_workspace_bytes(nb, hq, d, n_splits);
+          DevBuf<uint8_t> ws(ws_bytes);
+          for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
+            const bool spec = variant == cuda::PackedDecodeVariant::specialized;
+            CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+            cuda::packed_decode_attention(plan, db, dpool.p, dq.p, DType::f32, scale, dout.p, ws.p, ws_bytes,
+                                          n_splits, nullptr, variant);
+            CK(cudaDeviceSynchronize());
+            const std::vector<float> out = dout.get();
+            for (int b = 0; b < nb; ++b) {
+              const size_t n = (size_t)hq * d;
+              const double e = rel_err(out, spec ? want8 : want16, (size_t)b * n, n);
+              EXPECT_LT(e, 1e-3) << "bits " << bits << " N0 " << n0 << " splits " << n_splits
+                                 << (spec ? " specialized" : " runtime_tables") << " sequence " << b;
+              if (b == 0)
+                std::printf("  peaked bits %d N0 %4.0f (sink %4.1f log2 units above) splits %3d %-14s rel err %.2e\n",
+                            bits, n0, (n0 - 1) * 1.4426950408889634, n_splits, spec ? "specialized" : "runtime_tables", e);
+            }
+          }
+        }
+      }
+    }
   }
 }
 

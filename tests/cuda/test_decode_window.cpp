@@ -278,7 +278,7 @@ void run_packed_case(const PackedCase& c, const PackedTestPlan& P, const cuda::P
   const int hq = c.hkv * c.gqa, nb = (int)B.lens.size();
   const size_t row = (size_t)hq * c.d;
   expect_cut(D.windowed, D.full, B, W, row);
-  // The uniform kernel's int8 key levels: its own reference (as CudaPackedDecode).
+  // The uniform kernel's int8 key and value levels: its own reference (as CudaPackedDecode).
   const bool int8_levels = cuda::uses_int8_levels(plan, cuda::PackedDecodeVariant::specialized);
   std::vector<float> windowed8;
   if (int8_levels) {

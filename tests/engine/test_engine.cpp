@@ -641,7 +641,7 @@ TEST(Engine, SequenceInBatchEqualsAlone) {
 // mode to the prompt's own fp16 K/V: different logits with a packed cache,
 // the same with the fp16 cache. Decoding one token after prefill(n) gives
 // prefill(n + 1)'s last logits (fp16 cache: 1e-2, two different attention
-// kernels; K3V3: the decode kernel's int8 key levels, 5e-2).
+// kernels; K3V3: the decode kernel's int8 key and value levels, 5e-2).
 TEST(Engine, PrefillModesAndDecodeAgreeWithPrefill) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   const ModelConfig c = synthetic_config("llama-3.1-8b", 2);

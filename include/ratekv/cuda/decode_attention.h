@@ -150,9 +150,9 @@ size_t packed_plan_device_bytes(const packed::LayerLayout& layout, PrefillMatric
 ///                   ref::int8_levels (one scale per codebook); the rotated
 ///                   fp16 query split into two int8 parts (q ≈ s·(hi + lo/254),
 ///                   s = max|q|/127 per row, error ≤ 1.6e-5·max|q|); P ∘ n^V
-///                   scaled by 127/max|n^V| per 64-token page, rounded to fp16
-///                   and split the same way; int32 accumulation. Any other
-///                   plan: as runtime_tables.
+///                   scaled per row and 64-token page by 127/(max_t p_t ·
+///                   max_t|n^V_t|), rounded to fp16 and split the same way;
+///                   int32 accumulation. Any other plan: as runtime_tables.
 /// Both decode codes with byte permutes from codebooks in registers; both are
 /// tested against their named CPU reference, ref::packed_decode_attention
 /// (include/ratekv/ref/packed_decode_attention.h), with the levels each uses.
@@ -189,8 +189,9 @@ int default_splits(const packed::LayerLayout& layout, int n_heads, int batch, in
 /// with the score q·k̂_t = Σ_g n^K_{g,t} (Π_g q_g)·c_g[idx^K_{g,t}] computed in
 /// each key group's rotated domain. The rotated, scaled query is rounded to
 /// fp16 and the levels to fp16 (tensor cores, fp32 accumulation; the uniform
-/// kernel's integer scores: PackedDecodeVariant); P is rounded
-/// to fp16 after multiplying by the value norm. `pool` holds the layer's pages
+/// kernel's int8 levels and integer Q·Kᵀ and P·V: PackedDecodeVariant); P is
+/// rounded to fp16 after multiplying by the value norm (uniform kernel: after
+/// scaling per row and page, then split into two int8 parts). `pool` holds the layer's pages
 /// (layout.page_bytes() each). n_splits = 0 picks default_splits(plan, …).
 /// GQA ≤ 8 with n_splits ≤ 8 (≤ 4 at head_dim 256): one CTA holds all the
 /// splits of a (sequence, KV head) and merges and rotates back itself (two

@@ -28,9 +28,11 @@ enum class PackedRounding {
   /// The uniform kernel (PackedDecodeVariant::specialized where
   /// cuda::uses_int8_levels): as fp16, but the key and value levels are
   /// int8_levels(levels) (ref/int8_levels.h). Its int8 splits of the query
-  /// (error ≤ 1.6e-5·max|q|) and of P·n^V (hi + lo/254 of an fp16 value,
-  /// the fp16 rounding of P·n^V as in `fp16`) are not modelled. Groups of
-  /// ≤ 4 bits.
+  /// (error ≤ 1.6e-5·max|q|) and of P·n^V (per row and 64-token page,
+  /// x = P·n^V·127/(max p·max|n^V|) rounded to fp16 and split into
+  /// hi + lo/254: the page's largest terms keep fp16's relative precision,
+  /// smaller ones an absolute step of max p·max|n^V|/(127·254)) are not
+  /// modelled. Groups of ≤ 4 bits.
   int8_levels,
 };
 
