@@ -425,7 +425,7 @@ Registrar reg("generate", [](CLI::App& app) {
   cmd->add_option("--seed", args->seed, "sampling seed")->capture_default_str()->check(seed_validator());
   cmd->add_option("--top-k", args->top_k, "sample among the top-k logits (0 = all)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_validator());
   cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's ChatML chat template (user turn)");
   add_cache_option(cmd, args->cache);
   add_plan_option(cmd, args->plan);
@@ -439,7 +439,7 @@ Registrar reg("generate", [](CLI::App& app) {
       ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->add_option("--chunk", args->chunk,
                   "--device cuda: prefill the prompt in chunks of N tokens (a multiple of 64; 0 = one piece)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_validator());
   cmd->callback([args] { run(*args); });
 });
 

@@ -323,7 +323,7 @@ Registrar reg("niah", [](CLI::App& app) {
   add_device_option(cmd, args->device);
   cmd->add_option("--chunk", args->chunk,
                   "--device cuda: prefill each prompt in chunks of N tokens (a multiple of 64; 0 = one piece)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_validator());
   cmd->add_option("--prefill-mode", args->mode,
                   "--device cuda: evaluation (every K/V quantized before attention reads it, as the CPU caches do) "
                   "or serving (the prompt attends to its own fp16 K/V); docs/design.md §9.2")

@@ -188,7 +188,7 @@ Registrar reg("perplexity", [](CLI::App& app) {
   add_device_option(cmd, args->device);
   cmd->add_option("--chunk", args->chunk,
                   "--device cuda: prefill each window in chunks of N tokens (a multiple of 64; 0 = one piece)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_validator());
   cmd->add_option("--prefill-mode", args->mode,
                   "--device cuda: evaluation (every K/V quantized before attention reads it, as on the CPU) or "
                   "serving (each window attends to its own fp16 K/V); docs/design.md §9.2")

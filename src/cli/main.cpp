@@ -23,6 +23,15 @@ std::vector<CommandEntry>& command_registry() {
   return r;
 }
 
+CLI::Validator non_negative_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) return "";
+        return fmt::format("expected a whole number ≥ 0, got '{}'", s);
+      },
+      "N ≥ 0", "non_negative");
+}
+
 CLI::Validator seed_validator() {
   return CLI::Validator(
       [](std::string& s) -> std::string {

@@ -50,6 +50,29 @@ class BadInputFlags : public ::testing::Test {
   TempDir dir_{"bad_input_flags"};
 };
 
+// Negative counts: refused before any work (usage error, exit 2) naming the flag, with what was expected
+// — CLI11's NonNegativeNumber printed the top of its range, DBL_MAX, as a 309-digit number.
+TEST_F(BadInputFlags, NegativeCountsNameTheFlagWithoutDblMax) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"bench --synthetic tiny-llama --chunk -64", "--chunk: expected a whole number ≥ 0, got '-64'"},
+      {"bench --synthetic tiny-llama -c -5", "--ctx-size: expected a whole number ≥ 0, got '-5'"},
+      {"bench --synthetic tiny-llama --requests -1", "--requests: expected a whole number ≥ 0, got '-1'"},
+      {"perplexity --chunk -1", "--chunk: expected a whole number ≥ 0, got '-1'"},
+      {"niah --chunk -1", "--chunk: expected a whole number ≥ 0, got '-1'"},
+      {"generate --top-k -1", "--top-k: expected a whole number ≥ 0, got '-1'"},
+      {"generate --chunk 1.5", "--chunk: expected a whole number ≥ 0, got '1.5'"}};
+  for (const auto& [args, want] : cases) {
+    const Result r = run_cli(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(want), std::string::npos) << args << "\nexpected: " << want << "\n" << r.output;
+    EXPECT_EQ(r.output.find("1797693134862315"), std::string::npos) << args << "\n" << r.output;
+  }
+  const Result ok = run_cli("bench --help");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_NE(ok.output.find("--chunk INT:N ≥ 0"), std::string::npos) << ok.output;
+  EXPECT_NE(run_cli("bench --synthetic tiny-llama --chunk 0 -p 0 -n 0 -r 1").status, 2);  // 0 is valid
+}
+
 TEST_F(BadInputFlags, BenchTokensPastTheContext) {
   // tiny-llama (synthetic weights): context_length 4096. The read-ceiling probe runs after the weights are
   // made: its absence shows the error came first.
