@@ -116,13 +116,13 @@ __device__ __forceinline__ void imma_16832(int (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/// imma_16832 with a fresh accumulator: d = A·B + (c, c, c, c).
-__device__ __forceinline__ void imma_16832_from(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                uint32_t b1, uint32_t c) {
+/// imma_16832 into a fresh accumulator: d = A·B (no zeroing moves).
+__device__ __forceinline__ void imma_16832_new(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%10,%10,%10,%10};\n"
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0u));
 }
 
 /// Two fp16 pairs x0 = (row g: tokens 2t, 2t+1) and x1 = (tokens 2t+8, 2t+9),
@@ -538,18 +538,29 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     }
     // ---- Oᵀ += V_tileᵀ · (P ∘ n^V_g)ᵀ per value tile; (P ∘ n^V_g)ᵀ as B
     // fragments (tokens 2t, 2t+1 (+8), row g) via 8×8 transposes, per value group.
-    uint32_t pb[4][2];
-    auto p_fragments = [&](int grp) {
+    // Value norms of group grp for this lane's tokens 16tt + g (vn[tt][0]) and
+    // 16tt + g + 8 (vn[tt][1]); unwritten slots (may hold NaN) read as 0.
+    auto value_norms = [&](int grp, float (&vn)[4][2]) {
       const __half* nv = reinterpret_cast<const __half*>(sb + T.norm_offset[1][grp]);
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt) {
         float v0 = __half2float(nv[16 * tt + g]), v1 = __half2float(nv[16 * tt + g + 8]);
-        if (valid < packed::kPageTokens) {  // unwritten slots may hold NaN norms
+        if (valid < packed::kPageTokens) {  // warp-uniform: only a sequence's last page
           if (16 * tt + g >= valid) v0 = 0.f;
           if (16 * tt + g + 8 >= valid) v1 = 0.f;
         }
-        pb[tt][0] = transpose_8x8(pack_half2(S[tt][0] * v0, S[tt][1] * v0));
-        pb[tt][1] = transpose_8x8(pack_half2(S[tt][2] * v1, S[tt][3] * v1));
+        vn[tt][0] = v0;
+        vn[tt][1] = v1;
+      }
+    };
+    uint32_t pb[4][2];
+    auto p_fragments = [&](int grp) {
+      float vn[4][2];
+      value_norms(grp, vn);
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) {
+        pb[tt][0] = transpose_8x8(pack_half2(S[tt][0] * vn[tt][0], S[tt][1] * vn[tt][0]));
+        pb[tt][1] = transpose_8x8(pack_half2(S[tt][2] * vn[tt][1], S[tt][3] * vn[tt][1]));
       }
     };
     if constexpr (U) {
@@ -569,20 +580,13 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       // non-finite O, as the fp16 path would, instead of a finite number from
       // the integer sums. A row whose page weighs < 2^-96 of its running max
       // adds nothing (fp16 P·n^V flushed such terms to 0 too).
-      const __half* nv = reinterpret_cast<const __half*>(sb + T.norm_offset[1][0]);
       float vn[4][2];
+      value_norms(0, vn);
       float vmax = 0.f, chk = 0.f;
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt) {
-        float v0 = __half2float(nv[16 * tt + g]), v1 = __half2float(nv[16 * tt + g + 8]);
-        if (valid < packed::kPageTokens) {  // unwritten slots may hold NaN norms
-          if (16 * tt + g >= valid) v0 = 0.f;
-          if (16 * tt + g + 8 >= valid) v1 = 0.f;
-        }
-        vn[tt][0] = v0;
-        vn[tt][1] = v1;
-        vmax = fmaxf(vmax, fmaxf(fabsf(v0), fabsf(v1)));
-        chk += v0 + v1;
+        vmax = fmaxf(vmax, fmaxf(fabsf(vn[tt][0]), fabsf(vn[tt][1])));
+        chk += vn[tt][0] + vn[tt][1];
       }
       if (!(chk - chk == 0.f)) vmax = INFINITY;  // a NaN or infinite norm
       vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 4));  // lanes of one g hold the same tokens
@@ -617,8 +621,8 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
           const uint32_t a[4] = {decode4_i8<UB>(na, cbV8), decode4_i8<UB>(na >> 16, cbV8),
                                  decode4_i8<UB>(nb, cbV8), decode4_i8<UB>(nb >> 16, cbV8)};
           if (u == 0) {
-            imma_16832_from(ah, a, bh[0], bh[1], 0u);
-            imma_16832_from(al, a, bl[0], bl[1], 0u);
+            imma_16832_new(ah, a, bh[0], bh[1]);
+            imma_16832_new(al, a, bl[0], bl[1]);
           } else {
             imma_16832(ah, a, bh[2], bh[3]);
             imma_16832(al, a, bl[2], bl[3]);

@@ -148,7 +148,7 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
           }
           lvl.push_back(v);
         }
-        if (ln >= 2 && ln <= 16) {  // int8 codebook (uniform kernel)
+        if (ln <= 16) {  // int8 codebook (uniform kernel; 1..4-bit groups)
           float sc = 0.f;
           const std::vector<float> q8 =
               ref::int8_levels(std::span<const float>(levels).subspan(lvl_used, ln), &sc);
