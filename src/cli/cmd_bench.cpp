@@ -637,13 +637,7 @@ Registrar reg("bench", [](CLI::App& app) {
       ->check(CLI::IsMember(synthetic_model_names()));
   // (non_negative_validator: CLI11's NonNegativeNumber printed the top of its range, DBL_MAX, in full)
   cmd->add_option("--layers", a->layers, "synthetic: keep only the first N layers (0 = all)")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
-                       ? std::string()
-                       : "expected a whole number of layers ≥ 0 (0 = all), got '" + v + "'";
-          },
-          "N ≥ 0"));
+      ->check(non_negative_validator("layers", "0 = all"));
   add_list_option(cmd, "-p,--n-prompt", a->p, "prompt lengths of the pp rows (comma list; 0 = none)");
   add_list_option(cmd, "-n,--n-gen", a->n, "decode steps of the tg rows (comma list; 0 = none)");
   add_list_option(cmd, "-d,--n-depth", a->d, "cached tokens before the tg rows decode (comma list)");

@@ -36,10 +36,11 @@ struct Registrar {
 /// "--seed: a seed is an integer in 0..18446744073709551615, got '-1'".
 /// Add it to every option that reads a seed.
 CLI::Validator seed_validator();
-/// Validator of a whole number ≥ 0 given as digits only: "expected a whole number ≥ 0, got '-64'" (CLI11's
+/// Validator of a whole number ≥ 0 given as digits only: "expected a whole number ≥ 0, got '-64'", or with
+/// `of` = "layers" and `note` = "0 = all": "expected a whole number of layers ≥ 0 (0 = all), got '-1'" (CLI11's
 /// NonNegativeNumber printed the top of its range, DBL_MAX, in full). Overflow of the option's type is left to
 /// CLI11's conversion ("… could not be converted").
-CLI::Validator non_negative_validator();
+CLI::Validator non_negative_validator(const std::string& of = "", const std::string& note = "");
 
 /// The items of one comma-list argument, empty ones refused: throws
 /// CLI::ValidationError "<flag>: '16,,': item 2 is empty; expected values

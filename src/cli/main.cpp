@@ -23,11 +23,12 @@ std::vector<CommandEntry>& command_registry() {
   return r;
 }
 
-CLI::Validator non_negative_validator() {
+CLI::Validator non_negative_validator(const std::string& of, const std::string& note) {
   return CLI::Validator(
-      [](std::string& s) -> std::string {
+      [of, note](std::string& s) -> std::string {
         if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) return "";
-        return fmt::format("expected a whole number ≥ 0, got '{}'", s);
+        return fmt::format("expected a whole number{} ≥ 0{}, got '{}'", of.empty() ? "" : " of " + of,
+                           note.empty() ? "" : " (" + note + ")", s);
       },
       "N ≥ 0", "non_negative");
 }
