@@ -635,7 +635,6 @@ Registrar reg("bench", [](CLI::App& app) {
                   "a published configuration with seeded random weights: " + synthetic_names +
                       " (and tiny-llama, a 2-layer test model)")
       ->check(CLI::IsMember(synthetic_model_names()));
-  // (non_negative_validator: CLI11's NonNegativeNumber printed the top of its range, DBL_MAX, in full)
   cmd->add_option("--layers", a->layers, "synthetic: keep only the first N layers (0 = all)")
       ->check(non_negative_validator("layers", "0 = all"));
   add_list_option(cmd, "-p,--n-prompt", a->p, "prompt lengths of the pp rows (comma list; 0 = none)");
