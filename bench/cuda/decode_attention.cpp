@@ -830,12 +830,13 @@ int main(int argc, char** argv) {
       const double ms = timer.median_ms([&] { call(nullptr, spec); }, A.reps);
       const double graph_ms =
           short_t ? timer.graph_median_ms([&](cudaStream_t st) { call(st, spec); }, A.reps) : -1;
-      // Split-count sweep at short T (the default aims at one full wave of
-      // ≥ 2-page splits; fewer pages per split shorten each warp's chain).
+      // Split-count sweep (--sweep-splits; the default aims at one full wave of
+      // ≥ 2-page splits; fewer pages per split shorten each warp's chain, fewer
+      // splits shorten the merge). CUDA-graph times at short T only.
       nlohmann::json sweep = nlohmann::json::array();
-      if (short_t && A.sweep) {
+      if (A.sweep) {
         const int pages = pages_per_seq;
-        for (int sp : {psplits / 4, psplits / 2, psplits * 2, psplits * 4}) {
+        for (int sp : {psplits / 4, psplits / 2, psplits * 3 / 4, psplits * 3 / 2, psplits * 2, psplits * 4}) {
           if (sp < 1 || sp > pages || sp == psplits) continue;
           const size_t need = cuda::decode_workspace_bytes(B, S.n_heads, kD, sp);
           void* ws2;
@@ -845,8 +846,10 @@ int main(int argc, char** argv) {
                                           ws2, need, sp, st, spec);
           };
           const double m1 = timer.median_ms([&] { call2(nullptr); }, A.reps);
-          const double m2 = timer.graph_median_ms(call2, A.reps);
+          const double m2 = short_t ? timer.graph_median_ms(call2, A.reps) : -1;
           sweep.push_back({{"splits", sp}, {"ms", m1}, {"ms_graph", m2}});
+          std::printf("  split sweep %-14s B=%d T=%d: %d splits %.4f ms (default %d: %.4f ms)\n", lay.name.c_str(), B,
+                      T, sp, m1, psplits, ms);
           CK(cudaFree(ws2));
         }
       }
@@ -877,14 +880,17 @@ int main(int argc, char** argv) {
                 {"bytes_per_token_per_head", lay.L.bytes_per_token_per_head()}, {"GBps", gbs},
                 {"frac_ceiling", gbs / ceiling}, {"frac_read_ceiling", gbs / read_ceiling},
                 {"read_probe_ms", probe_ms}, {"frac_of_probe", probe_ms / ms},
-                {"speedup_vs_fp16_kernel", fp16_ms / ms},
+                {"speedup_vs_fp16_kernel", fp16_ms > 0 ? nlohmann::json(fp16_ms / ms) : nlohmann::json()},
                 {"append_ms", append_ms}, {"append_tokens_per_s", B / (append_ms * 1e-3)},
                 {"runtime_tables_variant_ms", runtime_tables_ms}, {"splits", psplits},
                 {"split_sweep", sweep}});
       rows.push_back(r);
-      std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %7.2fx  (read %.0f%%, probe %.4f ms; append %.4f ms)\n",
-                  S.model, lay.name.c_str(), B, T, ms, graph_ms, gbs, 100 * gbs / ceiling,
-                  fp16_ms / ms, 100 * gbs / read_ceiling, probe_ms, append_ms);
+      // vs fp16: n/a when the fp16 row was not run (--only-cache without fp16).
+      char vs_fp16[32] = "     n/a";
+      if (fp16_ms > 0) std::snprintf(vs_fp16, sizeof vs_fp16, "%7.2fx", fp16_ms / ms);
+      std::printf("%-12s %-14s %2d %7d %10.4f %10.4f %10.0f %7.1f%% %s  (read %.0f%%, probe %.4f ms; append %.4f ms)\n",
+                  S.model, lay.name.c_str(), B, T, ms, graph_ms, gbs, 100 * gbs / ceiling, vs_fp16,
+                  100 * gbs / read_ceiling, probe_ms, append_ms);
       CK(cudaFree(dkv));
       CK(cudaFree(dpos));
       CK(cudaFree(pool));

@@ -47,7 +47,8 @@ for k in keys:
     for r in ours["rows"]:
         if (r.get("model", "llama-3.1-8b"), r["B"], r["T"]) != k:
             continue
-        vs_fp16 = f"{r['speedup_vs_fp16_kernel']:.2f}x" if "speedup_vs_fp16_kernel" in r else "1.00x"
+        sp = r.get("speedup_vs_fp16_kernel", 1.0)
+        vs_fp16 = f"{sp:.2f}x" if sp is not None else "n/a"  # None: the fp16 row was not run
         vs_sdpa = f"{s['ms'] / r['ms']:.2f}x" if "ms" in s else "n/a"
         g, sg = r.get("ms_graph", -1), s.get("ms_graph", -1)
         vs_g = f"{sg / g:.2f}x" if g and g > 0 and sg and sg > 0 else ""
