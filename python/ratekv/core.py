@@ -81,6 +81,26 @@ def _int_arg(what: str, name: str, value: Any, lo: int, hi: int) -> int:
     return v
 
 
+def _str_arg(what: str, name: str, value: Any) -> str:
+    """``value`` if it is a str, else RatekvError "<what>: <name> = <value>: expected a string" (None and other
+    types used to reach the binding, whose TypeError names neither the argument nor what it expects)."""
+    if not isinstance(value, str):
+        raise RatekvError(f"{what}: {name} = {value!r}: expected a string")
+    return value
+
+
+def _float_arg(what: str, name: str, value: Any) -> float:
+    """``value`` as a float if it is a real number (bool excluded; a 0-d numpy array / torch tensor is read),
+    else RatekvError "<what>: <name> = <value>: expected a number" (``float(None)`` named no argument)."""
+    import numbers
+
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RatekvError(f"{what}: {name} = {value!r}: expected a number")
+    return float(value)
+
+
 def _range_str(lo: int, hi: int) -> str:
     def f(x: int) -> str:
         for e in (31, 63, 64):
@@ -283,7 +303,8 @@ def make_plan(
     not use them, are refused naming the argument (as ``ratekv plan`` refuses --seed /
     --group-size). Raises RatekvError naming what is missing or out of range; integer
     arguments outside their C++ types (b_min, b_max, group_size: int32; seed:
-    0..2^64-1; fp16_window, sink_tokens: 0..2^31-1) are refused here, naming the argument."""
+    0..2^64-1; fp16_window, sink_tokens: 0..2^31-1), bit budgets that are not numbers and names that are not
+    strings (None included) are refused here, naming the argument."""
     stats_file = ""
     if isinstance(stats, (str, os.PathLike)):
         stats_file = os.path.basename(os.fspath(stats))
@@ -296,18 +317,18 @@ def make_plan(
         raise TypeError(f"make_plan: stats is {type(stats).__name__}; expected a KVStats, a CalibStats or the path "
                         "of a statistics file (the .safetensors of `ratekv calibrate`, or JSON statistics)")
     rq = _core.PlanRequest()
-    rq.method = method
-    rq.k_bits = float(k_bits)
-    rq.v_bits = float(v_bits)
-    rq.avg_bits = None if avg_bits is None else float(avg_bits)
-    rq.budget_unit = budget_unit
+    rq.method = _str_arg("make_plan", "method", method)
+    rq.k_bits = _float_arg("make_plan", "k_bits", k_bits)
+    rq.v_bits = _float_arg("make_plan", "v_bits", v_bits)
+    rq.avg_bits = None if avg_bits is None else _float_arg("make_plan", "avg_bits", avg_bits)
+    rq.budget_unit = _str_arg("make_plan", "budget_unit", budget_unit)
     rq.b_min = _int_arg("make_plan", "b_min", b_min, *_I32)
     rq.b_max = _int_arg("make_plan", "b_max", b_max, *_I32)
     rq.seed = 0 if seed is None else _int_arg("make_plan", "seed", seed, *_U64)
-    rq.quantizer = quantizer
-    rq.v_quantizer = v_quantizer
-    rq.curves_from = curves_from
-    rq.sensitivity = sensitivity
+    rq.quantizer = _str_arg("make_plan", "quantizer", quantizer)
+    rq.v_quantizer = _str_arg("make_plan", "v_quantizer", v_quantizer)
+    rq.curves_from = _str_arg("make_plan", "curves_from", curves_from)
+    rq.sensitivity = _str_arg("make_plan", "sensitivity", sensitivity)
     rq.group_size = 32 if group_size is None else _int_arg("make_plan", "group_size", group_size, *_I32)
     _refuse_unused_codec_args(method, quantizer, v_quantizer, seed is not None, group_size is not None)
     rq.fp16_window = _int_arg("make_plan", "fp16_window", fp16_window, 0, _I32[1])

@@ -92,6 +92,33 @@ def test_codec_arguments_the_codecs_use_change_the_plan(stats_json):
     assert uniform(stats_json).to_json() == uniform(stats_json, seed=0).to_json()
 
 
+@pytest.mark.parametrize("kw,msg", [
+    (dict(method=None), r"^make_plan: method = None: expected a string$"),
+    (dict(quantizer=None), r"^make_plan: quantizer = None: expected a string$"),
+    (dict(v_quantizer=3), r"^make_plan: v_quantizer = 3: expected a string$"),
+    (dict(budget_unit=None), r"^make_plan: budget_unit = None: expected a string$"),
+    (dict(curves_from=None), r"^make_plan: curves_from = None: expected a string$"),
+    (dict(sensitivity=b"grad"), r"^make_plan: sensitivity = b'grad': expected a string$"),
+    (dict(k_bits=None), r"^make_plan: k_bits = None: expected a number$"),
+    (dict(v_bits="3"), r"^make_plan: v_bits = '3': expected a number$"),
+    (dict(avg_bits=True), r"^make_plan: avg_bits = True: expected a number$"),
+])
+def test_names_and_budgets_of_another_type_are_refused_naming_the_argument(stats_json, kw, msg):
+    """None or another type for a name or a budget used to reach the binding (nanobind's TypeError names no
+    argument) or float() ("float() argument must be ... not 'NoneType'")."""
+    args = dict(k_bits=3, v_bits=3, budget_unit="code")
+    args.update(kw)
+    method = args.pop("method", "uniform")
+    with pytest.raises(RatekvError, match=msg):
+        ratekv.make_plan(stats_json, method, **args)
+
+
+def test_numpy_scalar_budgets_are_accepted(stats_json):
+    np = pytest.importorskip("numpy")
+    a = ratekv.make_plan(stats_json, "uniform", k_bits=np.float32(3), v_bits=np.array(3.0), budget_unit="code")
+    assert a.to_json() == uniform(stats_json).to_json()
+
+
 @pytest.mark.parametrize("bad", [None, 3, b"stats.json", ["stats.json"]])
 def test_stats_of_another_type_is_a_type_error_naming_it(bad):
     with pytest.raises(TypeError, match=rf"^make_plan: stats is {type(bad).__name__}; expected a KVStats, a "
