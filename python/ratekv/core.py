@@ -90,15 +90,21 @@ def _str_arg(what: str, name: str, value: Any) -> str:
 
 
 def _float_arg(what: str, name: str, value: Any) -> float:
-    """``value`` as a float if it is a real number (bool excluded; a 0-d numpy array / torch tensor is read),
-    else RatekvError "<what>: <name> = <value>: expected a number" (``float(None)`` named no argument)."""
+    """``value`` as a float if it is a real number (int, float, Fraction, Decimal; bool excluded; a 0-d numpy
+    array / torch tensor is read), else RatekvError "<what>: <name> = <value>: expected a number"
+    (``float(None)`` named no argument); one beyond the float range likewise. NaN / inf pass through (the
+    library refuses them)."""
+    import decimal
     import numbers
 
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
         raise RatekvError(f"{what}: {name} = {value!r}: expected a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise RatekvError(f"{what}: {name} = {value!r}: expected a number in the float range") from None
 
 
 def _range_str(lo: int, hi: int) -> str:

@@ -18,7 +18,10 @@ codes, as the C++ packed cache does) and attends from codes only.
 ``FakeQuantCache(plan, model.config)`` is the reference of the same semantics:
 it stores what the plan's codecs reconstruct (ratekv's fake-quant path) as
 dense tensors and attends with SDPA; on the same codes it must agree with
-``PackedCache`` to fp32 rounding (docs/design.md §6).
+``PackedCache`` to fp32 rounding on the CPU (docs/design.md §6). On CUDA the
+kernels compute in fp16 / int8 and the prompt's prefill may pick the
+neighbouring code near a Lloyd–Max midpoint (an equally good code), so the two
+differ by more there (python/tests/test_cuda.py says how much).
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ def test_codec_arguments_the_codecs_use_change_the_plan(stats_json):
     (dict(k_bits=None), r"^make_plan: k_bits = None: expected a number$"),
     (dict(v_bits="3"), r"^make_plan: v_bits = '3': expected a number$"),
     (dict(avg_bits=True), r"^make_plan: avg_bits = True: expected a number$"),
+    (dict(k_bits=10**400), r"^make_plan: k_bits = 10+: expected a number in the float range$"),
 ])
 def test_names_and_budgets_of_another_type_are_refused_naming_the_argument(stats_json, kw, msg):
     """None or another type for a name or a budget used to reach the binding (nanobind's TypeError names no
@@ -113,10 +114,16 @@ def test_names_and_budgets_of_another_type_are_refused_naming_the_argument(stats
         ratekv.make_plan(stats_json, method, **args)
 
 
-def test_numpy_scalar_budgets_are_accepted(stats_json):
+def test_numpy_scalar_decimal_and_fraction_budgets_are_accepted(stats_json):
+    import decimal
+    import fractions
+
     np = pytest.importorskip("numpy")
     a = ratekv.make_plan(stats_json, "uniform", k_bits=np.float32(3), v_bits=np.array(3.0), budget_unit="code")
     assert a.to_json() == uniform(stats_json).to_json()
+    b = ratekv.make_plan(stats_json, "uniform", k_bits=decimal.Decimal(3), v_bits=fractions.Fraction(3),
+                         budget_unit="code")
+    assert b.to_json() == uniform(stats_json).to_json()
 
 
 @pytest.mark.parametrize("bad", [None, 3, b"stats.json", ["stats.json"]])
