@@ -15,11 +15,8 @@ import ratekv.hf
 from ratekv.hf import FakeQuantLayer
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python" / "tests"))
-from conftest import tiny_model
+from conftest import rel, tiny_model
 from test_hf_cache import inputs, teacher_forced
-
-def rel(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 orig_update = FakeQuantLayer.update
 MODE = {"kv": False}

@@ -33,6 +33,12 @@ def cli_path():
     return p
 
 
+def rel(a, b):
+    """max|a − b| / max|b| over all elements (either tensor on any device; compared in fp32 on the CPU)."""
+    a, b = a.float().cpu(), b.float().cpu()
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
 def tiny_model(arch: str, head_dim: int, n_heads: int, n_kv_heads: int, n_layers: int = 2, seed: int = 0,
                vocab: int = 320):
     """A random-weight transformers model of `arch` ('llama' | 'qwen2') in fp32, SDPA attention."""

@@ -21,7 +21,7 @@ measurement, tools/device/hf_cuda_kernel_probe.py) and has not yet run as a test
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import rel, tiny_model
 from test_core import small_config
 from test_hf_cache import inputs, teacher_forced
 from transformers import DynamicCache
@@ -32,10 +32,6 @@ from ratekv.ops import PackedKVCache
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and ratekv.has_cuda),
                                 reason="needs a CUDA device and an extension built with the CUDA packed cache")
-
-
-def rel(a, b):
-    return ((a.float().cpu() - b.float().cpu()).abs().max() / b.float().abs().max()).item()
 
 
 @pytest.mark.parametrize("hd,nh,nkv,T,B,bits", [(64, 4, 2, 97, 3, 3), (128, 32, 8, 300, 2, 2),

@@ -6,40 +6,20 @@ CPU packed cache vs dense fp32 attention (the quantization's own effect). rel = 
 Run on the GPU machine after `STAGES=build tools/device/python_h200.sh`:
   source /tmp/ratekv-build-py/env.sh; PYTHONPATH=/tmp/ratekv-build-py/python:python/tests \\
     python3 tools/device/hf_cuda_kernel_probe.py
-Output of that run: bench/results/hf_cuda_probe_h200.md, section 4."""
-import torch, ratekv
-from transformers import DynamicCache
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-from conftest import tiny_model
-from test_hf_cache import inputs
+Output of that run: bench/results/hf_cuda_probe_h200.md, section 4 (run with the capture inline; it now
+calls python/tests/test_cuda.py's model_kv_and_query, the same computation)."""
+import torch
+
+import ratekv
+from conftest import rel
 from ratekv.ops import PackedKVCache
+from test_cuda import model_kv_and_query  # the model's K/V/Q, as the test of the same name uses them
 
-def rel(a, b):
-    return ((a.float().cpu() - b.float().cpu()).abs().max() / b.float().cpu().abs().max()).item()
-
-torch.manual_seed(0)
-m = tiny_model("llama", 128, 8, 2)
-ids, nxt = inputs(2, 97)
-cap = {}
-def pre(mod, args, kwargs):
-    hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    cos, sin = kwargs["position_embeddings"]
-    if hs.shape[1] == 1:
-        q = mod.q_proj(hs).view(hs.shape[0], 1, -1, mod.head_dim).transpose(1, 2)
-        q, _ = apply_rotary_pos_emb(q, q, cos, sin)
-        cap[mod.layer_idx] = q[:, :, 0, :].detach().clone()
-hooks = [l.self_attn.register_forward_pre_hook(pre, with_kwargs=True) for l in m.model.layers]
-dc = DynamicCache(config=m.config)
-with torch.no_grad():
-    m(ids, past_key_values=dc, use_cache=True)
-    m(nxt[:, :1], past_key_values=dc, use_cache=True)
-rc = ratekv.model_config(m.config)
+rc, kv, qs = model_kv_and_query("llama", 128, 8, 2, 97, 2)
 cuda = torch.cuda.is_available() and ratekv.has_cuda
 for name, plan in [("uniform K3V3", ratekv.uniform_plan(rc, 3, 3)), ("uniform K3V4 (general kernel)", ratekv.uniform_plan(rc, 3, 4))]:
-    for l in range(2):
-        K = dc.layers[l].keys.transpose(1, 2).contiguous()    # (B, T, nkv, hd)
-        V = dc.layers[l].values.transpose(1, 2).contiguous()
-        q = cap[l]                                           # (B, nh, hd)
+    for l, (K, V) in enumerate(kv):                           # (B, T, nkv, hd) each
+        q = qs[l]                                            # (B, nh, hd)
         B, T, nkv, hd = K.shape
         nh = q.shape[1]
         scale = hd ** -0.5

@@ -9,11 +9,8 @@ Run on the GPU machine after `STAGES=build tools/device/python_h200.sh` (session
 Output of that run: bench/results/hf_cuda_probe_h200.md."""
 import torch, ratekv, ratekv.hf
 from transformers import DynamicCache
-from conftest import tiny_model
+from conftest import rel, tiny_model
 from test_hf_cache import inputs, teacher_forced
-
-def rel(a, b):
-    return ((a.float().cpu() - b.float().cpu()).abs().max() / b.float().abs().max()).item()
 
 for arch, hd, nh, nkv, prompt, batch in [("llama", 128, 8, 2, 97, 2), ("qwen2", 64, 7, 1, 65, 1), ("llama", 128, 8, 2, 97, 1), ("llama", 64, 8, 2, 97, 2)]:
     m = tiny_model(arch, hd, nh, nkv)

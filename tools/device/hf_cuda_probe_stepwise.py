@@ -8,11 +8,8 @@ Run on the GPU machine after `STAGES=build tools/device/python_h200.sh` (session
     python3 tools/device/hf_cuda_probe_stepwise.py
 Output of that run: bench/results/hf_cuda_probe_h200.md."""
 import torch, ratekv, ratekv.hf
-from conftest import tiny_model
+from conftest import rel, tiny_model
 from test_hf_cache import inputs, teacher_forced
-
-def rel(a, b):
-    return ((a.float().cpu() - b.float().cpu()).abs().max() / b.float().abs().max()).item()
 
 def stepwise(model, cache, ids, nxt):
     outs = []
