@@ -161,8 +161,9 @@ def test_cuda_decode_matches_cpu_on_model_kv(bits):
     0.9: peaked attention, unlike random data), GPU against the CPU packed cache on the same K/V/Q. K/V appended
     token by token (cuda::packed_append: the reference's codes up to fp32 summation order), so what is left is
     the kernels' arithmetic: measured 0.65–2.4e-3 of the largest output (session 12, uniform K3V3 and the general
-    kernel's K3V4; bench/results/hf_cuda_probe_h200.md §4), bound 5e-3. Appended in one piece (the tensor-core
-    prefill, whose codes may differ near a midpoint) it was 1.4–2.2e-2: bound 5e-2, as the random-data test."""
+    kernel's K3V4; section 4 of bench/results/hf_cuda_probe_h200.md), bound 5e-3. Appended in one piece (the
+    tensor-core prefill, whose codes may differ near a midpoint) it was 1.4–2.2e-2: bound 5e-2, as the random-data
+    test."""
     rc, kv, qs = model_kv_and_query("llama", 128, 8, 2, 97, 2)
     plan = ratekv.uniform_plan(rc, *bits)
     for layer, (k, v) in enumerate(kv):
