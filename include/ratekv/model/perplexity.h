@@ -41,4 +41,31 @@ PerplexityResult perplexity(Model& model, KVCache& cache, std::span<const int32_
 /// subtracted. target must be in [0, n_vocab).
 double token_nll(const float* logits, int n_vocab, int32_t target);
 
+/// The protocol above, less the forward passes: checks the arguments, then scores chunk after chunk
+/// from their logits. Shared by perplexity() (CPU runtime) and engine::gpu_perplexity() (GPU engine),
+/// so that both score the same tokens and report the same statistics.
+class PerplexityScorer {
+ public:
+  /// `who` prefixes the messages ("perplexity", "gpu_perplexity"). Throws Error when n_ctx < 4,
+  /// tokens.size() < 2·n_ctx or add_bos without a BOS id (bos_id < 0). max_chunks <= 0: all full chunks.
+  PerplexityScorer(const char* who, std::span<const int32_t> tokens, int64_t n_ctx, int64_t max_chunks,
+                   bool add_bos, int32_t bos_id);
+
+  /// Chunk c's n_ctx input tokens (BOS in front when add_bos), to be evaluated from an empty cache.
+  std::vector<int32_t> chunk_tokens(int64_t c) const;
+
+  /// Scores chunk c from its logits ([n_ctx, n_vocab] row-major, fp32; row j predicts token j + 1 of
+  /// the chunk's original text) and updates result().
+  void add_chunk(int64_t c, const float* logits, int n_vocab);
+
+  const PerplexityResult& result() const { return r_; }
+
+ private:
+  std::span<const int32_t> tokens_;
+  bool add_bos_;
+  int32_t bos_id_;
+  double nll_ = 0, nll2_ = 0;
+  PerplexityResult r_;
+};
+
 }  // namespace ratekv
