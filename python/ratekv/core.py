@@ -64,6 +64,14 @@ _I32 = (-(1 << 31), (1 << 31) - 1)
 _U64 = (0, (1 << 64) - 1)
 
 
+def _unwrap_0d(value: Any) -> Any:
+    """The Python scalar of a 0-d numpy array / torch tensor (its ``.item()``); anything else unchanged. Shared by
+    _int_arg and _float_arg."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
+
+
 def _int_arg(what: str, name: str, value: Any, lo: int, hi: int) -> int:
     """``value`` as a Python int in lo..hi, else RatekvError "<what>: <name> = <value>: expected an integer in
     lo..hi" — checked here so that the binding never answers with nanobind's generic TypeError (which names
@@ -71,8 +79,7 @@ def _int_arg(what: str, name: str, value: Any, lo: int, hi: int) -> int:
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # 0-d numpy array / torch tensor
-            value = value.item()
+        value = _unwrap_0d(value)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise RatekvError(f"{what}: {name} = {value!r}: expected an integer in {_range_str(lo, hi)}")
     v = int(value)
@@ -97,8 +104,7 @@ def _float_arg(what: str, name: str, value: Any) -> float:
     import decimal
     import numbers
 
-    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        value = value.item()
+    value = _unwrap_0d(value)
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
         raise RatekvError(f"{what}: {name} = {value!r}: expected a number")
     try:
