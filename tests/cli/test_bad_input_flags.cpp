@@ -11,6 +11,7 @@
 //  - a plan's model.sha256 was never compared with the model it is applied to.
 // Runs the built CLI; the model-backed cases skip without the SmolLM2 asset.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -331,6 +332,28 @@ TEST_F(BadInputFlags, FlagsThatDoNotApplyAreRefusedBeforeLoading) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.output.find("--curve"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("--tokens"), std::string::npos) << r.output;
+}
+
+// --prefill-mode serving on the CPU: bench and generate (default serving, which applies to cuda) accepted it and
+// ignored it — bench's rows said prefill_mode "evaluation". Given, it is checked as perplexity and niah check it;
+// evaluation (what the CPU runs) and the flag left out still run.
+TEST_F(BadInputFlags, PrefillModeServingOnTheCpuIsRefused) {
+  const std::string want =
+      "error: --prefill-mode serving: the CPU caches always quantize before attention (evaluation); serving runs "
+      "on --device cuda only";
+  expect("bench --synthetic tiny-llama --device cpu --prefill-mode serving -p 16 -n 2 -r 1", 1, want);
+  expect("bench --synthetic tiny-llama --prefill-mode serving -p 16 -n 2 -r 1", 1, want);  // cpu by default
+  std::ofstream(dir_ / "m.gguf") << "x";  // not a model: the refusal comes before anything is read
+  expect("generate -m " + q(dir_ / "m.gguf") + " -p hi --prefill-mode serving", 1, want);
+  for (const std::string& mode : {std::string(" --prefill-mode evaluation"), std::string()}) {
+    const fs::path out = dir_ / "rows.json";
+    const Result r = run_cli("bench --synthetic tiny-llama --device cpu -p 16 -n 2 -r 1 -o json --force --out " +
+                             q(out) + mode);
+    ASSERT_EQ(r.status, 0) << mode << "\n" << r.output;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+    ASSERT_EQ(j.at("rows").size(), 2u) << j.dump(1);
+    for (const auto& row : j.at("rows")) EXPECT_EQ(row.at("prefill_mode"), "evaluation") << row.dump();
+  }
 }
 
 }  // namespace
