@@ -655,7 +655,8 @@ Registrar reg("bench", [](CLI::App& app) {
   cmd->add_option("-r,--repetitions", a->reps, "repetitions per row (mean ± sd)")->capture_default_str();
   cmd->add_option("-o,--output", a->output, "md, csv or json")->capture_default_str()->check(
       CLI::IsMember({"md", "csv", "json"}));
-  cmd->add_option("--out", a->out_file, "write the table to this file instead of stdout");
+  cmd->add_option("--out", a->out_file, "write the table to this file instead of stdout")
+      ->check(non_empty_path_validator("a file to write the table to (without --out: stdout)"));
   cmd->add_flag("--force", a->force, "overwrite --out");
   cmd->add_option("--fill", a->fill,
                   "how tg rows reach their depth: prefill (a real prefill of d tokens), synthetic (cuda: seeded K/V "
