@@ -64,6 +64,14 @@ _I32 = (-(1 << 31), (1 << 31) - 1)
 _U64 = (0, (1 << 64) - 1)
 
 
+def _unwrap_0d(value: Any) -> Any:
+    """The Python scalar of a 0-d numpy array / torch tensor (its ``.item()``); anything else unchanged. Shared by
+    _int_arg and _float_arg."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
+
+
 def _int_arg(what: str, name: str, value: Any, lo: int, hi: int) -> int:
     """``value`` as a Python int in lo..hi, else RatekvError "<what>: <name> = <value>: expected an integer in
     lo..hi" — checked here so that the binding never answers with nanobind's generic TypeError (which names
@@ -71,8 +79,7 @@ def _int_arg(what: str, name: str, value: Any, lo: int, hi: int) -> int:
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # 0-d numpy array / torch tensor
-            value = value.item()
+        value = _unwrap_0d(value)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise RatekvError(f"{what}: {name} = {value!r}: expected an integer in {_range_str(lo, hi)}")
     v = int(value)
@@ -97,8 +104,7 @@ def _float_arg(what: str, name: str, value: Any) -> float:
     import decimal
     import numbers
 
-    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        value = value.item()
+    value = _unwrap_0d(value)
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
         raise RatekvError(f"{what}: {name} = {value!r}: expected a number")
     try:
@@ -276,12 +282,20 @@ def uniform_plan(
     )
 
 
+class _DefaultBits(float):
+    """make_plan's default k_bits / v_bits, 3.0: its own object, so that make_plan can tell a budget left at its
+    default from one given (even as 3.0) when it refuses k_bits / v_bits beside avg_bits."""
+
+
+_DEFAULT_BITS = _DefaultBits(3.0)
+
+
 def make_plan(
     stats: Union[KVStats, CalibStats, PathLike],
     method: str = "block-gtq",
     *,
-    k_bits: float = 3.0,
-    v_bits: float = 3.0,
+    k_bits: float = _DEFAULT_BITS,
+    v_bits: float = _DEFAULT_BITS,
     avg_bits: Optional[float] = None,
     budget_unit: str = "effective",
     b_min: int = -1,
@@ -310,7 +324,12 @@ def make_plan(
     --group-size). Raises RatekvError naming what is missing or out of range; integer
     arguments outside their C++ types (b_min, b_max, group_size: int32; seed:
     0..2^64-1; fp16_window, sink_tokens: 0..2^31-1), bit budgets that are not numbers and names that are not
-    strings (None included) are refused here, naming the argument."""
+    strings (None included) are refused here, naming the argument.
+
+    Budgets: ``k_bits`` / ``v_bits`` (default 3.0 each) or ``avg_bits``, the average budget of keys and values
+    (ratequant methods: default (k_bits + v_bits) / 2; uniform: the better K⌈b⌉V⌊b⌋ / K⌊b⌋V⌈b⌉ split,
+    docs/design.md §4.4; block-gtq refuses it). Given together, avg_bits would decide alone: k_bits or v_bits
+    beside avg_bits is a RatekvError naming them (as ``ratekv plan`` refuses --kbits / --vbits with --bits)."""
     stats_file = ""
     if isinstance(stats, (str, os.PathLike)):
         stats_file = os.path.basename(os.fspath(stats))
@@ -327,6 +346,11 @@ def make_plan(
     rq.k_bits = _float_arg("make_plan", "k_bits", k_bits)
     rq.v_bits = _float_arg("make_plan", "v_bits", v_bits)
     rq.avg_bits = None if avg_bits is None else _float_arg("make_plan", "avg_bits", avg_bits)
+    per_side = [n for n, v in (("k_bits", k_bits), ("v_bits", v_bits)) if v is not _DEFAULT_BITS]
+    if avg_bits is not None and per_side:  # avg_bits used to win silently
+        raise RatekvError(f"make_plan: {', '.join(per_side)}: {'conflict' if len(per_side) > 1 else 'conflicts'} "
+                          "with avg_bits (the average budget of keys and values); give avg_bits alone, or k_bits "
+                          "and v_bits")
     rq.budget_unit = _str_arg("make_plan", "budget_unit", budget_unit)
     rq.b_min = _int_arg("make_plan", "b_min", b_min, *_I32)
     rq.b_max = _int_arg("make_plan", "b_max", b_max, *_I32)

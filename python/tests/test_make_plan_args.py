@@ -154,3 +154,26 @@ def test_json_statistics_are_read_as_the_cli_reads_them(stats_json, tmp_path):
         ratekv.make_plan(bad, "block-gtq")
     assert "bad.json" in str(e.value)
     assert f"error: {e.value}" in r.stdout + r.stderr, (str(e.value), r.stdout + r.stderr)
+
+
+@pytest.mark.parametrize("method", ["ratequant", "uniform"])
+@pytest.mark.parametrize("kw,named", [
+    (dict(k_bits=5, v_bits=1), "k_bits, v_bits: conflict"),
+    (dict(k_bits=3.0), "k_bits: conflicts"),  # given at the default value: still given
+    (dict(v_bits=2), "v_bits: conflicts"),
+])
+def test_avg_bits_beside_k_bits_or_v_bits_is_refused(stats_json, method, kw, named):
+    """avg_bits given with k_bits / v_bits used to win silently (the plan equalled avg_bits alone, whatever the
+    per-side budgets): refused naming both arguments, as ``ratekv plan`` refuses --bits with --kbits / --vbits."""
+    with pytest.raises(RatekvError) as e:
+        ratekv.make_plan(stats_json, method, avg_bits=3.0, budget_unit="code", **kw)
+    assert str(e.value) == (f"make_plan: {named} with avg_bits (the average budget of keys and values); give "
+                            "avg_bits alone, or k_bits and v_bits"), str(e.value)
+
+
+def test_avg_bits_alone_and_k_bits_v_bits_alone_are_accepted(stats_json):
+    # ratequant's average defaults to (k_bits + v_bits) / 2 (docs/design.md §4.4): K4V2 alone is avg_bits 3.
+    avg = ratekv.make_plan(stats_json, "ratequant", avg_bits=3.0, budget_unit="code")
+    kv = ratekv.make_plan(stats_json, "ratequant", k_bits=4, v_bits=2, budget_unit="code")
+    assert json.loads(avg.to_json()) == json.loads(kv.to_json())
+    assert ratekv.make_plan(stats_json, "uniform", avg_bits=3.0, budget_unit="code").method == "uniform"

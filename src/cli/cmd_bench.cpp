@@ -54,7 +54,7 @@ struct BenchArgs {
   uint64_t seed = 1;
   bool profile = false, force = false, no_plan_check = false;
   int fp16_kernel = 0;
-  bool layers_given = false, fp16_kernel_given = false;  // the flag was given (any value)
+  bool layers_given = false, fp16_kernel_given = false, mode_given = false;  // the flag was given (any value)
   int64_t chunk = 0;  // cuda: chunked prefill in chunks of this many tokens (0: one piece)
   // cuda request stream (continuous batching): requests, prompt / output tokens each, pool GiB, batch cap
   int64_t requests = 0, req_prompt = 512, req_gen = 128;
@@ -535,6 +535,9 @@ void run(const BenchArgs& a, const std::string& command_line) {
   check(!a.profile || a.device == "cuda", "--profile: the decode-step profile runs on --device cuda only");
   check(!a.fp16_kernel_given || a.device == "cuda",
         "--fp16-kernel: selects the CUDA fp16 decode kernel; runs on --device cuda only");
+  // --prefill-mode serving on the CPU was accepted and ignored (its rows say evaluation); evaluation, what the CPU
+  // runs, is accepted. The default (serving) applies to cuda only.
+  if (a.mode_given) check_prefill_mode_option(a.device, a.mode);
   if (!a.out_file.empty()) check_output_path(a.out_file, a.force, "--out");
   require_engine(a.device);  // --device cuda: a build with the engine and a visible GPU, before anything loads
   BenchArgs args = a;
@@ -652,14 +655,17 @@ Registrar reg("bench", [](CLI::App& app) {
   cmd->add_option("-r,--repetitions", a->reps, "repetitions per row (mean ± sd)")->capture_default_str();
   cmd->add_option("-o,--output", a->output, "md, csv or json")->capture_default_str()->check(
       CLI::IsMember({"md", "csv", "json"}));
-  cmd->add_option("--out", a->out_file, "write the table to this file instead of stdout");
+  cmd->add_option("--out", a->out_file, "write the table to this file instead of stdout")
+      ->check(non_empty_path_validator("a file to write the table to (without --out: stdout)"));
   cmd->add_flag("--force", a->force, "overwrite --out");
   cmd->add_option("--fill", a->fill,
                   "how tg rows reach their depth: prefill (a real prefill of d tokens), synthetic (cuda: seeded K/V "
                   "through the quantize path, labelled synthetic_fill), auto (prefill up to max(-p, 8192))")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "prefill", "synthetic"}));
-  cmd->add_option("--prefill-mode", a->mode, "evaluation or serving (docs/design.md §9.2); named in every row")
+  cmd->add_option("--prefill-mode", a->mode,
+                  "cuda: evaluation or serving (docs/design.md §9.2); named in every row. The CPU rows always run "
+                  "evaluation (serving is refused there)")
       ->capture_default_str()
       ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->add_option("-c,--ctx-size", a->ctx,
@@ -691,6 +697,7 @@ Registrar reg("bench", [](CLI::App& app) {
   cmd->callback([a, cmd] {
     a->layers_given = cmd->get_option("--layers")->count() > 0;
     a->fp16_kernel_given = cmd->get_option("--fp16-kernel")->count() > 0;
+    a->mode_given = cmd->get_option("--prefill-mode")->count() > 0;
     std::string line = "ratekv bench";
     for (const auto* o : cmd->get_options())
       for (const std::string& r : o->results()) line.append(" ").append(o->get_name()).append(" ").append(r);

@@ -146,7 +146,8 @@ const Registrar reg("calibrate", [](CLI::App& app) {
                   "measure and fit RateQuant distortion curves D(b) = α β^(−b) of these quantizers (kivi, quarot, "
                   "tq-mse, block-gtq; comma-separated) on the calibration chunks");
   add_list_option(c, "--curve-bits", a->curve_bits, "code widths the curves are measured at");
-  c->add_option("--curves-json", a->curves_json, "also write the measured MSE and the fits as JSON");
+  c->add_option("--curves-json", a->curves_json, "also write the measured MSE and the fits as JSON")
+      ->check(non_empty_path_validator("a file to write the JSON to"));
   c->add_flag("--force", a->force, "overwrite the output file");
   c->callback([a, c] {
     a->curve_bits_given = c->get_option("--curve-bits")->count() > 0;

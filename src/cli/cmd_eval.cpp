@@ -121,11 +121,14 @@ const Registrar reg("eval", [](CLI::App& app) {
   c->add_flag("--no-ppl-k", a->no_ppl_k, "skip the K-only perplexity pass, keep K+V");
   c->add_option("--reference-cache", a->reference_cache,
                 "directory of cached reference passes (fp16-cache logits, fp32 activations) per window: windows "
-                "found there are not recomputed, others are written (keyed by model file, tokens, --ctx, BOS)");
+                "found there are not recomputed, others are written (keyed by model file, tokens, --ctx, BOS)")
+      ->check(non_empty_path_validator("a directory of cached reference passes"));
   c->add_flag("--no-ppl-kv", a->no_ppl_kv,
               "skip the K+V perplexity pass, keep K-only (e.g. plans whose values are fp16 anyway)");
-  c->add_option("--json", a->json_out, "write the report as JSON");
-  c->add_option("--plot", a->plot_out, "write a per-layer MAE plot (PNG; needs --json and matplotlib)");
+  c->add_option("--json", a->json_out, "write the report as JSON")
+      ->check(non_empty_path_validator("a file to write the JSON report to"));
+  c->add_option("--plot", a->plot_out, "write a per-layer MAE plot (PNG; needs --json and matplotlib)")
+      ->check(non_empty_path_validator("a PNG file to write the plot to"));
   c->add_flag("--force", a->force, "overwrite output files");
   c->callback([a] { with_flag_names(kEvalFlags, [&] { run(*a); }); });
 });

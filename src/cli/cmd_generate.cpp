@@ -36,6 +36,7 @@ struct GenerateArgs {
   bool chat = false;
   int64_t chunk = 0;  // cuda: chunked prefill (0: one piece)
   std::string prompts_file;  // cuda: many requests, continuous batching
+  bool mode_given = false;   // --prefill-mode was given (the default, serving, applies to cuda only)
   double top_p = 1.0;
   int max_batch = 16;
   bool json = false;
@@ -300,6 +301,7 @@ void run(const GenerateArgs& a) {
   check(a.n_predict >= 0, "-n: {} must be >= 0", a.n_predict);
   check(std::isfinite(a.temp) && a.temp >= 0, "--temp: {} must be a finite value >= 0", a.temp);
   check_chunk_option(a.device, a.chunk);
+  if (a.mode_given) check_prefill_mode_option(a.device, a.mode);  // serving on the CPU was accepted and ignored
   check(a.top_p > 0 && a.top_p <= 1, "--top-p: {} must be in (0, 1]", a.top_p);
   check(a.prompt.empty() != a.prompts_file.empty(), "generate: give one of -p (a prompt) or --prompts-file (many)");
   check(a.prompts_file.empty() || a.device == "cuda",
@@ -434,13 +436,17 @@ Registrar reg("generate", [](CLI::App& app) {
   add_device_option(cmd, args->device);
   cmd->add_option("--prefill-mode", args->mode,
                   "--device cuda: serving (the prompt attends to its own fp16 K/V, then it is packed) or evaluation "
-                  "(it attends to its quantized K/V; docs/design.md §9.2). The CPU always runs evaluation mode")
+                  "(it attends to its quantized K/V; docs/design.md §9.2). The CPU always runs evaluation mode (serving is "
+                  "refused there)")
       ->capture_default_str()
       ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->add_option("--chunk", args->chunk,
                   "--device cuda: prefill the prompt in chunks of N tokens (a multiple of 64; 0 = one piece)")
       ->check(non_negative_validator());
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args, cmd] {
+    args->mode_given = cmd->get_option("--prefill-mode")->count() > 0;
+    run(*args);
+  });
 });
 
 }  // namespace

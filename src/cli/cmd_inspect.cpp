@@ -125,7 +125,8 @@ Registrar reg("inspect", [](CLI::App& app) {
   auto* cmd = app.add_subcommand("inspect", "Show a GGUF model's architecture, attention shape, RoPE and tensor types");
   cmd->add_option("-m,--model", args->model, "GGUF model file")->required()->check(CLI::ExistingFile);
   cmd->add_flag("--json", args->json, "print JSON instead of text");
-  cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout");
+  cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout")
+      ->check(non_empty_path_validator("a file to write the report to (without -o: stdout)"));
   cmd->add_flag("--force", args->force, "overwrite --output if it exists");
   cmd->callback([args] { run(*args); });
 });

@@ -315,9 +315,12 @@ Registrar reg("niah", [](CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--max-new", args->max_new, "answer tokens (greedy; 1..256)")->capture_default_str()->check(CLI::Range(1, 256));
   cmd->add_option("--seed", args->seed, "needle seed")->capture_default_str()->check(seed_validator());
-  cmd->add_option("--haystack", args->haystack, "haystack directory (default $RATEKV_ASSETS/text/haystack)");
+  cmd->add_option("--haystack", args->haystack, "haystack directory (default $RATEKV_ASSETS/text/haystack)")
+      ->check(non_empty_path_validator("a directory of .txt files (without --haystack: "
+                                       "$RATEKV_ASSETS/text/haystack)"));
   cmd->add_flag("--no-fp16", args->no_fp16, "skip the fp16 baseline grid");
-  cmd->add_option("--json", args->json, "write all grids and trials as JSON");
+  cmd->add_option("--json", args->json, "write all grids and trials as JSON")
+      ->check(non_empty_path_validator("a file to write the JSON to"));
   cmd->add_flag("--force", args->force, "overwrite --json if it exists");
   add_cache_type_options(cmd, args->ctk, args->ctv);
   add_device_option(cmd, args->device);

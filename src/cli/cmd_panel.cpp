@@ -331,8 +331,10 @@ const Registrar reg("panel", [](CLI::App& app) {
       "and write one combined report (panel.md, panel.json, --plot panel.png)");
   c->add_option("-o,--out", a->out, "output folder (per-model subfolders + panel.{md,json,png})")->required();
   c->add_option("-m,--model", a->models, "GGUF model (repeatable; default: every packaged model present)");
-  c->add_option("--calib", a->calib, "calibration text (default $RATEKV_ASSETS/text/calib.txt)");
-  c->add_option("--eval", a->eval, "evaluation text (default $RATEKV_ASSETS/text/eval.txt)");
+  c->add_option("--calib", a->calib, "calibration text (default $RATEKV_ASSETS/text/calib.txt)")
+      ->check(non_empty_path_validator("a text file (without --calib: $RATEKV_ASSETS/text/calib.txt)"));
+  c->add_option("--eval", a->eval, "evaluation text (default $RATEKV_ASSETS/text/eval.txt)")
+      ->check(non_empty_path_validator("a text file (without --eval: $RATEKV_ASSETS/text/eval.txt)"));
   c->add_option("--calib-tokens", a->calib_tokens, "calibration tokens")->capture_default_str();
   c->add_option("--tokens", a->tokens, "evaluation tokens")->capture_default_str();
   c->add_option("--ctx", a->ctx, "window length (calibration chunks, eval windows)")->capture_default_str();

@@ -179,7 +179,8 @@ Registrar reg("perplexity", [](CLI::App& app) {
   cmd->add_option("--chunks", args->chunks, "evaluate at most this many chunks (default: all)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_flag("--json", args->json, "print a JSON report");
-  cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout");
+  cmd->add_option("-o,--output", args->output, "write the report to this file instead of stdout")
+      ->check(non_empty_path_validator("a file to write the report to (without -o: stdout)"));
   cmd->add_flag("--force", args->force, "overwrite --output if it exists");
   add_cache_option(cmd, args->cache);
   add_plan_option(cmd, args->plan);

@@ -258,7 +258,8 @@ const Registrar reg{"rd", [](CLI::App& app) {
   sub->add_option("--n-seeds", opt->n_seeds, "quantizer seeds averaged per point (seeded kinds)")
       ->capture_default_str();
   sub->add_option("--side", opt->side, "label for the data: key | value | any")->capture_default_str();
-  sub->add_option("--json", opt->json_path, "write results as JSON to PATH ('-' = stdout instead of the table)");
+  sub->add_option("--json", opt->json_path, "write results as JSON to PATH ('-' = stdout instead of the table)")
+      ->check(non_empty_path_validator("a file to write the JSON to, or - for stdout"));
   sub->add_flag("--force", opt->force, "overwrite the --json file if it exists");
   sub->callback([opt, n_opt, dim_opt] {
     opt->dim_given = dim_opt->count() > 0;

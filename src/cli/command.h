@@ -41,6 +41,10 @@ CLI::Validator seed_validator();
 /// NonNegativeNumber printed the top of its range, DBL_MAX, in full). Overflow of the option's type is left to
 /// CLI11's conversion ("… could not be converted").
 CLI::Validator non_negative_validator(const std::string& of = "", const std::string& note = "");
+/// Validator of a path option whose absence means something (a default file, stdout, no output): an empty
+/// argument is a usage error (exit 2) "<flag>: empty path; expected <expected>" — `--haystack ""` used to be
+/// read as the flag left out (the default haystack), `--out ""` as stdout. Adds nothing to the help's type.
+CLI::Validator non_empty_path_validator(const std::string& expected);
 
 /// The items of one comma-list argument, empty ones refused: throws
 /// CLI::ValidationError "<flag>: '16,,': item 2 is empty; expected values

@@ -38,8 +38,9 @@ void require_engine(const std::string& device);
 /// 64-token page, and for N > 0 unless --device is cuda (docs/design.md §10).
 void check_chunk_option(const std::string& device, int64_t chunk);
 
-/// --prefill-mode M (perplexity, niah): throws Error naming --prefill-mode for
-/// serving without --device cuda (the CPU caches always quantize before
-/// attention reads them: evaluation; docs/design.md §9.2).
+/// --prefill-mode M (perplexity, niah; bench and generate when the flag is
+/// given, their default serving applying to cuda only): throws Error naming
+/// --prefill-mode for serving without --device cuda (the CPU caches always
+/// quantize before attention reads them: evaluation; docs/design.md §9.2).
 void check_prefill_mode_option(const std::string& device, const std::string& mode);
 }  // namespace ratekv::cli

@@ -33,6 +33,12 @@ CLI::Validator non_negative_validator(const std::string& of, const std::string& 
       "N ≥ 0", "non_negative");
 }
 
+CLI::Validator non_empty_path_validator(const std::string& expected) {
+  return CLI::Validator(
+      [expected](std::string& s) -> std::string { return s.empty() ? "empty path; expected " + expected : ""; }, "",
+      "non_empty_path");
+}
+
 CLI::Validator seed_validator() {
   return CLI::Validator(
       [](std::string& s) -> std::string {

@@ -11,6 +11,7 @@
 //  - a plan's model.sha256 was never compared with the model it is applied to.
 // Runs the built CLI; the model-backed cases skip without the SmolLM2 asset.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -331,6 +332,72 @@ TEST_F(BadInputFlags, FlagsThatDoNotApplyAreRefusedBeforeLoading) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.output.find("--curve"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("--tokens"), std::string::npos) << r.output;
+}
+
+// --prefill-mode serving on the CPU: bench and generate (default serving, which applies to cuda) accepted it and
+// ignored it — bench's rows said prefill_mode "evaluation". Given, it is checked as perplexity and niah check it;
+// evaluation (what the CPU runs) and the flag left out still run.
+TEST_F(BadInputFlags, PrefillModeServingOnTheCpuIsRefused) {
+  const std::string want =
+      "error: --prefill-mode serving: the CPU caches always quantize before attention (evaluation); serving runs "
+      "on --device cuda only";
+  expect("bench --synthetic tiny-llama --device cpu --prefill-mode serving -p 16 -n 2 -r 1", 1, want);
+  expect("bench --synthetic tiny-llama --prefill-mode serving -p 16 -n 2 -r 1", 1, want);  // cpu by default
+  std::ofstream(dir_ / "m.gguf") << "x";  // not a model: the refusal comes before anything is read
+  expect("generate -m " + q(dir_ / "m.gguf") + " -p hi --prefill-mode serving", 1, want);
+  for (const std::string& mode : {std::string(" --prefill-mode evaluation"), std::string()}) {
+    const fs::path out = dir_ / "rows.json";
+    const Result r = run_cli("bench --synthetic tiny-llama --device cpu -p 16 -n 2 -r 1 -o json --force --out " +
+                             q(out) + mode);
+    ASSERT_EQ(r.status, 0) << mode << "\n" << r.output;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+    ASSERT_EQ(j.at("rows").size(), 2u) << j.dump(1);
+    for (const auto& row : j.at("rows")) EXPECT_EQ(row.at("prefill_mode"), "evaluation") << row.dump();
+  }
+}
+
+// An empty path argument was read as the flag left out: niah --haystack '' took the default haystack, panel --calib ''
+// ran the whole panel on the default text, bench --out '' / inspect -o '' / perplexity -o '' printed to stdout,
+// rd --json '' and the other optional outputs wrote nothing. Each is now a usage error naming the flag and what
+// it expects, before any work.
+TEST_F(BadInputFlags, EmptyPathArgumentsAreRefused) {
+  std::ofstream(dir_ / "m.gguf") << "x";  // not a model: the refusal comes before anything is read
+  std::ofstream(dir_ / "t.txt") << "Some text.\n";
+  const std::string m = " -m " + q(dir_ / "m.gguf") + " ", f = " -f " + q(dir_ / "t.txt") + " ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"niah" + m + "--haystack ''",
+       "--haystack: empty path; expected a directory of .txt files (without --haystack: $RATEKV_ASSETS/text/haystack)"},
+      {"niah" + m + "--json ''", "--json: empty path; expected a file to write the JSON to"},
+      {"bench --synthetic tiny-llama -p 16 -n 0 -r 1 --out ''",
+       "--out: empty path; expected a file to write the table to (without --out: stdout)"},
+      {"perplexity" + m + f + "-o ''",
+       "--output: empty path; expected a file to write the report to (without -o: stdout)"},
+      {"inspect" + m + "-o ''", "--output: empty path; expected a file to write the report to (without -o: stdout)"},
+      {"eval" + m + f + "--json ''", "--json: empty path; expected a file to write the JSON report to"},
+      {"eval" + m + f + "--json " + q(dir_ / "r.json") + " --plot ''",
+       "--plot: empty path; expected a PNG file to write the plot to"},
+      {"eval" + m + f + "--reference-cache ''",
+       "--reference-cache: empty path; expected a directory of cached reference passes"},
+      {"calibrate" + m + f + "--tokens 8 -o " + q(dir_ / "s.safetensors") + " --curves-json ''",
+       "--curves-json: empty path; expected a file to write the JSON to"},
+      {"panel -o " + q(dir_ / "panel") + " --calib ''",
+       "--calib: empty path; expected a text file (without --calib: $RATEKV_ASSETS/text/calib.txt)"},
+      {"panel -o " + q(dir_ / "panel") + " --eval ''",
+       "--eval: empty path; expected a text file (without --eval: $RATEKV_ASSETS/text/eval.txt)"},
+      {"rd --json ''", "--json: empty path; expected a file to write the JSON to, or - for stdout"}};
+  // No assets for the children: a build that reads '' as the default fails on the missing default file (exit 1)
+  // instead of running the panel or niah on the real assets for minutes.
+  const char* had = std::getenv("RATEKV_ASSETS");
+  const std::string saved = had ? had : "";
+  ::setenv("RATEKV_ASSETS", (dir_ / "no_assets").c_str(), 1);
+  for (const auto& [args, want] : cases) expect(args, 2, want);
+  if (had) ::setenv("RATEKV_ASSETS", saved.c_str(), 1);
+  else ::unsetenv("RATEKV_ASSETS");
+  EXPECT_FALSE(fs::exists(dir_ / "panel"));
+  // Left out, the defaults still apply: bench prints its table on stdout.
+  const Result r = run_cli("bench --synthetic tiny-llama -p 16 -n 0 -r 1");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("| pp16 |"), std::string::npos) << r.output;
 }
 
 }  // namespace
