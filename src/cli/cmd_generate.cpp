@@ -436,8 +436,8 @@ Registrar reg("generate", [](CLI::App& app) {
   add_device_option(cmd, args->device);
   cmd->add_option("--prefill-mode", args->mode,
                   "--device cuda: serving (the prompt attends to its own fp16 K/V, then it is packed) or evaluation "
-                  "(it attends to its quantized K/V; docs/design.md §9.2). The CPU always runs evaluation mode (serving is "
-                  "refused there)")
+                  "(it attends to its quantized K/V; docs/design.md §9.2). The CPU always runs evaluation mode "
+                  "(serving is refused there)")
       ->capture_default_str()
       ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->add_option("--chunk", args->chunk,

@@ -1,9 +1,6 @@
 // Perplexity on the GPU engine (ratekv/engine/perplexity.h).
 #include "ratekv/engine/perplexity.h"
 
-#include <algorithm>
-#include <cmath>
-
 #include "ratekv/common/error.h"
 
 namespace ratekv::engine {
