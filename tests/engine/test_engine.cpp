@@ -7,7 +7,8 @@
 //  * a sequence decoded inside a batch of unequal lengths = alone;
 //  * evaluation vs serving prefill; prefill(n) + decode = prefill(n + 1);
 //  * pools over 4 GiB per layer (pages handed out from the top);
-//  * requests that do not fit are refused before any work.
+//  * requests that do not fit are refused before any work;
+//  * gpu_perplexity = the CPU runtime's perplexity() per chunk.
 //
 // Logit bounds (relative L2 over the vocabulary). The GPU rounds every GEMM
 // input to bf16 (relative error ≤ 2^-9, RMS 2^-9/√3 ≈ 1.1e-3 per element,
@@ -36,8 +37,10 @@
 #include "ratekv/engine/engine.h"
 #include "ratekv/engine/engine_executor.h"
 #include "ratekv/engine/niah.h"
+#include "ratekv/engine/perplexity.h"
 #include "ratekv/engine/scheduler.h"
 #include "ratekv/eval/baseline_plans.h"
+#include "ratekv/model/perplexity.h"
 #include "ratekv/model/synthetic.h"
 
 namespace {
@@ -284,6 +287,56 @@ TEST(Engine, ChunkedPrefillMatchesCpuRuntime) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   compare_with_cpu("f16", 2e-2, 97, 64);
   compare_with_cpu("K4", 0.1, 97, 64);
+}
+
+// engine::gpu_perplexity against the CPU runtime's perplexity() on identical
+// synthetic weights (tiny-llama: GQA 2, head_dim 64, vocabulary 512), n_ctx 97
+// (not a multiple of the 64-token page), 3 chunks, BOS prepended, evaluation
+// mode, one-piece and chunked (prefill_chunk 64: a page, then 33 tokens) prefill. Both score with
+// PerplexityScorer, so what this checks is the engine's side: which logits
+// rows reach the scorer, the chunk windows and the cache cleared between
+// chunks. Compared per chunk in log space (the chunk's mean NLL): fp16 cache
+// vs the CPU fp32 cache — the logits differ by ≈ 5e-3 relative (file
+// comment), so a chunk's mean NLL by about that many nats: bound 2e-2; K3V3
+// vs the CPU packed cache with the same plan — code flips (≈ 0.1 of the
+// logits at most, ChunkedPrefillEqualsOnePiece's estimate): bound 0.1 nats.
+// One row off (every token scored against the next position's logits)
+// changes a chunk's mean NLL by its spread across tokens, printed beside.
+TEST(Engine, GpuPerplexityMatchesCpuRuntime) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const ModelConfig c = synthetic_config("tiny-llama");
+  Model model = Model::from_weights(c, synthetic_weights(c, kSeed, true));
+  const int64_t ctx = 97, chunks = 3;
+  const std::vector<int32_t> toks = random_tokens(int(2 * ctx * chunks), c.n_vocab, 23);
+  const int32_t bos = 1;
+  for (const std::string type : {"f16", "K3"}) {
+    std::unique_ptr<KVCache> kv;
+    if (type == "f16")
+      kv = std::make_unique<DenseKVCache>(c.kv_shape(ctx));
+    else
+      kv = std::make_unique<cache::PackedKVCache>(c.kv_shape(ctx), format_for(type, c).codecs());
+    const PerplexityResult cpu = perplexity(model, *kv, toks, ctx, chunks, true, bos);
+    for (int64_t piece : {int64_t{0}, int64_t{64}}) {
+      EngineOptions o;
+      o.pool_bytes = size_t{1} << 28;
+      auto eng = Engine::create_synthetic(c, true, kSeed, format_for(type, c), o);
+      const PerplexityResult g =
+          engine::gpu_perplexity(*eng, toks, ctx, chunks, true, bos, PrefillMode::evaluation, {}, piece);
+      ASSERT_EQ(g.n_chunks, cpu.n_chunks);
+      ASSERT_EQ(g.n_scored, cpu.n_scored);
+      ASSERT_EQ(g.chunk_ppl.size(), cpu.chunk_ppl.size());
+      const double bound = type == "f16" ? 2e-2 : 0.1;
+      for (size_t k = 0; k < g.chunk_ppl.size(); ++k) {
+        const double d = std::fabs(std::log(g.chunk_ppl[k]) - std::log(cpu.chunk_ppl[k]));
+        std::printf("  %s prefill_chunk %lld chunk %zu: ppl GPU %.5f CPU %.5f, |d log ppl| %.2e\n", type.c_str(),
+                    (long long)piece, k, g.chunk_ppl[k], cpu.chunk_ppl[k], d);
+        EXPECT_LT(d, bound) << type << " prefill_chunk " << piece << " chunk " << k;
+      }
+      EXPECT_LT(std::fabs(g.mean_nll - cpu.mean_nll), bound) << type;
+      std::printf("  %s: mean NLL GPU %.5f CPU %.5f (ppl ± %.3f)\n", type.c_str(), g.mean_nll, cpu.mean_nll,
+                  cpu.ppl_err);
+    }
+  }
 }
 
 // Chunked prefill = one-piece prefill, every token's logits (rel L2 per row),
