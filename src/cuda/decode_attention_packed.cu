@@ -347,15 +347,19 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
                               D.heads, D.rotations, D.channels, D.max_tiles[0] * 16, w.q, stream);
   // GQA ≤ 8: the kernel with the query rows as the MMA N side (uniform plans
-  // under `specialized`: its integer-key instance), which merges its splits
-  // and rotates back itself when they fit one CTA (no merge launch; every
-  // short context and every batch past one wave, default_splits); GQA > 8:
-  // the 16-row kernel.
+  // under `specialized`: its integer-key instance), which merges the splits of
+  // each CTA itself and rotates back when they all fit one CTA (no merge
+  // launch; every short context and every batch past one wave,
+  // default_splits), else leaves one state per CTA to the merge launch;
+  // GQA > 8: the 16-row kernel.
+  detail::WorkspaceView wm = w;  // what the merge launch reads
   if (plan.gqa() <= 8) {
-    const bool fused = n_splits <= detail::gqa8_splits_per_cta(d);
+    const int per_cta = detail::gqa8_splits_per_cta(d);
+    const bool fused = n_splits <= per_cta;
     detail::launch_gqa8_decode(plan, batch, pool, w, pps, uses_int8_levels(plan, variant), stream,
                                fused ? out : nullptr);
     if (fused) return;
+    wm.part.n_splits = (n_splits + per_cta - 1) / per_cta;  // one merged state per CTA
   } else {
     switch (d) {
       case 64: launch_packed<64>(plan, batch, pool, w, pps, stream); break;
@@ -366,7 +370,7 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                                         " has no kernel (64, 128, 256)"));
     }
   }
-  detail::launch_splitk_lse_merge(w, batch.batch, hq, plan.gqa(), d, D.heads, D.rotations, D.channels,
+  detail::launch_splitk_lse_merge(wm, batch.batch, hq, plan.gqa(), d, D.heads, D.rotations, D.channels,
                                   out, stream);
 }
 

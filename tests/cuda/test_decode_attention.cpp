@@ -243,7 +243,8 @@ TEST(CudaPackedDecode, AwkwardLengthsBatchesGqa) {
 
 // Split counts around the GQA ≤ 8 kernel's in-kernel merge: the splits of
 // one CTA (≤ 8 warps, ≤ 4 at head_dim 256) are merged and rotated back by
-// that CTA, more by the split-K merge launch. 1 split, a few, one CTA's worth,
+// that CTA; with more, every CTA merges its own and the split-K merge launch
+// merges the CTAs' states. 1 split, a few, one CTA's worth,
 // one more, and 33 (splits without pages), besides the default; GQA 1/3/4/8,
 // head_dim 64/128/256, uniform (K = V and K ≠ V), mixed (head_dim 64/128) and zero-bit plans, lengths 1, 97 and
 // not multiples of the 64-token page, against the CPU reference.
@@ -259,6 +260,10 @@ TEST(CudaPackedDecode, SplitCountsAroundTheInKernelMerge) {
       // tiles, past the 16 the head_dim-256 kernels hold (the plan is refused at creation).
       {256, 2, 4, {600, 97}, false, 3, 2, DType::f16, Special::none, nullptr, {1, 4, 5}},
       {64, 3, 4, {1, 97, 300}, false, 0, 0, DType::f32, Special::zero_bit, nullptr, {1, 5, 8, 9}},
+      // Many CTAs per row (each merges its warps' splits, the merge launch the CTAs' states): a
+      // long sequence beside short ones, the default count (152 at B = 3 on the H200), 17 (a last
+      // CTA with one split) and 65.
+      {128, 2, 4, {20000, 1, 97}, false, 3, 3, DType::f16, Special::none, nullptr, {0, 17, 65}},
   };
   uint32_t seed = 1800;
   for (const Case& c : cases) run_packed_case(c, seed++);
