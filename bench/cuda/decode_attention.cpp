@@ -67,14 +67,29 @@ struct Shape {
 constexpr Shape kLlama{"llama-3.1-8b", 32, 8};
 constexpr Shape kQwen{"qwen2.5-3b", 16, 2};
 
+/// Timing with L2 flushed before every run. write_flush (the default, as in
+/// every committed table): a 512 MB memset — the call then starts with L2 full
+/// of dirty lines, whose write-back shares DRAM with the call's reads; read flush
+/// (--flush read): cuda::read_probe over the same 512 MB — L2 left holding
+/// clean lines, as after a decode step's weight-reading GEMMs.
 struct Timer {
   void* flush = nullptr;
   size_t flush_bytes = 512ull << 20;
+  bool write_flush = true;
+  uint32_t* sink = nullptr;
   cudaEvent_t a, b;
   Timer() {
     CK(cudaMalloc(&flush, flush_bytes));
+    CK(cudaMemset(flush, 1, flush_bytes));
+    CK(cudaMalloc(&sink, sizeof(uint32_t)));
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
+  }
+  void do_flush(int i, cudaStream_t s) {
+    if (write_flush)
+      CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, s));
+    else
+      cuda::read_probe(flush, flush_bytes, sink, s);
   }
   /// Median of `reps` runs of f() captured once into a CUDA graph and
   /// replayed (launch gaps between the kernels of one call removed); same
@@ -95,7 +110,7 @@ struct Timer {
     CK(cudaStreamSynchronize(s));
     std::vector<float> t;
     for (int i = 0; i < reps; ++i) {
-      CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, s));
+      do_flush(i, s);
       CK(cudaEventRecord(a, s));
       CK(cudaGraphLaunch(ge, s));
       CK(cudaEventRecord(b, s));
@@ -116,7 +131,7 @@ struct Timer {
     CK(cudaDeviceSynchronize());
     std::vector<float> t;
     for (int i = 0; i < reps; ++i) {
-      CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
+      do_flush(i, nullptr);
       CK(cudaEventRecord(a));
       f();
       CK(cudaEventRecord(b));
@@ -407,6 +422,7 @@ struct Args {
   bool has_t(int T) const { return only_t.empty() || std::find(only_t.begin(), only_t.end(), T) != only_t.end(); }
   bool check = true;  // --no-check: skip check_references (ncu profiling runs)
   bool fp16_only = false;  // --fp16-only: the fp16 rows only (no packed layouts)
+  bool read_flush = false;  // --flush read: flush L2 by reading (Timer)
   std::string only_model, only_cache;  // only_cache: one packed layout, no fp16 row (profiling)
   bool demo = false, prefill = true, sweep = false;
 };
@@ -611,10 +627,15 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--sweep-splits")) A.sweep = true;
     else if (!std::strcmp(argv[i], "--no-check")) A.check = false;
     else if (!std::strcmp(argv[i], "--fp16-only")) A.fp16_only = true;
+    else if (!std::strcmp(argv[i], "--flush") && more && (!std::strcmp(argv[i + 1], "read") ||
+                                                          !std::strcmp(argv[i + 1], "write")))
+      A.read_flush = !std::strcmp(argv[++i], "read");
     else {
       std::fprintf(stderr,
                    "usage: bench_cuda_decode [--out FILE] [--reps N] [--only-B B] [--only-T T[,T...]] "
-                   "[--only-model llama-3.1-8b|qwen2.5-3b] [--only-cache K3V3|...] [--no-prefill] [--sweep-splits] [--no-check] [--fp16-only] [--demo]\n"
+                   "[--only-model llama-3.1-8b|qwen2.5-3b] [--only-cache K3V3|...] [--no-prefill] [--sweep-splits] [--no-check] [--fp16-only] [--demo] [--flush write|read]\n"
+                   "  --flush: how L2 is flushed before each timed run: write (default) a 512 MB memset, read a\n"
+                   "  read-only pass over 512 MB (L2 left clean, as after the weight GEMMs of a decode step)\n"
                    "  --no-check: skip the reference check (profiling runs under ncu only: their first launch\n"
                    "  of a kernel is the timed point's; timings are not results then)\n");
       return 2;
@@ -623,6 +644,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   Timer timer;
+  timer.write_flush = !A.read_flush;
   nlohmann::json J;
   J["device"] = prop.name;
   J["sms"] = prop.multiProcessorCount;
@@ -635,7 +657,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   J["timing"] = "CUDA events around one call (one layer; the demo: one step over all layers), median of " +
-                std::to_string(A.reps) + ", 512 MB memset before each run to flush L2; ms_graph: the same call "
+                std::to_string(A.reps) + (A.read_flush ? ", 512 MB read (read_probe) before each run to flush L2 (clean lines)"
+                                          : ", 512 MB memset before each run to flush L2") + "; ms_graph: the same call "
                 "captured once in a CUDA graph and replayed";
   if (A.demo) {
     run_demo(A, timer, J);
