@@ -411,7 +411,8 @@ Registrar reg("generate", [](CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand("generate", "Generate a continuation of a prompt (greedy unless --temp > 0)");
   cmd->add_option("-m,--model", args->model, "GGUF model file")->required()->check(CLI::ExistingFile);
-  cmd->add_option("-p,--prompt", args->prompt, "prompt text (or --prompts-file)");
+  cmd->add_option("-p,--prompt", args->prompt, "prompt text (or --prompts-file)")
+      ->check(non_empty_validator("the prompt text (or --prompts-file for many)"));
   cmd->add_option("--prompts-file", args->prompts_file,
                   "--device cuda: many requests with continuous batching, one prompt per line or JSON lines "
                   "{\"prompt\": ..., \"n_predict\": N, \"temperature\": T, \"top_k\": K, \"top_p\": P, \"seed\": S}")

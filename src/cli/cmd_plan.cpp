@@ -339,7 +339,8 @@ const Registrar reg("plan", [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--vquantizer", a->rq.v_quantizer,
                 "uniform: value codec when it differs from --quantizer; tasq/cq: cq (contiguous-group VQ, default) "
-                "| fp16");
+                "| fp16")
+      ->check(non_empty_validator("a codec name (leave --vquantizer out for the --quantizer codec)"));
   c->add_option("-m,--model", a->model, "tasq/cq: GGUF model")->check(CLI::ExistingFile);
   c->add_option("-f,--file", a->text, "tasq/cq: calibration text (disjoint from evaluation text)")
       ->check(CLI::ExistingFile);

@@ -46,6 +46,10 @@ CLI::Validator non_negative_validator(const std::string& of = "", const std::str
 /// read as the flag left out (the default haystack), `--out ""` as stdout. Adds nothing to the help's type.
 CLI::Validator non_empty_path_validator(const std::string& expected);
 
+/// A CLI11 validator refusing an empty string argument (not a path), e.g. `-p ''`: the message
+/// reads "<flag>: empty; expected <expected>".
+CLI::Validator non_empty_validator(const std::string& expected);
+
 /// The items of one comma-list argument, empty ones refused: throws
 /// CLI::ValidationError "<flag>: '16,,': item 2 is empty; expected values
 /// separated by single commas (e.g. 16,32)" (a usage error, exit 2).

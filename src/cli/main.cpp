@@ -39,6 +39,12 @@ CLI::Validator non_empty_path_validator(const std::string& expected) {
       "non_empty_path");
 }
 
+CLI::Validator non_empty_validator(const std::string& expected) {
+  return CLI::Validator(
+      [expected](std::string& s) -> std::string { return s.empty() ? "empty; expected " + expected : ""; }, "",
+      "non_empty");
+}
+
 CLI::Validator seed_validator() {
   return CLI::Validator(
       [](std::string& s) -> std::string {

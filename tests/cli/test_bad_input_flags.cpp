@@ -400,4 +400,15 @@ TEST_F(BadInputFlags, EmptyPathArgumentsAreRefused) {
   EXPECT_NE(r.output.find("| pp16 |"), std::string::npos) << r.output;
 }
 
+// An empty string where text is expected is a usage error naming the flag: generate -p '' said "give one of -p
+// or --prompts-file" (as if -p were missing), plan --vquantizer '' silently meant "the --quantizer codec".
+TEST_F(BadInputFlags, EmptyTextArgumentsAreRefused) {
+  std::ofstream(dir_ / "m.gguf") << "x";  // not a model: the refusal comes before anything is read
+  expect("generate -m " + q(dir_ / "m.gguf") + " -p ''", 2,
+         "--prompt: empty; expected the prompt text (or --prompts-file for many)");
+  expect("plan --method uniform --bits 3 --quantizer tq-mse --vquantizer '' -o " + q(dir_ / "p.json"), 2,
+         "--vquantizer: empty; expected a codec name (leave --vquantizer out for the --quantizer codec)");
+  EXPECT_FALSE(fs::exists(dir_ / "p.json"));
+}
+
 }  // namespace
