@@ -292,16 +292,22 @@ TEST(Engine, ChunkedPrefillMatchesCpuRuntime) {
 // engine::gpu_perplexity against the CPU runtime's perplexity() on identical
 // synthetic weights (tiny-llama: GQA 2, head_dim 64, vocabulary 512), n_ctx 97
 // (not a multiple of the 64-token page), 3 chunks, BOS prepended, evaluation
-// mode, one-piece and chunked (prefill_chunk 64: a page, then 33 tokens) prefill. Both score with
-// PerplexityScorer, so what this checks is the engine's side: which logits
-// rows reach the scorer, the chunk windows and the cache cleared between
-// chunks. Compared per chunk in log space (the chunk's mean NLL): fp16 cache
-// vs the CPU fp32 cache — the logits differ by ≈ 5e-3 relative (file
-// comment), so a chunk's mean NLL by about that many nats: bound 2e-2; K3V3
-// vs the CPU packed cache with the same plan — code flips (≈ 0.1 of the
-// logits at most, ChunkedPrefillEqualsOnePiece's estimate): bound 0.1 nats.
-// One row off (every token scored against the next position's logits)
-// changes a chunk's mean NLL by its spread across tokens, printed beside.
+// mode, one-piece and chunked (prefill_chunk 64: a page, then 33 tokens)
+// prefill. Both score with PerplexityScorer, so what this checks is the
+// engine's side: which logits rows reach the scorer, the chunk windows and the
+// cache cleared between chunks. Compared per chunk in log space (the chunk's
+// mean NLL over its ~48 scored tokens, the window's second half):
+//  * fp16 cache vs the CPU fp32 cache — logits off by ≈ 5e-3 relative (file
+//    comment; logit spread ≈ 1–2 here) move a token's NLL by ≲ 1e-2 nats, with
+//    random signs, so a chunk's mean by ≈ 1e-2/√48 ≈ 1.5e-3: bound 5e-3
+//    (measured on the H200: ≤ 7.3e-4);
+//  * K3V3 vs the CPU packed cache with the same plan — code flips (≈ 0.1 of
+//    the logits at most, ChunkedPrefillEqualsOnePiece's estimate): bound 0.1
+//    nats (measured, one piece: ≤ 1.4e-2).
+// A row off or a cache not cleared pairs logits with other targets: a chunk's
+// mean NLL moves by about the NLL's spread over √48 — as much as the chunks
+// differ from each other (here up to 0.27 nats: chunk ppl 842, 1103, 1056 on
+// the CPU), 50x the fp16 bound.
 TEST(Engine, GpuPerplexityMatchesCpuRuntime) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   const ModelConfig c = synthetic_config("tiny-llama");
@@ -325,7 +331,7 @@ TEST(Engine, GpuPerplexityMatchesCpuRuntime) {
       ASSERT_EQ(g.n_chunks, cpu.n_chunks);
       ASSERT_EQ(g.n_scored, cpu.n_scored);
       ASSERT_EQ(g.chunk_ppl.size(), cpu.chunk_ppl.size());
-      const double bound = type == "f16" ? 2e-2 : 0.1;
+      const double bound = type == "f16" ? 5e-3 : 0.1;
       for (size_t k = 0; k < g.chunk_ppl.size(); ++k) {
         const double d = std::fabs(std::log(g.chunk_ppl[k]) - std::log(cpu.chunk_ppl[k]));
         std::printf("  %s prefill_chunk %lld chunk %zu: ppl GPU %.5f CPU %.5f, |d log ppl| %.2e\n", type.c_str(),
@@ -333,8 +339,7 @@ TEST(Engine, GpuPerplexityMatchesCpuRuntime) {
         EXPECT_LT(d, bound) << type << " prefill_chunk " << piece << " chunk " << k;
       }
       EXPECT_LT(std::fabs(g.mean_nll - cpu.mean_nll), bound) << type;
-      std::printf("  %s: mean NLL GPU %.5f CPU %.5f (ppl ± %.3f)\n", type.c_str(), g.mean_nll, cpu.mean_nll,
-                  cpu.ppl_err);
+      std::printf("  %s: mean NLL GPU %.5f CPU %.5f\n", type.c_str(), g.mean_nll, cpu.mean_nll);
     }
   }
 }

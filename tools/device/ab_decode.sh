@@ -6,8 +6,11 @@
 # Prints per (model, B, T, cache): median-of-reps ms of each round, base vs new, the ratio of the
 # best of each side, and the new side's share of the read ceiling; JSON per run under $OUT/ab/.
 set -uo pipefail
+set -f  # the argument lists are split on spaces, never glob-expanded
+: "${BASE:?BASE: the baseline bench_cuda_decode}" "${NEW:?NEW: the bench_cuda_decode under test}"
 O=${OUT:-/tmp/out}/ab; mkdir -p "$O"
-IFS=';' read -ra RUNS <<< "${ARGS:?}"
+rm -f "$O"/*.json "$O"/*.log  # the summary reads every JSON here: none from an earlier invocation
+IFS=';' read -ra RUNS <<< "${ARGS:?ARGS: ';'-separated bench_cuda_decode argument lists}"
 i=0
 for args in "${RUNS[@]}"; do
   i=$((i + 1))
@@ -25,7 +28,11 @@ from collections import defaultdict
 ms = defaultdict(lambda: {"base": [], "new": []}); ceil = {}
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     side = os.path.basename(f).split("_")[0]
-    d = json.load(open(f))
+    try:
+        d = json.load(open(f))
+    except (OSError, ValueError) as e:  # a run cut by its timeout: skipped, said
+        print(f"skipped {f}: {e}")
+        continue
     d = d.get("ratekv_cuda", d)
     for r in d["rows"]:
         k = (r["model"], r["B"], r["T"], r["cache"])

@@ -5,8 +5,8 @@
 # timeline (start/end of every kernel: the gaps between them). Compare with bench_cuda_decode's
 # event-timed ms of the same point.
 # Usage (repo root on the GPU machine, after lead_chain.sh build): OUT=... tools/device/profile_fixed_costs.sh
-# POINTS: space-separated model:B:T:cache items (default below). Outputs: $OUT/fixed_ncu_<i>.csv,
-# $OUT/fixed_nsys_<i>.txt, and a summary on stdout.
+# POINTS: space-separated model:B:T:cache items (default below). Outputs: $OUT/fixed_ncu_<i>.csv (and
+# .err), $OUT/fixed_nsys_<i>.txt, $OUT/fixed_bench_<i>.json, and a summary on stdout.
 set -uo pipefail
 B=${BUILD:-/tmp/ratekv-build}
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -18,7 +18,7 @@ for p in $POINTS; do
   echo "== $p"
   timeout 120 ncu --clock-control none --cache-control all --kernel-name regex:'rotate_query|gqa8|splitk_lse|packed_decode|generic_decode' \
     --launch-count 6 --metrics gpu__time_duration.sum --csv --page raw \
-    "$B/bench/bench_cuda_decode" $args --out /tmp/fixed_$i.json > "$O/fixed_ncu_$i.csv" 2> /tmp/fixed_ncu_$i.err
+    "$B/bench/bench_cuda_decode" $args --out /tmp/fixed_$i.json > "$O/fixed_ncu_$i.csv" 2> "$O/fixed_ncu_$i.err"
   echo "ncu rc $?"
   python3 - "$O/fixed_ncu_$i.csv" <<'PY'
 import csv, sys
@@ -33,9 +33,15 @@ PY
   if command -v nsys > /dev/null; then
     timeout 120 nsys profile -t cuda -o /tmp/fixed_nsys_$i -f true "$B/bench/bench_cuda_decode" $args \
       --out /tmp/fixed_nsys_$i.json > /dev/null 2>&1
+    echo "nsys profile rc $?"
     nsys stats -q --report cuda_gpu_trace --format csv /tmp/fixed_nsys_$i.nsys-rep > "$O/fixed_nsys_$i.txt" 2>&1
-    echo "nsys rc $?; last calls' kernels (start ns, duration ns, name):"
-    grep -E "rotate_query|gqa8|splitk_lse" "$O/fixed_nsys_$i.txt" | tail -9 | cut -d, -f1,2,19- | cut -c1-120
+    echo "nsys stats rc $?; last calls' kernels (start ns, duration ns, name):"
+    python3 - "$O/fixed_nsys_$i.txt" <<'PY'
+import csv, re, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r and any(re.search("rotate_query|gqa8|splitk_lse", x) for x in r)]
+for r in rows[-9:]:
+    print("  " + ", ".join(r[:2]) + ", " + r[-1][:80])
+PY
   else
     echo "nsys not on the PATH"
   fi
