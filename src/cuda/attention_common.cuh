@@ -106,6 +106,9 @@ struct RowState {
 /// Split-K partial states in the workspace (fp32):
 ///   o_part (batch·n_heads, n_splits, o_dim)  unnormalized Σ p_t v_t (rotated domain)
 ///   m_part, l_part (batch·n_heads, n_splits) max (log2 units) and Σ p_t
+/// n_splits is the row stride of the states, except in the GQA ≤ 8 kernel's
+/// launch, which reads it as its split (warp) count and writes one state per
+/// CTA at stride ⌈n_splits / gqa8_splits_per_cta⌉ (launch_gqa8_decode).
 struct Partials {
   float* o;
   float* m;

@@ -193,9 +193,11 @@ int default_splits(const packed::LayerLayout& layout, int n_heads, int batch, in
 /// rounded to fp16 after multiplying by the value norm (uniform kernel: after
 /// scaling per row and page, then split into two int8 parts). `pool` holds the layer's pages
 /// (layout.page_bytes() each). n_splits = 0 picks default_splits(plan, …).
-/// GQA ≤ 8 with n_splits ≤ 8 (≤ 4 at head_dim 256): one CTA holds all the
-/// splits of a (sequence, KV head) and merges and rotates back itself (two
-/// launches instead of three; the same result up to fp32 summation order).
+/// GQA ≤ 8: each CTA (8 splits; 4 at head_dim 256) merges its splits'
+/// states; with n_splits ≤ 8 (≤ 4) one CTA holds all the splits of a
+/// (sequence, KV head) and also rotates back itself (two launches instead of
+/// three), else a merge launch combines one state per CTA. The same result up
+/// to fp32 summation order (docs/design.md §8).
 void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
                              const uint8_t* pool, const void* q, DType q_dtype, float scale,
                              float* out, void* workspace, size_t workspace_bytes, int n_splits,
