@@ -43,7 +43,7 @@
 // while one is computed. The CTA then merges its warps' split states in shared
 // memory (the log-sum-exp merge of splitk_lse_merge.cu): one state per CTA
 // goes to the partials (so the merge launch reads W times fewer — at B = 1,
-// T = 128K it read 264 (Llama-3.1-8B) / 1056 (Qwen2.5-3B) states per query
+// T = 128K it read 264 (Llama-3.1-8B) / 1024 (Qwen2.5-3B) states per query
 // row), or, when the CTA holds every split of its row, it rotates back and
 // writes the output itself (no merge launch).
 #include <algorithm>
@@ -234,10 +234,11 @@ constexpr size_t kQfragBytes = UB > 0 ? (size_t)(D / 32) * 32 * sizeof(uint4)
 template <int D, int UB>
 constexpr size_t kStagesOffset = kBarBytes + (UB > 0 ? 0 : kTablesBytes) + kQfragBytes<D, UB>;
 
-/// The in-kernel merge (fused_out): after the page loop, the stage buffers
-/// hold each warp's split state, Os [W][8 rows][NT·16 channels], then m and l
-/// [W][8] each, then the merged rotated row orot [8][NT·16]; the back-rotation
-/// reuses Os as its partial sums [W][8][D]. Floats, from kStagesOffset.
+/// The CTA merge (every launch): after the page loop, the stage buffers hold
+/// each warp's split state, Os [W][8 rows][NT·16 channels], then m and l
+/// [W][8] each; with fused_out also the merged rotated row orot [8][NT·16],
+/// and the back-rotation reuses Os as its partial sums [W][8][D]. Floats,
+/// from kStagesOffset.
 template <int D, int UB>
 constexpr size_t kFusedFloats = (size_t)kWarps<D> * 8 * kTiles<D, UB> * 16 + 2 * kWarps<D> * 8 +
                                 (size_t)8 * kTiles<D, UB> * 16;
@@ -719,6 +720,10 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       }
       orot[r * RD + c] = acc / L;
     }
+    // A value side with no tiles (n_o = 0) leaves {M, L} unwritten: the merge
+    // then reads stale states for those rows, whose output is 0 whatever it
+    // reads (no value group). Writing them per row is prepared, not yet run on
+    // a GPU (issue 19 notes, session 14).
     if (!fused) return;
     float* out = fused_out + (size_t)row_base * D;  // rows r < gqa of this KV head, D channels each
     // Output channels in no value group are 0 (as the merge); written before
