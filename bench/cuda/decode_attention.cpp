@@ -10,8 +10,9 @@
 // the fastest measured. Llama-3.1-8B (32 query / 8 KV heads) and
 // Qwen2.5-3B (16 / 2) attention shapes, head_dim 128, B up to 32, T up to 512K.
 // Time per decode step (one layer): CUDA events around the attention call
-// only, median of N runs, L2 flushed (a 512 MB memset) before each run; at
-// T ≤ 32K also as a replayed CUDA graph. Also: quantize-append per token,
+// only, median of N runs, L2 flushed (a 512 MB memset; --flush read: a 512 MB
+// read) before each run; at T ≤ 32K also as a replayed CUDA graph. Also:
+// quantize-append per token,
 // prefill-quantize throughput (one launch per layer) and, with --demo, the
 // 32-layer B=4 T=512K K3V3 memory demonstration. Writes JSON (--out FILE)
 // and prints a table.
