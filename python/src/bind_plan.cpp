@@ -37,6 +37,10 @@ void bind_plan(nb::module_& m) {
                    "(docs/plan_format.md)",
                    name, e.byte > s.size() ? fmt::format("it ends early, after {} bytes", s.size())
                                            : fmt::format("syntax error at byte {} of {}", e.byte, s.size()));
+            } catch (const nlohmann::json::out_of_range&) {  // 406: a number literal beyond double's range
+              fail("{}: text is not valid JSON (a number beyond the range of a double); expected the JSON object "
+                   "`ratekv plan` writes (docs/plan_format.md)",
+                   name);
             }
             return Plan::from_json(j, name);
           },

@@ -132,6 +132,9 @@ def test_messages_name_the_library_not_its_internals(llama, tmp_path):
         ratekv.Plan.from_json("{")
     with pytest.raises(RatekvError, match=r"^plan: text is not valid JSON \(syntax error at byte 2 of 3\)"):
         ratekv.Plan.from_json("{x}")
+    # a number beyond double's range: nlohmann's out_of_range.406 escaped as a RuntimeError before
+    with pytest.raises(RatekvError, match=r"^plan: text is not valid JSON \(a number beyond the range of a double\)"):
+        ratekv.Plan.from_json('{"seed": 1E400}')
     good = ratekv.uniform_plan(cfg, 3, 3)
     assert ratekv.Plan.from_json(good.to_json()).to_json() == good.to_json()
     # load_stats / make_plan on a plan's JSON: "safetensors header length 7595430040395844219 exceeds ..." before.

@@ -32,6 +32,7 @@
 #include "cli/flag_names.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
+#include "format/json_file.h"
 #include "ratekv/alloc/make_plan.h"
 #include "ratekv/calib/calibrate.h"
 #include "ratekv/calib/kv_stats.h"
@@ -93,8 +94,7 @@ nlohmann::json run_model(const PanelArgs& a, const std::string& model_path, cons
   const fs::path report_path = dir / "report.json";
   if (a.reuse && fs::exists(report_path)) {
     spdlog::info("panel: reusing {}", report_path.string());
-    std::ifstream in(report_path);
-    return nlohmann::json::parse(in);
+    return format::read_json_file(report_path.string(), "panel report", "a panel report (a JSON object)");
   }
   fs::create_directories(dir);
   const auto t0 = std::chrono::steady_clock::now();

@@ -61,7 +61,7 @@ nlohmann::json read_json_file(const std::string& path, const char* what, const c
         start < text.size() ? describe_start(text) : std::string("it is empty"));
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range 406: a number beyond double
     fail("{}: invalid JSON: {}", path, e.what());
   }
 }

@@ -1,5 +1,5 @@
 // format/json_file.h — reading a bounded JSON document from disk (plans,
-// calibration statistics). Internal to the format module.
+// calibration statistics; the CLI's panel reports).
 #pragma once
 
 #include <nlohmann/json.hpp>

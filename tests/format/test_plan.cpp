@@ -198,6 +198,16 @@ TEST(Plan, LoadRejectsBadFiles) {
   }
   write(path, "[1, 2]");
   EXPECT_THROW(Plan::load(path), Error);
+  // A number beyond double's range (found by fuzz_plan): nlohmann throws out_of_range, not parse_error — it
+  // escaped read_json_file and terminated the program.
+  write(path, "{\"format\": \"ratekv-plan\", \"model\": {\"n_layers\": 3333333333333E33333333332}}");
+  try {
+    Plan::load(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(path + ": invalid JSON:", 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("number overflow"), std::string::npos) << e.what();
+  }
   std::filesystem::remove(path);
   try {
     Plan::load(path);
