@@ -709,22 +709,30 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         L = fmaf(wt, ls[w * 8 + r], L);
         acc = fmaf(wt, Os[((size_t)w * 8 + r) * RD + c], acc);
       }
-      if (!fused) {  // the CTA's state {M, L, Σ w O} (all warps empty: −∞, 0, 0)
-        const size_t idx = (size_t)(row_base + r) * gridDim.x + blockIdx.x;
-        part.o[idx * part.o_dim + c] = acc;
-        if (c == 0) {
-          part.m[idx] = M;
-          part.l[idx] = L;
-        }
+      if (!fused) {  // the CTA's state Σ w O (all warps empty: 0)
+        part.o[((size_t)(row_base + r) * gridDim.x + blockIdx.x) * part.o_dim + c] = acc;
         continue;
       }
       orot[r * RD + c] = acc / L;
     }
-    // A value side with no tiles (n_o = 0) leaves {M, L} unwritten: the merge
-    // then reads stale states for those rows, whose output is 0 whatever it
-    // reads (no value group). Writing them per row is prepared, not yet run on
-    // a GPU (issue 19 notes, session 14).
-    if (!fused) return;
+    if (!fused) {
+      // and its {M, L} (all warps empty: −∞, 0), one thread per row: written
+      // also for a value side with no tiles (n_o = 0, the loop above empty).
+      for (int r = threadIdx.x; r < gqa; r += blockDim.x) {
+        float M = -INFINITY, L = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) M = fmaxf(M, ms[w * 8 + r]);
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const float mw = ms[w * 8 + r];
+          L = fmaf(mw == -INFINITY ? 0.f : exp2f(mw - M), ls[w * 8 + r], L);
+        }
+        const size_t idx = (size_t)(row_base + r) * gridDim.x + blockIdx.x;
+        part.m[idx] = M;
+        part.l[idx] = L;
+      }
+      return;
+    }
     float* out = fused_out + (size_t)row_base * D;  // rows r < gqa of this KV head, D channels each
     // Output channels in no value group are 0 (as the merge); written before
     // the covered ones (the barrier orders the two writes of a channel).

@@ -152,6 +152,7 @@ void run_packed_case(const Case& c, uint32_t seed) {
     if (P.ext) {  // generic kernel (extension pages); run twice so both result slots are filled
       for (int rep = 0; rep < 2; ++rep) {
         CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+        CK(cudaMemset(ws.p, 0xff, ws_bytes));  // a state or query row nobody writes reads as NaN
         cuda::packed_decode_attention(plan, db, dpool.p, dext.p, qp, c.q_dtype, scale, dout.p, ws.p,
                                       ws_bytes, splits, nullptr);
         CK(cudaDeviceSynchronize());
@@ -163,6 +164,7 @@ void run_packed_case(const Case& c, uint32_t seed) {
     } else {
       for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
         CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+        CK(cudaMemset(ws.p, 0xff, ws_bytes));  // a state or query row nobody writes reads as NaN
         cuda::packed_decode_attention(plan, db, dpool.p, qp, c.q_dtype, scale, dout.p, ws.p, ws_bytes,
                                       splits, nullptr, variant);
         CK(cudaDeviceSynchronize());
@@ -540,6 +542,7 @@ TEST(CudaPackedDecode, PeakedAttentionWithSinkToken) {
           for (auto variant : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables}) {
             const bool spec = variant == cuda::PackedDecodeVariant::specialized;
             CK(cudaMemset(dout.p, 0xff, dout.n * sizeof(float)));  // NaN poison
+            CK(cudaMemset(ws.p, 0xff, ws_bytes));  // a state or query row nobody writes reads as NaN
             cuda::packed_decode_attention(plan, db, dpool.p, dq.p, DType::f32, scale, dout.p, ws.p, ws_bytes,
                                           n_splits, nullptr, variant);
             CK(cudaDeviceSynchronize());
