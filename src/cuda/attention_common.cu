@@ -7,6 +7,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "attention_common.cuh"
 #include "ratekv/cuda/decode_attention.h"
@@ -58,77 +59,84 @@ namespace {
 
 // out[r, J] = fp16(scale · Σ_i Π_g[j][i] q_r[ch_i]) (J = rotated coordinate j of
 // key group g, tables), or fp16(scale · q_r[J]) (no tables), for the gqa query
-// rows r of one KV head. Grid (batch · n_kv_heads, kRotDim / 8): one warp per
-// rotated coordinate, lanes over i (a coalesced row of Π_g, every load of it
-// in flight at once), the KV head's query rows sharing each row of Π_g. The
-// whole rotation is about one round trip to memory: at B = 1 the old
-// one-block-per-query-row version walked 16 rows per warp one after another
-// (15 µs cold, docs/cuda_results.md).
-template <typename TQ>
-__global__ void __launch_bounds__(256) rotate_query_kernel(
+// rows r of one KV head. Grid (batch · n_kv_heads, ⌈n_cols / (8 · cpw)⌉): one
+// warp per rotated coordinate — cpw of them one after another, so that large
+// batches take one wave — lanes over i (a coalesced row of Π_g, every load of
+// it in flight at once), the KV head's query rows sharing each row of Π_g. The
+// whole rotation is about one round trip to memory per coordinate: at B = 1
+// the old one-block-per-query-row version walked 16 rows per warp one after
+// another (15 µs cold, docs/cuda_results.md). kMaxGqa ≥ gqa and kChunks · 32 ≥
+// head_dim size the per-thread arrays: the instance for GQA ≤ 8, head_dim ≤
+// 128 fits 32 registers, so 8 blocks share an SM (one instance for all used
+// 48 registers, 5 blocks: Llama-3.1-8B at B = 8 took two waves).
+template <typename TQ, int kMaxGqa, int kChunks>
+__global__ void __launch_bounds__(256, (kMaxGqa <= 8 && kChunks <= 4) ? 8 : 4) rotate_query_kernel(
     const TQ* __restrict__ q, int head_dim, int n_heads, int gqa, float scale,
     const HeadTables* __restrict__ tables, const float* __restrict__ rot,
-    const int32_t* __restrict__ chans, __half* __restrict__ out, int* __restrict__ zero) {
-  constexpr int kMaxGqa = 16;
-  __shared__ float qs[kMaxGqa][256];
+    const int32_t* __restrict__ chans, int cpw, __half* __restrict__ out, int* __restrict__ zero) {
+  __shared__ float qs[kMaxGqa][kChunks * 32];
   allow_dependent_launch();  // the attention kernel's prologue may overlap this one
   if (zero && blockIdx.y == 0 && threadIdx.x == 0) zero[blockIdx.x] = 0;  // arrival counter of (b, KV head)
   const int n_kv = n_heads / gqa;
   const int b = blockIdx.x / n_kv, h = blockIdx.x % n_kv;
   const int row0 = b * n_heads + h * gqa;  // first query row of this KV head
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int J = blockIdx.y * 8 + warp;     // rotated coordinate of this warp
+  const int J0 = (blockIdx.y * 8 + warp) * cpw;  // this warp's coordinates: [J0, J0 + cpw)
   const int n_out = tables ? tables[h].n_tiles[0] * 16 : head_dim;
-  if (blockIdx.y * 8 >= n_out) return;     // block-uniform
-  // Issue this warp's row of Π_g and its channel indices before waiting for
-  // the query rows (the two memory round trips overlap).
-  float rv[8];
-  int cv[8];
-  int g = 0, dim = 0, j = 0;
-  if (tables && J < n_out) {
+  if (blockIdx.y * 8 * cpw >= n_out) return;  // block-uniform
+  // Row j of Π_g and its channel indices for coordinate J (0 past the group).
+  float rv[kChunks];
+  int cv[kChunks];
+  int dim = 0;
+  auto load = [&](int J) {
     const HeadTables& T = tables[h];
-    g = T.tile_group[0][J / 16];
+    const int g = T.tile_group[0][J / 16];
     dim = T.dim[0][g];
-    j = J - T.tile_begin[0][g] * 16;
+    const int j = J - T.tile_begin[0][g] * 16;
     const float* Rj = rot + T.rot_offset[0][g] + (size_t)j * dim;
     const int32_t* ch = chans + T.chan_offset[0][g];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {  // dim ≤ 256 = 8 · 32
+    for (int k = 0; k < kChunks; ++k) {  // dim ≤ head_dim ≤ 32 · kChunks
       const int i = lane + 32 * k;
       const bool ok = j < dim && i < dim;  // padded coordinates j ≥ dim are written as 0
       rv[k] = ok ? Rj[i] : 0.f;
       cv[k] = ok ? ch[i] : 0;
     }
-  }
+  };
+  // The first coordinate's row is issued before waiting for the query rows
+  // (the two memory round trips overlap).
+  if (tables && J0 < n_out) load(J0);
   for (int idx = threadIdx.x; idx < gqa * head_dim; idx += blockDim.x)
     qs[idx / head_dim][idx % head_dim] = (float)q[(size_t)row0 * head_dim + idx];
   __syncthreads();
-  if (J >= n_out) return;
-  if (!tables) {
-    if (lane < gqa) out[(size_t)(row0 + lane) * kRotDim + J] = __float2half_rn(scale * qs[lane][J]);
-    return;
-  }
-  float acc[kMaxGqa];
+  for (int J = J0; J < J0 + cpw && J < n_out; ++J) {
+    if (!tables) {
+      if (lane < gqa) out[(size_t)(row0 + lane) * kRotDim + J] = __float2half_rn(scale * qs[lane][J]);
+      continue;
+    }
+    if (J > J0) load(J);
+    float acc[kMaxGqa];
 #pragma unroll
-  for (int r = 0; r < kMaxGqa; ++r) acc[r] = 0.f;
+    for (int r = 0; r < kMaxGqa; ++r) acc[r] = 0.f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    if (32 * k >= dim) break;  // warp-uniform
+    for (int k = 0; k < kChunks; ++k) {
+      if (32 * k >= dim) break;  // warp-uniform
+#pragma unroll
+      for (int r = 0; r < kMaxGqa; ++r)
+        if (r < gqa) acc[r] = fmaf(rv[k], qs[r][cv[k]], acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxGqa; ++r) {
+      if (r < gqa) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+      }
+    }
+    // lane r writes row r (acc[r] is the same in every lane after the butterflies)
 #pragma unroll
     for (int r = 0; r < kMaxGqa; ++r)
-      if (r < gqa) acc[r] = fmaf(rv[k], qs[r][cv[k]], acc[r]);
+      if (r < gqa && lane == r) out[(size_t)(row0 + r) * kRotDim + J] = __float2half_rn(scale * acc[r]);
   }
-#pragma unroll
-  for (int r = 0; r < kMaxGqa; ++r) {
-    if (r < gqa) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    }
-  }
-  // lane r writes row r (acc[r] is the same in every lane after the butterflies)
-#pragma unroll
-  for (int r = 0; r < kMaxGqa; ++r)
-    if (r < gqa && lane == r) out[(size_t)(row0 + r) * kRotDim + J] = __float2half_rn(scale * acc[r]);
 }
 
 }  // namespace
@@ -143,14 +151,29 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
   require(n_cols >= 0 && n_cols <= kRotDim && (tables || n_cols == head_dim),
           "cuda decode attention: query rotation over ", n_cols, " columns (0..", kRotDim,
           ", head_dim ", head_dim, " without tables)");
-  // (batch, KV head) × 8 coordinates, over the written columns only.
-  const dim3 grid(batch * (n_heads / gqa), std::max(1, (n_cols + 7) / 8));
+  // (batch, KV head) × 8·cpw coordinates, over the written columns only;
+  // cpw > 1 only when one coordinate per warp would take more than one wave.
+  const bool small = gqa <= 8 && head_dim <= 128;
+  const int blocks_per_sm = small ? 8 : 4;  // the kernel's __launch_bounds__
+  const int kv_rows = batch * (n_heads / gqa), octets = std::max(1, (n_cols + 7) / 8);
+  const long wave = (long)sm_count() * blocks_per_sm;
+  const int cpw = (int)std::clamp(((long)kv_rows * octets + wave - 1) / wave, 1L, (long)octets);
+  const dim3 grid(kv_rows, (octets + cpw - 1) / cpw);
+  auto launch = [&](auto kernel, const auto* qp) {
+    kernel<<<grid, 256, 0, stream>>>(qp, head_dim, n_heads, gqa, scale, tables, rot, chans, cpw, out,
+                                     zero_counters);
+  };
+  auto by_shape = [&](const auto* qp) {
+    using TQ = std::remove_cv_t<std::remove_pointer_t<decltype(qp)>>;
+    if (small)
+      launch(rotate_query_kernel<TQ, 8, 4>, qp);
+    else
+      launch(rotate_query_kernel<TQ, 16, 8>, qp);
+  };
   if (q_f16)
-    rotate_query_kernel<__half><<<grid, 256, 0, stream>>>(
-        static_cast<const __half*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out, zero_counters);
+    by_shape(static_cast<const __half*>(q));
   else
-    rotate_query_kernel<float><<<grid, 256, 0, stream>>>(
-        static_cast<const float*>(q), head_dim, n_heads, gqa, scale, tables, rot, chans, out, zero_counters);
+    by_shape(static_cast<const float*>(q));
   RATEKV_CUDA_CHECK(cudaGetLastError());
 }
 

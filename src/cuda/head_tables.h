@@ -29,6 +29,9 @@ void require(bool cond, const A&... a) {
 }
 /// Validates a DecodeBatch (names `what` in the message).
 void check_batch(const DecodeBatch& batch, const char* what);
+/// Streaming multiprocessors of the current device (132 when it cannot be
+/// queried: the H200 the defaults were tuned on). Sizes grids to one wave.
+int sm_count();
 /// Most 16-channel tiles one side of one head may need (padded groups).
 inline constexpr int kMaxTiles = 18;
 inline constexpr int max_tiles_for(int head_dim) { return head_dim <= 128 ? head_dim / 16 + 2 : 16; }

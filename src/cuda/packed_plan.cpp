@@ -249,8 +249,7 @@ size_t decode_workspace_bytes(int batch, int n_heads, int /*head_dim*/, int n_sp
          rows * sizeof(int32_t) + 256;
 }
 
-namespace {
-int sm_count() {
+int detail::sm_count() {
   int sms = 132;
   int dev = 0;
   if (cudaGetDevice(&dev) == cudaSuccess) {
@@ -260,6 +259,9 @@ int sm_count() {
   }
   return sms;
 }
+
+namespace {
+using detail::sm_count;
 // Rounds a split count ≥ one CTA down to whole CTAs of kPackedWarpsPerCta warps.
 int whole_ctas(int want) {
   const int cta = detail::kPackedWarpsPerCta;
