@@ -642,6 +642,23 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // A filter that matches nothing would print an empty table: refuse it.
+  const char* kCaches[] = {"K4V4", "K3V3", "K2V2", "K3V3-blockgtq"};
+  if (!A.only_cache.empty() &&
+      std::none_of(std::begin(kCaches), std::end(kCaches), [&](const char* c) { return A.only_cache == c; })) {
+    std::fprintf(stderr, "bench_cuda_decode: --only-cache '%s': expected one packed layout, K4V4, K3V3, K2V2 or "
+                 "K3V3-blockgtq (the fp16 rows: --fp16-only)\n", A.only_cache.c_str());
+    return 2;
+  }
+  if (!A.only_model.empty() && A.only_model != kLlama.model && A.only_model != kQwen.model) {
+    std::fprintf(stderr, "bench_cuda_decode: --only-model '%s': expected %s or %s\n", A.only_model.c_str(),
+                 kLlama.model, kQwen.model);
+    return 2;
+  }
+  if (A.reps < 1 || A.only_b < 0 || std::any_of(A.only_t.begin(), A.only_t.end(), [](int t) { return t < 1; })) {
+    std::fprintf(stderr, "bench_cuda_decode: --reps must be >= 1, --only-B and --only-T positive integers\n");
+    return 2;
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   Timer timer;
