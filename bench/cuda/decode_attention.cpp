@@ -26,8 +26,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -607,18 +610,32 @@ void run_prefill(const Args& A, Timer& timer, nlohmann::json& rows) {
 
 }  // namespace
 
+/// The value of integer flag `flag`: a whole positive number, else a usage error (exit 2).
+int positive_int(const char* flag, const std::string& s) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE || v < 1 || v > INT32_MAX) {
+    std::fprintf(stderr, "bench_cuda_decode: %s '%s': expected a positive integer\n", flag, s.c_str());
+    std::exit(2);
+  }
+  return (int)v;
+}
+
 int main(int argc, char** argv) {
   Args A;
   for (int i = 1; i < argc; ++i) {
     const bool more = i + 1 < argc;
     if (!std::strcmp(argv[i], "--out") && more) A.out = argv[++i];
-    else if (!std::strcmp(argv[i], "--reps") && more) A.reps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--only-B") && more) A.only_b = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && more) A.reps = positive_int("--reps", argv[++i]);
+    else if (!std::strcmp(argv[i], "--only-B") && more) A.only_b = positive_int("--only-B", argv[++i]);
     else if (!std::strcmp(argv[i], "--only-T") && more) {
-      for (std::string t(argv[++i]); !t.empty();) {
-        const size_t c = t.find(',');
-        A.only_t.push_back(std::atoi(t.substr(0, c).c_str()));
-        t = c == std::string::npos ? "" : t.substr(c + 1);
+      const std::string list = argv[++i];
+      for (size_t at = 0;;) {  // comma list; an empty item is refused by positive_int
+        const size_t c = list.find(',', at);
+        A.only_t.push_back(positive_int("--only-T", list.substr(at, c == std::string::npos ? c : c - at)));
+        if (c == std::string::npos) break;
+        at = c + 1;
       }
     }
     else if (!std::strcmp(argv[i], "--only-model") && more) A.only_model = argv[++i];
@@ -642,7 +659,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // A filter that matches nothing would print an empty table: refuse it.
+  // A filter that matches nothing would print an empty table: refuse it (the
+  // names of the layouts in run_prefill and the decode grid below).
   const char* kCaches[] = {"K4V4", "K3V3", "K2V2", "K3V3-blockgtq"};
   if (!A.only_cache.empty() &&
       std::none_of(std::begin(kCaches), std::end(kCaches), [&](const char* c) { return A.only_cache == c; })) {
@@ -655,8 +673,8 @@ int main(int argc, char** argv) {
                  kLlama.model, kQwen.model);
     return 2;
   }
-  if (A.reps < 1 || A.only_b < 0 || std::any_of(A.only_t.begin(), A.only_t.end(), [](int t) { return t < 1; })) {
-    std::fprintf(stderr, "bench_cuda_decode: --reps must be >= 1, --only-B and --only-T positive integers\n");
+  if (!A.only_cache.empty() && A.fp16_only) {
+    std::fprintf(stderr, "bench_cuda_decode: --only-cache and --fp16-only select disjoint rows: give one\n");
     return 2;
   }
   cudaDeviceProp prop;

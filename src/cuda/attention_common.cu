@@ -59,9 +59,9 @@ namespace {
 
 // out[r, J] = fp16(scale · Σ_i Π_g[j][i] q_r[ch_i]) (J = rotated coordinate j of
 // key group g, tables), or fp16(scale · q_r[J]) (no tables), for the gqa query
-// rows r of one KV head. Grid (batch · n_kv_heads, ⌈n_cols / (8 · cpw)⌉): one
-// warp per rotated coordinate — cpw of them one after another, so that large
-// batches take one wave — lanes over i (a coalesced row of Π_g, every load of
+// rows r of one KV head. Grid (batch · n_kv_heads, ⌈⌈n_cols / 8⌉ / cpw⌉ (≥ 1)):
+// one warp per rotated coordinate — cpw of them one after another, so that a
+// large batch takes one wave when it can — lanes over i (a coalesced row of Π_g, every load of
 // it in flight at once), the KV head's query rows sharing each row of Π_g. The
 // whole rotation is about one round trip to memory per coordinate: at B = 1
 // the old one-block-per-query-row version walked 16 rows per warp one after
@@ -69,8 +69,10 @@ namespace {
 // head_dim size the per-thread arrays: the instance for GQA ≤ 8, head_dim ≤
 // 128 fits 32 registers, so 8 blocks share an SM (one instance for all used
 // 48 registers, 5 blocks: Llama-3.1-8B at B = 8 took two waves).
+template <int kMaxGqa, int kChunks>
+constexpr int kRotateBlocksPerSm = (kMaxGqa <= 8 && kChunks <= 4) ? 8 : 4;  // 256 threads each
 template <typename TQ, int kMaxGqa, int kChunks>
-__global__ void __launch_bounds__(256, (kMaxGqa <= 8 && kChunks <= 4) ? 8 : 4) rotate_query_kernel(
+__global__ void __launch_bounds__(256, kRotateBlocksPerSm<kMaxGqa, kChunks>) rotate_query_kernel(
     const TQ* __restrict__ q, int head_dim, int n_heads, int gqa, float scale,
     const HeadTables* __restrict__ tables, const float* __restrict__ rot,
     const int32_t* __restrict__ chans, int cpw, __half* __restrict__ out, int* __restrict__ zero) {
@@ -151,13 +153,15 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
   require(n_cols >= 0 && n_cols <= kRotDim && (tables || n_cols == head_dim),
           "cuda decode attention: query rotation over ", n_cols, " columns (0..", kRotDim,
           ", head_dim ", head_dim, " without tables)");
-  // (batch, KV head) × 8·cpw coordinates, over the written columns only;
-  // cpw > 1 only when one coordinate per warp would take more than one wave.
+  // (batch, KV head) × blocks of 8·cpw coordinates, over the written columns
+  // only; cpw > 1 only when one coordinate per warp would take more than one
+  // wave (⌈blocks / wave⌉; rounding grid.y up can still leave the grid a
+  // little past one wave, e.g. Llama-3.1-8B shapes at B = 24 or 40).
   const bool small = gqa <= 8 && head_dim <= 128;
-  const int blocks_per_sm = small ? 8 : 4;  // the kernel's __launch_bounds__
+  const int blocks_per_sm = small ? kRotateBlocksPerSm<8, 4> : kRotateBlocksPerSm<16, 8>;
   const int kv_rows = batch * (n_heads / gqa), octets = std::max(1, (n_cols + 7) / 8);
-  const long wave = (long)sm_count() * blocks_per_sm;
-  const int cpw = (int)std::clamp(((long)kv_rows * octets + wave - 1) / wave, 1L, (long)octets);
+  const int64_t wave = (int64_t)sm_count() * blocks_per_sm;
+  const int cpw = (int)std::clamp<int64_t>(((int64_t)kv_rows * octets + wave - 1) / wave, 1, octets);
   const dim3 grid(kv_rows, (octets + cpw - 1) / cpw);
   auto launch = [&](auto kernel, const auto* qp) {
     kernel<<<grid, 256, 0, stream>>>(qp, head_dim, n_heads, gqa, scale, tables, rot, chans, cpw, out,

@@ -260,8 +260,10 @@ void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const 
 /// (sequence, KV head) (the fused fp16 kernel's arrival counters).
 /// n_cols: the columns any head writes — PackedPlan::Device::max_tiles[0]·16
 /// with tables (0 when no head has a key group), head_dim without; the grid
-/// covers ⌈n_cols/8⌉ column blocks (at least one, for the counters) instead
-/// of all kMaxTiles·16 / 8 (at head_dim 128, 20 of 36 blocks did nothing).
+/// covers ⌈n_cols/8⌉ columns octets (at least one, for the counters) instead
+/// of all kMaxTiles·16 / 8 (at head_dim 128, 20 of 36 did nothing), several
+/// per block (each warp rotating several coordinates) when one per block
+/// would take more than one wave of the device (detail::sm_count()).
 /// Columns ≥ a head's n_tiles[0]·16 are not written (no kernel reads them).
 /// Throws Error for GQA ∉ 1..16, head_dim > 256 or n_cols ∉ 0..kMaxTiles·16.
 void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int head_dim, int gqa,

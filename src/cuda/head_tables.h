@@ -1,5 +1,6 @@
 // Host-visible tables of a PackedPlan (plain C++: built by packed_plan.cpp,
-// read by the kernels) and the kernels' compile-time limits.
+// read by the kernels), the kernels' compile-time limits and the host helpers
+// the CUDA translation units share (errors, batch checks, the SM count).
 #pragma once
 
 #include <cstdint>
