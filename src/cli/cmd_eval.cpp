@@ -48,6 +48,8 @@ void run(const EvalArgs& a) {
   check_plans_match_model(a.plans, a.model, a.no_plan_check);
   LoadedModel lm = load_model(a.model);
   const ModelConfig& cfg = lm.model->config();
+  check(a.ctx <= cfg.n_ctx_train, "--ctx {}: exceeds the model's context {} (-m '{}')", a.ctx, cfg.n_ctx_train,
+        a.model);
   std::vector<eval::PlanEntry> entries;
   for (const auto& path : a.plans) {
     eval::PlanEntry e;

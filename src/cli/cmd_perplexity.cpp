@@ -111,6 +111,12 @@ void run(const PerplexityArgs& a) {
     cache_tokens = cache->n_tokens();
   }
   progress.finish();
+  // A perplexity that overflowed is no measurement: refuse it rather than print "PPL = inf" as a result
+  // (the forward pass refuses NaN activations, but finite ones can still give logits whose NLL overflows).
+  check(std::isfinite(r.ppl) && std::isfinite(r.mean_nll),
+        "perplexity of -m '{}' on -f '{}' is not finite (mean NLL {} nats per token, PPL {}): the model's "
+        "logits overflow; its weights are not usable as they are",
+        a.model, a.text, r.mean_nll, r.ppl);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t n_chunks = r.n_chunks, count = r.n_scored;
   const double ppl = r.ppl, ppl_err = r.ppl_err, mean = r.mean_nll;

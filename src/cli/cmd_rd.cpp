@@ -118,6 +118,9 @@ void run_rd(const RdOptions& o) {
   check(o.n_seeds >= 1 && o.n_seeds <= 1000, "--n-seeds: {} is out of range (expected 1..1000)", o.n_seeds);
   check(!o.bits.empty(), "--bits: give at least one bit width");
   for (int b : o.bits) check(b >= 1 && b <= 8, "--bits: {} is out of range (expected 1..8)", b);
+  for (size_t i = 0; i < o.bits.size(); ++i)
+    for (size_t k = 0; k < i; ++k)
+      check(o.bits[i] != o.bits[k], "--bits: {} is listed twice (each width is measured once)", o.bits[i]);
   if (!o.json_path.empty() && o.json_path != "-") check_output_path(o.json_path, o.force, "--json");
   check(!o.quantizers.empty(), "--quantizers: give at least one quantizer");
   auto has = [&](const char* q) { return std::find(o.quantizers.begin(), o.quantizers.end(), q) != o.quantizers.end(); };
@@ -224,6 +227,9 @@ void run_rd(const RdOptions& o) {
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
+  // A fit needs two widths with a nonzero distortion; say so instead of printing an empty table.
+  if (fits.empty())
+    fit_table = "no fit: D(b) = alpha * beta^(-b) needs at least two --bits widths with a nonzero distortion\n";
   std::printf("data %s, m = %d, N = %lld vectors, %d seed(s), side %s\n\n%s\n%s", o.data.c_str(), m, (long long)n,
               o.n_seeds, o.side.c_str(), table.c_str(), fit_table.c_str());
   if (!o.json_path.empty()) {

@@ -16,13 +16,17 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
+#include <vector>
 
 #include "../support/assets.h"
 #include "../support/temp_dir.h"
 #include "cli_runner.h"
+#include "ratekv/io/gguf.h"
 #include "ratekv/model/synthetic.h"
 #ifdef RATEKV_HAVE_ENGINE
 #include "ratekv/engine/engine.h"
@@ -109,6 +113,12 @@ TEST_F(BadInputFlags, RdFlagsAreNamed) {
          "error: --rotation hadamard: the randomized Hadamard transform needs a power-of-two dimension, --dim / the "
          "data has 96");
   expect(base + "--quantizers tq_mse,nope", 1, "error: --quantizers: unknown quantizer 'nope'");
+  // A width listed twice (also across repeated --bits) was measured twice and, alone, reached fit_rd's
+  // internal "all points have the same bit width"; one width printed an empty fit table (session 15).
+  expect("rd --n 64 --quantizers tq_mse --n-seeds 1 --bits 2,2", 1, "error: --bits: 2 is listed twice");
+  expect("rd --n 64 --quantizers tq_mse --n-seeds 1 --bits 2,3 --bits 3", 1, "error: --bits: 3 is listed twice");
+  expect("rd --n 64 --quantizers tq_mse --n-seeds 1 --bits 3", 0,
+         "no fit: D(b) = alpha * beta^(-b) needs at least two --bits widths");
   // Still accepted: a group that fits (64 vectors, groups of 32 tokens / channels), a non-power-of-two dim with
   // the Haar rotation and QuaRot.
   const Result r = run_cli(base + "--quantizers kivi_key,kivi_value,quarot,tq_mse --group-size 32 --dim 96");
@@ -409,6 +419,62 @@ TEST_F(BadInputFlags, EmptyTextArgumentsAreRefused) {
   expect("plan --method uniform --bits 3 --quantizer tq-mse --vquantizer '' -o " + q(dir_ / "p.json"), 2,
          "--vquantizer: empty; expected a codec name (leave --vquantizer out for the --quantizer codec)");
   EXPECT_FALSE(fs::exists(dir_ / "p.json"));
+}
+
+// eval --ctx past the model's trained context failed after the reference pass had started (4.8 s, 3.7 GB
+// in), naming Model::set_position_limit, a C++ API; now refused right after the model loads (session 15).
+TEST_F(BadInputFlags, EvalContextPastTheModelsContext) {
+  const std::string smollm2 = ratekv_test::smollm2_path();
+  const std::string text = ratekv_test::assets_dir() + "/text/eval.txt";
+  if (!fs::exists(smollm2) || !fs::exists(text)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2;
+  expect("eval -m " + q(smollm2) + " -f " + q(text) + " --baseline q8_0 --tokens 20000 --ctx 10000 --seeds 1", 1,
+         "error: --ctx 10000: exceeds the model's context 8192 (-m '" + smollm2 + "')");
+}
+
+// A model whose logits overflow (SmolLM2 with output_norm.weight scaled to 1e6: finite weights, a mean NLL
+// of ~1e31 nats) printed "PPL = inf +/- inf" with exit status 0 (adversarial pass, session 15); it is an
+// error naming the model, the text and the non-finite value.
+TEST_F(BadInputFlags, PerplexityThatOverflowsIsAnError) {
+  const std::string smollm2 = ratekv_test::smollm2_path();
+  const std::string text = ratekv_test::assets_dir() + "/text/eval.txt";
+  if (!fs::exists(smollm2) || !fs::exists(text)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2;
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream in(smollm2, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  size_t at = 0, n = 0;
+  {
+    const ratekv::GgufFile g = ratekv::GgufFile::parse(bytes, smollm2);
+    const ratekv::GgufTensor& t = g.tensor("output_norm.weight");
+    ASSERT_EQ(t.type, ratekv::GgmlType::F32);
+    at = static_cast<size_t>(t.data - bytes.data());
+    n = static_cast<size_t>(t.n_elements());
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float big = 1e6f;
+    std::memcpy(bytes.data() + at + 4 * i, &big, 4);
+  }
+  const fs::path model = dir_ / "overflow.gguf", small = dir_ / "small.txt";
+  std::ofstream(model, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                static_cast<std::streamsize>(bytes.size()));
+  {
+    std::ifstream in(text, std::ios::binary);
+    std::string head(4000, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    std::ofstream(small, std::ios::binary) << head.substr(0, static_cast<size_t>(in.gcount()));
+  }
+  const Result r = run_cli("perplexity -m " + q(model) + " -f " + q(small) + " -c 64 --chunks 1");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("error: perplexity of -m '" + model.string() + "' on -f '" + small.string() +
+                          "' is not finite"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("PPL = "), std::string::npos) << r.output;
+  // Control: the unpatched model on the same text gives a finite perplexity and exit status 0.
+  const Result ok = run_cli("perplexity -m " + q(smollm2) + " -f " + q(small) + " -c 64 --chunks 1");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_NE(ok.output.find("PPL = "), std::string::npos) << ok.output;
 }
 
 }  // namespace
