@@ -23,6 +23,8 @@
 #include <numeric>
 #include <random>
 
+#include <unistd.h>
+
 #include "cli/command.h"
 #include "cli/flag_names.h"
 #include "cli/gpu_cache.h"
@@ -199,6 +201,19 @@ void run_cpu(const BenchArgs& a, Model& model, const std::string& model_name, co
             for (int b = 0; b < B; ++b) {
               kv.push_back(make(s, d0 + n));
               model.forward(random_tokens(d0, V, a.seed + 31 * b), 0, *kv.back(), logits.data(), false);
+              if (b == 0 && rep == 0) {
+                // B caches, each at least what the first holds after its d0 tokens (a lower bound:
+                // no projection, which paged caches would overestimate): refuse a batch this machine
+                // cannot hold instead of allocating until the kernel kills the process.
+                const double need = static_cast<double>(B) * static_cast<double>(kv[0]->bytes()) +
+                                    static_cast<double>(model.weights().bytes());
+                const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                                    static_cast<double>(sysconf(_SC_PAGE_SIZE));
+                check(phys <= 0 || need <= phys,
+                      "-b {}: {} sequences ({} cache, depth {}) need at least {:.1f} GB with the weights, "
+                      "more than this machine's {:.1f} GB of memory",
+                      B, B, s.label, d0, need / 1e9, phys / 1e9);
+              }
             }
             cache_bytes = 0;
             for (auto& k : kv) cache_bytes += static_cast<double>(k->bytes());

@@ -421,6 +421,15 @@ TEST_F(BadInputFlags, EmptyTextArgumentsAreRefused) {
   EXPECT_FALSE(fs::exists(dir_ / "p.json"));
 }
 
+// A batch no machine holds (bench -b 2147483647) allocated caches until it was killed (adversarial pass,
+// session 15): refused after the first sequence's cache, from what that one holds.
+TEST_F(BadInputFlags, BenchBatchBeyondMemory) {
+  expect("bench --synthetic tiny-llama -p 0 -n 2 -b 2147483647 -r 1", 1,
+         "error: -b 2147483647: 2147483647 sequences (fp16 cache, depth 1) need at least ");
+  const Result ok = run_cli("bench --synthetic tiny-llama -p 0 -n 2 -b 2 -r 1");  // control: a batch that fits
+  EXPECT_EQ(ok.status, 0) << ok.output;
+}
+
 // eval --ctx past the model's trained context failed after the reference pass had started (4.8 s, 3.7 GB
 // in), naming Model::set_position_limit, a C++ API; now refused right after the model loads (session 15).
 TEST_F(BadInputFlags, EvalContextPastTheModelsContext) {
