@@ -339,11 +339,10 @@ const Registrar reg("panel", [](CLI::App& app) {
   c->add_option("--tokens", a->tokens, "evaluation tokens")->capture_default_str();
   c->add_option("--ctx", a->ctx, "window length (calibration chunks, eval windows)")->capture_default_str();
   c->add_option("--seeds", a->seeds, "rotation run seeds")->capture_default_str();
-  c->add_option("--bits", a->code_bits, "code-bit budgets (uniform K{b}V{b} and Block-GTQ at its effective bits)")
-      ->capture_default_str();
-  c->add_option("--baseline", a->baselines, "baselines (fp16, q8_0, q4_0, kivi2, kivi4)")
-      ->capture_default_str()
-      ->check(CLI::IsMember(eval::baseline_names()));  // before minutes of calibration, not after
+  add_list_option(c, "--bits", a->code_bits,
+                  "code-bit budgets, e.g. 2,3 (uniform K{b}V{b} and Block-GTQ at its effective bits)");
+  add_list_option(c, "--baseline", a->baselines, "baselines, e.g. fp16,q8_0 (fp16, q8_0, q4_0, kivi2, kivi4)",
+                  CLI::IsMember(eval::baseline_names()));  // before minutes of calibration, not after
   c->add_flag("--reuse", a->reuse, "reuse a model's report.json already in its subfolder (resume a panel)");
   c->add_flag("--force", a->force, "overwrite panel.json / panel.md");
   c->add_flag("--plot", a->plot, "draw panel.png with tools/plot_panel.py (matplotlib)");

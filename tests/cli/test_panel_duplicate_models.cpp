@@ -31,6 +31,9 @@ TEST(PanelFlags, DuplicateModelsAndBudgetsAreErrorsBeforeLoading) {
       {"-m " + a + " -m " + a, "error: --model"},
       {"-m " + a + " -m " + b, "error: --model"},
       {"-m " + a + " --bits 2 3 2", "error: --bits 2: given twice"},
+      // A comma list, as the other list flags and --help's default (2,3) show it: "Could not convert" before
+      // session 15.
+      {"-m " + a + " --bits 2,3,2", "error: --bits 2: given twice"},
   };
   for (const auto& [args, what] : cases) {
     const Result r = run_cli(base + args);
