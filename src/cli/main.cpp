@@ -152,8 +152,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help / --version exit 0; a usage error (unknown flag or subcommand, a
     // value that does not parse or fails its check) prints CLI11's message,
-    // which names the option, and exits 2 (not CLI11's own 100+ codes).
-    return app.exit(e) == 0 ? 0 : 2;
+    // which names the option, on an 'error: ' line and exits 2 (not CLI11's
+    // own 100+ codes). A first argument that is no command is named (CLI11
+    // says only "A subcommand is required").
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::string what = e.what();
+    if (argc >= 2 && argv[1][0] != '-' &&
+        std::none_of(reg.begin(), reg.end(), [&](const auto& c) { return c.name == argv[1]; })) {
+      what = std::string("unknown command '") + argv[1] + "' (expected one of:";
+      for (const auto& c : reg) what += " " + c.name;
+      what += ")";
+    }
+    std::fprintf(stderr, "error: %s\nRun with --help for more information.\n", what.c_str());
+    return 2;
   } catch (const ratekv::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -421,6 +421,17 @@ TEST_F(BadInputFlags, EmptyTextArgumentsAreRefused) {
   EXPECT_FALSE(fs::exists(dir_ / "p.json"));
 }
 
+// Usage errors print on an 'error: ' line like every other error (CLI11's bare message before), and a
+// first argument that is no command is named, with the commands (CLI11: "A subcommand is required").
+TEST_F(BadInputFlags, UsageErrorsAndUnknownCommands) {
+  expect("zz", 2, "error: unknown command 'zz' (expected one of: bench calibrate capture");
+  expect("generate -m x -n 1e12", 2, "error: ");
+  const Result none = run_cli("");
+  EXPECT_EQ(none.status, 2) << none.output;
+  EXPECT_NE(none.output.find("error: A subcommand is required"), std::string::npos) << none.output;
+  EXPECT_EQ(run_cli("--help").status, 0);
+}
+
 // A batch no machine holds (bench -b 2147483647) allocated caches until it was killed (adversarial pass,
 // session 15): refused after the first sequence's cache, from what that one holds.
 TEST_F(BadInputFlags, BenchBatchBeyondMemory) {
