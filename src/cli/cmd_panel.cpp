@@ -252,9 +252,8 @@ void run(const PanelArgs& a) {
   check(a.calib_tokens >= 1, "--calib-tokens {}: expected >= 1", a.calib_tokens);
   check(!a.code_bits.empty(), "--bits: give at least one code-bit budget");
   for (int b : a.code_bits) check(b >= 1 && b <= 8, "--bits {}: expected 1..8 code bits", b);
-  for (size_t i = 0; i < a.code_bits.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      check(a.code_bits[i] != a.code_bits[j], "--bits {}: given twice (each budget once)", a.code_bits[i]);
+  const std::optional<int> twice = first_repeat(a.code_bits);
+  check(!twice, "--bits {}: given twice (each budget once)", twice.value_or(0));
   const std::string calib = a.calib.empty() ? assets_dir() + "/text/calib.txt" : a.calib;
   const std::string evalt = a.eval.empty() ? assets_dir() + "/text/eval.txt" : a.eval;
   check(fs::is_regular_file(calib), "--calib '{}': not a file (run tools/fetch_assets.sh)", calib);

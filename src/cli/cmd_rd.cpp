@@ -118,9 +118,8 @@ void run_rd(const RdOptions& o) {
   check(o.n_seeds >= 1 && o.n_seeds <= 1000, "--n-seeds: {} is out of range (expected 1..1000)", o.n_seeds);
   check(!o.bits.empty(), "--bits: give at least one bit width");
   for (int b : o.bits) check(b >= 1 && b <= 8, "--bits: {} is out of range (expected 1..8)", b);
-  for (size_t i = 0; i < o.bits.size(); ++i)
-    for (size_t k = 0; k < i; ++k)
-      check(o.bits[i] != o.bits[k], "--bits: {} is listed twice (each width is measured once)", o.bits[i]);
+  const std::optional<int> twice = first_repeat(o.bits);
+  check(!twice, "--bits: {} is listed twice (each width is measured once)", twice.value_or(0));
   if (!o.json_path.empty() && o.json_path != "-") check_output_path(o.json_path, o.force, "--json");
   check(!o.quantizers.empty(), "--quantizers: give at least one quantizer");
   auto has = [&](const char* q) { return std::find(o.quantizers.begin(), o.quantizers.end(), q) != o.quantizers.end(); };

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -49,6 +50,17 @@ CLI::Validator non_empty_path_validator(const std::string& expected);
 /// A CLI11 validator refusing an empty string argument (not a path), e.g. `-p ''`: the message
 /// reads "<flag>: empty; expected <expected>".
 CLI::Validator non_empty_validator(const std::string& expected);
+
+/// The first item of a list flag's values that equals an earlier one (nullopt
+/// when all differ): for flags whose items must be distinct, e.g. panel and rd
+/// --bits, each with its own message.
+template <class T>
+std::optional<T> first_repeat(const std::vector<T>& items) {
+  for (size_t i = 0; i < items.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (items[i] == items[j]) return items[i];
+  return std::nullopt;
+}
 
 /// The items of one comma-list argument, empty ones refused: throws
 /// CLI::ValidationError "<flag>: '16,,': item 2 is empty; expected values
