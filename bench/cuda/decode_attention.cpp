@@ -233,6 +233,20 @@ LayerLayout block_gtq_k3v3(int n_kv_heads) {
   return LayerLayout(kD, heads);
 }
 
+/// The packed layouts of the decode grid (head_dim kD, n_kv_heads KV heads),
+/// by the name --only-cache takes: uniform K4V4, K3V3, K2V2 and Block-GTQ at
+/// K3V3's bits.
+struct PackedLayout {
+  std::string name;
+  LayerLayout L;
+};
+std::vector<PackedLayout> packed_layouts(int n_kv_heads) {
+  return {{"K4V4", LayerLayout::uniform(kD, n_kv_heads, 4, 4)},
+          {"K3V3", LayerLayout::uniform(kD, n_kv_heads, 3, 3)},
+          {"K2V2", LayerLayout::uniform(kD, n_kv_heads, 2, 2)},
+          {"K3V3-blockgtq", block_gtq_k3v3(n_kv_heads)}};
+}
+
 /// A packed pool of n_pages pages filled with random codes and valid fp16 norms
 /// (a 64-page template repeated).
 uint8_t* make_packed_pool(const LayerLayout& L, size_t n_pages, std::mt19937& rng) {
@@ -351,12 +365,7 @@ bool check_references(nlohmann::json& J) {
       CK(cudaFree(dpool));
       CK(cudaFree(ws));
     }
-    const std::pair<std::string, LayerLayout> layouts[] = {
-        {"K4V4", LayerLayout::uniform(kD, S.n_kv_heads, 4, 4)},
-        {"K3V3", LayerLayout::uniform(kD, S.n_kv_heads, 3, 3)},
-        {"K2V2", LayerLayout::uniform(kD, S.n_kv_heads, 2, 2)},
-        {"K3V3-blockgtq", block_gtq_k3v3(S.n_kv_heads)}};
-    for (const auto& [name, L] : layouts) {
+    for (const auto& [name, L] : packed_layouts(S.n_kv_heads)) {
       const auto rot = rotations_identityish(L, rng);
       const auto lvl = levels_for(L);
       const cuda::PackedPlan plan(L, S.n_heads, rot, lvl);
@@ -660,10 +669,10 @@ int main(int argc, char** argv) {
     }
   }
   // A filter that matches nothing would print an empty table: refuse it (the
-  // names of the layouts in run_prefill and the decode grid below).
-  const char* kCaches[] = {"K4V4", "K3V3", "K2V2", "K3V3-blockgtq"};
-  if (!A.only_cache.empty() &&
-      std::none_of(std::begin(kCaches), std::end(kCaches), [&](const char* c) { return A.only_cache == c; })) {
+  // layouts of the decode grid; run_prefill times two of them).
+  const std::vector<PackedLayout> grid_layouts = packed_layouts(1);
+  if (!A.only_cache.empty() && std::none_of(grid_layouts.begin(), grid_layouts.end(),
+                                            [&](const PackedLayout& l) { return A.only_cache == l.name; })) {
     std::fprintf(stderr, "bench_cuda_decode: --only-cache '%s': expected one packed layout, K4V4, K3V3, K2V2 or "
                  "K3V3-blockgtq (the fp16 rows: --fp16-only)\n", A.only_cache.c_str());
     return 2;
@@ -862,16 +871,7 @@ int main(int argc, char** argv) {
                   100 * gbs / read_ceiling, best_name.c_str(), best_ms, probe_ms);
       CK(cudaFree(pool));
     }
-    struct Layout {
-      std::string name;
-      LayerLayout L;
-    };
-    std::vector<Layout> layouts;
-    layouts.push_back({"K4V4", LayerLayout::uniform(kD, S.n_kv_heads, 4, 4)});
-    layouts.push_back({"K3V3", LayerLayout::uniform(kD, S.n_kv_heads, 3, 3)});
-    layouts.push_back({"K2V2", LayerLayout::uniform(kD, S.n_kv_heads, 2, 2)});
-    layouts.push_back({"K3V3-blockgtq", block_gtq_k3v3(S.n_kv_heads)});
-    for (const Layout& lay : layouts) {
+    for (const PackedLayout& lay : packed_layouts(S.n_kv_heads)) {
       if ((!A.only_cache.empty() && lay.name != A.only_cache) || A.fp16_only) continue;
       auto rot = rotations_identityish(lay.L, rng);
       auto lvl = levels_for(lay.L);

@@ -175,11 +175,7 @@ int fp16_default_splits(int batch, int n_kv_heads, int n_heads, int head_dim, in
                         Fp16DecodeVariant variant) {
   const int gqa = n_kv_heads > 0 ? n_heads / n_kv_heads : 1;
   if (!use_n8(gqa, variant)) return default_splits(batch, n_kv_heads, max_seq_len);
-  int sms = 132, dev = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0) sms = n;
-  }
+  const int sms = detail::sm_count();
   const int rows = std::max(1, batch * n_kv_heads);
   const int tiles = (max_seq_len + 15) / 16;
   const int wave = std::max(1, sms * detail::fp16_n8_warps_per_sm(head_dim) / rows);
