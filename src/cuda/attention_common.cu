@@ -155,13 +155,15 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
           ", head_dim ", head_dim, " without tables)");
   // (batch, KV head) × blocks of 8·cpw coordinates, over the written columns
   // only; cpw > 1 only when one coordinate per warp would take more than one
-  // wave (⌈blocks / wave⌉; rounding grid.y up can still leave the grid a
-  // little past one wave, e.g. Llama-3.1-8B shapes at B = 24 or 40).
+  // wave: the most blocks per (batch, KV head) that fit in one wave (at least
+  // 1), then the fewest coordinates per warp that cover the columns in them
+  // (the grid stays within one wave whenever kv_rows ≤ wave).
   const bool small = gqa <= 8 && head_dim <= 128;
   const int blocks_per_sm = small ? kRotateBlocksPerSm<8, 4> : kRotateBlocksPerSm<16, 8>;
   const int kv_rows = batch * (n_heads / gqa), octets = std::max(1, (n_cols + 7) / 8);
   const int64_t wave = (int64_t)sm_count() * blocks_per_sm;
-  const int cpw = (int)std::clamp<int64_t>(((int64_t)kv_rows * octets + wave - 1) / wave, 1, octets);
+  const int per_row = (int)std::clamp<int64_t>(wave / kv_rows, 1, octets);
+  const int cpw = (octets + per_row - 1) / per_row;
   const dim3 grid(kv_rows, (octets + cpw - 1) / cpw);
   auto launch = [&](auto kernel, const auto* qp) {
     kernel<<<grid, 256, 0, stream>>>(qp, head_dim, n_heads, gqa, scale, tables, rot, chans, cpw, out,

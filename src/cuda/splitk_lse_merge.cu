@@ -26,12 +26,18 @@ constexpr int kRotDim = kMaxTiles * 16;  // row stride of partial o
 // eighths of Π's rows. The value-side Π of the row's KV head (when it fits in
 // kPiSmemFloats) and the first 1024 split states are loaded up front, all in
 // flight together, so the kernel waits on memory about twice (states + Π,
-// then the partial outputs) instead of four times.
+// then the partial outputs) instead of four times. kWide (batches of more
+// query rows than SMs): Π goes to shared memory by cp.async (no registers
+// hold it on the way), waited for only before the back-rotation, and the
+// kernel fits 32 registers so two blocks share an SM (one with 56: 256 rows
+// took two waves). Not for few rows: at Qwen2.5-3B B = 1 (16 rows of 132
+// states) the 32-register instance was up to 10.7 % slower (H200, session 15).
 constexpr int kMergeQ = 8;
 constexpr int kMergeThreads = 128 * kMergeQ;
 constexpr int kPiSmemFloats = 16384;  // 64 KB: one 128×128 group (uniform d ≤ 128)
 constexpr int kPiPerThread = kPiSmemFloats / kMergeThreads;
-__global__ void __launch_bounds__(kMergeThreads) splitk_lse_merge_kernel(
+template <bool kWide>
+__global__ void __launch_bounds__(kMergeThreads, kWide ? 2 : 1) splitk_lse_merge_kernel(
     Partials P, int head_dim, int gqa, int n_heads, const HeadTables* __restrict__ tables,
     const float* __restrict__ rot, const int32_t* __restrict__ chans, float* __restrict__ out) {
   extern __shared__ float pis[];  // value-side Π of this KV head (dynamic, when it fits)
@@ -53,15 +59,20 @@ __global__ void __launch_bounds__(kMergeThreads) splitk_lse_merge_kernel(
       covered += Tp->dim[1][g];
     }
   const bool pi_smem = Tp && pi_total <= kPiSmemFloats;
-  float pv[kPiPerThread];
+  float pv[kWide ? 1 : kPiPerThread];
   if (pi_smem) {
     const float* src = rot + Tp->rot_offset[1][0];
 #pragma unroll
     for (int k = 0; k < kPiPerThread; ++k) {
       const int idx = tid + k * kMergeThreads;
-      pv[k] = idx < pi_total ? src[idx] : 0.f;
+      if constexpr (kWide) {
+        if (idx < pi_total) cp_async4(pis + idx, src + idx);
+      } else {
+        pv[k] = idx < pi_total ? src[idx] : 0.f;
+      }
     }
   }
+  if constexpr (kWide) cp_async_commit();
   grid_dependency_wait();  // split states come from the attention kernel (PDL launch)
   // M = max_s m_s (block reduction); the first 1024 states kept in shared memory.
   float mx = -INFINITY;
@@ -73,7 +84,7 @@ __global__ void __launch_bounds__(kMergeThreads) splitk_lse_merge_kernel(
     }
     mx = fmaxf(mx, v);
   }
-  if (pi_smem) {
+  if (!kWide && pi_smem) {
 #pragma unroll
     for (int k = 0; k < kPiPerThread; ++k) {
       const int idx = tid + k * kMergeThreads;
@@ -127,6 +138,7 @@ __global__ void __launch_bounds__(kMergeThreads) splitk_lse_merge_kernel(
     const int c = c0 + 128 * k;
     if (c < n_o) part[q][c] = acc[k];
   }
+  if constexpr (kWide) cp_async_wait<0>();  // this thread's share of Π; the barrier publishes all of it
   __syncthreads();
   for (int c = tid; c < n_o; c += kMergeThreads) {
     float a = 0.f;
@@ -181,13 +193,18 @@ void launch_splitk_lse_merge(const WorkspaceView& w, int batch, int n_heads, int
                              const HeadTables* tables, const float* rotations, const int32_t* channels,
                              float* out, cudaStream_t stream) {
   const size_t dyn = tables ? kPiSmemFloats * sizeof(float) : 0;
-  if (dyn > 0) {
-    static int smem_set[kMaxDevices] = {};
-    set_smem_limit(reinterpret_cast<const void*>(splitk_lse_merge_kernel), dyn, smem_set);
-  }
-  // Programmatic dependent launch: loading Π overlaps the attention kernel's tail.
-  launch_pdl(splitk_lse_merge_kernel, dim3(batch * n_heads), dim3(kMergeThreads), dyn, stream, w.part,
-             head_dim, gqa, n_heads, tables, rotations, channels, out);
+  const int rows = batch * n_heads;
+  auto launch = [&](auto kernel, int (&smem_set)[kMaxDevices]) {
+    if (dyn > 0) set_smem_limit(reinterpret_cast<const void*>(kernel), dyn, smem_set);
+    // Programmatic dependent launch: loading Π overlaps the attention kernel's tail.
+    launch_pdl(kernel, dim3(rows), dim3(kMergeThreads), dyn, stream, w.part, head_dim, gqa, n_heads, tables,
+               rotations, channels, out);
+  };
+  static int smem_set_wide[kMaxDevices] = {}, smem_set_narrow[kMaxDevices] = {};
+  if (rows > sm_count())
+    launch(splitk_lse_merge_kernel<true>, smem_set_wide);
+  else
+    launch(splitk_lse_merge_kernel<false>, smem_set_narrow);
 }
 
 }  // namespace ratekv::cuda::detail
