@@ -23,13 +23,16 @@ constexpr int kRotDim = detail::kMaxTiles * 16;  // row stride of rotated q / pa
 
 namespace detail {
 
-void set_smem_limit(const void* kernel, size_t bytes, int (&cache)[kMaxDevices]) {
+void set_smem_limit(const void* kernel, size_t bytes, int (&cache)[kMaxDevices], bool max_carveout) {
   int dev = 0;
   RATEKV_CUDA_CHECK(cudaGetDevice(&dev));
   const bool cached = dev >= 0 && dev < kMaxDevices;
   if (cached && cache[dev] >= (int)bytes) return;
   RATEKV_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  if (max_carveout)
+    RATEKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           (int)cudaSharedmemCarveoutMaxShared));
   if (cached) cache[dev] = (int)bytes;
 }
 
@@ -161,6 +164,8 @@ void launch_rotate_query(const void* q, bool q_f16, int batch, int n_heads, int 
   const bool small = gqa <= 8 && head_dim <= 128;
   const int blocks_per_sm = small ? kRotateBlocksPerSm<8, 4> : kRotateBlocksPerSm<16, 8>;
   const int kv_rows = batch * (n_heads / gqa), octets = std::max(1, (n_cols + 7) / 8);
+  require(kv_rows > 0, "cuda decode attention: query rotation of ", kv_rows, " (sequence, KV head) rows (batch ",
+          batch, ", n_heads ", n_heads, ")");
   const int64_t wave = (int64_t)sm_count() * blocks_per_sm;
   const int per_row = (int)std::clamp<int64_t>(wave / kv_rows, 1, octets);
   const int cpw = (octets + per_row - 1) / per_row;

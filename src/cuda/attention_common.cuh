@@ -216,8 +216,10 @@ inline constexpr int kMaxDevices = 64;
 /// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current
 /// device unless `cache[device]` (one cache per kernel instance, zeroed) says it
 /// already is: cudaFuncSetAttribute once per instance instead of per call.
+/// max_carveout: also prefer the largest shared-memory carveout (a kernel
+/// whose blocks per SM are counted on it, not left to the driver's choice).
 /// Throws Error on a CUDA failure (e.g. more than the device's maximum).
-void set_smem_limit(const void* kernel, size_t bytes, int (&cache)[kMaxDevices]);
+void set_smem_limit(const void* kernel, size_t bytes, int (&cache)[kMaxDevices], bool max_carveout = false);
 
 /// Launches `kernel` with programmatic dependent launch (sm_90): it may start
 /// before the previous kernel of `stream` ends and must call

@@ -29,15 +29,19 @@ constexpr int kRotDim = kMaxTiles * 16;  // row stride of partial o
 // then the partial outputs) instead of four times. kWide (batches of more
 // query rows than SMs): Π goes to shared memory by cp.async (no registers
 // hold it on the way), waited for only before the back-rotation, and the
-// kernel fits 32 registers so two blocks share an SM (one with 56: 256 rows
-// took two waves). Not for few rows: at Qwen2.5-3B B = 1 (16 rows of 132
+// kernel fits 32 registers (12 bytes spilled, outside the loops) so two
+// blocks share an SM (85 KB of shared memory each; the largest carveout is
+// asked for) — the other instance uses 56, one block per SM: 256 rows took
+// two waves. Not for few rows: at Qwen2.5-3B B = 1 (16 rows of 132
 // states) the 32-register instance was up to 10.7 % slower (H200, session 15).
 constexpr int kMergeQ = 8;
 constexpr int kMergeThreads = 128 * kMergeQ;
 constexpr int kPiSmemFloats = 16384;  // 64 KB: one 128×128 group (uniform d ≤ 128)
 constexpr int kPiPerThread = kPiSmemFloats / kMergeThreads;
+// Minimum blocks per SM 0 for the one-block instance: none asked for, so it
+// compiles as before the wide instance existed (56 registers; 1 gave 64).
 template <bool kWide>
-__global__ void __launch_bounds__(kMergeThreads, kWide ? 2 : 1) splitk_lse_merge_kernel(
+__global__ void __launch_bounds__(kMergeThreads, kWide ? 2 : 0) splitk_lse_merge_kernel(
     Partials P, int head_dim, int gqa, int n_heads, const HeadTables* __restrict__ tables,
     const float* __restrict__ rot, const int32_t* __restrict__ chans, float* __restrict__ out) {
   extern __shared__ float pis[];  // value-side Π of this KV head (dynamic, when it fits)
@@ -194,17 +198,17 @@ void launch_splitk_lse_merge(const WorkspaceView& w, int batch, int n_heads, int
                              float* out, cudaStream_t stream) {
   const size_t dyn = tables ? kPiSmemFloats * sizeof(float) : 0;
   const int rows = batch * n_heads;
-  auto launch = [&](auto kernel, int (&smem_set)[kMaxDevices]) {
-    if (dyn > 0) set_smem_limit(reinterpret_cast<const void*>(kernel), dyn, smem_set);
+  auto launch = [&](auto kernel, int (&smem_set)[kMaxDevices], bool wide) {
+    if (dyn > 0) set_smem_limit(reinterpret_cast<const void*>(kernel), dyn, smem_set, wide);
     // Programmatic dependent launch: loading Π overlaps the attention kernel's tail.
     launch_pdl(kernel, dim3(rows), dim3(kMergeThreads), dyn, stream, w.part, head_dim, gqa, n_heads, tables,
                rotations, channels, out);
   };
   static int smem_set_wide[kMaxDevices] = {}, smem_set_narrow[kMaxDevices] = {};
   if (rows > sm_count())
-    launch(splitk_lse_merge_kernel<true>, smem_set_wide);
+    launch(splitk_lse_merge_kernel<true>, smem_set_wide, true);
   else
-    launch(splitk_lse_merge_kernel<false>, smem_set_narrow);
+    launch(splitk_lse_merge_kernel<false>, smem_set_narrow, false);
 }
 
 }  // namespace ratekv::cuda::detail

@@ -275,7 +275,10 @@ TEST(CudaPackedDecode, SplitCountsAroundTheInKernelMerge) {
 // Llama-3.1-8B shapes, 8 KV heads, GQA 4, B = 109 at depth ≤ 512; B = 300 at
 // ≤ 97 tokens), unequal lengths with 1, 97 and 512 among them: the default
 // split count (which fills the CTA's warps past one wave) and others, both
-// paths of the merge, against the CPU reference.
+// paths of the merge, against the CPU reference. Splits past one CTA (9; 5
+// at head_dim 256) take the merge launch, here with more query rows than SMs
+// (its 2-blocks-per-SM instance): uniform and mixed plans (one and several
+// value groups, Π staged in shared memory) and head_dim 256 (Π read from L2).
 TEST(CudaPackedDecode, LargeBatchShortContexts) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   std::vector<int> l109(109), l300(300), l40(40);
@@ -287,7 +290,7 @@ TEST(CudaPackedDecode, LargeBatchShortContexts) {
   const Case cases[] = {
       {128, 8, 4, l109, false, 3, 3, DType::f16, Special::none, nullptr, {0, 2, 9}},
       {128, 8, 4, l300, false, 3, 3, DType::f32, Special::none, nullptr, {0, 1}},
-      {128, 8, 4, l109, true, 0, 0, DType::f32, Special::none, nullptr, {0}},
+      {128, 8, 4, l109, true, 0, 0, DType::f32, Special::none, nullptr, {0, 9}},
       {64, 4, 8, l109, false, 2, 2, DType::f16, Special::none, nullptr, {0}},
       {256, 8, 3, l40, false, 3, 3, DType::f32, Special::none, nullptr, {0, 5}},
   };
