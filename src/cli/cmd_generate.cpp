@@ -37,6 +37,7 @@ struct GenerateArgs {
   int64_t chunk = 0;  // cuda: chunked prefill (0: one piece)
   std::string prompts_file;  // cuda: many requests, continuous batching
   bool mode_given = false;   // --prefill-mode was given (the default, serving, applies to cuda only)
+  bool top_k_given = false, top_p_given = false, max_batch_given = false;  // given on the command line
   double top_p = 1.0;
   int max_batch = 16;
   bool json = false;
@@ -312,6 +313,13 @@ void run(const GenerateArgs& a) {
         "--top-p: applied only with --prompts-file on --device cuda (the GPU sampler); a single -p prompt samples "
         "on the host with --temp and --top-k only");
   check(a.max_batch >= 1, "--max-batch: {} must be >= 1", a.max_batch);
+  // --json and --max-batch shape the many-request run only (they were accepted and ignored with -p).
+  check(!a.json || !a.prompts_file.empty(),
+        "--json: needs --prompts-file (the JSON report of many requests); a single -p prompt prints its "
+        "continuation as text");
+  check(!a.max_batch_given || !a.prompts_file.empty(),
+        "--max-batch: needs --prompts-file (the sequences of many requests decoded together); a single -p prompt "
+        "is one sequence");
   require_engine(a.device);
   // Prompt, context and cache are settled from the model's header: an option
   // error (--chat template, -p/-n past the context, --cache/--plan/-ctk/-ctv,
@@ -327,6 +335,17 @@ void run(const GenerateArgs& a) {
   std::vector<std::vector<int32_t>> many_tokens;
   if (!a.prompts_file.empty()) many = read_prompts_file(a);
 #endif
+  // --top-k / --top-p given with greedy decoding: harmless, but what was asked for does not happen (a warning,
+  // not an error, and not for the defaults). With --prompts-file, only when no request samples.
+  bool greedy = a.temp == 0;
+#ifdef RATEKV_HAVE_ENGINE
+  if (!many.empty())
+    greedy = std::all_of(many.begin(), many.end(), [](const FileRequest& r) { return r.sampling.greedy(); });
+#endif
+  const char* why = a.prompts_file.empty() ? " with --temp 0 (greedy decoding takes the most likely token)"
+                                           : ": every request of --prompts-file decodes greedily (temperature 0)";
+  if (greedy && a.top_k_given) spdlog::warn("--top-k {}: no effect{}", a.top_k, why);
+  if (greedy && a.top_p_given) spdlog::warn("--top-p {}: no effect{}", a.top_p, why);
   check_plans_match_model({a.plan}, a.model, a.no_plan_check);
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
 #ifdef RATEKV_HAVE_ENGINE
@@ -446,6 +465,9 @@ Registrar reg("generate", [](CLI::App& app) {
       ->check(non_negative_validator());
   cmd->callback([args, cmd] {
     args->mode_given = cmd->get_option("--prefill-mode")->count() > 0;
+    args->top_k_given = cmd->get_option("--top-k")->count() > 0;
+    args->top_p_given = cmd->get_option("--top-p")->count() > 0;
+    args->max_batch_given = cmd->get_option("--max-batch")->count() > 0;
     run(*args);
   });
 });

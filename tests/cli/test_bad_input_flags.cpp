@@ -497,4 +497,55 @@ TEST_F(BadInputFlags, PerplexityThatOverflowsIsAnError) {
   EXPECT_NE(ok.output.find("PPL = "), std::string::npos) << ok.output;
 }
 
+// generate --json (and --max-batch) without --prompts-file were accepted and ignored (adversarial pass, session 16):
+// both shape the many-request run (one JSON report of every request; the sequences decoded together), and a
+// single -p prompt prints its continuation as text. Refused before the model is read, naming the flag.
+TEST_F(BadInputFlags, GenerateManyRequestFlagsNeedPromptsFile) {
+  std::ofstream(dir_ / "m.gguf") << "x";  // not a model: the refusal comes before anything is read
+  const std::string g = "generate -m " + q(dir_ / "m.gguf") + " -p hi -n 1 ";
+  expect(g + "--json", 1,
+         "error: --json: needs --prompts-file (the JSON report of many requests); a single -p prompt prints its "
+         "continuation as text");
+  expect(g + "--max-batch 4", 1,
+         "error: --max-batch: needs --prompts-file (the sequences of many requests decoded together); a single -p "
+         "prompt is one sequence");
+  // Control: without them the command gets as far as the model (which is not one).
+  const Result r = run_cli(g);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_EQ(r.output.find("--json"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("--max-batch"), std::string::npos) << r.output;
+}
+
+// generate --top-k / --top-p with greedy decoding (--temp 0, the default) were accepted and silently unused
+// (adversarial pass, session 16). Harmless, so a warning on stderr, not an error: only for a flag given on the
+// command line (not its default), and not when --temp samples.
+TEST_F(BadInputFlags, SamplingFlagsUnderGreedyDecodingWarn) {
+  std::ofstream(dir_ / "m.gguf") << "x";  // not a model: the warning comes before it is read
+  const std::string g = "generate -m " + q(dir_ / "m.gguf") + " -p hi -n 1 ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--top-k 5", "[warning] --top-k 5: no effect with --temp 0 (greedy decoding takes the most likely token)"},
+      {"--top-k 5 --temp 0",
+       "[warning] --top-k 5: no effect with --temp 0 (greedy decoding takes the most likely token)"},
+      {"--top-p 0.9", "[warning] --top-p 0.9: no effect with --temp 0 (greedy decoding takes the most likely token)"},
+      {"--top-k 40", "[warning] --top-k 40: no effect"}};  // the default value, given explicitly
+  for (const auto& [args, want] : cases) {
+    const Result r = run_cli(g + args);
+    EXPECT_NE(r.output.find(want), std::string::npos) << args << "\nexpected: " << want << "\n" << r.output;
+    EXPECT_EQ(r.output.find("internal"), std::string::npos) << r.output;
+  }
+  for (const std::string args : {"", "--temp 0", "--temp 0.7 --top-k 5"}) {
+    const Result r = run_cli(g + args);
+    EXPECT_EQ(r.output.find("no effect"), std::string::npos) << args << "\n" << r.output;
+  }
+  // A real run: the warning once, the text still generated (exit 0).
+  const std::string smollm2 = ratekv_test::smollm2_path();
+  if (!fs::exists(smollm2)) GTEST_SKIP() << "SmolLM2 asset missing: " << smollm2;
+  const Result ok = run_cli("generate -m " + q(smollm2) + " -p hi -n 2 --top-k 5");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  const std::string w = "[warning] --top-k 5: no effect";
+  const size_t at = ok.output.find(w);
+  EXPECT_NE(at, std::string::npos) << ok.output;
+  if (at != std::string::npos) EXPECT_EQ(ok.output.find(w, at + 1), std::string::npos) << ok.output;
+}
+
 }  // namespace
