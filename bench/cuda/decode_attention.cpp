@@ -617,8 +617,6 @@ void run_prefill(const Args& A, Timer& timer, nlohmann::json& rows) {
   }
 }
 
-}  // namespace
-
 /// The value of integer flag `flag`: a whole positive number, else a usage error (exit 2).
 int positive_int(const char* flag, const std::string& s) {
   char* end = nullptr;
@@ -630,6 +628,8 @@ int positive_int(const char* flag, const std::string& s) {
   }
   return (int)v;
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   Args A;
