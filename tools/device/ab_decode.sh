@@ -4,7 +4,8 @@
 # BUILD=/tmp/base-build), alternated ROUNDS times per argument list so drift hits both alike.
 # Usage: BASE=<bench_cuda_decode> NEW=<bench_cuda_decode> ARGS="args;args" ROUNDS=2 OUT=... ab_decode.sh
 # Prints per (model, B, T, cache): median-of-reps ms of each round, base vs new, the ratio of the
-# best of each side, and the new side's share of the read ceiling; JSON per run under $OUT/ab/.
+# best of each side, and the new side's share of the read ceiling; JSON per run under $OUT/ab/
+# (tools/device/ab_collect.py turns that folder into one bench/results JSON).
 set -uo pipefail
 set -f  # the argument lists are split on spaces, never glob-expanded
 : "${BASE:?BASE: the baseline bench_cuda_decode}" "${NEW:?NEW: the bench_cuda_decode under test}"
