@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "cli/capture_layers.h"
 #include "cli/command.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
@@ -39,10 +40,7 @@ void run(CaptureArgs& a) {
   LoadedModel lm = load_model(a.model, [&](const ModelHeader& h) {
     const ModelConfig& c = h.config;
     check(a.ctx <= c.n_ctx_train, "--ctx {}: the model's context is {} tokens", a.ctx, c.n_ctx_train);
-    if (a.layers.empty()) {  // first, middle, last: fewer for a model of 1 or 2 layers
-      a.layers = {0, c.n_layers / 2, c.n_layers - 1};
-      a.layers.erase(std::unique(a.layers.begin(), a.layers.end()), a.layers.end());
-    }
+    if (a.layers.empty()) a.layers = default_capture_layers(c.n_layers);
     for (size_t i = 0; i < a.layers.size(); ++i) {
       const int l = a.layers[i];
       check(l >= 0 && l < c.n_layers, "--layers: layer {} out of range 0..{}", l, c.n_layers - 1);
