@@ -170,7 +170,11 @@ void run_model(const std::string& path, const char* name) {
   EXPECT_GT(tee.max_rel, 1e-8);
   // ... a change of that size in the fake path alone moves its perplexity by as much as the packed cache
   // differs from it (same order: within 10× either way), while the unquantized fp32 cache barely moves.
-  EXPECT_LT(gap, 2 * spread);
+  // Where each lands depends on the CPU's BLAS kernels (the runs are chaotic in the rounding): SmolLM2
+  // gave gap 0.063 / spread 0.069 where the numbers in the header were measured, but on an AVX-512
+  // AMD EPYC fake 28.96, packed 25.55 (gap 0.118) against perturbed 28.28–29.01 (spread 0.047, three
+  // seeds); Gemma 3 there: gap 0.033, spread 0.12. So the bound is the stated 10×, not 2×.
+  EXPECT_LT(gap, 10 * spread);
   EXPECT_GT(gap, spread / 10);
   EXPECT_GT(spread, 100 * dense_spread);
   EXPECT_LT(dense_spread, 1e-5);
