@@ -23,27 +23,14 @@ for args in "${RUNS[@]}"; do
     done
   done
 done
-python3 - "$O" <<'PY'
-import glob, json, os, sys
-from collections import defaultdict
-ms = defaultdict(lambda: {"base": [], "new": []}); ceil = {}
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
-    side = os.path.basename(f).split("_")[0]
-    try:
-        d = json.load(open(f))
-    except (OSError, ValueError) as e:  # a run cut by its timeout: skipped, said
-        print(f"skipped {f}: {e}")
-        continue
-    d = d.get("ratekv_cuda", d)
-    for r in d["rows"]:
-        k = (r["model"], r["B"], r["T"], r["cache"])
-        ms[k][side].append(r["ms"]); ceil[k] = (r["cache_bytes"], d["read_ceiling_GBps"])
+# The rows as tools/device/ab_collect.py gathers them (the share of the read ceiling from the run of the
+# best new round; files cut by a timeout and one-sided rows named on stderr).
+python3 - "$O" "$(dirname "$0")" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from ab_collect import rows_of
 print(f"{'model':13s} {'B':>3s} {'T':>7s} {'cache':14s} {'base ms':>18s} {'new ms':>18s} {'new/base':>8s} {'% read':>6s}")
-for k in sorted(ms):
-    b, n = ms[k]["base"], ms[k]["new"]
-    if not b or not n: continue
-    by, gb = ceil[k]
-    pct = by / (min(n) * 1e-3) / 1e9 / gb * 100
-    print(f"{k[0]:13s} {k[1]:3d} {k[2]:7d} {k[3]:14s} {' '.join('%.4f' % x for x in b):>18s} "
-          f"{' '.join('%.4f' % x for x in n):>18s} {min(n) / min(b):8.3f} {pct:5.0f}%")
+for r in rows_of(sys.argv[1]):
+    print(f"{r['model']:13s} {r['B']:3d} {r['T']:7d} {r['cache']:14s} {' '.join('%.4f' % x for x in r['base_ms']):>18s} "
+          f"{' '.join('%.4f' % x for x in r['new_ms']):>18s} {r['new_over_base']:8.3f} {100 * r['new_frac_read_ceiling']:5.0f}%")
 PY
