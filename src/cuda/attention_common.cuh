@@ -245,19 +245,21 @@ int gqa8_splits_per_cta(int head_dim);
 
 /// Launches the GQA ≤ 8 kernel (decode_attention_gqa8.cu) over `pool` with
 /// w.part.n_splits splits (one warp each, gqa8_splits_per_cta of them per
-/// CTA); each CTA merges its splits. uniform: the instance for uniform plans
-/// (int8 Q·Kᵀ and P·V; plan.device().uniform_bits > 0), else the general one
-/// (runtime tables, fp16 keys). fused_out null: one state per CTA into w.part
+/// CTA); each CTA merges its splits. int8: int8 levels, integer Q·Kᵀ and P·V
+/// (cuda::uses_int8_levels) — the uniform instance when
+/// plan.device().uniform_bits > 0, else the general int8 one (widths and
+/// codebooks per group from the head tables); else the general fp16 one
+/// (PackedDecodeVariant::runtime_tables). fused_out null: one state per CTA into w.part
 /// with row stride C = ⌈n_splits / gqa8_splits_per_cta⌉ (state c of row r at
 /// r·C + c) — merge them with launch_splitk_lse_merge on a view whose
 /// part.n_splits is C; fused_out set: with w.part.n_splits ≤
 /// gqa8_splits_per_cta(head_dim) (one CTA per (sequence, KV head)) the CTA
 /// rotates back into fused_out (batch·n_heads, head_dim) fp32 itself — what
 /// launch_splitk_lse_merge would write — and no merge launch follows. Throws Error for GQA > 8,
-/// 5..8-bit groups, a non-uniform plan with uniform = true, head_dim ∉ {64,
-/// 128, 256}, or fused_out with more splits than one CTA holds.
+/// 5..8-bit groups, head_dim ∉ {64, 128, 256}, or fused_out with more splits
+/// than one CTA holds.
 void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
-                        const WorkspaceView& w, int pages_per_split, bool uniform,
+                        const WorkspaceView& w, int pages_per_split, bool int8,
                         cudaStream_t stream, float* fused_out = nullptr);
 
 /// Launches the query prologue: (batch·n_heads, kMaxTiles·16) fp16 rows of

@@ -1,14 +1,20 @@
 // Fused split-K decode attention for GQA ≤ 8: the query rows of a KV head are
 // the N = 8 side of the MMAs (docs/design.md §6, §8; docs/packed_format.md, format
-// version 2). Two instances per head_dim:
+// version 2). Instances per head_dim:
 //  - uniform plans (one b-bit key and one b-bit value group per head, b = 1..4;
 //    variant `specialized`): widths and offsets at compile time, integer key
 //    scores and integer P·V products (below);
-//  - any other plan of 1..4-bit groups (Block-GTQ, RateQuant, K≠V widths, 0-bit
-//    sides; and every plan under variant `runtime_tables`): widths, codebooks,
-//    offsets and norms per 16-channel tile from the head tables in shared
-//    memory, fp16 key scores, one accumulator per key group folded with the
-//    group's norms.
+//  - general int8 (any other plan of 1..4-bit groups under `specialized`:
+//    Block-GTQ, RateQuant, K≠V widths, 0-bit sides): the same integer products
+//    per group — widths, int8 codebooks, offsets and norms per group from the
+//    head tables in shared memory, the key groups' int32 sums each folded with
+//    the group's norms and codebook scale, the P·n^V split per value group with
+//    that group's norms; a second instance when every head has one value group
+//    over its head_dim channels (Block-GTQ and RateQuant plans: the value tiles
+//    at compile time, the width through a switch);
+//  - general fp16 (every plan under `runtime_tables`): fp16 levels and query,
+//    fp32 accumulation, one accumulator per key group folded with the group's
+//    norms.
 // GQA > 8 takes decode_attention_packed.cu, 5..8-bit groups
 // decode_attention_generic.cu.
 //
@@ -216,21 +222,117 @@ __device__ __forceinline__ void value_group_tiles(float (&O)[NT][4], const uint8
   }
 }
 
+/// General int8 instances, keys: one k = 32 step of key_group_tiles_i8 —
+/// tiles k, k+1 (pair = k+1 < n_tiles; else a zero query part) into (Sh, Sl);
+/// FIRST: the accumulators start at 0 (no zeroing moves).
+template <int B, bool FIRST>
+__device__ __forceinline__ void key_pair_i8(int (&Sh)[4][4], int (&Sl)[4][4], const uint8_t* codes,
+                                            const uint2* qf, int k, bool pair, const Codebook8& cb,
+                                            int lane) {
+  const uint32_t* rows0 = reinterpret_cast<const uint32_t*>(codes + k * B * 128) + lane;
+  const uint32_t* rows1 = rows0 + B * 32;
+  uint32_t w0[4], w1[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    w0[j] = j < B ? rows0[32 * j] : 0u;
+    w1[j] = j < B && pair ? rows1[32 * j] : 0u;
+  }
+  const uint2 qa = qf[k * 32 + lane];
+  const uint2 qb = pair ? qf[(k + 1) * 32 + lane] : make_uint2(0u, 0u);
+#pragma unroll
+  for (int tt = 0; tt < 4; ++tt) {
+    const uint32_t na = code_nibbles<B>(w0, B, tt), nb = code_nibbles<B>(w1, B, tt);
+    const uint32_t a[4] = {decode4_i8<B>(na, cb), decode4_i8<B>(na >> 16, cb), decode4_i8<B>(nb, cb),
+                           decode4_i8<B>(nb >> 16, cb)};
+    if constexpr (FIRST) {
+      imma_16832_new(Sh[tt], a, qa.x, qb.x);
+      imma_16832_new(Sl[tt], a, qa.y, qb.y);
+    } else {
+      imma_16832(Sh[tt], a, qa.x, qb.x);
+      imma_16832(Sl[tt], a, qa.y, qb.y);
+    }
+  }
+}
+
+/// General int8 instances, keys: (Sh, Sl) = (16 tokens × 32 channels of int8
+/// levels) · (the int8 hi / lo parts of Q̃ᵀ) over the tiles [0, n_tiles)
+/// (n_tiles ≥ 1) of one B-bit group starting at `codes`, two tiles per
+/// mma.m16n8k32 (an odd last tile pairs with a zero query part); qf = the
+/// group's first tile of query fragments (x = hi, y = lo; the layout of the
+/// uniform instance's b0 / b1 per tile). Tile loop not unrolled.
+template <int B>
+__device__ __forceinline__ void key_group_tiles_i8(int (&Sh)[4][4], int (&Sl)[4][4],
+                                                   const uint8_t* codes, const uint2* qf, int n_tiles,
+                                                   const Codebook8& cb, int lane) {
+  key_pair_i8<B, true>(Sh, Sl, codes, qf, 0, n_tiles > 1, cb, lane);
+#pragma unroll 1
+  for (int k = 2; k < n_tiles; k += 2) key_pair_i8<B, false>(Sh, Sl, codes, qf, k, k + 1 < n_tiles, cb, lane);
+}
+
+/// Int8 instances, values: Oᵀ[vt] += c_r · (254·(V_tileᵀ · bh) + V_tileᵀ · bl)
+/// for the tiles vt ∈ [t0, t1) of one B-bit group whose codes start at `codes`
+/// (tile t0): A = 16 channels × 32 tokens (two token tiles) of int8 levels per
+/// mma.m16n8k32, bh / bl the int8 hi / lo B fragments of x per token tile (row
+/// g; tokens 2t, 2t+1, 2t+8, 2t+9), c[r] the fold of row 2t + r. Unrolled over
+/// all NT tiles (O must be indexed by constants).
+template <int B, int NT>
+__device__ __forceinline__ void value_group_tiles_i8(float (&O)[NT][4], const uint8_t* codes, int t0,
+                                                     int t1, const uint32_t (&bh)[4],
+                                                     const uint32_t (&bl)[4], const float (&c)[2],
+                                                     const Codebook8& cb, int lane) {
+  const uint32_t* vrows = reinterpret_cast<const uint32_t*>(codes) + lane;
+#pragma unroll
+  for (int vt = 0; vt < NT; ++vt) {
+    if (vt < t0 || vt >= t1) continue;
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = k < B ? vrows[((vt - t0) * B + k) * 32] : 0u;
+    int ah[4], al[4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {  // token tiles 2u, 2u+1
+      const uint32_t na = code_nibbles<B>(w, B, 2 * u), nb = code_nibbles<B>(w, B, 2 * u + 1);
+      const uint32_t a[4] = {decode4_i8<B>(na, cb), decode4_i8<B>(na >> 16, cb), decode4_i8<B>(nb, cb),
+                             decode4_i8<B>(nb >> 16, cb)};
+      if (u == 0) {
+        imma_16832_new(ah, a, bh[0], bh[1]);
+        imma_16832_new(al, a, bl[0], bl[1]);
+      } else {
+        imma_16832(ah, a, bh[2], bh[3]);
+        imma_16832(al, a, bl[2], bl[3]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)  // |254·Σhi·L + Σlo·L| ≤ 255·64·127² < 2^31
+      O[vt][i] = fmaf((float)(ah[i] * 254 + al[i]), c[i & 1], O[vt][i]);
+  }
+}
+
 /// Shared memory of a CTA: the warps' mbarriers, [general: the head tables],
 /// the rotated query as B fragments, then each warp's kStages page stages.
 /// Query fragments: uniform [D/32][32] uint4 (b0, b1 of the int8 hi part, then
 /// of the lo part; lane (g, t): b0 = row g's channels 2t, 2t+1, 2t+8, 2t+9 of
 /// tile 2j, b1 the same of tile 2j+1); general [tiles][32] uint2 (fp16 b0 =
-/// channels 2t, 2t+1 and b1 = 2t+8, 2t+9 of row g).
+/// channels 2t, 2t+1 and b1 = 2t+8, 2t+9 of row g; general int8: x = the int8
+/// hi part, y = the lo part, each as one tile's b0 of the uniform layout).
 constexpr size_t kBarBytes = 128;  // ≥ 8 warps × kStages mbarriers, keeps what follows aligned
 static_assert(kBarBytes >= 8 * kStages * sizeof(uint64_t));
 constexpr size_t kTablesBytes = (sizeof(HeadTables) + 127) / 128 * 128;
-/// Rotated 16-channel tiles per side: D/16 (uniform), up to max_tiles_for(D) (general: padded groups).
+/// UB of the general int8 instances (any plan of 1..4-bit groups: widths,
+/// offsets and int8 codebooks per group from the head tables): any value side,
+/// or (kGeneralInt8FullValue) one value group over every head's D channels
+/// (Block-GTQ and RateQuant plans: the value tiles at compile time, the width
+/// through a switch).
+constexpr int kGeneralInt8 = -1, kGeneralInt8FullValue = -2;
+/// Rotated 16-channel key tiles: D/16 (uniform), up to max_tiles_for(D) (general: padded groups).
 template <int D, int UB>
-constexpr int kTiles = UB > 0 ? D / 16 : max_tiles_for(D);
+constexpr int kKeyTiles = UB > 0 ? D / 16 : max_tiles_for(D);
+/// Rotated 16-channel value tiles (the accumulator O): D/16 (uniform, one full
+/// value group), up to max_tiles_for(D) (general).
+template <int D, int UB>
+constexpr int kTiles = UB > 0 || UB == kGeneralInt8FullValue ? D / 16 : max_tiles_for(D);
 template <int D, int UB>
 constexpr size_t kQfragBytes = UB > 0 ? (size_t)(D / 32) * 32 * sizeof(uint4)
-                                      : (size_t)kTiles<D, UB> * 32 * sizeof(uint2);
+                                      : (size_t)kKeyTiles<D, UB> * 32 * sizeof(uint2);
 template <int D, int UB>
 constexpr size_t kStagesOffset = kBarBytes + (UB > 0 ? 0 : kTablesBytes) + kQfragBytes<D, UB>;
 
@@ -244,7 +346,8 @@ constexpr size_t kFusedFloats = (size_t)kWarps<D> * 8 * kTiles<D, UB> * 16 + 2 *
                                 (size_t)8 * kTiles<D, UB> * 16;
 
 /// D: head_dim; UB: the plan's width (bits of every key and value code) for a
-/// uniform plan, 0 for the general instance (runtime tables).
+/// uniform plan, kGeneralInt8 / kGeneralInt8FullValue for the general int8
+/// instances, 0 for the general fp16 instance (PackedDecodeVariant::runtime_tables).
 /// Every CTA merges its warps' split states (warp w: split blockIdx.x·W + w of
 /// part.n_splits). fused_out null: the CTA's merged state goes to `part` as
 /// state blockIdx.x of gridDim.x per row (row stride gridDim.x, not
@@ -260,7 +363,10 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     int pages_per_split, int n_heads, int gqa, const __half* __restrict__ qrot, Partials part,
     const float* __restrict__ rot, const int32_t* __restrict__ chans, float* __restrict__ fused_out) {
   constexpr bool U = UB > 0;
-  constexpr int NT = kTiles<D, UB>;
+  constexpr bool FV = UB == kGeneralInt8FullValue;  // general keys, one full value group
+  constexpr bool G8 = UB == kGeneralInt8 || FV;
+  constexpr bool I8 = U || G8;  // int8 levels, two-part int8 query and P·n^V
+  constexpr int NT = kTiles<D, UB>, NTK = kKeyTiles<D, UB>;
   static_assert(NT * 16 >= D, "the fused merge's Os region holds its back-rotation partial sums");
   constexpr int kSideCodeBytes = (D / 16) * UB * 128;  // uniform: one side's codes in the head block
   extern __shared__ __align__(128) uint8_t smem[];
@@ -307,17 +413,19 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
   // Rotated query: written by the rotation kernel, which this launch may overlap (PDL).
   grid_dependency_wait();
   __shared__ float q_scale[8];
-  if constexpr (U) {
+  if constexpr (I8) {
     // Two-part int8 B fragments: per row r, s_r = max|q̃_r|/127 (1 for a zero
     // row, e.g. rows ≥ gqa), q̃/s_r = hi + lo/254 with hi = round(q̃/s_r) and
     // lo = round((q̃/s_r − hi)·254), both in [−127, 127]. A row with a NaN or
     // infinite element gets s_r = NaN, so its output is NaN (as in the fp16
-    // kernels) instead of a finite number from the integer conversion.
+    // kernels) instead of a finite number from the integer conversion. The
+    // rotated row's written columns: D (uniform), n_tiles[0]·16 (general).
+    const int n_cols = U ? D : Tg.n_tiles[0] * 16;
     for (int r = warp; r < 8; r += kWarps<D>) {
       float mx = 0.f;
       bool finite = true;
       if (r < gqa)
-        for (int c = lane; c < D; c += 32) {
+        for (int c = lane; c < n_cols; c += 32) {
           const float v = __half2float(qrot[(size_t)(row_base + r) * kMaxTiles * 16 + c]);
           finite = finite && isfinite(v);
           mx = fmaxf(mx, fabsf(v));
@@ -328,32 +436,49 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       if (lane == 0) q_scale[r] = !finite ? NAN : mx > 0.f ? mx / 127.f : 1.f;
     }
     __syncthreads();
-    uint4* qfrag = reinterpret_cast<uint4*>(qfrag_bytes);
-    for (int i = threadIdx.x; i < D / 32 * 32; i += blockDim.x) {
-      const int j = i >> 5, ln = i & 31, qg = ln >> 2, qt = ln & 3;
-      uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
-      if (qg < gqa) {
-        const float inv = 1.f / q_scale[qg];
-        const __half* r = qrot + (size_t)(row_base + qg) * kMaxTiles * 16;
+    // The hi / lo bytes of channels 2qt + (e & 1) + 8·(e >> 1), e = 0..3, of
+    // one tile of row r (the k order 4qt + e of an m16n8k32 B fragment).
+    auto split_tile = [&](const __half* r, float inv, int qt, uint32_t& hi, uint32_t& lo) {
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {  // k index 4qt + e <-> channel 2qt + (e & 1) + 8·(e >> 1)
-            const int c = (2 * j + u) * 16 + 2 * qt + (e & 1) + 8 * (e >> 1);
-            const float x = __half2float(r[c]) * inv;  // |x| ≤ 127
-            const float xh = rintf(x);
-            const int ih = (int)xh, il = (int)rintf((x - xh) * 254.f);
-            hi[u] |= (uint32_t)(ih & 0xff) << (8 * e);
-            lo[u] |= (uint32_t)(il & 0xff) << (8 * e);
-          }
+      for (int e = 0; e < 4; ++e) {
+        const float x = __half2float(r[2 * qt + (e & 1) + 8 * (e >> 1)]) * inv;  // |x| ≤ 127
+        const float xh = rintf(x);
+        const int ih = (int)xh, il = (int)rintf((x - xh) * 254.f);
+        hi |= (uint32_t)(ih & 0xff) << (8 * e);
+        lo |= (uint32_t)(il & 0xff) << (8 * e);
       }
-      qfrag[i] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+    };
+    if constexpr (U) {
+      uint4* qfrag = reinterpret_cast<uint4*>(qfrag_bytes);
+      for (int i = threadIdx.x; i < D / 32 * 32; i += blockDim.x) {
+        const int j = i >> 5, ln = i & 31, qg = ln >> 2, qt = ln & 3;
+        uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+        if (qg < gqa) {
+          const float inv = 1.f / q_scale[qg];
+          const __half* r = qrot + (size_t)(row_base + qg) * kMaxTiles * 16;
+#pragma unroll
+          for (int u = 0; u < 2; ++u) split_tile(r + (2 * j + u) * 16, inv, qt, hi[u], lo[u]);
+        }
+        qfrag[i] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+      }
+    } else {
+      // One uint2 (hi, lo) per tile and lane; rows ≥ gqa and tiles ≥ n_tiles[0] zero.
+      uint2* qfrag = reinterpret_cast<uint2*>(qfrag_bytes);
+      const int nK = Tg.n_tiles[0];
+      for (int i = threadIdx.x; i < NTK * 32; i += blockDim.x) {
+        const int kt = i >> 5, ln = i & 31, qg = ln >> 2, qt = ln & 3;
+        uint32_t hi = 0u, lo = 0u;
+        if (qg < gqa && kt < nK)
+          split_tile(qrot + (size_t)(row_base + qg) * kMaxTiles * 16 + kt * 16, 1.f / q_scale[qg], qt, hi,
+                     lo);
+        qfrag[i] = make_uint2(hi, lo);
+      }
     }
   } else {
     // fp16 B fragments (rows ≥ gqa and tiles ≥ n_tiles[0] zero).
     uint2* qfrag = reinterpret_cast<uint2*>(qfrag_bytes);
     const int nK = Tg.n_tiles[0];
-    for (int i = threadIdx.x; i < NT * 32; i += blockDim.x) {
+    for (int i = threadIdx.x; i < NTK * 32; i += blockDim.x) {
       const int kt = i >> 5, ln = i & 31, qg = ln >> 2, qt = ln & 3;
       const __half* r = qrot + (size_t)(row_base + qg) * kMaxTiles * 16 + kt * 16 + 2 * qt;
       const bool ok = qg < gqa && kt < nK;
@@ -372,14 +497,15 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
   }
   __syncthreads();
   const HeadTables& T = U ? Tg : Ts;
-  const int nV = U ? NT : T.n_tiles[1];
-  // Softmax exponent per score unit, rows 2t, 2t+1: log2 e (general); uniform:
-  // log2 e · s_r · s_L / 254 per integer score unit.
+  const int nV = U || FV ? NT : T.n_tiles[1];
+  // Softmax exponent per score unit, rows 2t, 2t+1: log2 e (general fp16);
+  // uniform: log2 e · s_r · s_L / 254 per integer score unit; general int8:
+  // log2 e · s_r / 254 (each key group's s_L folded with its norms).
   float kexp[2] = {kLog2e, kLog2e};
   float vscale8 = 0.f;  // uniform: the int8 value codebook's scale
-  if constexpr (U) {
-    const float sl = Tg.i8scale[0][0] / 254.f * kLog2e;
-    vscale8 = Tg.i8scale[1][0];
+  if constexpr (I8) {
+    const float sl = (U ? Tg.i8scale[0][0] : 1.f) / 254.f * kLog2e;
+    if constexpr (U) vscale8 = Tg.i8scale[1][0];
     kexp[0] = q_scale[2 * t] * sl;
     kexp[1] = q_scale[2 * t + 1] * sl;
   }
@@ -442,6 +568,42 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         const float n0 = __half2float(nk[16 * tt + g]), n1 = __half2float(nk[16 * tt + g + 8]);
 #pragma unroll
         for (int i = 0; i < 4; ++i) S[tt][i] = (float)(Sh[tt][i] * 254 + Sl[tt][i]) * (i < 2 ? n0 : n1);
+      }
+    } else if constexpr (G8) {
+      // int8 per key group (widths at compile time through a switch): int32
+      // (Sh, Sl) over the group's tiles, folded as
+      // S += n^K_g · s_L,g ∘ (254·Sh + Sl) (|·| < 2^31 as above).
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) S[tt][i] = 0.f;
+      const uint2* qfrag = reinterpret_cast<const uint2*>(qfrag_bytes);
+      const int n_groups = T.n_groups[0];
+#pragma unroll 1
+      for (int grp = 0; grp < n_groups; ++grp) {
+        const int bits = T.bits[0][grp], t0 = T.tile_begin[0][grp];
+        const int n_tiles = T.dim_pad[0][grp] >> 4;
+        Codebook8 cb;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) cb.c[w] = T.i8tab[0][grp][w];
+        int Sh[4][4], Sl[4][4];  // written by the group's first k step
+        const uint8_t* codes = sb + T.code_offset[0][grp];
+        const uint2* qf = qfrag + t0 * 32;
+        switch (bits) {
+          case 1: key_group_tiles_i8<1>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
+          case 2: key_group_tiles_i8<2>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
+          case 3: key_group_tiles_i8<3>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
+          default: key_group_tiles_i8<4>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
+        }
+        const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_offset[0][grp]);
+        const float sL = T.i8scale[0][grp];
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+          const float n0 = __half2float(nk[16 * tt + g]) * sL, n1 = __half2float(nk[16 * tt + g + 8]) * sL;
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            S[tt][i] = fmaf((float)(Sh[tt][i] * 254 + Sl[tt][i]), i < 2 ? n0 : n1, S[tt][i]);
+        }
       }
     } else {
       // fp16, per key group (widths at compile time through a switch): an
@@ -566,25 +728,28 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         pb[tt][1] = transpose_8x8(pack_half2(S[tt][2] * vn[tt][1], S[tt][3] * vn[tt][1]));
       }
     };
-    if constexpr (U) {
-      // int8 P·V. Per row r (2t, 2t+1 in this lane) and page: x = p·n^V ·
-      // 127/(pm_r·max_t|n^V_t|), with pm_r = 2^(pmx_r − m_r) the page's largest
-      // weight of the row and the max over the page's written tokens, so
-      // |x| ≤ 127 and the page's largest terms keep fp16's relative precision
-      // (a scale by the norms alone would leave small-weight rows a fixed
-      // absolute step: a sink token 12 log2 units above the rest quantised
-      // the rest to a few steps). x is rounded to fp16 (clamped to 127: p may
-      // exceed pm_r by an ulp of the exponent), moved to B layout by 8×8
-      // transposes and split into int8 hi + lo/254 (split_int8). A = the value
-      // codes as int8 levels (ref::int8_levels, scale sV), 32 tokens (two
-      // token tiles) per mma.m16n8k32; per channel tile and page two int32
-      // sums, folded as Oᵀ += sV·pm_r·max|n^V|/(127·254) · (254·Σ hi·L + Σ lo·L).
-      // A non-finite norm makes the page's norm max ∞: the fold then gives a
-      // non-finite O, as the fp16 path would, instead of a finite number from
-      // the integer sums. A row whose page weighs < 2^-96 of its running max
-      // adds nothing (fp16 P·n^V flushed such terms to 0 too).
+    // Int8 instances: the B fragments of value group grp (its norms; vscale =
+    // its int8 codebook's scale sV) for the P·V product, and the fold c_lo per
+    // row. Per row r (2t, 2t+1 in this lane) and page: x = p·n^V ·
+    // 127/(pm_r·max_t|n^V_t|), with pm_r = 2^(pmx_r − m_r) the page's largest
+    // weight of the row and the max over the page's written tokens, so
+    // |x| ≤ 127 and the page's largest terms keep fp16's relative precision
+    // (a scale by the norms alone would leave small-weight rows a fixed
+    // absolute step: a sink token 12 log2 units above the rest quantised
+    // the rest to a few steps). x is rounded to fp16 (clamped to 127: p may
+    // exceed pm_r by an ulp of the exponent), moved to B layout by 8×8
+    // transposes and split into int8 hi + lo/254 (split_int8). A = the value
+    // codes as int8 levels (ref::int8_levels, scale sV), 32 tokens (two
+    // token tiles) per mma.m16n8k32; per channel tile and page two int32
+    // sums, folded as Oᵀ += sV·pm_r·max|n^V|/(127·254) · (254·Σ hi·L + Σ lo·L).
+    // A non-finite norm makes the page's norm max ∞: the fold then gives a
+    // non-finite O, as the fp16 path would, instead of a finite number from
+    // the integer sums. A row whose page weighs < 2^-96 of its running max
+    // adds nothing (fp16 P·n^V flushed such terms to 0 too).
+    auto int8_p_parts = [&](int grp, float vscale, uint32_t (&bh)[4], uint32_t (&bl)[4],
+                            float (&c_lo)[2]) {
       float vn[4][2];
-      value_norms(0, vn);
+      value_norms(grp, vn);
       float vmax = 0.f, chk = 0.f;
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt) {
@@ -596,44 +761,63 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 8));
       vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 16));
       const float inv = vmax > 0.f ? 127.f * __frcp_rn(vmax) : 0.f;  // ∞ -> 0
-      float rs[2], c_lo[2];
+      float rs[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float dm = m[r] - pmx[r];  // ≥ 0; NaN for a NaN row
         const bool live = dm < 96.f;
         rs[r] = live ? fast_exp2(dm) * inv : 0.f;
-        c_lo[r] = live ? vscale8 * vmax * fast_exp2(-dm) * (1.f / (127.f * 254.f)) : 0.f;
+        c_lo[r] = live ? vscale * vmax * fast_exp2(-dm) * (1.f / (127.f * 254.f)) : 0.f;
       }
-      uint32_t bh[4], bl[4];  // per token tile: int8 hi / lo of x (row g; tokens 2t, 2t+1, 2t+8, 2t+9)
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt) {
         const float v0 = vn[tt][0], v1 = vn[tt][1];
         split_int8(transpose_8x8(pack_half2(S[tt][0] * (v0 * rs[0]), S[tt][1] * (v0 * rs[1]))),
                    transpose_8x8(pack_half2(S[tt][2] * (v1 * rs[0]), S[tt][3] * (v1 * rs[1]))), bh[tt], bl[tt]);
       }
-      const uint32_t* vrows = reinterpret_cast<const uint32_t*>(sb + kSideCodeBytes) + lane;
+    };
+    if constexpr (U) {
+      uint32_t bh[4], bl[4];  // per token tile: int8 hi / lo of x (row g; tokens 2t, 2t+1, 2t+8, 2t+9)
+      float c_lo[2];
+      int8_p_parts(0, vscale8, bh, bl, c_lo);
+      value_group_tiles_i8<UB, NT>(O, sb + kSideCodeBytes, 0, NT, bh, bl, c_lo, cbV8, lane);
+    } else if constexpr (FV) {
+      // One value group over the head's D channels (tiles 0..NT−1 at compile
+      // time; its width through a switch).
+      Codebook8 cb;
 #pragma unroll
-      for (int vt = 0; vt < NT; ++vt) {
-        uint32_t w[4];
+      for (int w = 0; w < 4; ++w) cb.c[w] = T.i8tab[1][0][w];
+      uint32_t bh[4], bl[4];
+      float c_lo[2];
+      int8_p_parts(0, T.i8scale[1][0], bh, bl, c_lo);
+      const uint8_t* codes = sb + T.code_offset[1][0];
+      switch (T.bits[1][0]) {
+        case 1: value_group_tiles_i8<1, NT>(O, codes, 0, NT, bh, bl, c_lo, cb, lane); break;
+        case 2: value_group_tiles_i8<2, NT>(O, codes, 0, NT, bh, bl, c_lo, cb, lane); break;
+        case 3: value_group_tiles_i8<3, NT>(O, codes, 0, NT, bh, bl, c_lo, cb, lane); break;
+        default: value_group_tiles_i8<4, NT>(O, codes, 0, NT, bh, bl, c_lo, cb, lane); break;
+      }
+    } else if constexpr (G8) {
+      // Per value group (widths at compile time through a switch): its
+      // int8 B fragments, then its tiles.
+      const int n_groups = T.n_groups[1];
+#pragma unroll 1
+      for (int grp = 0; grp < n_groups; ++grp) {
+        const int bits = T.bits[1][grp], t0 = T.tile_begin[1][grp];
+        const int t1 = t0 + (T.dim_pad[1][grp] >> 4);
+        Codebook8 cb;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) w[k] = k < UB ? vrows[(vt * UB + k) * 32] : 0u;
-        int ah[4], al[4];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {  // token tiles 2u, 2u+1
-          const uint32_t na = code_nibbles<UB>(w, UB, 2 * u), nb = code_nibbles<UB>(w, UB, 2 * u + 1);
-          const uint32_t a[4] = {decode4_i8<UB>(na, cbV8), decode4_i8<UB>(na >> 16, cbV8),
-                                 decode4_i8<UB>(nb, cbV8), decode4_i8<UB>(nb >> 16, cbV8)};
-          if (u == 0) {
-            imma_16832_new(ah, a, bh[0], bh[1]);
-            imma_16832_new(al, a, bl[0], bl[1]);
-          } else {
-            imma_16832(ah, a, bh[2], bh[3]);
-            imma_16832(al, a, bl[2], bl[3]);
-          }
+        for (int w = 0; w < 4; ++w) cb.c[w] = T.i8tab[1][grp][w];
+        uint32_t bh[4], bl[4];
+        float c_lo[2];
+        int8_p_parts(grp, T.i8scale[1][grp], bh, bl, c_lo);
+        const uint8_t* codes = sb + T.code_offset[1][grp];
+        switch (bits) {
+          case 1: value_group_tiles_i8<1, NT>(O, codes, t0, t1, bh, bl, c_lo, cb, lane); break;
+          case 2: value_group_tiles_i8<2, NT>(O, codes, t0, t1, bh, bl, c_lo, cb, lane); break;
+          case 3: value_group_tiles_i8<3, NT>(O, codes, t0, t1, bh, bl, c_lo, cb, lane); break;
+          default: value_group_tiles_i8<4, NT>(O, codes, t0, t1, bh, bl, c_lo, cb, lane); break;
         }
-#pragma unroll
-        for (int i = 0; i < 4; ++i)  // |254·Σhi·L + Σlo·L| ≤ 255·64·127² < 2^31
-          O[vt][i] = fmaf((float)(ah[i] * 254 + al[i]), c_lo[i & 1], O[vt][i]);
       }
     } else {
       // Per value group (widths at compile time through a switch): its P
@@ -810,18 +994,21 @@ void launch(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* poo
              (const float*)dev.rotations, (const int32_t*)dev.channels, fused_out);
 }
 
-/// Instance choice for head_dim D: the uniform width, or 0 (general).
+/// Instance choice for head_dim D: the uniform width, kGeneralInt8, or 0 (general fp16).
 template <int D>
 void launch_width(int ub, const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
                   const WorkspaceView& w, int pps, float* fused_out, cudaStream_t stream) {
   switch (ub) {
+    case kGeneralInt8: return launch<D, kGeneralInt8>(plan, batch, pool, w, pps, fused_out, stream);
+    case kGeneralInt8FullValue:
+      return launch<D, kGeneralInt8FullValue>(plan, batch, pool, w, pps, fused_out, stream);
     case 0: return launch<D, 0>(plan, batch, pool, w, pps, fused_out, stream);
     case 1: return launch<D, 1>(plan, batch, pool, w, pps, fused_out, stream);
     case 2: return launch<D, 2>(plan, batch, pool, w, pps, fused_out, stream);
     case 3: return launch<D, 3>(plan, batch, pool, w, pps, fused_out, stream);
     case 4: return launch<D, 4>(plan, batch, pool, w, pps, fused_out, stream);
     default:
-      throw_error(cat("GQA-8 decode attention: plan width ", ub, " has no instance (0..4)"));
+      throw_error(cat("GQA-8 decode attention: plan width ", ub, " has no instance (-2..4)"));
   }
 }
 
@@ -830,7 +1017,7 @@ void launch_width(int ub, const PackedPlan& plan, const DecodeBatch& batch, cons
 int gqa8_splits_per_cta(int head_dim) { return head_dim > 128 ? kWarps<256> : kWarps<128>; }
 
 void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
-                        const WorkspaceView& w, int pages_per_split, bool uniform,
+                        const WorkspaceView& w, int pages_per_split, bool int8,
                         cudaStream_t stream, float* fused_out) {
   require(plan.gqa() <= 8, "GQA-8 decode attention: GQA ", plan.gqa(), " > 8");
   require(!fused_out || w.part.n_splits <= gqa8_splits_per_cta(plan.head_dim()),
@@ -839,8 +1026,11 @@ void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const 
   require(!plan.device().has_wide, "GQA-8 decode attention: the plan has 5..8-bit groups");
   require(plan.device().max_stage_bytes % 16 == 0, "GQA-8 decode attention: head block of ",
           plan.device().max_stage_bytes, " bytes is not a multiple of 16 (bulk copy)");
-  const int ub = uniform ? plan.device().uniform_bits : 0;
-  require(!uniform || ub > 0, "GQA-8 decode attention: the plan is not uniform");
+  const auto& dev = plan.device();
+  const int ub = !int8                 ? 0
+                 : dev.uniform_bits > 0 ? dev.uniform_bits
+                 : dev.full_value       ? kGeneralInt8FullValue
+                                        : kGeneralInt8;
   switch (plan.head_dim()) {
     case 64: return launch_width<64>(ub, plan, batch, pool, w, pages_per_split, fused_out, stream);
     case 128: return launch_width<128>(ub, plan, batch, pool, w, pages_per_split, fused_out, stream);

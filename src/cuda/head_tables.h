@@ -92,6 +92,10 @@ struct PackedPlan::Device {
   std::vector<detail::HeadTables> host_heads;
   int max_stage_bytes = 0;
   int uniform_bits = 0;  ///< b when every head is one b-bit key and one b-bit value group over the head, else 0
+  /// Every head's value side is one group of 1..4 bits over all head_dim
+  /// channels (the GQA ≤ 8 kernel's general int8 instance then takes the
+  /// value tiles at compile time).
+  bool full_value = false;
   int max_tiles[2] = {0, 0};
   bool has_wide = false;  ///< some group has 5..8 bits (extension pages; generic kernel only)
   detail::WideTables* wide = nullptr;  ///< (n_kv_heads), device

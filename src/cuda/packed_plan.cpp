@@ -24,8 +24,7 @@ using detail::upload;
 }  // namespace
 
 bool uses_int8_levels(const PackedPlan& plan, PackedDecodeVariant variant) {
-  return variant == PackedDecodeVariant::specialized && !plan.device().has_wide &&
-         plan.device().uniform_bits > 0 && plan.gqa() <= 8;
+  return variant == PackedDecodeVariant::specialized && !plan.device().has_wide && plan.gqa() <= 8;
 }
 
 PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
@@ -148,7 +147,7 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
           }
           lvl.push_back(v);
         }
-        if (ln <= 16) {  // int8 codebook (uniform kernel; 1..4-bit groups)
+        if (ln <= 16) {  // int8 codebook (integer kernels; 1..4-bit groups)
           float sc = 0.f;
           const std::vector<float> q8 =
               ref::int8_levels(std::span<const float>(levels).subspan(lvl_used, ln), &sc);
@@ -184,6 +183,12 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
     ub = ub < 0 ? b : (ub == b ? ub : 0);
   }
   dev_->uniform_bits = std::max(ub, 0);
+  dev_->full_value = true;
+  for (size_t h = 0; h < dev_->host_heads.size(); ++h) {
+    const HeadTables& T = dev_->host_heads[h];
+    dev_->full_value = dev_->full_value && T.n_groups[1] == 1 && T.dim[1][0] == d && T.bits[1][0] >= 1 &&
+                       T.bits[1][0] <= 4 && dev_->host_wide[h].wide_bits[1][0] == 0;
+  }
   dev_->heads = upload(dev_->host_heads, device_bytes_);
   dev_->wide = upload(dev_->host_wide, device_bytes_);
   dev_->rotations = upload(rot, device_bytes_);

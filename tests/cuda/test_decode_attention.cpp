@@ -64,7 +64,11 @@ std::string name(const Case& c) {
   std::string s = "d=" + std::to_string(c.d) + " hkv=" + std::to_string(c.hkv) +
                   " gqa=" + std::to_string(c.gqa) + (c.mixed ? " mixed" : " uniform K" +
                   std::to_string(c.kb) + "V" + std::to_string(c.vb)) +
-                  (c.sp == Special::zero_bit ? " zero-bit sides" : c.sp == Special::wide ? " 5..8-bit groups" : "") +
+                  (c.sp == Special::zero_bit ? " zero-bit sides"
+                   : c.sp == Special::wide   ? " 5..8-bit groups"
+                   : c.sp == Special::groups ? " 3+3 groups of 1..4 bits"
+                   : c.sp == Special::key_groups ? " 3 key groups, V 1..4 bits over the head"
+                                             : "") +
                   (c.real ? " real " + c.real->name : "") + " lens=";
   if (c.lens.size() > 12)  // large batches: the count and the range
     return s + std::to_string(c.lens.size()) + " sequences, " +
@@ -479,16 +483,19 @@ TEST(CudaPackedDecode, NonFiniteValueNormGivesNonFiniteRows) {
 // times the levels of the shared codes), so the sink stands (N0 − 1) nats above
 // 4095 (999) other tokens: 10 to 33 log2 units, from the rest carrying most of
 // the mass to none — where a per-page scale of P by the norms alone left the
-// small weights a few int8 steps. The uniform kernel's int8 P·V must stay
-// within 1e-3 of PackedRounding::int8_levels as on flat attention;
-// runtime_tables within 1e-3 of fp16. One split (64 pages in one warp) and the
-// default.
+// small weights a few int8 steps. The int8 kernels' P·V must stay within 1e-3
+// of PackedRounding::int8_levels as on flat attention; runtime_tables within
+// 1e-3 of fp16. Uniform K2V2 and K3V3 (the uniform instance) and a 3-bit key
+// group with three value groups of 4, 1 and 2 bits (the general int8
+// instance: a P scale per value group). One split (64 pages in one warp) and
+// the default.
 TEST(CudaPackedDecode, PeakedAttentionWithSinkToken) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
-  for (const int bits : {2, 3}) {
-    std::mt19937 rng(77 + bits);
+  for (const int kind : {2, 3, 0}) {  // uniform bits, or 0: Special::value_groups (3-bit keys)
+    const int bits = kind > 0 ? kind : 3;
+    std::mt19937 rng(77 + kind);
     const int d = 128, hkv = 2, gqa = 4, hq = hkv * gqa;
-    PackedTestPlan P = make_plan(d, hkv, false, bits, bits, rng);
+    PackedTestPlan P = make_plan(d, hkv, false, bits, bits, rng, kind > 0 ? Special::none : Special::value_groups);
     const LayerLayout& L = *P.layout;
     cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
     ASSERT_TRUE(cuda::uses_int8_levels(plan, cuda::PackedDecodeVariant::specialized));
@@ -553,11 +560,11 @@ TEST(CudaPackedDecode, PeakedAttentionWithSinkToken) {
             for (int b = 0; b < nb; ++b) {
               const size_t n = (size_t)hq * d;
               const double e = rel_err(out, spec ? want8 : want16, (size_t)b * n, n);
-              EXPECT_LT(e, 1e-3) << "bits " << bits << " N0 " << n0 << " splits " << n_splits
+              EXPECT_LT(e, 1e-3) << (kind > 0 ? "uniform bits " : "value groups, key bits ") << bits << " N0 " << n0 << " splits " << n_splits
                                  << (spec ? " specialized" : " runtime_tables") << " sequence " << b;
               if (b == 0)
-                std::printf("  peaked bits %d N0 %4.0f (sink %4.1f log2 units above) splits %3d %-14s rel err %.2e\n",
-                            bits, n0, (n0 - 1) * 1.4426950408889634, n_splits, spec ? "specialized" : "runtime_tables", e);
+                std::printf("  peaked %s %d N0 %4.0f (sink %4.1f log2 units above) splits %3d %-14s rel err %.2e\n",
+                            kind > 0 ? "bits" : "value groups, key bits", bits, n0, (n0 - 1) * 1.4426950408889634, n_splits, spec ? "specialized" : "runtime_tables", e);
             }
           }
         }
@@ -574,6 +581,32 @@ TEST(CudaPackedDecode, SmallZeroBit) {
 TEST(CudaPackedDecode, SmallWide) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   run_packed_case({64, 2, 3, {1, 97, 130}, false, 0, 0, DType::f32, Special::wide}, 790);
+}
+
+// Several key and value groups of 1, 2 and 4 bits per head, padded groups with
+// odd tile counts (Special::groups): the general int8 instance's per-group key
+// products (a zero query part beside an odd last tile) and per-group value
+// scales (specialized) and the general fp16 one (runtime_tables); the same key
+// groups with one value group over the head of 1..4 bits (Special::key_groups,
+// KV heads of different value widths: the instance with compile-time value
+// tiles); GQA 1/3/4/7/8 and 12 (the 16-row kernel), head_dim 64/128/256, one
+// CTA's splits and more, against the CPU reference (int8_levels and fp16
+// rounding respectively).
+TEST(CudaPackedDecode, SeveralGroupsPerSide) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const Case cases[] = {
+      {64, 2, 4, {1, 97, 130}, false, 0, 0, DType::f32, Special::groups, nullptr, {0, 1, 9}},
+      {128, 3, 7, {97, 1, 4096}, false, 0, 0, DType::f16, Special::groups, nullptr, {0, 3, 17}},
+      {128, 2, 8, {700, 64, 65}, false, 0, 0, DType::f32, Special::groups},
+      {256, 2, 3, {1, 97, 1000}, false, 0, 0, DType::f32, Special::groups, nullptr, {0, 4, 5}},
+      {128, 1, 1, {5000, 33}, false, 0, 0, DType::f16, Special::groups},
+      {64, 2, 12, {97, 300}, false, 0, 0, DType::f32, Special::groups},
+      {128, 4, 4, {1, 97, 4096}, false, 0, 0, DType::f16, Special::key_groups, nullptr, {0, 1, 9}},
+      {64, 4, 8, {130, 1}, false, 0, 0, DType::f32, Special::key_groups},
+      {256, 4, 3, {97, 700}, false, 0, 0, DType::f32, Special::key_groups, nullptr, {0, 5}},
+  };
+  uint32_t seed = 2100;
+  for (const Case& c : cases) run_packed_case(c, seed++);
 }
 
 // Sides with no groups and 0-bit channels (docs/packed_format.md §6): scores 0

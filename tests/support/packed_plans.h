@@ -91,8 +91,17 @@ inline HeadSpec mixed_head(int d, std::mt19937& rng) {
 ///  zero_bit: head h % 3 == 0 has no key groups (scores 0), == 1 no value groups
 ///            (output 0), == 2 covers only part of each side (0-bit channels);
 ///  wide:     5..8-bit groups (low nibble in the pages, high bits in the
-///            extension pages, docs/packed_format.md §5) beside 3-bit ones.
-enum class Special { none, zero_bit, wide };
+///            extension pages, docs/packed_format.md §5) beside 3-bit ones;
+///  groups:   three key groups (1, 4, 2 bits) and three value groups (4, 1,
+///            2 bits) per head, sizes not multiples of 16 (head_dim 256: 16
+///            tiles, none padded), odd tile counts (the general int8
+///            instance's per-group loops on both sides);
+///  value_groups: one 3-bit key group over the head (a uniform key side)
+///            and the value groups of `groups`;
+///  key_groups: the key groups of `groups` and one value group over the
+///            head of 1 + h % 4 bits (Block-GTQ / RateQuant's shape: the
+///            general int8 instance with the value tiles at compile time).
+enum class Special { none, zero_bit, wide, groups, value_groups, key_groups };
 
 inline HeadSpec special_head(int d, int h, Special sp, std::mt19937& rng) {
   std::vector<int> perm(d);
@@ -106,7 +115,16 @@ inline HeadSpec special_head(int d, int h, Special sp, std::mt19937& rng) {
   };
   HeadSpec H;
   const int o = d == 256 ? 0 : 1;  // head_dim 256: 16 tiles at most, so no padded groups
-  if (sp == Special::zero_bit) {
+  if (sp == Special::groups || sp == Special::value_groups || sp == Special::key_groups) {
+    if (sp == Special::value_groups)
+      H.key = {group(0, d, 3)};
+    else
+      H.key = {group(0, d / 8 + 3 * o, 1), group(d / 8 + 3 * o, d / 2, 4), group(d / 2, d, 2)};
+    if (sp == Special::key_groups)
+      H.value = {group(0, d, 1 + h % 4)};
+    else
+      H.value = {group(0, d / 4 + 5 * o, 4), group(d / 4 + 5 * o, 3 * d / 4, 1), group(3 * d / 4, d, 2)};
+  } else if (sp == Special::zero_bit) {
     if (h % 3 == 0) H.value = {group(0, d, 3)};
     if (h % 3 == 1) H.key = {group(0, d / 2 + 6 * o, 2), group(d / 2 + 6 * o, d, 4)};
     if (h % 3 == 2) {

@@ -143,24 +143,29 @@ size_t packed_plan_device_bytes(const packed::LayerLayout& layout, PrefillMatric
 ///                   fp32 accumulation. GQA ≤ 8: the query rows are the MMA's
 ///                   N side (decode_attention_gqa8.cu); GQA 9..16: its M side
 ///                   (decode_attention_packed.cu);
-///  specialized    — (default) for uniform plans (one b-bit key and one b-bit
-///                   value group over every head, b = 1..4) with GQA ≤ 8 the
-///                   uniform instance: compile-time widths and offsets and
-///                   integer tensor-core products — key and value levels as
-///                   ref::int8_levels (one scale per codebook); the rotated
-///                   fp16 query split into two int8 parts (q ≈ s·(hi + lo/254),
-///                   s = max|q|/127 per row, error ≤ 1.6e-5·max|q|); P ∘ n^V
-///                   scaled per row and 64-token page by 127/(max_t p_t ·
-///                   max_t|n^V_t|), rounded to fp16 and split the same way;
-///                   int32 accumulation. Any other plan: as runtime_tables.
+///  specialized    — (default) plans of 1..4-bit groups with GQA ≤ 8: integer
+///                   tensor-core products — uniform plans (one b-bit key and
+///                   one b-bit value group over every head, b = 1..4) with
+///                   compile-time widths and offsets; any other plan
+///                   (Block-GTQ, RateQuant) with widths and int8 codebooks
+///                   per group from the head tables, each key group's
+///                   integer sums folded with its norms. Key and value levels
+///                   as ref::int8_levels (one scale per codebook); the
+///                   rotated fp16 query split into two int8 parts
+///                   (q ≈ s·(hi + lo/254), s = max|q|/127 per row, error
+///                   ≤ 1.6e-5·max|q|); P ∘ n^V scaled per row, 64-token page
+///                   and value group by 127/(max_t p_t · max_t|n^V_t|),
+///                   rounded to fp16 and split the same way; int32
+///                   accumulation. GQA > 8: as runtime_tables.
 /// Both decode codes with byte permutes from codebooks in registers; both are
 /// tested against their named CPU reference, ref::packed_decode_attention
 /// (include/ratekv/ref/packed_decode_attention.h), with the levels each uses.
 enum class PackedDecodeVariant { runtime_tables, specialized };
 
-/// Whether packed_decode_attention(plan, …, variant) runs the uniform kernel
-/// with int8 key and value levels (ref::int8_levels, include/ratekv/ref/
-/// int8_levels.h) instead of fp16 ones: then its CPU reference is
+/// Whether packed_decode_attention(plan, …, variant) runs an integer kernel
+/// (variant specialized, GQA ≤ 8, no 5..8-bit group) with int8 key and value
+/// levels (ref::int8_levels, include/ratekv/ref/int8_levels.h) instead of fp16
+/// ones: then its CPU reference is
 /// ref::packed_decode_attention with PackedRounding::int8_levels.
 bool uses_int8_levels(const PackedPlan& plan, PackedDecodeVariant variant);
 
@@ -188,10 +193,10 @@ int default_splits(const packed::LayerLayout& layout, int n_heads, int batch, in
 ///   out[b,q] = Σ_g Π_gᵀ Σ_t softmax_t(scale · q·k̂_t) · n^V_{g,t} c_g[idx^V_{g,t}]
 /// with the score q·k̂_t = Σ_g n^K_{g,t} (Π_g q_g)·c_g[idx^K_{g,t}] computed in
 /// each key group's rotated domain. The rotated, scaled query is rounded to
-/// fp16 and the levels to fp16 (tensor cores, fp32 accumulation; the uniform
-/// kernel's int8 levels and integer Q·Kᵀ and P·V: PackedDecodeVariant); P is
-/// rounded to fp16 after multiplying by the value norm (uniform kernel: after
-/// scaling per row and page, then split into two int8 parts). `pool` holds the layer's pages
+/// fp16 and the levels to fp16 (tensor cores, fp32 accumulation; the integer
+/// kernels' int8 levels and integer Q·Kᵀ and P·V: PackedDecodeVariant); P is
+/// rounded to fp16 after multiplying by the value norm (integer kernels: after
+/// scaling per row, page and value group, then split into two int8 parts). `pool` holds the layer's pages
 /// (layout.page_bytes() each). n_splits = 0 picks default_splits(plan, …).
 /// GQA ≤ 8: each CTA (8 splits; 4 at head_dim 256) merges its splits'
 /// states; with n_splits ≤ 8 (≤ 4) one CTA holds all the splits of a

@@ -1,7 +1,7 @@
-// ratekv/ref/int8_levels.h — the int8 key and value codebooks of the uniform
-// CUDA decode kernel (cuda::PackedDecodeVariant::specialized, include/ratekv/
-// cuda/decode_attention.h): what its integer Q·Kᵀ and P·V products use instead
-// of fp16 levels.
+// ratekv/ref/int8_levels.h — the int8 key and value codebooks of the integer
+// CUDA decode kernels (cuda::PackedDecodeVariant::specialized, include/ratekv/
+// cuda/decode_attention.h): what their integer Q·Kᵀ and P·V products use
+// instead of fp16 levels, one codebook per group.
 // cuda::PackedPlan builds its register codebooks with it; the CPU reference
 // (ref::packed_decode_attention, PackedRounding::int8_levels) decodes with it.
 #pragma once
@@ -11,7 +11,7 @@
 
 namespace ratekv::ref {
 
-/// A key or value codebook as the uniform kernel uses it: level L_i -> s·round(L_i/s),
+/// A key or value codebook as the integer kernels use it: level L_i -> s·round(L_i/s),
 /// |round(L_i/s)| ≤ 127, one fp32 scale s per codebook (written to *scale when
 /// non-null), chosen among s₀·(1 + j/512), j = 0..64, s₀ = max|L|/127 (so in
 /// [s₀, 1.125·s₀]) to minimise Σ_i (L_i − s·round(L_i/s))² (ties: the

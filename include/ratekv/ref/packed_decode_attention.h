@@ -19,16 +19,16 @@ enum class PackedRounding {
   /// None: the rotated query Π_g (scale·q) in double, fp32 levels (the CPU
   /// packed cache's math without its fp32 sums).
   exact,
-  /// The tensor-core kernels (PackedDecodeVariant::runtime_tables, the
-  /// specialized variant on non-uniform plans) and the generic 5..8-bit
-  /// kernel: q_rot[j] = fp16(scale · Σ_i Π_g[j,i] q[c_i]) with the sum an
+  /// The fp16 tensor-core kernels (PackedDecodeVariant::runtime_tables, the
+  /// specialized variant at GQA > 8) and the generic 5..8-bit kernel: q_rot[j] = fp16(scale · Σ_i Π_g[j,i] q[c_i]) with the sum an
   /// fp32 fma chain in i order; every key and value level rounded to fp16.
   /// (P is not rounded: the kernels' fp16 P·n^V is within their tolerance.)
   fp16,
-  /// The uniform kernel (PackedDecodeVariant::specialized where
-  /// cuda::uses_int8_levels): as fp16, but the key and value levels are
+  /// The integer kernels (PackedDecodeVariant::specialized where
+  /// cuda::uses_int8_levels: uniform and general int8 instances): as fp16,
+  /// but the key and value levels are
   /// int8_levels(levels) (ref/int8_levels.h). Its int8 splits of the query
-  /// (error ≤ 1.6e-5·max|q|) and of P·n^V (per row and 64-token page,
+  /// (error ≤ 1.6e-5·max|q|) and of P·n^V (per row, 64-token page and value group,
   /// x = P·n^V·127/(max p·max|n^V|) rounded to fp16 and split into
   /// hi + lo/254: the page's largest terms keep fp16's relative precision,
   /// smaller ones an absolute step of max p·max|n^V|/(127·254)) are not
