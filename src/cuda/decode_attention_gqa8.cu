@@ -21,23 +21,26 @@
 // Transposed orientation: the decoded codes are the A operand, so no
 // tensor-core row is a padding row and one MMA consumes a whole code tile:
 //   Sᵀ (16 tokens × 8 rows) += K (A) · Q̃ᵀ (B)
-//        uniform: A = 16 tokens × 32 channels of int8 levels, B = the int8 hi and lo
-//                 parts of the query; mma.m16n8k32.s8, int32 accumulation
-//        general: A = 16 tokens × 16 channels of fp16 levels, B = fp16 query;
+//        int8 (uniform; general int8 per key group): A = 16 tokens × 32 channels
+//                 of int8 levels, B = the int8 hi and lo parts of the query;
+//                 mma.m16n8k32.s8, int32 accumulation
+//        general fp16: A = 16 tokens × 16 channels of fp16 levels, B = fp16 query;
 //                 mma.m16n8k16, fp32 accumulation
 //   Oᵀ (16 channels × 8 rows) += V_tileᵀ (A) · (P ∘ n^V_g)ᵀ (B)
-//        uniform: A = 16 channels × 32 tokens of int8 levels, B = the int8 hi and
-//                 lo parts of x = P ∘ n^V · 127/(max_t p_t·max|n^V|) (per row and
-//                 page); m16n8k32.s8,
+//        int8: A = 16 channels × 32 tokens of int8 levels, B = the int8 hi and
+//                 lo parts of x = P ∘ n^V_g · 127/(max_t p_t·max|n^V_g|) (per row,
+//                 page and value group); m16n8k32.s8,
 //                 int32 sums per page folded into fp32 O (split_int8)
-//        general: A = 16 channels × 16 tokens of fp16 levels, B = fp16 P ∘ n^V_g;
+//        general fp16: A = 16 channels × 16 tokens of fp16 levels, B = fp16 P ∘ n^V_g;
 //                 mma.m16n8k16, fp32 accumulation
 // The format's lane words hold exactly these A fragments (code_decode.cuh): a
 // code becomes its int8 level with one byte permute per 4 codes
 // (ref::int8_levels: one scale per codebook), an fp16 level takes two per 2
 // codes. The uniform score of token t, row r is
 // n^K_t · s_r·s_L/254 · (254·Σ hi·L + Σ lo·L), the scale folded into the softmax
-// exponent; its output sV·pm·max|n^V|/127 · (Σ_t hi_t·L_t + Σ_t lo_t·L_t/254). A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,
+// exponent (general int8: Σ_g n^K_{g,t}·s_{L,g} · (254·Σ hi·L + Σ lo·L)_g, with
+// s_r/254 in the exponent); its output sV·pm·max|n^V|/127 · (Σ_t hi_t·L_t +
+// Σ_t lo_t·L_t/254) per value group. A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,
 // g+8 of each token tile; P moves from the C layout of Sᵀ to the B layout of
 // the P·V product with movmatrix (one 8×8 transpose per half tile).
 //
@@ -317,17 +320,12 @@ __device__ __forceinline__ void value_group_tiles_i8(float (&O)[NT][4], const ui
 constexpr size_t kBarBytes = 128;  // ≥ 8 warps × kStages mbarriers, keeps what follows aligned
 static_assert(kBarBytes >= 8 * kStages * sizeof(uint64_t));
 constexpr size_t kTablesBytes = (sizeof(HeadTables) + 127) / 128 * 128;
-/// UB of the general int8 instances (any plan of 1..4-bit groups: widths,
-/// offsets and int8 codebooks per group from the head tables): any value side,
-/// or (kGeneralInt8FullValue) one value group over every head's D channels
-/// (Block-GTQ and RateQuant plans: the value tiles at compile time, the width
-/// through a switch).
-constexpr int kGeneralInt8 = -1, kGeneralInt8FullValue = -2;
 /// Rotated 16-channel key tiles: D/16 (uniform), up to max_tiles_for(D) (general: padded groups).
 template <int D, int UB>
 constexpr int kKeyTiles = UB > 0 ? D / 16 : max_tiles_for(D);
-/// Rotated 16-channel value tiles (the accumulator O): D/16 (uniform, one full
-/// value group), up to max_tiles_for(D) (general).
+/// Rotated 16-channel value tiles (the accumulator O): D/16 (uniform, and
+/// kGeneralInt8FullValue: one value group over the head), up to
+/// max_tiles_for(D) (general: padded groups).
 template <int D, int UB>
 constexpr int kTiles = UB > 0 || UB == kGeneralInt8FullValue ? D / 16 : max_tiles_for(D);
 template <int D, int UB>
@@ -345,9 +343,12 @@ template <int D, int UB>
 constexpr size_t kFusedFloats = (size_t)kWarps<D> * 8 * kTiles<D, UB> * 16 + 2 * kWarps<D> * 8 +
                                 (size_t)8 * kTiles<D, UB> * 16;
 
-/// D: head_dim; UB: the plan's width (bits of every key and value code) for a
-/// uniform plan, kGeneralInt8 / kGeneralInt8FullValue for the general int8
-/// instances, 0 for the general fp16 instance (PackedDecodeVariant::runtime_tables).
+/// D: head_dim; UB: gqa8_instance (head_tables.h) — the plan's width (bits of
+/// every key and value code) for a uniform plan; kGeneralInt8 (any value
+/// side) / kGeneralInt8FullValue (one value group over every head's D
+/// channels: Block-GTQ and RateQuant plans; value tiles at compile time, the
+/// width through a switch) for the general int8 instances; kGeneralFp16 (0)
+/// for the general fp16 instance (PackedDecodeVariant::runtime_tables).
 /// Every CTA merges its warps' split states (warp w: split blockIdx.x·W + w of
 /// part.n_splits). fused_out null: the CTA's merged state goes to `part` as
 /// state blockIdx.x of gridDim.x per row (row stride gridDim.x, not
@@ -994,7 +995,7 @@ void launch(const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* poo
              (const float*)dev.rotations, (const int32_t*)dev.channels, fused_out);
 }
 
-/// Instance choice for head_dim D: the uniform width, kGeneralInt8, or 0 (general fp16).
+/// Instance choice for head_dim D: gqa8_instance's value.
 template <int D>
 void launch_width(int ub, const PackedPlan& plan, const DecodeBatch& batch, const uint8_t* pool,
                   const WorkspaceView& w, int pps, float* fused_out, cudaStream_t stream) {
@@ -1002,7 +1003,7 @@ void launch_width(int ub, const PackedPlan& plan, const DecodeBatch& batch, cons
     case kGeneralInt8: return launch<D, kGeneralInt8>(plan, batch, pool, w, pps, fused_out, stream);
     case kGeneralInt8FullValue:
       return launch<D, kGeneralInt8FullValue>(plan, batch, pool, w, pps, fused_out, stream);
-    case 0: return launch<D, 0>(plan, batch, pool, w, pps, fused_out, stream);
+    case kGeneralFp16: return launch<D, kGeneralFp16>(plan, batch, pool, w, pps, fused_out, stream);
     case 1: return launch<D, 1>(plan, batch, pool, w, pps, fused_out, stream);
     case 2: return launch<D, 2>(plan, batch, pool, w, pps, fused_out, stream);
     case 3: return launch<D, 3>(plan, batch, pool, w, pps, fused_out, stream);
@@ -1026,11 +1027,7 @@ void launch_gqa8_decode(const PackedPlan& plan, const DecodeBatch& batch, const 
   require(!plan.device().has_wide, "GQA-8 decode attention: the plan has 5..8-bit groups");
   require(plan.device().max_stage_bytes % 16 == 0, "GQA-8 decode attention: head block of ",
           plan.device().max_stage_bytes, " bytes is not a multiple of 16 (bulk copy)");
-  const auto& dev = plan.device();
-  const int ub = !int8                 ? 0
-                 : dev.uniform_bits > 0 ? dev.uniform_bits
-                 : dev.full_value       ? kGeneralInt8FullValue
-                                        : kGeneralInt8;
+  const int ub = gqa8_instance(plan, int8);
   switch (plan.head_dim()) {
     case 64: return launch_width<64>(ub, plan, batch, pool, w, pages_per_split, fused_out, stream);
     case 128: return launch_width<128>(ub, plan, batch, pool, w, pages_per_split, fused_out, stream);

@@ -346,8 +346,8 @@ void packed_decode_attention(const PackedPlan& plan, const DecodeBatch& batch,
   const auto& D = plan.device();
   detail::launch_rotate_query(q, q_dtype == DType::f16, batch.batch, hq, d, plan.gqa(), scale,
                               D.heads, D.rotations, D.channels, D.max_tiles[0] * 16, w.q, stream);
-  // GQA ≤ 8: the kernel with the query rows as the MMA N side (uniform plans
-  // under `specialized`: its integer-key instance), which merges the splits of
+  // GQA ≤ 8: the kernel with the query rows as the MMA N side (every plan
+  // under `specialized`: an integer instance, detail::gqa8_instance), which merges the splits of
   // each CTA itself and rotates back when they all fit one CTA (no merge
   // launch; every short context and every batch past one wave,
   // default_splits), else leaves one state per CTA to the merge launch;

@@ -33,6 +33,15 @@ void check_batch(const DecodeBatch& batch, const char* what);
 /// Streaming multiprocessors of the current device (132 when it cannot be
 /// queried: the H200 the defaults were tuned on). Sizes grids to one wave.
 int sm_count();
+/// Instances of the GQA ≤ 8 kernel (decode_attention_gqa8.cu) besides the
+/// uniform widths 1..4: the general int8 ones — any value side, or one value
+/// group over every head's head_dim channels — and the general fp16 one.
+inline constexpr int kGeneralInt8 = -1, kGeneralInt8FullValue = -2, kGeneralFp16 = 0;
+/// The GQA ≤ 8 kernel's instance for `plan`: with int8 (cuda::uses_int8_levels)
+/// the uniform width (plan.device().uniform_bits > 0), else
+/// kGeneralInt8FullValue (plan.device().full_value), else kGeneralInt8;
+/// without, kGeneralFp16.
+int gqa8_instance(const PackedPlan& plan, bool int8);
 /// Most 16-channel tiles one side of one head may need (padded groups).
 inline constexpr int kMaxTiles = 18;
 inline constexpr int max_tiles_for(int head_dim) { return head_dim <= 128 ? head_dim / 16 + 2 : 16; }
@@ -54,7 +63,7 @@ struct HeadTables {
   // Byte-permute codebooks: ptab[s][g][w] byte k = low byte of fp16 level 4w+k
   // (w = 0..3), ptab[s][g][4+w] the high bytes.
   uint32_t ptab[2][8][8];
-  // Codebooks as int8 (the uniform kernel's integer Q·Kᵀ and P·V products),
+  // Codebooks as int8 (the integer kernels' Q·Kᵀ and P·V products),
   // per side s and group g: i8tab[s][g][w] byte k = round(level(4w + k) /
   // i8scale[s][g]) (ref::int8_levels), levels ≥ 2^bits 0.
   uint32_t i8tab[2][8][4];

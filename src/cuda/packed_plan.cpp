@@ -27,6 +27,26 @@ bool uses_int8_levels(const PackedPlan& plan, PackedDecodeVariant variant) {
   return variant == PackedDecodeVariant::specialized && !plan.device().has_wide && plan.gqa() <= 8;
 }
 
+int detail::gqa8_instance(const PackedPlan& plan, bool int8) {
+  const auto& dev = plan.device();
+  return !int8                 ? kGeneralFp16
+         : dev.uniform_bits > 0 ? dev.uniform_bits
+         : dev.full_value       ? kGeneralInt8FullValue
+                                : kGeneralInt8;
+}
+
+std::string packed_decode_kernel_name(const PackedPlan& plan, PackedDecodeVariant variant) {
+  if (plan.device().has_wide) return "generic (5..8-bit groups)";
+  if (plan.gqa() > 8) return "16-row fp16 (GQA > 8)";
+  const int ub = detail::gqa8_instance(plan, uses_int8_levels(plan, variant));
+  switch (ub) {
+    case detail::kGeneralFp16: return "GQA<=8 general fp16";
+    case detail::kGeneralInt8: return "GQA<=8 general int8";
+    case detail::kGeneralInt8FullValue: return "GQA<=8 general int8, one value group per head";
+    default: return "GQA<=8 uniform int8, " + std::to_string(ub) + " bits";
+  }
+}
+
 PackedPlan::PackedPlan(const packed::LayerLayout& layout, int n_heads,
                        std::span<const float> rotations, std::span<const float> levels,
                        PrefillMatrices prefill)

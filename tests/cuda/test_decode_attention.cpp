@@ -78,6 +78,20 @@ std::string name(const Case& c) {
   return s;
 }
 
+/// The kernel cuda::packed_decode_attention should pick for case c under
+/// `variant`, from the case's description alone (not from the plan's tables):
+/// the test of the dispatch that the results cannot give (the general int8
+/// instances agree with each other on every plan they both take).
+std::string expected_kernel(const Case& c, cuda::PackedDecodeVariant variant) {
+  if (c.sp == Special::wide) return "generic (5..8-bit groups)";
+  if (c.gqa > 8) return "16-row fp16 (GQA > 8)";
+  if (variant == cuda::PackedDecodeVariant::runtime_tables) return "GQA<=8 general fp16";
+  if (c.sp == Special::groups || c.sp == Special::zero_bit || c.sp == Special::value_groups)
+    return "GQA<=8 general int8";
+  if (c.mixed || c.sp == Special::key_groups || c.kb != c.vb) return "GQA<=8 general int8, one value group per head";
+  return "GQA<=8 uniform int8, " + std::to_string(c.kb) + " bits";
+}
+
 void run_packed_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(name(c));
   std::mt19937 rng(seed);
@@ -89,6 +103,8 @@ void run_packed_case(const Case& c, uint32_t seed) {
       P.ext ? std::make_unique<cuda::PackedPlan>(L, *P.ext, hq, P.rot, P.lvl)
             : std::make_unique<cuda::PackedPlan>(L, hq, P.rot, P.lvl);
   const cuda::PackedPlan& plan = *plan_ptr;
+  for (const auto v : {cuda::PackedDecodeVariant::specialized, cuda::PackedDecodeVariant::runtime_tables})
+    EXPECT_EQ(cuda::packed_decode_kernel_name(plan, v), expected_kernel(c, v));
   // Every bit pattern is a valid code: random bytes, then valid fp16 norms in [0.5, 2).
   HostPagePool pool{&L, random_pages(L, B.n_pages, rng)};
   if (c.real) {  // real K/V quantized into the pages by the GPU prefill (slots past a length stay random)
@@ -364,7 +380,7 @@ TEST(CudaPackedDecode, RealSmolLM2) {
 }
 
 // A NaN or infinite query element gives NaN for that query row (never a
-// finite number: the uniform kernel's integer conversion would otherwise
+// finite number: the integer kernels' conversion would otherwise
 // turn NaN into 0), and leaves the other rows as they are; both variants,
 // uniform and mixed plans.
 TEST(CudaPackedDecode, NonFiniteQueryGivesNaNRow) {
@@ -416,7 +432,7 @@ TEST(CudaPackedDecode, NonFiniteQueryGivesNaNRow) {
 
 // A NaN or infinite value norm of a written token gives a non-finite output in
 // every row of its KV head (as fp16 P·n^V would; never a finite number from the
-// uniform kernel's integer P·V) and leaves the other KV head finite; one in an
+// integer kernels' P·V) and leaves the other KV head finite; one in an
 // unwritten slot of the last page changes nothing. Both variants, uniform
 // plans of 2 and 3 bits, the bad token on a full page, on the partial last
 // page and past the length; split counts merged in the CTA (≤ 8) and by the
@@ -429,7 +445,8 @@ TEST(CudaPackedDecode, NonFiniteValueNormGivesNonFiniteRows) {
     PackedTestPlan P = make_plan(d, hkv, false, bits, bits, rng);
     const LayerLayout& L = *P.layout;
     cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
-    ASSERT_TRUE(cuda::uses_int8_levels(plan, cuda::PackedDecodeVariant::specialized));
+    ASSERT_EQ(cuda::packed_decode_kernel_name(plan, cuda::PackedDecodeVariant::specialized),
+              "GQA<=8 uniform int8, " + std::to_string(bits) + " bits");
     TestBatch B = make_batch({T}, rng);
     std::normal_distribution<float> N;
     std::vector<float> q((size_t)hq * d);
@@ -498,7 +515,8 @@ TEST(CudaPackedDecode, PeakedAttentionWithSinkToken) {
     PackedTestPlan P = make_plan(d, hkv, false, bits, bits, rng, kind > 0 ? Special::none : Special::value_groups);
     const LayerLayout& L = *P.layout;
     cuda::PackedPlan plan(L, hq, P.rot, P.lvl);
-    ASSERT_TRUE(cuda::uses_int8_levels(plan, cuda::PackedDecodeVariant::specialized));
+    ASSERT_EQ(cuda::packed_decode_kernel_name(plan, cuda::PackedDecodeVariant::specialized),
+              kind > 0 ? "GQA<=8 uniform int8, " + std::to_string(bits) + " bits" : std::string("GQA<=8 general int8"));
     const ref::PackedPlan rplan = P.ref(hq);
     TestBatch B = make_batch({4096, 1000}, rng);
     const int nb = (int)B.lens.size();
@@ -611,7 +629,8 @@ TEST(CudaPackedDecode, SeveralGroupsPerSide) {
 
 // Sides with no groups and 0-bit channels (docs/packed_format.md §6): scores 0
 // for a KV head without key groups, output 0 on channels in no value group;
-// general tensor-core instance (GQA ≤ 8 rows-8 and the 16-row one).
+// the general int8 instance (specialized, GQA ≤ 8), the general fp16 one
+// (runtime_tables) and the 16-row kernel (GQA 12).
 TEST(CudaPackedDecode, ZeroBitSides) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   const Case cases[] = {

@@ -266,7 +266,7 @@ PackedData packed_data(const PackedCase& c, const PackedTestPlan& P, int W, uint
 const PackedCase kPackedCases[] = {
     {64, 2, 4, false, 3, 3, DType::f32},  {128, 1, 8, false, 4, 4, DType::f16}, {256, 1, 1, false, 2, 2, DType::f32},
     {64, 3, 8, false, 2, 2, DType::f32},  {128, 2, 1, false, 4, 4, DType::f32}, {256, 2, 4, false, 3, 3, DType::f16},
-    {128, 2, 4, true, 0, 0, DType::f32},  // mixed widths: the runtime-tables instance in both variants
+    {128, 2, 4, true, 0, 0, DType::f32},  // mixed widths: general int8 (specialized) and fp16 (runtime_tables)
 };
 
 void run_packed_case(const PackedCase& c, const PackedTestPlan& P, const cuda::PackedPlan& plan, int W,
@@ -278,7 +278,7 @@ void run_packed_case(const PackedCase& c, const PackedTestPlan& P, const cuda::P
   const int hq = c.hkv * c.gqa, nb = (int)B.lens.size();
   const size_t row = (size_t)hq * c.d;
   expect_cut(D.windowed, D.full, B, W, row);
-  // The uniform kernel's int8 key and value levels: its own reference (as CudaPackedDecode).
+  // The integer kernels' int8 key and value levels: their own reference (as CudaPackedDecode).
   const bool int8_levels = cuda::uses_int8_levels(plan, cuda::PackedDecodeVariant::specialized);
   std::vector<float> windowed8;
   if (int8_levels) {

@@ -1,4 +1,4 @@
-// ref::int8_levels (the uniform CUDA kernel's int8 key and value codebooks):
+// ref::int8_levels (the integer CUDA kernels' int8 key and value codebooks):
 // levels already on an int8 grid come back exactly; every level within s/2
 // of its int8 image; the chosen scale is never worse than the smallest
 // admissible one (max|L|/127); the real Lloyd–Max codebooks at 1..4 bits lose

@@ -94,8 +94,8 @@ inline HeadSpec mixed_head(int d, std::mt19937& rng) {
 ///            extension pages, docs/packed_format.md §5) beside 3-bit ones;
 ///  groups:   three key groups (1, 4, 2 bits) and three value groups (4, 1,
 ///            2 bits) per head, sizes not multiples of 16 (head_dim 256: 16
-///            tiles, none padded), odd tile counts (the general int8
-///            instance's per-group loops on both sides);
+///            tiles, none padded), odd tile counts at every head_dim (the
+///            general int8 instance's per-group loops on both sides);
 ///  value_groups: one 3-bit key group over the head (a uniform key side)
 ///            and the value groups of `groups`;
 ///  key_groups: the key groups of `groups` and one value group over the
@@ -116,14 +116,18 @@ inline HeadSpec special_head(int d, int h, Special sp, std::mt19937& rng) {
   HeadSpec H;
   const int o = d == 256 ? 0 : 1;  // head_dim 256: 16 tiles at most, so no padded groups
   if (sp == Special::groups || sp == Special::value_groups || sp == Special::key_groups) {
+    // Cut points: head_dim 64 / 128 keys 11+21+32 / 19+45+64 channels (1+2+2 / 2+3+4
+    // padded tiles), values 21+27+16 / 37+59+32; head_dim 256 (16 tiles at most:
+    // none padded) keys 48+80+128 (3+5+8 tiles), values 48+112+96 (3+7+6).
+    const int k1 = o ? d / 8 + 3 : 48, k2 = o ? d / 2 : 128, v1 = o ? d / 4 + 5 : 48, v2 = o ? 3 * d / 4 : 160;
     if (sp == Special::value_groups)
       H.key = {group(0, d, 3)};
     else
-      H.key = {group(0, d / 8 + 3 * o, 1), group(d / 8 + 3 * o, d / 2, 4), group(d / 2, d, 2)};
+      H.key = {group(0, k1, 1), group(k1, k2, 4), group(k2, d, 2)};
     if (sp == Special::key_groups)
       H.value = {group(0, d, 1 + h % 4)};
     else
-      H.value = {group(0, d / 4 + 5 * o, 4), group(d / 4 + 5 * o, 3 * d / 4, 1), group(3 * d / 4, d, 2)};
+      H.value = {group(0, v1, 4), group(v1, v2, 1), group(v2, d, 2)};
   } else if (sp == Special::zero_bit) {
     if (h % 3 == 0) H.value = {group(0, d, 3)};
     if (h % 3 == 1) H.key = {group(0, d / 2 + 6 * o, 2), group(d / 2 + 6 * o, d, 4)};

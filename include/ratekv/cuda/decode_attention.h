@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -168,6 +169,15 @@ enum class PackedDecodeVariant { runtime_tables, specialized };
 /// ones: then its CPU reference is
 /// ref::packed_decode_attention with PackedRounding::int8_levels.
 bool uses_int8_levels(const PackedPlan& plan, PackedDecodeVariant variant);
+
+/// The kernel packed_decode_attention(plan, …, variant) runs (the dispatch's
+/// choice, for logs, benchmarks and tests): "generic (5..8-bit groups)",
+/// "16-row fp16 (GQA > 8)", or at GQA ≤ 8 "GQA<=8 uniform int8, b bits",
+/// "GQA<=8 general int8, one value group per head" (every head's value side
+/// one group over head_dim channels: Block-GTQ, RateQuant), "GQA<=8 general
+/// int8" (any other plan under specialized) or "GQA<=8 general fp16"
+/// (runtime_tables). docs/design.md §8.
+std::string packed_decode_kernel_name(const PackedPlan& plan, PackedDecodeVariant variant);
 
 /// Workspace bytes for a decode step (split-K partial states + rotated query).
 size_t decode_workspace_bytes(int batch, int n_heads, int head_dim, int n_splits);
