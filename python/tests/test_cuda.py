@@ -2,9 +2,9 @@
 built with the CUDA packed cache, ratekv.has_cuda).
 
 References: the CPU packed cache (same plan, same K/V) and, for HF, FakeQuantCache. The GPU kernels
-round the rotated query and the levels to fp16, use int8 key and value levels for uniform plans (≤ 0.4 % of
-max|level| — up to 1.3 % of the small level of a 2-bit codebook, include/ratekv/cuda/decode_attention.h)
-and round P·n to fp16. Measured on the H200 (device run of 2026-12-01, test_cuda_ops_match_cpu_packed_cache)
+round the rotated query and the levels to fp16, use int8 key and value levels at GQA ≤ 8 (uniform and
+Block-GTQ plans alike; ≤ 0.4 % of max|level| — up to 1.3 % of the small level of a 2-bit codebook,
+include/ratekv/cuda/decode_attention.h) and round P·n to fp16. Measured on the H200 (device run of 2026-12-01, test_cuda_ops_match_cpu_packed_cache)
 as max |GPU − CPU| / max |CPU out|: 3.1e-2 for K2V2 (GQA 4, 301 tokens, outputs averaging ~300 random
 values: max|out| ≈ 0.17), below 3e-2 for the 3/4-bit and Block-GTQ cases (before the tensor-core prefill and
 the int8 value levels; not re-measured per case since — all pass in session 12); bound 5e-2. A kernel that
@@ -38,7 +38,8 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and ratekv.has_cu
                                                 (256, 4, 1, 65, 1, 4), (128, 7, 1, 1, 2, 3), (128, 8, 2, 130, 2, 0)])
 def test_cuda_ops_match_cpu_packed_cache(hd, nh, nkv, T, B, bits):
     """bits 0: a Block-GTQ plan with mixed key widths (K 3.5 effective bits: blocks at 4 and 3 bits),
-    served by the runtime-tables kernels; else uniform K{bits}V{bits} (the specialized kernel)."""
+    served by the general int8 kernel (one value group per head); else uniform K{bits}V{bits} (the uniform int8
+    kernel)."""
     cfg = small_config(head_dim=hd, n_heads=nh, n_kv=nkv)
     plan = (ratekv.make_plan(ratekv._core.identity_stats(cfg), "block-gtq", k_bits=3.5, v_bits=3.25) if bits == 0
             else ratekv.uniform_plan(cfg, bits, bits))
@@ -160,8 +161,11 @@ def test_cuda_decode_matches_cpu_on_model_kv(bits):
     """One decode call per layer on the llama hd-128 model's own K/V/Q (scores up to ~11, softmax weights up to
     0.9: peaked attention, unlike random data), GPU against the CPU packed cache on the same K/V/Q. K/V appended
     token by token (cuda::packed_append: the reference's codes up to fp32 summation order), so what is left is
-    the kernels' arithmetic: measured 0.65–2.4e-3 of the largest output (session 12, uniform K3V3 and the general
-    kernel's K3V4; section 4 of bench/results/hf_cuda_probe_h200.md), bound 5e-3. Appended in one piece (the
+    the kernels' arithmetic, mostly their int8 levels (each level within 0.44 % of max|level| of the CPU's fp32
+    one; C++ CudaPackedDecode holds the kernels to 1e-3 of a reference with those levels): measured 0.65–2.4e-3
+    of the largest output in session 12 (uniform K3V3 on int8 levels, K3V4 then on the fp16-level general
+    kernel; section 4 of bench/results/hf_cuda_probe_h200.md); K3V4 on the general int8 kernel reached 5.05e-3
+    (layer 1), so the bound is 1e-2. Appended in one piece (the
     tensor-core prefill, whose codes may differ near a midpoint) it was 1.4–2.2e-2: bound 5e-2, as the random-data
     test."""
     rc, kv, qs = model_kv_and_query("llama", 128, 8, 2, 97, 2)
@@ -177,7 +181,8 @@ def test_cuda_decode_matches_cpu_on_model_kv(bits):
         one = PackedKVCache(plan, rc, B, 256, device="cuda")
         one.append(layer, k.cuda(), v.cuda())
         e_tok, e_one = rel(tok.decode_attention(layer, q.cuda()), ref), rel(one.decode_attention(layer, q.cuda()), ref)
-        assert e_tok < 5e-3, (layer, e_tok)
+        print(f"model KV K{bits[0]}V{bits[1]} layer {layer}: token appends {e_tok:.2e}, one append {e_one:.2e}")
+        assert e_tok < 1e-2, (layer, e_tok)
         assert e_one < 5e-2, (layer, e_one)
 
 
