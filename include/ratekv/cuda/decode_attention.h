@@ -28,8 +28,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ratekv/format/packed_format.h"
