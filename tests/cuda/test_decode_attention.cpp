@@ -86,6 +86,9 @@ std::string expected_kernel(const Case& c, cuda::PackedDecodeVariant variant) {
   if (c.sp == Special::wide) return "generic (5..8-bit groups)";
   if (c.gqa > 8) return "16-row fp16 (GQA > 8)";
   if (variant == cuda::PackedDecodeVariant::runtime_tables) return "GQA<=8 general fp16";
+  // zero_bit: head 1 has no value group, so with hkv ≥ 2 (every case here) no
+  // plan is full-value; a one-head zero_bit plan (head 0: one value group over
+  // the head) would be.
   if (c.sp == Special::groups || c.sp == Special::zero_bit || c.sp == Special::value_groups)
     return "GQA<=8 general int8";
   if (c.mixed || c.sp == Special::key_groups || c.kb != c.vb) return "GQA<=8 general int8, one value group per head";
