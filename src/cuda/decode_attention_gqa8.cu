@@ -38,8 +38,9 @@
 // (ref::int8_levels: one scale per codebook), an fp16 level takes two per 2
 // codes. The uniform score of token t, row r is
 // n^K_t · s_r·s_L/254 · (254·Σ hi·L + Σ lo·L), the scale folded into the softmax
-// exponent (general int8: Σ_g n^K_{g,t}·s_{L,g} · (254·Σ hi·L + Σ lo·L)_g, with
-// s_r/254 in the exponent); its output sV·pm·max|n^V|/127 · (Σ_t hi_t·L_t +
+// exponent (general int8: Σ_g n^K_{g,t} · (254·Σ hi·L + Σ lo·L)_g, the
+// group's hi / lo parts those of q̃_g·s_{L,g}/s_{L,max}, with s_r·s_{L,max}/254
+// in the exponent); its output sV·pm·max|n^V|/127 · (Σ_t hi_t·L_t +
 // Σ_t lo_t·L_t/254) per value group. A lane owns query rows 2t, 2t+1 (its softmax state) and tokens g,
 // g+8 of each token tile; P moves from the C layout of Sᵀ to the B layout of
 // the P·V product with movmatrix (one 8×8 transpose per half tile).
@@ -310,6 +311,15 @@ __device__ __forceinline__ void value_group_tiles_i8(float (&O)[NT][4], const ui
   }
 }
 
+/// The largest int8 codebook scale s_L of a head's key groups (1 without key
+/// groups): the general int8 instances' query tiles of group g carry
+/// s_L,g / s_L,max, the softmax exponent s_L,max.
+__device__ __forceinline__ float key_scale_max(const HeadTables& T) {
+  float m = 0.f;
+  for (int g = 0; g < T.n_groups[0]; ++g) m = fmaxf(m, T.i8scale[0][g]);
+  return m > 0.f ? m : 1.f;
+}
+
 /// Shared memory of a CTA: the warps' mbarriers, [general: the head tables],
 /// the rotated query as B fragments, then each warp's kStages page stages.
 /// Query fragments: uniform [D/32][32] uint4 (b0, b1 of the int8 hi part, then
@@ -463,15 +473,21 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         qfrag[i] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
       }
     } else {
-      // One uint2 (hi, lo) per tile and lane; rows ≥ gqa and tiles ≥ n_tiles[0] zero.
+      // One uint2 (hi, lo) per tile and lane; rows ≥ gqa and tiles ≥ n_tiles[0]
+      // zero. Tile kt of key group g carries q̃·s_L,g / s_L,max (s_L the int8
+      // codebook scales, s_L,max = key_scale_max(Tg)), so the group's fold needs
+      // no product by its s_L (the largest-scale group keeps the whole 2-part
+      // precision; a group of scale ratio ρ ≤ 1 loses log2(1/ρ) bits of ≈ 15).
       uint2* qfrag = reinterpret_cast<uint2*>(qfrag_bytes);
       const int nK = Tg.n_tiles[0];
+      const float inv_smax = 1.f / key_scale_max(Tg);
       for (int i = threadIdx.x; i < NTK * 32; i += blockDim.x) {
         const int kt = i >> 5, ln = i & 31, qg = ln >> 2, qt = ln & 3;
         uint32_t hi = 0u, lo = 0u;
         if (qg < gqa && kt < nK)
-          split_tile(qrot + (size_t)(row_base + qg) * kMaxTiles * 16 + kt * 16, 1.f / q_scale[qg], qt, hi,
-                     lo);
+          split_tile(qrot + (size_t)(row_base + qg) * kMaxTiles * 16 + kt * 16,
+                     G8 ? Tg.i8scale[0][Tg.tile_group[0][kt]] * inv_smax / q_scale[qg] : 1.f / q_scale[qg],
+                     qt, hi, lo);
         qfrag[i] = make_uint2(hi, lo);
       }
     }
@@ -501,11 +517,12 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
   const int nV = U || FV ? NT : T.n_tiles[1];
   // Softmax exponent per score unit, rows 2t, 2t+1: log2 e (general fp16);
   // uniform: log2 e · s_r · s_L / 254 per integer score unit; general int8:
-  // log2 e · s_r / 254 (each key group's s_L folded with its norms).
+  // log2 e · s_r · s_L,max / 254 (each key group's s_L,g / s_L,max is in its
+  // query tiles).
   float kexp[2] = {kLog2e, kLog2e};
   float vscale8 = 0.f;  // uniform: the int8 value codebook's scale
   if constexpr (I8) {
-    const float sl = (U ? Tg.i8scale[0][0] : 1.f) / 254.f * kLog2e;
+    const float sl = (U ? Tg.i8scale[0][0] : key_scale_max(Tg)) / 254.f * kLog2e;
     if constexpr (U) vscale8 = Tg.i8scale[1][0];
     kexp[0] = q_scale[2 * t] * sl;
     kexp[1] = q_scale[2 * t + 1] * sl;
@@ -570,46 +587,12 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) S[tt][i] = (float)(Sh[tt][i] * 254 + Sl[tt][i]) * (i < 2 ? n0 : n1);
       }
-    } else if constexpr (G8) {
-      // int8 per key group (widths at compile time through a switch): int32
-      // (Sh, Sl) over the group's tiles, folded as
-      // S += n^K_g · s_L,g ∘ (254·Sh + Sl) (|·| < 2^31 as above).
-#pragma unroll
-      for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) S[tt][i] = 0.f;
-      const uint2* qfrag = reinterpret_cast<const uint2*>(qfrag_bytes);
-      const int n_groups = T.n_groups[0];
-#pragma unroll 1
-      for (int grp = 0; grp < n_groups; ++grp) {
-        const int bits = T.bits[0][grp], t0 = T.tile_begin[0][grp];
-        const int n_tiles = T.dim_pad[0][grp] >> 4;
-        Codebook8 cb;
-#pragma unroll
-        for (int w = 0; w < 4; ++w) cb.c[w] = T.i8tab[0][grp][w];
-        int Sh[4][4], Sl[4][4];  // written by the group's first k step
-        const uint8_t* codes = sb + T.code_offset[0][grp];
-        const uint2* qf = qfrag + t0 * 32;
-        switch (bits) {
-          case 1: key_group_tiles_i8<1>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
-          case 2: key_group_tiles_i8<2>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
-          case 3: key_group_tiles_i8<3>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
-          default: key_group_tiles_i8<4>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
-        }
-        const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_offset[0][grp]);
-        const float sL = T.i8scale[0][grp];
-#pragma unroll
-        for (int tt = 0; tt < 4; ++tt) {
-          const float n0 = __half2float(nk[16 * tt + g]) * sL, n1 = __half2float(nk[16 * tt + g + 8]) * sL;
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            S[tt][i] = fmaf((float)(Sh[tt][i] * 254 + Sl[tt][i]), i < 2 ? n0 : n1, S[tt][i]);
-        }
-      }
     } else {
-      // fp16, per key group (widths at compile time through a switch): an
-      // accumulator Sg over the group's tiles, folded as S += n^K_g ∘ Sg
-      // (S = Σ_g n^K_g ∘ (Q̃_g · C_gᵀ)).
+      // Per key group (widths at compile time through a switch): general int8
+      // — int32 (Sh, Sl) over the group's tiles, folded as
+      // S += n^K_g ∘ (254·Sh + Sl) (|·| < 2^31 as above; s_L,g / s_L,max is in
+      // the group's query tiles, s_L,max in kexp); general fp16 —
+      // an accumulator Sg, folded as S += n^K_g ∘ Sg (S = Σ_g n^K_g ∘ (Q̃_g · C_gᵀ)).
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
@@ -620,26 +603,48 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       for (int grp = 0; grp < n_groups; ++grp) {
         const int bits = T.bits[0][grp], t0 = T.tile_begin[0][grp];
         const int n_tiles = T.dim_pad[0][grp] >> 4;
-        load_codebook(T.ptab[0][grp], bits, cbK);
-        float Sg[4][4];
-#pragma unroll
-        for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) Sg[tt][i] = 0.f;
         const uint8_t* codes = sb + T.code_offset[0][grp];
         const uint2* qf = qfrag + t0 * 32;
-        switch (bits) {
-          case 1: key_group_tiles<1>(Sg, codes, qf, n_tiles, cbK, lane); break;
-          case 2: key_group_tiles<2>(Sg, codes, qf, n_tiles, cbK, lane); break;
-          case 3: key_group_tiles<3>(Sg, codes, qf, n_tiles, cbK, lane); break;
-          default: key_group_tiles<4>(Sg, codes, qf, n_tiles, cbK, lane); break;
-        }
-        const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_offset[0][grp]);
+        auto key_norm = [&](int token) {  // n^K_g of token `token` of the page
+          return __half2float(reinterpret_cast<const __half*>(sb + T.norm_offset[0][grp])[token]);
+        };
+        if constexpr (G8) {
+          Codebook8 cb;
 #pragma unroll
-        for (int tt = 0; tt < 4; ++tt) {
-          const float n0 = __half2float(nk[16 * tt + g]), n1 = __half2float(nk[16 * tt + g + 8]);
+          for (int w = 0; w < 4; ++w) cb.c[w] = T.i8tab[0][grp][w];
+          int Sh[4][4], Sl[4][4];  // written by the group's first k step
+          switch (bits) {
+            case 1: key_group_tiles_i8<1>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
+            case 2: key_group_tiles_i8<2>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
+            case 3: key_group_tiles_i8<3>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
+            default: key_group_tiles_i8<4>(Sh, Sl, codes, qf, n_tiles, cb, lane); break;
+          }
 #pragma unroll
-          for (int i = 0; i < 4; ++i) S[tt][i] = fmaf(i < 2 ? n0 : n1, Sg[tt][i], S[tt][i]);
+          for (int tt = 0; tt < 4; ++tt) {
+            const float n0 = key_norm(16 * tt + g), n1 = key_norm(16 * tt + g + 8);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              S[tt][i] = fmaf((float)(Sh[tt][i] * 254 + Sl[tt][i]), i < 2 ? n0 : n1, S[tt][i]);
+          }
+        } else {
+          load_codebook(T.ptab[0][grp], bits, cbK);
+          float Sg[4][4];
+#pragma unroll
+          for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) Sg[tt][i] = 0.f;
+          switch (bits) {
+            case 1: key_group_tiles<1>(Sg, codes, qf, n_tiles, cbK, lane); break;
+            case 2: key_group_tiles<2>(Sg, codes, qf, n_tiles, cbK, lane); break;
+            case 3: key_group_tiles<3>(Sg, codes, qf, n_tiles, cbK, lane); break;
+            default: key_group_tiles<4>(Sg, codes, qf, n_tiles, cbK, lane); break;
+          }
+#pragma unroll
+          for (int tt = 0; tt < 4; ++tt) {
+            const float n0 = key_norm(16 * tt + g), n1 = key_norm(16 * tt + g + 8);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) S[tt][i] = fmaf(i < 2 ? n0 : n1, Sg[tt][i], S[tt][i]);
+          }
         }
       }
     }
@@ -782,30 +787,10 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       float c_lo[2];
       int8_p_parts(0, vscale8, bh, bl, c_lo);
       value_group_tiles_i8<UB, NT>(O, sb + kSideCodeBytes, 0, NT, bh, bl, c_lo, cbV8, lane);
-    } else if constexpr (FV) {
-      // One value group over the head's D channels (tiles 0..NT−1 at compile
-      // time; its width through a switch).
-      Codebook8 cb;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) cb.c[w] = T.i8tab[1][0][w];
-      uint32_t bh[4], bl[4];
-      float c_lo[2];
-      int8_p_parts(0, T.i8scale[1][0], bh, bl, c_lo);
-      const uint8_t* codes = sb + T.code_offset[1][0];
-      switch (T.bits[1][0]) {
-        case 1: value_group_tiles_i8<1, NT>(O, codes, 0, NT, bh, bl, c_lo, cb, lane); break;
-        case 2: value_group_tiles_i8<2, NT>(O, codes, 0, NT, bh, bl, c_lo, cb, lane); break;
-        case 3: value_group_tiles_i8<3, NT>(O, codes, 0, NT, bh, bl, c_lo, cb, lane); break;
-        default: value_group_tiles_i8<4, NT>(O, codes, 0, NT, bh, bl, c_lo, cb, lane); break;
-      }
     } else if constexpr (G8) {
-      // Per value group (widths at compile time through a switch): its
-      // int8 B fragments, then its tiles.
-      const int n_groups = T.n_groups[1];
-#pragma unroll 1
-      for (int grp = 0; grp < n_groups; ++grp) {
-        const int bits = T.bits[1][grp], t0 = T.tile_begin[1][grp];
-        const int t1 = t0 + (T.dim_pad[1][grp] >> 4);
+      // Value group grp's int8 B fragments, then its tiles [t0, t1) (width at
+      // compile time through a switch).
+      auto value_group = [&](int grp, int t0, int t1) {
         Codebook8 cb;
 #pragma unroll
         for (int w = 0; w < 4; ++w) cb.c[w] = T.i8tab[1][grp][w];
@@ -813,12 +798,20 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
         float c_lo[2];
         int8_p_parts(grp, T.i8scale[1][grp], bh, bl, c_lo);
         const uint8_t* codes = sb + T.code_offset[1][grp];
-        switch (bits) {
+        switch (T.bits[1][grp]) {
           case 1: value_group_tiles_i8<1, NT>(O, codes, t0, t1, bh, bl, c_lo, cb, lane); break;
           case 2: value_group_tiles_i8<2, NT>(O, codes, t0, t1, bh, bl, c_lo, cb, lane); break;
           case 3: value_group_tiles_i8<3, NT>(O, codes, t0, t1, bh, bl, c_lo, cb, lane); break;
           default: value_group_tiles_i8<4, NT>(O, codes, t0, t1, bh, bl, c_lo, cb, lane); break;
         }
+      };
+      if constexpr (FV) {
+        value_group(0, 0, NT);  // one group over the head's D channels: tiles 0..NT−1 at compile time
+      } else {
+        const int n_groups = T.n_groups[1];
+#pragma unroll 1
+        for (int grp = 0; grp < n_groups; ++grp)
+          value_group(grp, T.tile_begin[1][grp], T.tile_begin[1][grp] + (T.dim_pad[1][grp] >> 4));
       }
     } else {
       // Per value group (widths at compile time through a switch): its P
