@@ -311,15 +311,6 @@ __device__ __forceinline__ void value_group_tiles_i8(float (&O)[NT][4], const ui
   }
 }
 
-/// The largest int8 codebook scale s_L of a head's key groups (1 without key
-/// groups): the general int8 instances' query tiles of group g carry
-/// s_L,g / s_L,max, the softmax exponent s_L,max.
-__device__ __forceinline__ float key_scale_max(const HeadTables& T) {
-  float m = 0.f;
-  for (int g = 0; g < T.n_groups[0]; ++g) m = fmaxf(m, T.i8scale[0][g]);
-  return m > 0.f ? m : 1.f;
-}
-
 /// Shared memory of a CTA: the warps' mbarriers, [general: the head tables],
 /// the rotated query as B fragments, then each warp's kStages page stages.
 /// Query fragments: uniform [D/32][32] uint4 (b0, b1 of the int8 hi part, then
@@ -475,18 +466,19 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
     } else {
       // One uint2 (hi, lo) per tile and lane; rows ≥ gqa and tiles ≥ n_tiles[0]
       // zero. Tile kt of key group g carries q̃·s_L,g / s_L,max (s_L the int8
-      // codebook scales, s_L,max = key_scale_max(Tg)), so the group's fold needs
+      // codebook scales, s_L,max = HeadTables::i8kmax), so the group's fold needs
       // no product by its s_L (the largest-scale group keeps the whole 2-part
       // precision; a group of scale ratio ρ ≤ 1 loses log2(1/ρ) bits of ≈ 15).
+      // From the shared copy of the tables (complete: the barrier above).
       uint2* qfrag = reinterpret_cast<uint2*>(qfrag_bytes);
       const int nK = Tg.n_tiles[0];
-      const float inv_smax = 1.f / key_scale_max(Tg);
+      const float inv_smax = 1.f / Ts.i8kmax;
       for (int i = threadIdx.x; i < NTK * 32; i += blockDim.x) {
         const int kt = i >> 5, ln = i & 31, qg = ln >> 2, qt = ln & 3;
         uint32_t hi = 0u, lo = 0u;
         if (qg < gqa && kt < nK)
           split_tile(qrot + (size_t)(row_base + qg) * kMaxTiles * 16 + kt * 16,
-                     G8 ? Tg.i8scale[0][Tg.tile_group[0][kt]] * inv_smax / q_scale[qg] : 1.f / q_scale[qg],
+                     Ts.i8scale[0][Ts.tile_group[0][kt]] * inv_smax / q_scale[qg],
                      qt, hi, lo);
         qfrag[i] = make_uint2(hi, lo);
       }
@@ -522,7 +514,7 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
   float kexp[2] = {kLog2e, kLog2e};
   float vscale8 = 0.f;  // uniform: the int8 value codebook's scale
   if constexpr (I8) {
-    const float sl = (U ? Tg.i8scale[0][0] : key_scale_max(Tg)) / 254.f * kLog2e;
+    const float sl = (U ? Tg.i8scale[0][0] : Ts.i8kmax) / 254.f * kLog2e;
     if constexpr (U) vscale8 = Tg.i8scale[1][0];
     kexp[0] = q_scale[2 * t] * sl;
     kexp[1] = q_scale[2 * t + 1] * sl;

@@ -68,6 +68,10 @@ struct HeadTables {
   // i8scale[s][g]) (ref::int8_levels), levels ≥ 2^bits 0.
   uint32_t i8tab[2][8][4];
   float i8scale[2][8];
+  // The largest i8scale of the key groups (1 without key groups): the general
+  // int8 kernels split key group g's query tiles as q̃·i8scale[0][g]/i8kmax
+  // and put i8kmax into the softmax exponent (decode_attention_gqa8.cu).
+  float i8kmax;
   // Rotations / channels (append and the rotate kernels): offsets into flat arrays.
   int32_t dim[2][8];
   int32_t dim_pad[2][8];

@@ -180,6 +180,11 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
         chans.insert(chans.end(), specs[g].channels.begin(), specs[g].channels.end());
       }
       T.n_tiles[s] = tile;
+      if (s == 0) {
+        T.i8kmax = 0.f;
+        for (size_t g = 0; g < groups.size(); ++g) T.i8kmax = std::max(T.i8kmax, T.i8scale[0][g]);
+        if (!(T.i8kmax > 0.f)) T.i8kmax = 1.f;
+      }
       dev_->max_tiles[s] = std::max(dev_->max_tiles[s], tile);
     }
     T.stage_bytes = (int32_t)H.block_bytes;
