@@ -154,7 +154,10 @@ size_t packed_plan_device_bytes(const packed::LayerLayout& layout, PrefillMatric
 ///                   as ref::int8_levels (one scale per codebook); the
 ///                   rotated fp16 query split into two int8 parts
 ///                   (q ≈ s·(hi + lo/254), s = max|q|/127 per row, error
-///                   ≤ 1.6e-5·max|q|); P ∘ n^V scaled per row, 64-token page
+///                   ≤ 1.6e-5·max|q|; other plans split key group g's
+///                   channels of q·ρ_g, ρ_g = its int8 scale over the
+///                   head's largest key scale, error ≤ 1.6e-5·max|q|/ρ_g);
+///                   P ∘ n^V scaled per row, 64-token page
 ///                   and value group by 127/(max_t p_t · max_t|n^V_t|),
 ///                   rounded to fp16 and split the same way; int32
 ///                   accumulation. GQA > 8: as runtime_tables.
