@@ -8,8 +8,9 @@
 //    Block-GTQ, RateQuant, K≠V widths, 0-bit sides): the same integer products
 //    per group — widths, int8 codebooks, offsets and norms per group from the
 //    head tables in shared memory, the key groups' int32 sums each folded with
-//    the group's norms and codebook scale, the P·n^V split per value group with
-//    that group's norms; a second instance when every head has one value group
+//    the group's norms (its codebook scale over the head's largest key scale
+//    in its query tiles, the largest in the softmax exponent), the P·n^V split
+//    per value group with that group's norms; a second instance when every head has one value group
 //    over its head_dim channels (Block-GTQ and RateQuant plans: the value tiles
 //    at compile time, the width through a switch);
 //  - general fp16 (every plan under `runtime_tables`): fp16 levels and query,
@@ -317,7 +318,8 @@ __device__ __forceinline__ void value_group_tiles_i8(float (&O)[NT][4], const ui
 /// of the lo part; lane (g, t): b0 = row g's channels 2t, 2t+1, 2t+8, 2t+9 of
 /// tile 2j, b1 the same of tile 2j+1); general [tiles][32] uint2 (fp16 b0 =
 /// channels 2t, 2t+1 and b1 = 2t+8, 2t+9 of row g; general int8: x = the int8
-/// hi part, y = the lo part, each as one tile's b0 of the uniform layout).
+/// hi part, y = the lo part of q̃·ρ_g, ρ_g = s_L,g / s_L,max of the tile's key
+/// group g, each as one tile's b0 of the uniform layout).
 constexpr size_t kBarBytes = 128;  // ≥ 8 warps × kStages mbarriers, keeps what follows aligned
 static_assert(kBarBytes >= 8 * kStages * sizeof(uint64_t));
 constexpr size_t kTablesBytes = (sizeof(HeadTables) + 127) / 128 * 128;
