@@ -10,9 +10,10 @@
 //    head tables in shared memory, the key groups' int32 sums each folded with
 //    the group's norms (its codebook scale over the head's largest key scale
 //    in its query tiles, the largest in the softmax exponent), the P·n^V split
-//    per value group with that group's norms; a second instance when every head has one value group
-//    over its head_dim channels (Block-GTQ and RateQuant plans: the value tiles
-//    at compile time, the width through a switch);
+//    per value group with that group's norms; a second instance when every
+//    head has one value group over its head_dim channels (Block-GTQ and
+//    RateQuant plans: the value tiles at compile time, the width through a
+//    switch);
 //  - general fp16 (every plan under `runtime_tables`): fp16 levels and query,
 //    fp32 accumulation, one accumulator per key group folded with the group's
 //    norms.
