@@ -228,14 +228,17 @@ __device__ __forceinline__ void value_group_tiles(float (&O)[NT][4], const uint8
   }
 }
 
-/// General int8 instances, keys: one k = 32 step of key_group_tiles_i8 —
-/// tiles k, k+1 (pair = k+1 < n_tiles; else a zero query part) into (Sh, Sl);
-/// FIRST: the accumulators start at 0 (no zeroing moves).
+/// Int8 instances, keys: one k = 32 step over channel tiles k, k+1 into
+/// (Sh, Sl): A = the int8 levels of those tiles' codes (tile k's B words per
+/// lane at rows0[32·j], tile k+1's at rows0[32·(B + j)]; zero when !pair), b0
+/// / b1 = tile k's / tile k+1's query part (hi into Sh, lo into Sl; a zero
+/// part for an absent tile k+1). FIRST: the accumulators start at 0 (no
+/// zeroing moves). The uniform instance calls it per k step with its uint4
+/// query fragment, the general ones through key_pair_i8.
 template <int B, bool FIRST>
-__device__ __forceinline__ void key_pair_i8(int (&Sh)[4][4], int (&Sl)[4][4], const uint8_t* codes,
-                                            const uint2* qf, int k, bool pair, const Codebook8& cb,
-                                            int lane) {
-  const uint32_t* rows0 = reinterpret_cast<const uint32_t*>(codes + k * B * 128) + lane;
+__device__ __forceinline__ void key_step_i8(int (&Sh)[4][4], int (&Sl)[4][4], const uint32_t* rows0,
+                                            bool pair, uint32_t qh0, uint32_t qh1, uint32_t ql0,
+                                            uint32_t ql1, const Codebook8& cb) {
   const uint32_t* rows1 = rows0 + B * 32;
   uint32_t w0[4], w1[4];
 #pragma unroll
@@ -243,21 +246,32 @@ __device__ __forceinline__ void key_pair_i8(int (&Sh)[4][4], int (&Sl)[4][4], co
     w0[j] = j < B ? rows0[32 * j] : 0u;
     w1[j] = j < B && pair ? rows1[32 * j] : 0u;
   }
-  const uint2 qa = qf[k * 32 + lane];
-  const uint2 qb = pair ? qf[(k + 1) * 32 + lane] : make_uint2(0u, 0u);
 #pragma unroll
   for (int tt = 0; tt < 4; ++tt) {
     const uint32_t na = code_nibbles<B>(w0, B, tt), nb = code_nibbles<B>(w1, B, tt);
     const uint32_t a[4] = {decode4_i8<B>(na, cb), decode4_i8<B>(na >> 16, cb), decode4_i8<B>(nb, cb),
                            decode4_i8<B>(nb >> 16, cb)};
     if constexpr (FIRST) {
-      imma_16832_new(Sh[tt], a, qa.x, qb.x);
-      imma_16832_new(Sl[tt], a, qa.y, qb.y);
+      imma_16832_new(Sh[tt], a, qh0, qh1);
+      imma_16832_new(Sl[tt], a, ql0, ql1);
     } else {
-      imma_16832(Sh[tt], a, qa.x, qb.x);
-      imma_16832(Sl[tt], a, qa.y, qb.y);
+      imma_16832(Sh[tt], a, qh0, qh1);
+      imma_16832(Sl[tt], a, ql0, ql1);
     }
   }
+}
+
+/// General int8 instances, keys: one k = 32 step of key_group_tiles_i8 —
+/// tiles k, k+1 (pair = k+1 < n_tiles; else a zero query part) of the group
+/// whose codes start at `codes`, query fragments qf (x = hi, y = lo per tile).
+template <int B, bool FIRST>
+__device__ __forceinline__ void key_pair_i8(int (&Sh)[4][4], int (&Sl)[4][4], const uint8_t* codes,
+                                            const uint2* qf, int k, bool pair, const Codebook8& cb,
+                                            int lane) {
+  const uint2 qa = qf[k * 32 + lane];
+  const uint2 qb = pair ? qf[(k + 1) * 32 + lane] : make_uint2(0u, 0u);
+  key_step_i8<B, FIRST>(Sh, Sl, reinterpret_cast<const uint32_t*>(codes + k * B * 128) + lane, pair, qa.x,
+                        qb.x, qa.y, qb.y, cb);
 }
 
 /// General int8 instances, keys: (Sh, Sl) = (16 tokens × 32 channels of int8
@@ -548,31 +562,14 @@ __global__ void __launch_bounds__(32 * kWarps<D>, 2) gqa8_decode_kernel(
       // int32 (hi and lo query parts, S = 254·hi + lo; |S| < 2^31 for D ≤ 256).
       // Channel tiles 2j, 2j+1 make one k = 32 step: A = their codes of token g
       // (g+8), 4 per register, in the order of code_nibbles.
-      int Sh[4][4], Sl[4][4];
-#pragma unroll
-      for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) Sh[tt][i] = Sl[tt][i] = 0;
-      const uint4* qfrag = reinterpret_cast<const uint4*>(qfrag_bytes);
+      int Sh[4][4], Sl[4][4];  // written by the first k step
+      const uint4* qfrag = reinterpret_cast<const uint4*>(qfrag_bytes);  // (hi, hi, lo, lo) of tiles 2j, 2j+1
 #pragma unroll
       for (int j = 0; j < D / 32; ++j) {
         const uint32_t* rows0 = reinterpret_cast<const uint32_t*>(sb + 2 * j * UB * 128) + lane;
-        const uint32_t* rows1 = rows0 + UB * 32;
-        uint32_t w0[4], w1[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          w0[k] = k < UB ? rows0[32 * k] : 0u;
-          w1[k] = k < UB ? rows1[32 * k] : 0u;
-        }
         const uint4 q = qfrag[j * 32 + lane];
-#pragma unroll
-        for (int tt = 0; tt < 4; ++tt) {
-          const uint32_t na = code_nibbles<UB>(w0, UB, tt), nb = code_nibbles<UB>(w1, UB, tt);
-          const uint32_t a[4] = {decode4_i8<UB>(na, cbK8), decode4_i8<UB>(na >> 16, cbK8),
-                                 decode4_i8<UB>(nb, cbK8), decode4_i8<UB>(nb >> 16, cbK8)};
-          imma_16832(Sh[tt], a, q.x, q.y);
-          imma_16832(Sl[tt], a, q.z, q.w);
-        }
+        if (j == 0) key_step_i8<UB, true>(Sh, Sl, rows0, true, q.x, q.y, q.z, q.w, cbK8);
+        else key_step_i8<UB, false>(Sh, Sl, rows0, true, q.x, q.y, q.z, q.w, cbK8);
       }
       // Key norms (one group: S = n^K ∘ (Q̃·Cᵀ)).
       const __half* nk = reinterpret_cast<const __half*>(sb + T.norm_offset[0][0]);

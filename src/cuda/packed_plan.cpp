@@ -197,7 +197,11 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
   check(lvl_used == levels.size(), "cuda packed plan: levels has {} floats, layout uses {}",
         levels.size(), lvl_used);
   dev_->max_stage_bytes = max_stage;
+  // The uniform instance's width (every head one key and one value group of
+  // the same 1..4-bit width, 0 otherwise) and the full-value instance's
+  // condition (every head one 1..4-bit value group over all d channels).
   int ub = -1;
+  bool full_value = true;
   for (size_t h = 0; h < dev_->host_heads.size(); ++h) {
     const HeadTables& T = dev_->host_heads[h];
     const detail::WideTables& W = dev_->host_wide[h];
@@ -206,14 +210,11 @@ void PackedPlan::build(std::span<const float> rotations, std::span<const float> 
                    W.wide_bits[1][0] == 0;
     const int b = u ? T.bits[0][0] : 0;
     ub = ub < 0 ? b : (ub == b ? ub : 0);
+    full_value = full_value && T.n_groups[1] == 1 && T.dim[1][0] == d && T.bits[1][0] >= 1 &&
+                 T.bits[1][0] <= 4 && W.wide_bits[1][0] == 0;
   }
   dev_->uniform_bits = std::max(ub, 0);
-  dev_->full_value = true;
-  for (size_t h = 0; h < dev_->host_heads.size(); ++h) {
-    const HeadTables& T = dev_->host_heads[h];
-    dev_->full_value = dev_->full_value && T.n_groups[1] == 1 && T.dim[1][0] == d && T.bits[1][0] >= 1 &&
-                       T.bits[1][0] <= 4 && dev_->host_wide[h].wide_bits[1][0] == 0;
-  }
+  dev_->full_value = full_value;
   dev_->heads = upload(dev_->host_heads, device_bytes_);
   dev_->wide = upload(dev_->host_wide, device_bytes_);
   dev_->rotations = upload(rot, device_bytes_);

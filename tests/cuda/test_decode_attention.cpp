@@ -58,6 +58,11 @@ struct Case {
   /// Split counts to run (0 = cuda::default_splits); empty = {0}. The
   /// workspace is sized for the largest.
   std::vector<int> splits = {};
+  /// Key group 1 of every head (Special::groups / key_groups: the 4-bit
+  /// group) made narrow: its codebook levels × narrow_key and its norms ÷
+  /// narrow_key (the same keys, a scale ratio ρ ≈ narrow_key to the head's
+  /// largest key codebook scale); 0 = unchanged.
+  float narrow_key = 0.f;
 };
 
 std::string name(const Case& c) {
@@ -69,6 +74,7 @@ std::string name(const Case& c) {
                    : c.sp == Special::groups ? " 3+3 groups of 1..4 bits"
                    : c.sp == Special::key_groups ? " 3 key groups, V 1..4 bits over the head"
                                              : "") +
+                  (c.narrow_key > 0.f ? " narrow key group 1" : "") +
                   (c.real ? " real " + c.real->name : "") + " lens=";
   if (c.lens.size() > 12)  // large batches: the count and the range
     return s + std::to_string(c.lens.size()) + " sequences, " +
@@ -101,6 +107,18 @@ void run_packed_case(const Case& c, uint32_t seed) {
   PackedTestPlan P = make_plan(c.d, c.hkv, c.mixed, c.kb, c.vb, rng, c.sp, c.real != nullptr);
   const LayerLayout& L = *P.layout;
   const int hq = c.hkv * c.gqa, nb = (int)c.lens.size();
+  if (c.narrow_key > 0.f) {  // levels of key group 1 (P.lvl: heads, then sides, then groups)
+    size_t at = 0;
+    for (int h = 0; h < c.hkv; ++h)
+      for (int s = 0; s < 2; ++s)
+        for (size_t g = 0; g < P.bits[(size_t)h * 2 + s].size(); ++g) {
+          const size_t n = (size_t)1 << P.bits[(size_t)h * 2 + s][g];
+          if (s == 0 && g == 1)
+            for (size_t i = 0; i < n; ++i) P.lvl[at + i] *= c.narrow_key;
+          at += n;
+        }
+    ASSERT_EQ(at, P.lvl.size());
+  }
   TestBatch B = make_batch(c.lens, rng);
   std::unique_ptr<cuda::PackedPlan> plan_ptr =
       P.ext ? std::make_unique<cuda::PackedPlan>(L, *P.ext, hq, P.rot, P.lvl)
@@ -130,6 +148,12 @@ void run_packed_case(const Case& c, uint32_t seed) {
     CK(cudaDeviceSynchronize());
     pool.bytes = dp.get();
   }
+  if (c.narrow_key > 0.f)  // norms of key group 1 ÷ narrow_key: random in [0.5, 2) / ρ
+    for (int p = 0; p < B.n_pages; ++p)
+      for (int h = 0; h < c.hkv; ++h)
+        for (int t = 0; t < kPageTokens; ++t)
+          write_norm(L, pool.page(p), h, Side::key, 1, t,
+                     fp32_to_fp16(fp16_to_fp32(read_norm(L, pool.page(p), h, Side::key, 1, t)) / c.narrow_key));
   // Extension pages (high bits of 5..8-bit groups): random bytes, same page table.
   std::vector<uint8_t> ext_pool(P.ext ? (size_t)B.n_pages * P.ext->page_bytes() : 0);
   for (auto& x : ext_pool) x = (uint8_t)rng();
@@ -627,6 +651,25 @@ TEST(CudaPackedDecode, SeveralGroupsPerSide) {
       {256, 4, 3, {97, 700}, false, 0, 0, DType::f32, Special::key_groups, nullptr, {0, 5}},
   };
   uint32_t seed = 2100;
+  for (const Case& c : cases) run_packed_case(c, seed++);
+}
+
+// A narrow key group beside wide ones: key group 1 (4 bits) with codebook
+// levels ÷ 64 and norms × 64 (the same keys; its int8 codebook scale ≈ 1/53
+// of the head's largest, ρ ≈ 1/53). The general int8 instances put ρ into that
+// group's int8 query tiles (docs/design.md §8), which keeps ≈ 15 − log2(1/ρ)
+// ≈ 9 of the query's bits there; the CPU reference keeps the fp32 query. Both
+// general int8 instances, head_dim 64/128/256, GQA 3/4/8.
+TEST(CudaPackedDecode, NarrowKeyGroup) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const float r = 1.f / 64;
+  const Case cases[] = {
+      {128, 4, 4, {1, 97, 4096}, false, 0, 0, DType::f16, Special::key_groups, nullptr, {0, 9}, r},
+      {64, 2, 8, {130, 1}, false, 0, 0, DType::f32, Special::key_groups, nullptr, {}, r},
+      {128, 3, 3, {97, 1, 700}, false, 0, 0, DType::f32, Special::groups, nullptr, {0, 3}, r},
+      {256, 2, 4, {1, 97, 300}, false, 0, 0, DType::f32, Special::groups, nullptr, {}, r},
+  };
+  uint32_t seed = 2200;
   for (const Case& c : cases) run_packed_case(c, seed++);
 }
 
