@@ -165,17 +165,24 @@ struct Codebook8 {
   uint32_t c[4];
 };
 
-/// Four codes (nibbles 0..3 of s; for B < 4 the bits above B are zero) ->
-/// their four int8 levels, one byte each (one prmt for ≤ 8 levels; 16 levels:
-/// two halves picked per byte by code bit 3, as nibbles_to_half2).
+/// Eight codes (nibbles 0..7 of s; for B < 4 the bits above B are zero) ->
+/// their int8 levels, codes 0..3 in the bytes of lo, 4..7 in hi. ≤ 8 levels:
+/// one prmt per four codes. 16 levels: the two 8-byte halves of the codebook
+/// looked up with code bits 0..2 (prmt reads a selector's low 16 bits: the
+/// upper four codes' selector is s & 0x77777777 shifted down) and picked per
+/// byte by code bit 3, whose byte masks come from sign-mode prmts over s << 4
+/// and s (bits 3, 7, 11, 15 of s for codes 0..3; bits 19, 23, 27, 31 for codes
+/// 4..7): 11 instructions per eight codes.
 template <int B>
-__device__ __forceinline__ uint32_t decode4_i8(uint32_t s, const Codebook8& cb) {
+__device__ __forceinline__ void decode8_i8(uint32_t s, const Codebook8& cb, uint32_t& lo, uint32_t& hi) {
   if constexpr (B < 4) {
-    return prmt(cb.c[0], cb.c[1], s);
+    lo = prmt(cb.c[0], cb.c[1], s);
+    hi = prmt(cb.c[0], cb.c[1], s >> 16);
   } else {
-    const uint32_t s7 = s & 0x7777u;
-    const uint32_t m = prmt(s << 4, s, 0xD9C8u);
-    return (prmt(cb.c[0], cb.c[1], s7) & ~m) | (prmt(cb.c[2], cb.c[3], s7) & m);
+    const uint32_t s7 = s & 0x77777777u, s4 = s << 4, s7h = s7 >> 16;
+    const uint32_t m0 = prmt(s4, s, 0xD9C8u), m1 = prmt(s4, s, 0xFBEAu);
+    lo = (prmt(cb.c[0], cb.c[1], s7) & ~m0) | (prmt(cb.c[2], cb.c[3], s7) & m0);
+    hi = (prmt(cb.c[0], cb.c[1], s7h) & ~m1) | (prmt(cb.c[2], cb.c[3], s7h) & m1);
   }
 }
 
@@ -249,8 +256,9 @@ __device__ __forceinline__ void key_step_i8(int (&Sh)[4][4], int (&Sl)[4][4], co
 #pragma unroll
   for (int tt = 0; tt < 4; ++tt) {
     const uint32_t na = code_nibbles<B>(w0, B, tt), nb = code_nibbles<B>(w1, B, tt);
-    const uint32_t a[4] = {decode4_i8<B>(na, cb), decode4_i8<B>(na >> 16, cb), decode4_i8<B>(nb, cb),
-                           decode4_i8<B>(nb >> 16, cb)};
+    uint32_t a[4];
+    decode8_i8<B>(na, cb, a[0], a[1]);
+    decode8_i8<B>(nb, cb, a[2], a[3]);
     if constexpr (FIRST) {
       imma_16832_new(Sh[tt], a, qh0, qh1);
       imma_16832_new(Sl[tt], a, ql0, ql1);
@@ -311,8 +319,9 @@ __device__ __forceinline__ void value_group_tiles_i8(float (&O)[NT][4], const ui
 #pragma unroll
     for (int u = 0; u < 2; ++u) {  // token tiles 2u, 2u+1
       const uint32_t na = code_nibbles<B>(w, B, 2 * u), nb = code_nibbles<B>(w, B, 2 * u + 1);
-      const uint32_t a[4] = {decode4_i8<B>(na, cb), decode4_i8<B>(na >> 16, cb), decode4_i8<B>(nb, cb),
-                             decode4_i8<B>(nb >> 16, cb)};
+      uint32_t a[4];
+      decode8_i8<B>(na, cb, a[0], a[1]);
+      decode8_i8<B>(nb, cb, a[2], a[3]);
       if (u == 0) {
         imma_16832_new(ah, a, bh[0], bh[1]);
         imma_16832_new(al, a, bl[0], bl[1]);
