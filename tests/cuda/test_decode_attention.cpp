@@ -60,8 +60,8 @@ struct Case {
   std::vector<int> splits = {};
   /// Key group 1 of every head (Special::groups / key_groups: the 4-bit
   /// group) made narrow: its codebook levels × narrow_key and its norms ÷
-  /// narrow_key (the same keys, a scale ratio ρ ≈ narrow_key to the head's
-  /// largest key codebook scale); 0 = unchanged.
+  /// narrow_key (the same keys; its int8 codebook scale then ≈ 1/44 … 1/53
+  /// of the head's largest at narrow_key = 1/64, by head_dim); 0 = unchanged.
   float narrow_key = 0.f;
 };
 
@@ -148,7 +148,7 @@ void run_packed_case(const Case& c, uint32_t seed) {
     CK(cudaDeviceSynchronize());
     pool.bytes = dp.get();
   }
-  if (c.narrow_key > 0.f)  // norms of key group 1 ÷ narrow_key: random in [0.5, 2) / ρ
+  if (c.narrow_key > 0.f)  // norms of key group 1 ÷ narrow_key: random in [0.5, 2) / narrow_key
     for (int p = 0; p < B.n_pages; ++p)
       for (int h = 0; h < c.hkv; ++h)
         for (int t = 0; t < kPageTokens; ++t)
@@ -655,11 +655,12 @@ TEST(CudaPackedDecode, SeveralGroupsPerSide) {
 }
 
 // A narrow key group beside wide ones: key group 1 (4 bits) with codebook
-// levels ÷ 64 and norms × 64 (the same keys; its int8 codebook scale ≈ 1/53
-// of the head's largest, ρ ≈ 1/53). The general int8 instances put ρ into that
-// group's int8 query tiles (docs/design.md §8), which keeps ≈ 15 − log2(1/ρ)
-// ≈ 9 of the query's bits there; the CPU reference keeps the fp32 query. Both
-// general int8 instances, head_dim 64/128/256, GQA 3/4/8.
+// levels ÷ 64 and norms × 64 (the same keys; its int8 codebook scale ρ ≈
+// 1/44 … 1/53 of the head's largest, by head_dim). The general int8
+// instances put ρ into that group's int8 query tiles (docs/design.md §8),
+// which keeps ≈ 15 − log2(1/ρ) ≈ 9 of the query's bits there; the CPU
+// reference keeps the fp32 query. Both general int8 instances, head_dim
+// 64/128/256, GQA 3/4/8.
 TEST(CudaPackedDecode, NarrowKeyGroup) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   const float r = 1.f / 64;
