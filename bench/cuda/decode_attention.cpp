@@ -915,8 +915,10 @@ int main(int argc, char** argv) {
           CK(cudaFree(ws2));
         }
       }
+      // The fp16-level variant (runtime_tables) for a 3-bit and a 4-bit (16-level
+      // decode) layout; -1 = not measured.
       double runtime_tables_ms = -1;
-      if (lay.name == "K3V3")
+      if (lay.name == "K3V3" || lay.name == "K4V4")
         runtime_tables_ms = timer.median_ms(
             [&] { call(nullptr, cuda::PackedDecodeVariant::runtime_tables); }, A.reps);
       const double bytes = (double)B * T * lay.L.page_bytes() / kPageTokens;

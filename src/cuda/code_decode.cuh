@@ -61,35 +61,58 @@ __device__ __forceinline__ uint32_t code_nibbles(const uint32_t (&w)[4], int bit
   }
 }
 
-/// Four codes (nibbles 0..3 of s) -> two half2 fragment registers
-/// (elements 0,1 and 2,3).
-template <int CB>
-__device__ __forceinline__ void nibbles_to_half2(uint32_t s, int bits, const Codebook& cb,
-                                                 uint32_t& r0, uint32_t& r1) {
-  uint32_t lo, hi;
-  if ((CB ? CB : bits) < 4) {
+/// The lookup selectors and code-bit-3 byte masks of eight 16-level (4-bit)
+/// codes, nibbles 0..7 of s: lo / hi = code bits 0..2 of codes 0..3 / 4..7 as
+/// prmt selectors (prmt reads a selector's low 16 bits), m_lo / m_hi = 0xFF in
+/// byte k where code k / 4 + k has bit 3 set (sign-mode prmts over s << 4 and s:
+/// bits 3, 7, 11, 15 of s for codes 0..3, bits 19, 23, 27, 31 for 4..7).
+/// Five integer instructions per eight codes; shared by the fp16 decode below
+/// and the int8 decode of the GQA ≤ 8 kernel (decode8_i8).
+struct Select16 {
+  uint32_t lo, hi, m_lo, m_hi;
+};
+
+__device__ __forceinline__ Select16 select16(uint32_t s) {
+  const uint32_t s7 = s & 0x77777777u, s4 = s << 4;
+  return {s7, s7 >> 16, prmt(s4, s, 0xD9C8u), prmt(s4, s, 0xFBEAu)};
+}
+
+/// Four codes -> the low and high bytes of their fp16 levels (byte k = code
+/// k). Up to 8 levels: s = the codes (nibbles 0..3, bit 3 zero), m unused. 16
+/// levels: s = their bits 0..2 and m the byte mask of bit 3 (select16): the
+/// two 8-byte halves of the codebook looked up and picked per byte.
+template <bool L16>
+__device__ __forceinline__ void lookup_level_bytes(uint32_t s, uint32_t m, const Codebook& cb,
+                                                   uint32_t& lo, uint32_t& hi) {
+  if constexpr (!L16) {
     lo = prmt(cb.lo[0], cb.lo[1], s);
     hi = prmt(cb.hi[0], cb.hi[1], s);
   } else {
-    // 16 levels: two 8-byte halves, chosen per byte by code bit 3 (sign-mode
-    // prmt replicates bit 3 of nibble k into byte k of the mask).
-    const uint32_t s7 = s & 0x7777u;
-    const uint32_t m = prmt(s << 4, s, 0xD9C8u);
-    const uint32_t la = prmt(cb.lo[0], cb.lo[1], s7), lb = prmt(cb.lo[2], cb.lo[3], s7);
-    const uint32_t ha = prmt(cb.hi[0], cb.hi[1], s7), hb = prmt(cb.hi[2], cb.hi[3], s7);
-    lo = (la & ~m) | (lb & m);
-    hi = (ha & ~m) | (hb & m);
+    lo = (prmt(cb.lo[0], cb.lo[1], s) & ~m) | (prmt(cb.lo[2], cb.lo[3], s) & m);
+    hi = (prmt(cb.hi[0], cb.hi[1], s) & ~m) | (prmt(cb.hi[2], cb.hi[3], s) & m);
   }
-  r0 = prmt(lo, hi, 0x5140u);
-  r1 = prmt(lo, hi, 0x7362u);
 }
 
-/// B fragments (n-half h, register kk) of one 16×16 tile from its 8 codes.
+/// B fragments (n-half h, register kk) of one 16×16 tile from its 8 codes
+/// (nibbles of nib, code_nibbles); CB = the width at compile time, 0 = `bits`.
+/// bf[h][0] / bf[h][1] = the half2 of elements 4h + {0, 1} / 4h + {2, 3}.
 template <int CB>
 __device__ __forceinline__ void decode_fragments(uint32_t nib, int bits, const Codebook& cb,
                                                  uint32_t (&bf)[2][2]) {
-  nibbles_to_half2<CB>(nib, bits, cb, bf[0][0], bf[0][1]);
-  nibbles_to_half2<CB>(nib >> 16, bits, cb, bf[1][0], bf[1][1]);
+  uint32_t lo[2], hi[2];
+  if ((CB ? CB : bits) < 4) {
+    lookup_level_bytes<false>(nib, 0u, cb, lo[0], hi[0]);
+    lookup_level_bytes<false>(nib >> 16, 0u, cb, lo[1], hi[1]);
+  } else {
+    const Select16 q = select16(nib);
+    lookup_level_bytes<true>(q.lo, q.m_lo, cb, lo[0], hi[0]);
+    lookup_level_bytes<true>(q.hi, q.m_hi, cb, lo[1], hi[1]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    bf[h][0] = prmt(lo[h], hi[h], 0x5140u);
+    bf[h][1] = prmt(lo[h], hi[h], 0x7362u);
+  }
 }
 
 /// 2^x with the SFU's approximate exp2 (flush-to-zero; 2^−∞ = 0), one

@@ -169,21 +169,17 @@ struct Codebook8 {
 /// Eight codes (nibbles 0..7 of s; for B < 4 the bits above B are zero) ->
 /// their int8 levels, codes 0..3 in the bytes of lo, 4..7 in hi. ≤ 8 levels:
 /// one prmt per four codes. 16 levels: the two 8-byte halves of the codebook
-/// looked up with code bits 0..2 (prmt reads a selector's low 16 bits: the
-/// upper four codes' selector is s & 0x77777777 shifted down) and picked per
-/// byte by code bit 3, whose byte masks come from sign-mode prmts over s << 4
-/// and s (bits 3, 7, 11, 15 of s for codes 0..3; bits 19, 23, 27, 31 for codes
-/// 4..7): 11 instructions per eight codes.
+/// looked up with code bits 0..2 and picked per byte by code bit 3
+/// (code_decode.cuh's select16): 11 instructions per eight codes.
 template <int B>
 __device__ __forceinline__ void decode8_i8(uint32_t s, const Codebook8& cb, uint32_t& lo, uint32_t& hi) {
   if constexpr (B < 4) {
     lo = prmt(cb.c[0], cb.c[1], s);
     hi = prmt(cb.c[0], cb.c[1], s >> 16);
   } else {
-    const uint32_t s7 = s & 0x77777777u, s4 = s << 4, s7h = s7 >> 16;
-    const uint32_t m0 = prmt(s4, s, 0xD9C8u), m1 = prmt(s4, s, 0xFBEAu);
-    lo = (prmt(cb.c[0], cb.c[1], s7) & ~m0) | (prmt(cb.c[2], cb.c[3], s7) & m0);
-    hi = (prmt(cb.c[0], cb.c[1], s7h) & ~m1) | (prmt(cb.c[2], cb.c[3], s7h) & m1);
+    const Select16 q = select16(s);
+    lo = (prmt(cb.c[0], cb.c[1], q.lo) & ~q.m_lo) | (prmt(cb.c[2], cb.c[3], q.lo) & q.m_lo);
+    hi = (prmt(cb.c[0], cb.c[1], q.hi) & ~q.m_hi) | (prmt(cb.c[2], cb.c[3], q.hi) & q.m_hi);
   }
 }
 

@@ -4,7 +4,8 @@ synthetic bench_cuda_decode outputs: per (model, B, T, cache) the rounds of each
 order (round 10 after round 2), the ratio of the best rounds and the read-ceiling share computed by hand
 with the ceiling of the best new round's own run (the runs' ceilings differ), the best round's splits and
 bytes, rows measured on one side only named and left out, unreadable or field-less files skipped with a
-message, --into adding a new key and keeping the rest, and the refusals: an empty folder, --into on a
+message, --field comparing another timed field (rows where it is negative left out), --into adding a new
+key and keeping the rest, and the refusals: an empty folder, --into on a
 missing file or an existing key, --key without --into, an existing OUT without --force, a bad --date."""
 import json
 import os
@@ -21,8 +22,9 @@ def bench_json(rows, ceiling):
     return {"ratekv_cuda": {"read_ceiling_GBps": ceiling, "rows": rows}}
 
 
-def row(model, b, t, cache, ms, splits=32, cache_bytes=1.0e8):
-    return {"model": model, "B": b, "T": t, "cache": cache, "ms": ms, "splits": splits, "cache_bytes": cache_bytes}
+def row(model, b, t, cache, ms, splits=32, cache_bytes=1.0e8, rt=-1.0):
+    return {"model": model, "B": b, "T": t, "cache": cache, "ms": ms, "splits": splits, "cache_bytes": cache_bytes,
+            "runtime_tables_variant_ms": rt}
 
 
 L = ("llama", 8, 131072, "K3V3")
@@ -35,12 +37,13 @@ class AbCollect(unittest.TestCase):
         os.makedirs(self.ab)
         files = {
             # the best base round is the middle one, the best new round the middle one too, with its own ceiling
-            "base_1_1.json": bench_json([row(*L, 0.260), row("qwen", 1, 4096, "K2V2", 0.02)], 3900.0),
-            "base_1_2.json": bench_json([row(*L, 0.255)], 3950.0),
-            "base_1_10.json": bench_json([row(*L, 0.258)], 3950.0),
-            "new_1_1.json": bench_json([row(*L, 0.252, splits=40, cache_bytes=2.0e8), row("gemma", 2, 64, "K1V1", 0.01)], 4000.0),
-            "new_1_2.json": bench_json([row(*L, 0.250, splits=32, cache_bytes=1.0e8)], 3000.0),
-            "new_1_10.json": bench_json([row(*L, 0.251, splits=48, cache_bytes=3.0e8)], 4100.0),
+            "base_1_1.json": bench_json([row(*L, 0.260, rt=0.40), row("qwen", 1, 4096, "K2V2", 0.02)], 3900.0),
+            "base_1_2.json": bench_json([row(*L, 0.255, rt=0.42)], 3950.0),
+            "base_1_10.json": bench_json([row(*L, 0.258, rt=0.41)], 3950.0),
+            "new_1_1.json": bench_json([row(*L, 0.252, splits=40, cache_bytes=2.0e8, rt=0.37),
+                                        row("gemma", 2, 64, "K1V1", 0.01)], 4000.0),
+            "new_1_2.json": bench_json([row(*L, 0.250, splits=32, cache_bytes=1.0e8, rt=0.39)], 3000.0),
+            "new_1_10.json": bench_json([row(*L, 0.251, splits=48, cache_bytes=3.0e8, rt=0.38)], 4100.0),
         }
         for name, d in files.items():
             with open(os.path.join(self.ab, name), "w") as f:
@@ -80,6 +83,26 @@ class AbCollect(unittest.TestCase):
         self.assertIn("skipped " + os.path.join(self.ab, "new_3_1.json"), p.stderr)
         self.assertIn("('qwen', 1, 4096, 'K2V2') measured on the base side only", p.stderr)
         self.assertIn("('gemma', 2, 64, 'K1V1') measured on the new side only", p.stderr)
+
+    def test_field_compares_another_timed_field(self):
+        out = os.path.join(self.tmp.name, "r.json")
+        p = self.collect(out, "--field", "runtime_tables_variant_ms")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        d = json.load(open(out))
+        self.assertEqual(d["field"], "runtime_tables_variant_ms")
+        self.assertEqual(len(d["rows"]), 1)  # qwen / gemma: not measured (-1) on their one side
+        r = d["rows"][0]
+        self.assertEqual(r["base_ms"], [0.40, 0.42, 0.41])
+        self.assertEqual(r["new_ms"], [0.37, 0.39, 0.38])
+        self.assertAlmostEqual(r["new_over_base"], 0.37 / 0.40, places=12)
+        # the best new round is now round 1: its bytes and ceiling
+        self.assertAlmostEqual(r["new_frac_read_ceiling"], 2.0e8 / 0.37e-3 / 4000e9, places=12)
+        self.assertEqual((r["splits"], r["read_ceiling_GBps"]), (40, 4000.0))
+        self.assertNotIn("measured on the", p.stderr)
+        p = self.collect(os.path.join(self.tmp.name, "s.json"), "--field", "no_such_field_ms")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("KeyError", p.stderr)
+        self.assertIn("no base/new rows in " + self.ab + " with field no_such_field_ms measured", p.stderr)
 
     def test_into_adds_a_new_key_and_keeps_the_rest(self):
         out = os.path.join(self.tmp.name, "r.json")

@@ -2,9 +2,11 @@
 """Collects a tools/device/ab_decode.sh folder (base_<i>_<r>.json / new_<i>_<r>.json) into one
 bench/results JSON: per (model, B, T, cache) the median-of-reps ms of every round of each side (in round
 order), the ratio of the best round of each (new / base) and the new side's share of the read ceiling
-measured in the run of its best round.
+measured in the run of its best round. --field NAME compares another timed field of the bench's rows
+instead of "ms" (e.g. runtime_tables_variant_ms, the fp16-level variant, measured for K3V3 and K4V4);
+rows where it is negative (not measured) are left out.
 
-Usage: ab_collect.py AB_DIR OUT.json --what TEXT --command TEXT [--date YYYY-MM-DD] [--force]
+Usage: ab_collect.py AB_DIR OUT.json --what TEXT --command TEXT [--date YYYY-MM-DD] [--force] [--field NAME]
        ab_collect.py AB_DIR OUT.json --what TEXT --command TEXT --into --key NAME
 Without --into, OUT.json is written (an existing one only with --force); with --into, OUT.json must exist
 and the rows go under its new key NAME. Files that do not parse or lack the bench's fields (a run cut by
@@ -30,7 +32,7 @@ def round_files(ab_dir):
     return sorted(out)
 
 
-def rows_of(ab_dir):
+def rows_of(ab_dir, field="ms"):
     rounds = defaultdict(lambda: {"base": [], "new": []})  # key -> side -> [(ms, splits, bytes, ceiling)]
     for side, _, _, f in round_files(ab_dir):
         try:
@@ -38,15 +40,15 @@ def rows_of(ab_dir):
                 d = json.load(fh)
             d = d.get("ratekv_cuda", d)
             ceiling = float(d["read_ceiling_GBps"])
-            rows = [((r["model"], r["B"], r["T"], r["cache"]), float(r["ms"]), r.get("splits"),
-                     float(r["cache_bytes"])) for r in d["rows"]]
+            rows = [((r["model"], r["B"], r["T"], r["cache"]), float(r[field]), r.get("splits"),
+                     float(r["cache_bytes"])) for r in d["rows"] if float(r[field]) >= 0]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             print(f"ab_collect: skipped {f}: {type(e).__name__}: {e}", file=sys.stderr)
             continue
         for k, ms, splits, cb in rows:
             rounds[k][side].append((ms, splits, cb, ceiling))
     out = []
-    for k in sorted(rounds):
+    for k in sorted(rounds):  # every key of `rounds` was measured on at least one side
         b, n = rounds[k]["base"], rounds[k]["new"]
         if not b or not n:
             print(f"ab_collect: {k} measured on the {'base' if b else 'new'} side only: left out", file=sys.stderr)
@@ -71,6 +73,7 @@ def main():
     ap.add_argument("--into", action="store_true", help="add the rows under --key to the existing OUT")
     ap.add_argument("--key", default="", help="with --into: the new key of OUT")
     ap.add_argument("--force", action="store_true", help="without --into: replace an existing OUT")
+    ap.add_argument("--field", default="ms", help="the rows' timed field to compare (default ms)")
     a = ap.parse_args()
     if a.into and not a.key:
         ap.error("--into needs --key NAME")
@@ -92,10 +95,13 @@ def main():
             ap.error(f"--key {a.key}: {a.out} already has that key")
     elif os.path.exists(a.out) and not a.force:
         ap.error(f"{a.out} exists: give --force to replace it, or --into --key NAME to add to it")
-    rows = rows_of(a.ab_dir)
+    rows = rows_of(a.ab_dir, a.field)
     if not rows:
-        raise SystemExit(f"ab_collect: no base/new rows in {a.ab_dir}")
+        raise SystemExit(f"ab_collect: no base/new rows in {a.ab_dir}"
+                         + (f" with field {a.field} measured" if a.field != "ms" else ""))
     entry = {"what": a.what, "commands": [a.command], "rows": rows}
+    if a.field != "ms":
+        entry["field"] = a.field
     if a.into:
         d[a.key] = entry
     else:
