@@ -33,7 +33,7 @@ TEST(PanelFlags, BadValuesNameTheFlagBeforeLoading) {
   }
   // An unknown --baseline used to be found only at the eval step, after the calibration (minutes); eval
   // refused it only after loading the weights.
-  for (const std::string cmd : {base, "eval -m '" + (dir / "m.gguf").string() + "' -f '" + (dir / "t.txt").string() +
+  for (const std::string& cmd : {base, "eval -m '" + (dir / "m.gguf").string() + "' -f '" + (dir / "t.txt").string() +
                                           "' "}) {
     const Result r = run_cli(cmd + "--baseline fp16 --baseline nope");
     EXPECT_EQ(r.status, 2) << cmd << r.output;

@@ -2,6 +2,7 @@
 // --haystack files) warn, naming the flag, the file and the first offending byte, and still run (the tokenizer
 // takes such bytes as raw bytes, as llama.cpp does); valid UTF-8 gives no
 // warning. Runs the built CLI on the real SmolLM2 model; skips without them.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -80,7 +81,7 @@ TEST_F(TextEncoding, NiahHaystackNotUtf8WarnsNamingTheFile) {
   EXPECT_EQ(r.output.find("--haystack '" + text.string() + "'"), std::string::npos) << r.output;
   fs::remove(bytes);
   fs::copy_file(text, dir_ / "hay" / "c.txt");
-  for (int i = 0; i < 40; ++i) std::ofstream(dir_ / "hay" / ("t" + std::to_string(i) + ".txt")) << kSentence;
+  for (int i = 0; i < 40; ++i) std::ofstream(dir_ / "hay" / fmt::format("t{}.txt", i)) << kSentence;
   const Result ok = run_cli(cmd + shell_quote((dir_ / "hay").string()));
   EXPECT_EQ(ok.status, 0) << ok.output;
   EXPECT_EQ(ok.output.find("UTF-8"), std::string::npos) << ok.output;

@@ -128,9 +128,13 @@ TEST(Scheduler, EveryRequestGetsItsAloneTokens) {
     for (size_t i = 0; i < rs.size(); ++i) prompt += rs[i].prompt.size(), out += rs[i].n_predict;
     EXPECT_EQ(s.stats().prompt_tokens, prompt);
     EXPECT_EQ(s.stats().output_tokens, out);
-    if (chunk > 0)  // every prefill call is at most a chunk
-      for (const auto& e : ex.log)
-        if (e[0] == 'P') EXPECT_LE(std::stoi(e.substr(e.find(':') + 1)), chunk) << e;
+    if (chunk > 0) {  // every prefill call is at most a chunk
+      for (const auto& e : ex.log) {
+        if (e[0] == 'P') {
+          EXPECT_LE(std::stoi(e.substr(e.find(':') + 1)), chunk) << e;
+        }
+      }
+    }
   }
 }
 
