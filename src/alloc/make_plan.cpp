@@ -186,7 +186,7 @@ RateQuantProblem ratequant_problem(const Ctx& c, const std::string& curves_name,
   const auto& st = c.st;
   // "none": w_i = 1 for every component (the curves alone; with key_weight, the side calibration's ratio).
   const size_t n_comp = (size_t)st.model.n_layers * st.model.n_kv_heads;
-  const Sensitivity ones{std::vector<double>(n_comp, 1.0), std::vector<double>(n_comp, 1.0)};
+  const Sensitivity ones{std::vector<double>(n_comp, 1.0), std::vector<double>(n_comp, 1.0), "", ""};
   auto sit = st.sensitivity.find(c.rq.sensitivity);
   check_param(c.rq.sensitivity == "none" || sit != st.sensitivity.end(), "PlanRequest.sensitivity",
               "\"{}\": not in the statistics file ({}; \"none\" weighs every component 1)", c.rq.sensitivity,
@@ -604,7 +604,14 @@ Plan make_plan(const CalibStats& st, const PlanRequest& rq, PlanDiagnostics* dia
       if (centered && k.kind != CodecKind::FP16) {
         const double* mu = st.k_pre_mean.data() + ((size_t)l * H + h) * d;
         k.offset.resize(d);
-        for (int i = 0; i < d; ++i) k.offset[i] = round_fp16((float)mu[i]);
+        for (int i = 0; i < d; ++i) {
+          // A mean beyond fp16 was reported as the plan's own offset being invalid (plan.validate below).
+          check(std::isfinite(mu[i]) && std::abs(mu[i]) <= 65504.0,
+                "{}: k_pre_mean[layer {}, KV head {}, channel {}] = {}: outside the fp16 range ±65504 the key "
+                "offset is stored in (PlanRequest.key_offset mean)",
+                rq.stats_file.empty() ? "the statistics" : rq.stats_file, l, h, i, mu[i]);
+          k.offset[i] = round_fp16((float)mu[i]);
+        }
       }
     }
   if (centered) p.method += "+key-offset";

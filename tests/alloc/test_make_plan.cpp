@@ -36,7 +36,7 @@ CalibStats synthetic_stats() {
   g.k = {8, 4, 2, 1, 1, 0.5};
   g.v = {1, 1, 0.5, 0.5, 0.25, 0};
   s.sensitivity["grad"] = g;
-  s.sensitivity["activation"] = {{1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1}};
+  s.sensitivity["activation"] = {{1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1}, "", ""};
   DistortionCurves c;
   c.beta_k = 3.5;
   c.beta_v = 3.6;
@@ -798,6 +798,14 @@ TEST(MakePlan, KeyOffsetsAndCenteredEnergies) {
   rq.key_offset = "mean";
   CalibStats no_mean = synthetic_stats();
   EXPECT_NE(error_of([&] { make_plan(no_mean, rq); }).find("the statistics have no k_pre_mean"), std::string::npos);
+  // A mean beyond fp16 names the statistics tensor (it was reported as the plan's offset failing validation).
+  CalibStats huge = s;
+  huge.k_pre_mean[(size_t)(1 * H + 0) * d + 5] = -1e6;
+  rq.stats_file = "big.safetensors";
+  EXPECT_NE(error_of([&] { make_plan(huge, rq); })
+                .find("big.safetensors: k_pre_mean[layer 1, KV head 0, channel 5] = -1000000: outside the fp16 range"),
+            std::string::npos);
+  rq.stats_file.clear();
   // The JSON statistics carry the means (signed values).
   const CalibStats back = stats_from_json(stats_to_json(s), "s.json");
   EXPECT_EQ(back.k_pre_mean, s.k_pre_mean);
