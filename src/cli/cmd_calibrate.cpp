@@ -30,6 +30,7 @@ struct CalibrateArgs {
   std::vector<int> curve_bits = {1, 2, 3, 4, 5};
   std::string curves_json;
   bool curve_bits_given = false;  // --curve-bits was given
+  bool sens_given = false;        // --sens-seqs or --sens-len was given
 };
 
 void run(const CalibrateArgs& a) {
@@ -41,6 +42,9 @@ void run(const CalibrateArgs& a) {
     check(a.sens_seqs >= 1 && a.sens_seqs <= 4096, "--sens-seqs {}: expected 1..4096", a.sens_seqs);
     check(a.sens_len >= 2, "--sens-len {}: expected ≥ 2", a.sens_len);
   }
+  // Accepted and ignored before, as --curve-bits without --curves was.
+  check(a.sensitivity || !a.sens_given,
+        "--sens-seqs/--sens-len: need --sensitivity (no gradient sensitivity is measured without it)");
   // The curve options before the model loads (a duplicate quantizer or a bad width was refused only after the
   // whole calibration forward pass).
   check(!a.curve_bits_given || !a.curves.empty(),
@@ -151,6 +155,7 @@ const Registrar reg("calibrate", [](CLI::App& app) {
   c->add_flag("--force", a->force, "overwrite the output file");
   c->callback([a, c] {
     a->curve_bits_given = c->get_option("--curve-bits")->count() > 0;
+    a->sens_given = c->get_option("--sens-seqs")->count() > 0 || c->get_option("--sens-len")->count() > 0;
     with_flag_names(kCalibrateFlags, [&] { run(*a); });
   });
 });

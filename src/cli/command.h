@@ -7,9 +7,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -30,6 +33,29 @@ std::vector<CommandEntry>& command_registry();
 struct Registrar {
   Registrar(std::string name, SetupFn fn) { command_registry().push_back({std::move(name), std::move(fn)}); }
 };
+
+/// The strict reading of a number given to a flag: decimal only (an optional sign, then digits; for floating
+/// point also a fraction, an exponent, inf and nan), the whole string, within T's range. CLI11 2.1's own
+/// conversion reads "010" as octal 8 and "0x10" as 16, saturates an out-of-range integer (`-c
+/// 99999999999999999999` ran as -c 9223372036854775807) and reads "" as 0.0 (`--kbits ""` planned at 0 bits).
+/// nullopt when `s` does not read as T. Used by add_list_option and strict_number_options.
+template <typename T>
+std::optional<T> parse_number(std::string_view s) {
+  static_assert((std::is_integral_v<T> && !std::is_same_v<T, bool>) || std::is_floating_point_v<T>);
+  if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+  if (s.empty() || s[0] == '+' || (std::is_unsigned_v<T> && s[0] == '-')) return std::nullopt;
+  T v{};
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// Gives every option of `app` and its subcommands whose value type is an integer or a floating-point
+/// number (CLI11 type names INT, UINT, FLOAT) the strict reading of parse_number (64-bit range; CLI11 then
+/// narrows to the option's own type and refuses what does not fit): a usage error (exit 2) "<flag>: expected a
+/// decimal integer, got '0x10'" / "… '99999999999999999999' is out of range" / "expected a number, got ''".
+/// Integers reach CLI11 in canonical decimal ("010" → "10"). main.cpp calls it after every command's setup.
+void strict_number_options(CLI::App& app);
 
 /// CLI11 check of a `--seed` value: an unsigned decimal integer in 0..2^64-1.
 /// CLI11 parses "-1" into a uint64_t as 2^64-1 and accepts it; with this check
@@ -105,9 +131,18 @@ CLI::Option* add_list_option(CLI::App* app, const std::string& names, std::vecto
             const std::string bad = each(item);
             if (!bad.empty()) throw CLI::ValidationError(flag, bad);
             T x{};
-            if (!CLI::detail::lexical_cast(item, x))
+            bool ok;
+            if constexpr ((std::is_integral_v<T> && !std::is_same_v<T, bool>) || std::is_floating_point_v<T>) {
+              const std::optional<T> n = parse_number<T>(item);  // decimal only ("010" was octal 8)
+              ok = n.has_value();
+              if (ok) x = *n;
+            } else {
+              ok = CLI::detail::lexical_cast(item, x);
+            }
+            if (!ok)
               throw CLI::ValidationError(flag, "'" + item + "': expected " +
-                                                   (std::is_integral_v<T> ? "an integer" : "a number"));
+                                                   (std::is_integral_v<T> ? "an integer" : "a number") +
+                                                   (std::is_integral_v<T> ? " (decimal, in range)" : ""));
             v.push_back(std::move(x));
           }
         out = std::move(v);

@@ -4,10 +4,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "cli/command.h"
 #include "cli/flag_names.h"
@@ -30,7 +34,7 @@ CLI::Validator non_negative_validator(const std::string& of, const std::string& 
         return fmt::format("expected a whole number{} ≥ 0{}, got '{}'", of.empty() ? "" : " of " + of,
                            note.empty() ? "" : " (" + note + ")", s);
       },
-      "N ≥ 0", "non_negative");
+      "N >= 0", "non_negative");
 }
 
 CLI::Validator non_empty_path_validator(const std::string& expected) {
@@ -44,6 +48,59 @@ CLI::Validator non_empty_validator(const std::string& expected) {
       [expected](std::string& s) -> std::string { return s.empty() ? "empty; expected " + expected : ""; }, "",
       "non_empty");
 }
+
+namespace {
+
+// The strict reading for one option (strict_number_options); `kind` is the CLI11 type name's stem.
+std::string strict_number(std::string& s, const std::string& kind) {
+  if (kind == "FLOAT") {
+    if (parse_number<double>(s)) return "";
+    return fmt::format("expected a decimal number, got '{}'", s);
+  }
+  std::optional<std::string> canon;
+  if (kind == "UINT") {
+    if (const auto v = parse_number<uint64_t>(s)) canon = std::to_string(*v);
+  } else if (const auto v = parse_number<int64_t>(s)) {
+    canon = std::to_string(*v);
+  }
+  if (canon) {
+    s = *canon;
+    return "";
+  }
+  // Out of range, or not a decimal integer at all: which one, for the message.
+  std::string_view d = s;
+  if (!d.empty() && (d[0] == '-' || d[0] == '+')) d.remove_prefix(1);
+  const bool digits = !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos;
+  if (digits && !(kind == "UINT" && s[0] == '-'))
+    return fmt::format("'{}' is out of range (expected {})", s,
+                       kind == "UINT" ? "0..18446744073709551615" : "-9223372036854775808..9223372036854775807");
+  return fmt::format("expected a decimal {}integer, got '{}'", kind == "UINT" ? "non-negative " : "", s);
+}
+
+void strict_numbers_of(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    const std::string t = o->get_type_name();
+    const std::string stem = t.substr(0, t.find(':'));
+    if (o->get_type_size() == 0 || (stem != "INT" && stem != "UINT" && stem != "FLOAT")) continue;
+    // CLI11 runs transforms first and checks last: the transform only rewrites a valid integer in canonical decimal
+    // ("010" → "10", which CLI11's base-0 conversion would read as octal); what is invalid passes it unchanged,
+    // so the option's own checks (seed_validator, non_negative_validator) name it first, and the check refuses
+    // what is left.
+    o->transform(CLI::Validator(
+        [stem](std::string& s) {
+          std::string t = s;
+          if (strict_number(t, stem).empty()) s = t;
+          return std::string();
+        },
+        "", "strict_number_canonical"));
+    o->check(CLI::Validator([stem](std::string& s) { return strict_number(s, stem); }, "", "strict_number"));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) strict_numbers_of(*sub);
+}
+
+}  // namespace
+
+void strict_number_options(CLI::App& app) { strict_numbers_of(app); }
 
 CLI::Validator seed_validator() {
   return CLI::Validator(
@@ -134,6 +191,7 @@ int main(int argc, char** argv) {
   auto& reg = ratekv::cli::command_registry();
   std::sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (auto& c : reg) c.setup(app);
+  ratekv::cli::strict_number_options(app);
   try {
     // stdout carries results (tables, JSON); all logging goes to stderr.
     spdlog::set_default_logger(spdlog::stderr_color_mt("ratekv"));

@@ -74,7 +74,7 @@ TEST_F(BadInputFlags, NegativeCountsNameTheFlagWithoutDblMax) {
   }
   const Result ok = run_cli("bench --help");
   EXPECT_EQ(ok.status, 0) << ok.output;
-  EXPECT_NE(ok.output.find("--chunk INT:N ≥ 0"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("--chunk INT:N >= 0"), std::string::npos) << ok.output;
   EXPECT_NE(run_cli("bench --synthetic tiny-llama --chunk 0 -p 0 -n 0 -r 1").status, 2);  // 0 is valid
 }
 
@@ -326,7 +326,8 @@ TEST_F(BadInputFlags, FlagsThatDoNotApplyAreRefusedBeforeLoading) {
   EXPECT_NE(neg.output.find("--layers: expected a whole number of layers ≥ 0 (0 = all), got '-1'"), std::string::npos)
       << neg.output;
   EXPECT_EQ(neg.output.find("1.79769"), std::string::npos) << neg.output;
-  // calibrate: curve options before the model loads; --curve-bits without --curves; --tokens ≥ 2.
+  // calibrate: curve options before the model loads; --curve-bits without --curves, --sens-seqs/--sens-len
+  // without --sensitivity; --tokens ≥ 2.
   const std::string cal = "calibrate" + m + f + "-o " + q(dir_ / "s.safetensors") + " ";
   expect(cal + "--tokens 8 --curves kivi,kivi", 1, "error: --curves: \"kivi\" given twice");
   expect(cal + "--tokens 8 --curves kivi --curve-bits 3", 1, "error: --curve-bits: need at least two widths, got 1");
@@ -336,6 +337,9 @@ TEST_F(BadInputFlags, FlagsThatDoNotApplyAreRefusedBeforeLoading) {
          "error: --curve-bits: widths must be in 1..8 (got 9..10)");
   expect(cal + "--tokens 8 --curve-bits 2,3", 1,
          "error: --curve-bits: needs --curves (no distortion curves are measured without it)");
+  for (const char* sens : {"--sens-seqs 4", "--sens-len 64"})
+    expect(cal + "--tokens 8 " + sens, 1,
+           "error: --sens-seqs/--sens-len: need --sensitivity (no gradient sensitivity is measured without it)");
   expect(cal + "--tokens 1", 1, "error: --tokens 1: expected ≥ 2 (the key covariance of one token is 0)");
   // The same command with good options gets as far as the model (which is not one).
   const Result r = run_cli(cal + "--tokens 8 --curves kivi --curve-bits 2,3");
@@ -419,6 +423,29 @@ TEST_F(BadInputFlags, EmptyTextArgumentsAreRefused) {
   expect("plan --method uniform --bits 3 --quantizer tq-mse --vquantizer '' -o " + q(dir_ / "p.json"), 2,
          "--vquantizer: empty; expected a codec name (leave --vquantizer out for the --quantizer codec)");
   EXPECT_FALSE(fs::exists(dir_ / "p.json"));
+}
+
+// CLI11 2.1 read integers with strtoll base 0 and floats with strtold: "064" was octal 52, "0x40" 64, an integer
+// past int64 the saturated 9223372036854775807 (`-c 99999999999999999999` ran as that context) and "" the number 0
+// (`--kbits ""` planned at 0 bits). Every integer or floating-point flag, and the items of list flags, now reads
+// decimal only and in range (strict_number_options, parse_number).
+TEST_F(BadInputFlags, NumbersAreDecimalAndInRange) {
+  expect("rd --n 99999999999999999999", 2,
+         "error: --n: '99999999999999999999' is out of range (expected -9223372036854775808..9223372036854775807)");
+  expect("rd --n 0x40", 2, "error: --n: expected a decimal integer, got '0x40'");
+  expect("rd --dim 12abc", 2, "error: --dim: expected a decimal integer, got '12abc'");
+  expect("rd --bits 1,0x2", 2, "error: --bits: '0x2': expected an integer (decimal, in range)");
+  expect("rd --bits 1,99999999999", 2, "error: --bits: '99999999999': expected an integer (decimal, in range)");
+  expect("plan --method uniform --kbits '' --vbits 3 -o " + q(dir_ / "p.json"), 2,
+         "error: --kbits: expected a decimal number, got ''");
+  expect("plan --method uniform --kbits 0x1p1 --vbits 3 -o " + q(dir_ / "p.json"), 2,
+         "error: --kbits: expected a decimal number, got '0x1p1'");
+  EXPECT_FALSE(fs::exists(dir_ / "p.json"));
+  // Leading zeros and a plus sign read as decimal: 064 vectors are 64 (octal 52 before), +2 is 2.
+  const Result r = run_cli("rd --n 064 --bits +1,02 --quantizers tq_mse --n-seeds 1 --json -");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"n_vectors\": 64,"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"bits_max\": 2.0"), std::string::npos) << r.output;
 }
 
 // Usage errors print on an 'error: ' line like every other error (CLI11's bare message before), and a
@@ -545,7 +572,9 @@ TEST_F(BadInputFlags, SamplingFlagsUnderGreedyDecodingWarn) {
   const std::string w = "[warning] --top-k 5: no effect";
   const size_t at = ok.output.find(w);
   EXPECT_NE(at, std::string::npos) << ok.output;
-  if (at != std::string::npos) EXPECT_EQ(ok.output.find(w, at + 1), std::string::npos) << ok.output;
+  if (at != std::string::npos) {
+    EXPECT_EQ(ok.output.find(w, at + 1), std::string::npos) << ok.output;
+  }
 }
 
 }  // namespace

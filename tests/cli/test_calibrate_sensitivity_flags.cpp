@@ -33,10 +33,11 @@ TEST(CalibrateSensitivityFlags, BadCountsNameTheFlagBeforeLoading) {
     EXPECT_NE(r.output.find(std::string("error: ") + flag), std::string::npos) << args << ": " << r.output;
     EXPECT_EQ(r.output.find("GGUF"), std::string::npos) << args << ": " << r.output;  // model never read
   }
-  // Without --sensitivity the same counts are not checked (they are unused): the bogus model is read and refused.
+  // Without --sensitivity the counts would be unused: refused (they were ignored silently), before the model.
   const Result r = run_cli(base.substr(0, base.size() - std::string("--sensitivity ").size()) + "--sens-len 1");
-  EXPECT_NE(r.status, 0) << r.output;
-  EXPECT_EQ(r.output.find("--sens-len"), std::string::npos) << r.output;
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("error: --sens-seqs/--sens-len: need --sensitivity"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("GGUF"), std::string::npos) << r.output;
 }
 
 // The backward pass serves every architecture Model runs: --sensitivity on
