@@ -499,6 +499,11 @@ class KVStatsAccumulator:
     def finish(self, ctx: int) -> KVStats:
         """Means over everything added (raises if a layer missed a chunk)."""
 
+def validate_curve_options(quantizers: Sequence[str], bits: Sequence[int]) -> None:
+    """
+    eval::validate_curve_options: raises RatekvError naming CurveMeasureOptions.quantizers/bits for no, unknown or repeated quantizers, or widths that are not ≥ 2 distinct values in 1..8 (what DistortionAccumulator checks, before any activation is captured).
+    """
+
 class DistortionAccumulator:
     """
     RateQuant distortion curves measured on captured K/V (include/ratekv/eval/distortion_measure.h): the accumulator `ratekv calibrate --curves` feeds from the C++ runtime.

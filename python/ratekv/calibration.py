@@ -51,12 +51,25 @@ def _vocab_size(model: torch.nn.Module, cfg: Any) -> int:
 
 def _tokens(tokenizer: Any, texts: Union[str, Sequence[str], None], token_ids: Any, n_vocab: int) -> torch.Tensor:
     if token_ids is not None:
-        t = torch.as_tensor(token_ids)
+        if texts is not None:  # texts used to be ignored silently
+            raise RatekvError("calibrate: give texts (with a tokenizer) or token_ids, not both")
+        try:
+            t = torch.as_tensor(token_ids)
+        except (TypeError, ValueError, RuntimeError) as e:  # ragged lists, strings, objects
+            raise RatekvError(f"calibrate: token_ids is a {type(token_ids).__name__} torch cannot read as a tensor "
+                              f"({e}); expected a 1-D sequence of integer token ids") from None
         if t.numel() == 0:  # torch.as_tensor([]) is float32: said "wrong dtype" before
             raise RatekvError("calibrate: token_ids is empty, expected at least one token id")
         if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
             raise RatekvError(f"calibrate: token_ids has dtype {t.dtype}, expected integer token ids")
-        ids = t.to(torch.long).flatten()
+        # A tokenizer's return_tensors="pt" batch of one, (1, N), is one sequence; any other 2-D or higher shape
+        # used to be flattened silently, running the rows as one text across their boundaries.
+        if t.dim() == 2 and t.shape[0] == 1:
+            t = t[0]
+        if t.dim() != 1:
+            raise RatekvError(f"calibrate: token_ids has shape {tuple(t.shape)}, expected one sequence: 1-D (N) or "
+                              "(1, N) (concatenate several texts' ids into one sequence)")
+        ids = t.to(torch.long)
         if ids.numel() > 0:
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= n_vocab:
@@ -176,6 +189,43 @@ def _measure_curves(model, cfg, stats, ids, ctx, quantizers, bits, cap, dev) -> 
     acc.finish_into(stats)
 
 
+def _curve_args(curves: Any, curve_bits: Any) -> tuple:
+    """calibrate's ``curves`` / ``curve_bits`` as lists, checked before the model runs (they were checked by the
+    C++ accumulator only after the whole first pass, and a string ``curves`` was iterated character by
+    character): curves None → ([], []); a string is split at commas (as ``--curves``). The C++ checks
+    (eval::validate_curve_options) name CurveMeasureOptions.quantizers / .bits; here they name the arguments."""
+    if curves is None:
+        if curve_bits is not None:
+            raise RatekvError(f"calibrate: curve_bits = {curve_bits!r} needs curves (no distortion curves are "
+                              "measured without them)")
+        return [], []
+    if isinstance(curves, str):
+        curves = [c.strip() for c in curves.split(",")]
+    try:
+        curves = list(curves)
+    except TypeError:
+        raise RatekvError(f"calibrate: curves is a {type(curves).__name__}, expected a list of quantizer names "
+                          "(kivi, quarot, tq-mse, block-gtq) or one comma-separated string") from None
+    if not curves:
+        raise RatekvError("calibrate: curves is empty: give quantizer names (kivi, quarot, tq-mse, block-gtq) or "
+                          "None")
+    for c in curves:
+        if not isinstance(c, str):
+            raise RatekvError(f"calibrate: curves holds {c!r}, expected quantizer names (str)")
+    if curve_bits is None:
+        curve_bits = [1, 2, 3, 4, 5]
+    if isinstance(curve_bits, (str, bytes)) or not hasattr(curve_bits, "__iter__"):
+        raise RatekvError(f"calibrate: curve_bits = {curve_bits!r}: expected a list of code widths (integers)")
+    bits = [_int_arg("calibrate", "curve_bits[]", b, -_I32[1], _I32[1]) for b in curve_bits]
+    try:
+        _core.validate_curve_options(curves, bits)
+    except RatekvError as e:
+        msg = str(e).replace("CurveMeasureOptions.quantizers", "curves").replace("CurveMeasureOptions.bits",
+                                                                                   "curve_bits")
+        raise RatekvError(f"calibrate: {msg}") from None
+    return curves, bits
+
+
 def _check_output(path: str) -> None:
     """RatekvError naming ``output`` unless a new file can be written at ``path``: it must not exist and its
     directory must exist and accept a file (probed by creating and removing one, so a read-only file system
@@ -212,10 +262,10 @@ def calibrate(
     n_tokens: Optional[int] = None,
     ctx: int = 512,
     sensitivity: bool = False,
-    sens_seqs: int = 16,
-    sens_len: int = 512,
-    curves: Optional[Sequence[str]] = None,
-    curve_bits: Sequence[int] = (1, 2, 3, 4, 5),
+    sens_seqs: Optional[int] = None,
+    sens_len: Optional[int] = None,
+    curves: Union[str, Sequence[str], None] = None,
+    curve_bits: Optional[Sequence[int]] = None,
     output: Union[str, "os.PathLike[str]", None] = None,
     model_file: str = "",
     model_sha256: str = "",
@@ -232,20 +282,24 @@ def calibrate(
         n_tokens: calibration tokens N (default: all); the first N are run in
             consecutive chunks of ``ctx``, each from an empty cache at positions 0.. (as
             ``ratekv calibrate --tokens N --ctx C``).
-        sensitivity: also E_t (∂L/∂k)², E_t (∂L/∂v)² over ``sens_seqs`` sequences of
-            ``sens_len`` tokens from the start of the tokens (``--sensitivity``); L is
+        sensitivity: also E_t (∂L/∂k)², E_t (∂L/∂v)² over ``sens_seqs`` (default 16) sequences of
+            ``sens_len`` (default 512) tokens from the start of the tokens (``--sensitivity``); L is
             each sequence's mean next-token cross-entropy, the K/V the attention reads
             are the variables (autograd through zero-valued probes added to them).
+            ``sens_seqs`` / ``sens_len`` without ``sensitivity=True`` are refused.
         curves: also measure RateQuant's distortion curves of these quantizers (kivi, quarot,
-            tq-mse, block-gtq) at ``curve_bits`` on the same chunks and fit D = α β^(−b)
-            (``--curves``; needed by ``make_plan(..., "ratequant")``), see :func:`_measure_curves`.
+            tq-mse, block-gtq; a list, or one string, comma-separated as ``--curves`` takes them)
+            at ``curve_bits`` (default 1..5; refused without ``curves``) on the same chunks and fit
+            D = α β^(−b) (needed by ``make_plan(..., "ratequant")``), see :func:`_measure_curves`.
         output: write the statistics file there (safetensors; must not exist).
         model_file, model_sha256, text_file: identity recorded in the file
             (``text_file``: a path — its name and SHA-256 are stored).
 
     Returns the :class:`ratekv.KVStats` (``rope_layout`` "neox", arch = model_type).
-    Raises RatekvError for no tokens, ``token_ids`` outside the model's vocabulary
-    (0..rows of the input embedding − 1; checked before the model runs), ctx or
+    Raises RatekvError for no tokens, both ``texts`` and ``token_ids``, ``token_ids`` that are
+    not one sequence (1-D or (1, N)) or outside the model's vocabulary
+    (0..rows of the input embedding − 1; checked before the model runs), unknown or repeated
+    ``curves``, ``curve_bits`` that are not ≥ 2 distinct widths in 1..8, ctx or
     sens_len outside the model's positions, a non-integer ctx / n_tokens / sens_seqs /
     sens_len, a ``text_file`` that is not a file, a ``model_file`` / ``model_sha256`` that
     is not a str, a ``model`` without ``.config`` (all checked before the run),
@@ -275,9 +329,17 @@ def calibrate(
     ctx = _int_arg("calibrate", "ctx", ctx, 1, cfg.n_ctx_train)
     if n_tokens is not None:
         n_tokens = _int_arg("calibrate", "n_tokens", n_tokens, 1, _I32[1])
+    if not isinstance(sensitivity, bool):
+        raise RatekvError(f"calibrate: sensitivity = {sensitivity!r}: expected True or False")
     if sensitivity:
-        sens_seqs = _int_arg("calibrate", "sens_seqs", sens_seqs, 1, _I32[1])
-        sens_len = _int_arg("calibrate", "sens_len", sens_len, 2, cfg.n_ctx_train)
+        sens_seqs = _int_arg("calibrate", "sens_seqs", 16 if sens_seqs is None else sens_seqs, 1, 4096)
+        sens_len = _int_arg("calibrate", "sens_len", 512 if sens_len is None else sens_len, 2, cfg.n_ctx_train)
+    else:  # as `ratekv calibrate` refuses --sens-seqs / --sens-len without --sensitivity (ignored silently before)
+        for name, v in (("sens_seqs", sens_seqs), ("sens_len", sens_len)):
+            if v is not None:
+                raise RatekvError(f"calibrate: {name} = {v!r} needs sensitivity=True (no gradient sensitivity is "
+                                  "measured without it)")
+    curves, curve_bits = _curve_args(curves, curve_bits)
     ids = _tokens(tokenizer, texts, token_ids, _vocab_size(model, cfg))
     N = int(n_tokens) if n_tokens is not None else int(ids.numel())
     if N < 1 or N > ids.numel():
@@ -328,8 +390,7 @@ def calibrate(
                             _rows(cap.post[(li, "v")], m, Hk, d, "v", li, True))
         stats = acc.finish(ctx)
         if curves:
-            _measure_curves(model, cfg, stats, ids[:N], ctx, list(curves), [int(b) for b in curve_bits],
-                            cap, dev)
+            _measure_curves(model, cfg, stats, ids[:N], ctx, curves, curve_bits, cap, dev)
 
         if sensitivity:
             cap.close()

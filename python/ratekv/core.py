@@ -130,11 +130,19 @@ def load_plan(path: PathLike) -> Plan:
     return Plan.load(os.fspath(path))
 
 
-def save_plan(plan: Plan, path: PathLike) -> None:
-    """Validates and writes a plan as JSON (docs/plan_format.md) at ``path``, replacing an existing
-    file (unlike the CLI's ``-o``, which needs ``--force``). Raises RatekvError naming the path when
-    it cannot be written."""
-    plan.save(os.fspath(path))
+def save_plan(plan: Plan, path: PathLike, *, overwrite: bool = False) -> None:
+    """Validates and writes a plan as JSON (docs/plan_format.md) at ``path``. An existing file is
+    replaced only with ``overwrite=True`` (as the CLI's ``-o`` needs ``--force``). Raises RatekvError
+    naming the path when it exists (without ``overwrite``) or cannot be written, and naming ``plan``
+    when it is not a ratekv.Plan."""
+    if not isinstance(plan, Plan):
+        raise RatekvError(f"save_plan: plan is a {type(plan).__name__}, expected a ratekv.Plan")
+    if not isinstance(overwrite, bool):
+        raise RatekvError(f"save_plan: overwrite = {overwrite!r}: expected True or False")
+    p = os.fspath(path)
+    if not overwrite and os.path.lexists(p):
+        raise RatekvError(f"save_plan: '{p}' exists (pass overwrite=True to replace it)")
+    plan.save(p)
 
 
 def _check_safetensors(what: str, path: str) -> None:
@@ -162,6 +170,12 @@ def load_stats(path: PathLike) -> KVStats:
     return KVStats.load(os.fspath(path))
 
 
+# The largest n_layers, n_heads, n_kv_heads and head_dim a statistics file holds (KVStats::validate; the C++
+# ModelConfig::validate bounds n_layers the same): a bigger config was accepted and allocated its per-layer
+# statistics before anything refused it (MemoryError for num_hidden_layers = 10**8).
+_MAX_SHAPE = 4096
+
+
 def model_config(hf_config: Any) -> ModelConfig:
     """The ratekv model identity of a Hugging Face ``PretrainedConfig``.
 
@@ -174,7 +188,8 @@ def model_config(hf_config: Any) -> ModelConfig:
 
     Raises RatekvError when a field is missing, not a positive integer (naming the
     Hugging Face field: num_hidden_layers, num_attention_heads, num_key_value_heads,
-    hidden_size, head_dim, intermediate_size, vocab_size, max_position_embeddings),
+    hidden_size, head_dim, intermediate_size, vocab_size, max_position_embeddings) or
+    larger than 4096 (num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim),
     when the heads do not divide (num_attention_heads by num_key_value_heads, or
     hidden_size by num_attention_heads without head_dim), when the model uses partial rotary embeddings
     (``partial_rotary_factor`` < 1), which the plans cannot describe, or when any layer has an active
@@ -192,17 +207,17 @@ def model_config(hf_config: Any) -> ModelConfig:
 
     src = type(hf_config).__name__
 
-    def positive(name: str, v: Any) -> int:
+    def positive(name: str, v: Any, hi: int = _I32[1]) -> int:
         # Checked here, naming the Hugging Face field: a 0 would divide by zero below, a negative or a huge
         # value would reach the binding as nanobind's unnamed TypeError.
-        return _int_arg(src, name, v, 1, _I32[1])
+        return _int_arg(src, name, v, 1, hi)
 
     cfg = ModelConfig()
     cfg.arch = str(getattr(text, "model_type", "") or "unknown")
-    cfg.n_layers = positive("num_hidden_layers", need("num_hidden_layers"))
-    cfg.n_heads = positive("num_attention_heads", need("num_attention_heads"))
+    cfg.n_layers = positive("num_hidden_layers", need("num_hidden_layers"), _MAX_SHAPE)
+    cfg.n_heads = positive("num_attention_heads", need("num_attention_heads"), _MAX_SHAPE)
     kv = getattr(text, "num_key_value_heads", None)
-    cfg.n_kv_heads = positive("num_key_value_heads", kv if kv is not None else cfg.n_heads)
+    cfg.n_kv_heads = positive("num_key_value_heads", kv if kv is not None else cfg.n_heads, _MAX_SHAPE)
     if cfg.n_heads % cfg.n_kv_heads != 0:
         raise RatekvError(f"{src}: num_attention_heads = {cfg.n_heads} is not a multiple of num_key_value_heads = "
                           f"{cfg.n_kv_heads}")
@@ -211,7 +226,7 @@ def model_config(hf_config: Any) -> ModelConfig:
     if hd is None and cfg.d_model % cfg.n_heads != 0:
         raise RatekvError(f"{src}: hidden_size = {cfg.d_model} is not a multiple of num_attention_heads = "
                           f"{cfg.n_heads} (and no head_dim is given)")
-    cfg.head_dim = positive("head_dim", hd if hd is not None else cfg.d_model // cfg.n_heads)
+    cfg.head_dim = positive("head_dim", hd if hd is not None else cfg.d_model // cfg.n_heads, _MAX_SHAPE)
     cfg.d_ff = positive("intermediate_size", getattr(text, "intermediate_size", None) or 4 * cfg.d_model)
     cfg.n_vocab = positive("vocab_size", need("vocab_size"))
     cfg.n_ctx_train = positive("max_position_embeddings", getattr(text, "max_position_embeddings", None) or 2048)
@@ -436,7 +451,7 @@ def fake_quantize(
     ``x``: (T, n_kv_heads, head_dim) post-RoPE keys or values, or
     (B, n_kv_heads, T, head_dim) (Hugging Face layout, 4-D; each batch row on its
     own). Returns the same type (numpy array, or torch tensor of x's dtype and
-    device) and shape. vq key layers need ``k_pre`` (pre-RoPE keys, x's layout)
+    device; a numpy array for a list) and shape. vq key layers need ``k_pre`` (pre-RoPE keys, x's layout)
     and ``positions``. ``window``/``sink``: fp16 rows at the end / start.
     Raises RatekvError for a wrong shape or non-finite input, for ``layer``
     outside 0..n_layers-1 or a negative ``window`` / ``sink``, for ``codecs`` that
@@ -458,8 +473,8 @@ def fake_quantize(
     is_torch = hasattr(x, "detach")
     if is_torch:
         import torch
-    four_d = len(x.shape) == 4
-    xs = _to_f32_numpy(x)
+    xs = _to_f32_numpy(x)  # (a list is read by numpy; x.shape of a list was a bare AttributeError)
+    four_d = xs.ndim == 4
     kp = None if k_pre is None else _to_f32_numpy(k_pre)
     pos = None if positions is None else np.ascontiguousarray(np.asarray(
         positions.cpu() if hasattr(positions, "cpu") else positions, dtype=np.int32))

@@ -229,6 +229,19 @@ void bind_stats(nb::module_& m) {
           },
           nb::arg("ctx"), "Means over everything added (raises if a layer missed a chunk).");
 
+  m.def(
+      "validate_curve_options",
+      [](const std::vector<std::string>& quantizers, const std::vector<int>& bits) {
+        eval::CurveMeasureOptions opt;
+        opt.quantizers = quantizers;
+        opt.bits = bits;
+        eval::validate_curve_options(opt);
+      },
+      nb::arg("quantizers"), nb::arg("bits"),
+      "eval::validate_curve_options: raises RatekvError naming CurveMeasureOptions.quantizers/bits for no, unknown "
+      "or repeated quantizers, or widths that are not ≥ 2 distinct values in 1..8 (what DistortionAccumulator "
+      "checks, before any activation is captured).");
+
   nb::class_<eval::DistortionAccumulator>(
       m, "DistortionAccumulator",
       "RateQuant distortion curves measured on captured K/V (include/ratekv/eval/distortion_measure.h): the "

@@ -102,6 +102,24 @@ def test_packed_cache_refuses_unpacked_codecs_at_construction(llama, quantizer, 
     (dict(ctx=0), r"ctx = 0: expected an integer in 1..1024"),
     (dict(sensitivity=True, sens_seqs=1.5), r"sens_seqs = 1.5: expected an integer"),
     (dict(n_tokens=2.5), r"n_tokens = 2.5: expected an integer"),
+    # texts beside token_ids were ignored; a batch of several rows was flattened into one text.
+    (dict(texts="hello"), r"give texts \(with a tokenizer\) or token_ids, not both"),
+    (dict(token_ids=torch.arange(64).reshape(2, 32)), r"token_ids has shape \(2, 32\), expected one sequence"),
+    (dict(token_ids=[[1, 2], [3]]), r"token_ids is a list torch cannot read as a tensor"),
+    # sens_seqs / sens_len / curve_bits were ignored without sensitivity / curves.
+    (dict(sens_seqs=4), r"sens_seqs = 4 needs sensitivity=True"),
+    (dict(sens_len=64), r"sens_len = 64 needs sensitivity=True"),
+    (dict(sensitivity=True, sens_seqs=5000), r"sens_seqs = 5000: expected an integer in 1..4096"),
+    (dict(sensitivity="yes"), r"sensitivity = 'yes': expected True or False"),
+    (dict(curve_bits=[2, 3]), r"curve_bits = \[2, 3\] needs curves"),
+    # Curve options were checked by the C++ accumulator after the whole first pass, naming CurveMeasureOptions.
+    (dict(curves="tq-mse,tq-mse"), r'curves: "tq-mse" given twice'),
+    (dict(curves=["tq-prod"]), r'curves "tq-prod": expected kivi, quarot, tq-mse or block-gtq'),
+    (dict(curves=[], curve_bits=[2, 3]), r"curves is empty"),
+    (dict(curves=5), r"curves is a int, expected a list of quantizer names"),
+    (dict(curves=["kivi"], curve_bits=[2, 2, 3]), r"curve_bits: widths must be distinct"),
+    (dict(curves=["kivi"], curve_bits=[0, 1]), r"curve_bits: widths must be in 1..8 \(got 0..1\)"),
+    (dict(curves=["kivi"], curve_bits="23"), r"curve_bits = '23': expected a list of code widths"),
 ])
 def test_calibrate_arguments_are_checked_before_the_run(llama, kw, msg):
     # text_file / model_sha256 used to fail only after the whole run (hashing the file, setting the field).
@@ -159,3 +177,61 @@ def test_messages_name_the_library_not_its_internals(llama, tmp_path):
     with pytest.raises(RatekvError, match=r"^x: n_kv_heads \('llama.attention.head_count_kv'\) = 3 must be positive "
                                           r"and divide n_heads \('llama.attention.head_count'\) = 4$"):
         c.validate("x")
+
+
+def test_calibrate_curves_as_one_string_and_a_batch_of_one(llama):
+    # curves="tq-mse" used to be iterated as "t", "q", ...; a (1, N) tensor is the tokenizer's batch of one.
+    m, _ = llama
+    ids = (torch.arange(96) * 7) % 320
+    a = ratekv.calibrate(m, token_ids=ids.unsqueeze(0), ctx=48, curves="kivi, tq-mse", curve_bits=[1, 2])
+    b = ratekv.calibrate(m, token_ids=ids, ctx=48, curves=["kivi", "tq-mse"], curve_bits=[1, 2])
+    for q in ("kivi", "tq-mse"):
+        ca, cb = a.curve(q), b.curve(q)
+        assert ca["bits"] == [1, 2]
+        assert (ca["mse_k"] == cb["mse_k"]).all() and (ca["mse_k"] > 0).all()
+
+
+def test_model_config_refuses_shapes_beyond_the_statistics_files(llama):
+    from transformers import LlamaConfig
+
+    # num_hidden_layers = 10**8 was accepted, and uniform_plan then raised MemoryError allocating its statistics.
+    with pytest.raises(RatekvError, match=r"^LlamaConfig: num_hidden_layers = 100000000: expected an integer in "
+                                          r"1..4096"):
+        ratekv.model_config(LlamaConfig(num_hidden_layers=10**8))
+    with pytest.raises(RatekvError, match=r"^LlamaConfig: head_dim = 8192: expected an integer in 1..4096"):
+        ratekv.model_config(LlamaConfig(head_dim=8192))
+    # The C++ check behind it, for a config built by hand.
+    _, cfg = llama
+    big = ratekv.ModelConfig()
+    for f in ("arch", "n_heads", "n_kv_heads", "head_dim", "d_model", "d_ff", "n_vocab", "n_ctx_train",
+              "rope_theta", "rms_eps", "rope_layout"):
+        setattr(big, f, getattr(cfg, f))
+    big.n_layers = 5000
+    with pytest.raises(RatekvError, match=r"implausibly large model \(n_layers \('llama.block_count'\) = 5000"):
+        ratekv.uniform_plan(big)
+
+
+def test_save_plan_refuses_an_existing_file(llama, tmp_path):
+    _, cfg = llama
+    p = ratekv.uniform_plan(cfg, 2, 2)
+    path = tmp_path / "p.plan.json"
+    ratekv.save_plan(p, path)
+    first = path.read_text()
+    with pytest.raises(RatekvError, match=rf"^save_plan: '{path}' exists \(pass overwrite=True to replace it\)"):
+        ratekv.save_plan(ratekv.uniform_plan(cfg, 3, 3), path)
+    assert path.read_text() == first
+    ratekv.save_plan(ratekv.uniform_plan(cfg, 3, 3), path, overwrite=True)
+    assert ratekv.load_plan(path).achieved["k_code"] == 3
+    with pytest.raises(RatekvError, match=r"^save_plan: plan is a dict, expected a ratekv.Plan"):
+        ratekv.save_plan({}, tmp_path / "q.json")
+
+
+def test_fake_quantize_reads_a_list(llama):
+    _, cfg = llama
+    c = ratekv.codecs(ratekv.uniform_plan(cfg, 3, 3), cfg)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, cfg.n_kv_heads, cfg.head_dim, generator=g)
+    # x.shape of a list was a bare AttributeError.
+    out = ratekv.fake_quantize(x.tolist(), c, 1, "value")
+    ref = ratekv.fake_quantize(x.numpy(), c, 1, "value")
+    assert (out == ref).all() and abs(out - x.numpy()).max() > 0

@@ -194,6 +194,12 @@ void ModelConfig::validate(const std::string& source) const {
         a, attn_scale);
   check(std::isfinite(final_logit_softcap) && final_logit_softcap >= 0,
         "{}: '{}final_logit_softcapping' = {} must be finite and >= 0", source, a, final_logit_softcap);
+  // The statistics files' bound (KVStats::validate): per-layer tensors of a config with 10^8 layers were allocated
+  // (Python's uniform_plan: MemoryError) before anything refused it.
+  check(n_layers <= 4096 && n_heads <= 4096 && head_dim <= 4096,
+        "{}: implausibly large model ({} = {}, {} = {}, {} = {}; expected ≤ 4096 each)", source,
+        key("n_layers", "block_count"), n_layers, key("n_heads", "attention.head_count"), n_heads,
+        key("head_dim", "attention.key_length"), head_dim);
   // Bound sizes so later allocations (n_heads·head_dim·d_model ...) cannot overflow.
   check(static_cast<int64_t>(n_heads) * head_dim <= (1 << 20) && d_model <= (1 << 20) && d_ff <= (1 << 22),
         "{}: implausibly large dimensions (n_heads·head_dim = {}, d_model = {}, d_ff = {})", source,

@@ -144,7 +144,8 @@ struct ModelConfig {
   /// Checks positivity, n_heads % n_kv_heads == 0, even head_dim, finite
   /// positive θ and ε, and the Gemma fields (layer_sliding empty or n_layers
   /// long, positive window and θ_swa when any layer slides, finite
-  /// non-negative scales). `source` names the file in messages. Throws Error.
+  /// non-negative scales), and bounds the shape (n_layers, n_heads, head_dim ≤ 4096, as the statistics
+  /// files; n_heads·head_dim, d_model ≤ 2^20; d_ff ≤ 2^22). `source` names the file in messages. Throws Error.
   void validate(const std::string& source) const;
   /// Cache shape for a sequence of up to n_ctx tokens.
   KVCacheShape kv_shape(int64_t n_ctx) const;
