@@ -91,7 +91,8 @@ float TQMSE::encode(const float* x, uint8_t* idx) const {
   if (cfg_.bits == 0) return 0.0f;
   const int m = cfg_.dim;
   const float n = vec_norm(x, m);
-  check(std::isfinite(n), "tq_mse: input vector has non-finite values");
+  check(std::isfinite(n), "tq_mse: input vector's L2 norm is {} (a non-finite value, or values so large that the "
+        "float norm overflows)", n);
   thread_local std::vector<float> scratch;
   if (scratch.size() < 2 * (size_t)m) scratch.resize(2 * (size_t)m);
   float* u = scratch.data();

@@ -59,7 +59,8 @@ void TQProd::fake_quant(const float* x, int64_t T, float* xhat) const {
     double n2 = 0.0;
     for (int i = 0; i < m; ++i) n2 += (double)xr[i] * xr[i];
     const float n = (float)std::sqrt(n2);
-    check(std::isfinite(n), "tq_prod: input row {} has non-finite values", t);
+    check(std::isfinite(n), "tq_prod: input row {}'s L2 norm is {} (a non-finite value, or values so large that the "
+          "float norm overflows)", t, n);
     const float inv = n > 0 ? 1.0f / n : 0.0f;
     for (int i = 0; i < m; ++i) u[i] = xr[i] * inv;
     mse_.encode(u.data(), idx.data());
