@@ -27,28 +27,38 @@ SEEDS=${RATEKV_SEEDS:-1}
 MODEL_NAME=smollm2
 FORCE=0
 OUT=out/main_job
+die() { echo "main_job.sh: $*" >&2; exit 2; }
+# An option's value, or a clean error when it is missing ("unbound variable" from set -u before).
+value() { [[ $# -ge 2 && $2 != --* ]] || die "$1 needs a value (see --help)"; }
 while (($#)); do
   case "$1" in
-    --seeds) SEEDS=$2; shift 2 ;;
-    --model) MODEL_NAME=$2; shift 2 ;;
+    --seeds) value "$@"; SEEDS=$2; shift 2 ;;
+    --model) value "$@"; MODEL_NAME=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
-    --out) OUT=$2; shift 2 ;;
+    --out) value "$@"; OUT=$2; shift 2 ;;
     -h|--help) sed -n "2,/^set -euo/p" "$0" | grep "^#" | cut -c3-; exit 0 ;;
-    *) echo "main_job.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
-if [[ -e "$OUT/report.json" && $FORCE == 0 ]]; then
-  OUT="$OUT-$(date -u +%Y%m%d-%H%M%S)"
-  echo "main_job: a previous report exists; writing this run to $OUT (pass --force to overwrite)"
-fi
+# Every option is checked before the install, the build and the run (--seeds abc was refused by ratekv eval
+# only after calibrating and planning).
+[[ $SEEDS =~ ^[0-9]+$ ]] && ((10#$SEEDS >= 1 && 10#$SEEDS <= 1000)) ||
+  die "--seeds '$SEEDS' (or RATEKV_SEEDS): expected an integer in 1..1000"
+SEEDS=$((10#$SEEDS))
+[[ -n $OUT ]] || die "--out '': expected a folder"
 A=${RATEKV_ASSETS:-$HOME/.cache/ratekv/assets}
 case "$MODEL_NAME" in
   smollm2) MODEL=$A/models/SmolLM2-135M-Instruct.Q4_1.gguf ;;
   gemma3) MODEL=$A/models/gemma-3-270m-q4_k_m.gguf ;;
   qwen2.5-coder-0.5b) MODEL=$A/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ;;
   qwen2.5-coder-1.5b) MODEL=$A/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf ;;
-  *) echo "main_job.sh: --model '$MODEL_NAME': expected smollm2, gemma3, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b" >&2; exit 2 ;;
+  *) die "--model '$MODEL_NAME': expected smollm2, gemma3, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b" ;;
 esac
+if [[ -e "$OUT/report.json" && $FORCE == 0 ]]; then
+  OUT="$OUT-$(date -u +%Y%m%d-%H%M%S)"
+  echo "main_job: a previous report exists; writing this run to $OUT (pass --force to overwrite)"
+fi
+[[ ! -e $OUT || -d $OUT ]] || die "--out '$OUT': exists and is not a folder"
 mkdir -p "$OUT"
 FORCE_FLAG=(); ((FORCE)) && FORCE_FLAG=(--force)
 
