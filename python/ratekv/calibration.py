@@ -216,7 +216,7 @@ def _curve_args(curves: Any, curve_bits: Any) -> tuple:
         curve_bits = [1, 2, 3, 4, 5]
     if isinstance(curve_bits, (str, bytes)) or not hasattr(curve_bits, "__iter__"):
         raise RatekvError(f"calibrate: curve_bits = {curve_bits!r}: expected a list of code widths (integers)")
-    bits = [_int_arg("calibrate", "curve_bits[]", b, -_I32[1], _I32[1]) for b in curve_bits]
+    bits = [_int_arg("calibrate", f"curve_bits[{i}]", b, _I32[0], _I32[1]) for i, b in enumerate(curve_bits)]
     try:
         _core.validate_curve_options(curves, bits)
     except RatekvError as e:
