@@ -76,6 +76,9 @@ KVStats KVStatsAccumulator::finish() const {
   check(N > 0, "calibration: no tokens were processed");
   for (int l = 0; l < cfg_.n_layers; ++l)
     check(n_[l] == N, "calibration: layer {} saw {} tokens, layer 0 saw {}", l, n_[l], N);
+  // One token has a key covariance of 0: statistics of nothing (the CLI's --tokens refused it, `panel
+  // --calib-tokens 1` and Python's calibrate ran on it).
+  check(N >= 2, "calibration: 1 token was processed; at least 2 are needed (the key covariance of one token is 0)");
   const int H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, d = cfg_.head_dim, ratio = H / Hkv;
   KVStats s;
   s.model = model_identity(cfg_);

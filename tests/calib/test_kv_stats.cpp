@@ -109,6 +109,16 @@ TEST(KVStatsAccumulator, RejectsWrongShapesAndUnevenLayers) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layer 1 saw 0 tokens"), std::string::npos) << e.what();
   }
+  // Every layer at one token: statistics of nothing (a key covariance of 0), refused.
+  a.layer = 1;
+  acc.add(a);
+  try {
+    acc.finish();
+    FAIL() << "one token accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1 token was processed; at least 2 are needed"), std::string::npos)
+        << e.what();
+  }
   a.head_dim = 6;
   EXPECT_THROW(acc.add(a), Error);
   a.head_dim = 4;

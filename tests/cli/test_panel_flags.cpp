@@ -24,6 +24,8 @@ TEST(PanelFlags, BadValuesNameTheFlagBeforeLoading) {
       {"--bits 0", "--bits"},          {"--bits 9", "--bits"},       {"--seeds 0", "--seeds"},
       {"--seeds 99", "--seeds"},       {"--ctx 2", "--ctx"},         {"--tokens 100 --ctx 512", "--tokens"},
       {"--calib-tokens 0", "--calib-tokens"},
+      {"--calib-tokens 1", "--calib-tokens 1: expected >= 2"},  // ran on one token (a key covariance of 0)
+      {"--tokens 512 --ctx 512", "--tokens 512 must be at least 2 × --ctx 512"},  // failed after calibrating
   };
   for (const auto& [args, flag] : cases) {
     const Result r = run_cli(base + args);
