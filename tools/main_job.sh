@@ -42,7 +42,8 @@ while (($#)); do
 done
 # Every option is checked before the install, the build and the run (--seeds abc was refused by ratekv eval
 # only after calibrating and planning).
-[[ $SEEDS =~ ^[0-9]+$ ]] && ((10#$SEEDS >= 1 && 10#$SEEDS <= 1000)) ||
+# At most 4 digits before any arithmetic: bash wraps 10#18446744073709551617 to 1.
+[[ $SEEDS =~ ^[0-9]{1,4}$ ]] && ((10#$SEEDS >= 1 && 10#$SEEDS <= 1000)) ||
   die "--seeds '$SEEDS' (or RATEKV_SEEDS): expected an integer in 1..1000"
 SEEDS=$((10#$SEEDS))
 [[ -n $OUT ]] || die "--out '': expected a folder"
@@ -59,7 +60,7 @@ if [[ -e "$OUT/report.json" && $FORCE == 0 ]]; then
   echo "main_job: a previous report exists; writing this run to $OUT (pass --force to overwrite)"
 fi
 [[ ! -e $OUT || -d $OUT ]] || die "--out '$OUT': exists and is not a folder"
-mkdir -p "$OUT"
+mkdir -p "$OUT" 2>/dev/null || die "--out '$OUT': cannot create the folder"
 FORCE_FLAG=(); ((FORCE)) && FORCE_FLAG=(--force)
 
 t_start=$(date +%s)

@@ -597,9 +597,12 @@ void run(const BenchArgs& a, const std::string& command_line) {
   meta["command"] = command_line;
   check_chunk_option(args.device, args.chunk);
   check(args.requests == 0 || args.device == "cuda", "--requests: the request stream runs on --device cuda only");
-  check(args.req_prompt >= 1 && args.req_gen >= 1 && args.stream_batch >= 1 && args.pool_gib >= 0,
-        "--req-prompt {} / --req-gen {} / --stream-batch {} must be >= 1 and --pool-gib {} >= 0", args.req_prompt,
-        args.req_gen, args.stream_batch, args.pool_gib);
+  check(args.req_prompt >= 1 && args.req_gen >= 1 && args.stream_batch >= 1,
+        "--req-prompt {} / --req-gen {} / --stream-batch {} must be >= 1", args.req_prompt, args.req_gen,
+        args.stream_batch);
+  // inf or 1e300 passed a >= 0 test and overflowed size_t in the pool's byte count.
+  check(std::isfinite(args.pool_gib) && args.pool_gib >= 0 && args.pool_gib <= 1 << 20,
+        "--pool-gib {}: expected a number of GiB in 0..1048576 (0 = all free memory)", args.pool_gib);
   if (args.device == "cpu") {
     check(args.fill != "synthetic", "--fill synthetic: the CPU runtime has no synthetic fill (use prefill)");
     if (!a.synthetic.empty()) {

@@ -42,8 +42,9 @@ struct Registrar {
 template <typename T>
 std::optional<T> parse_number(std::string_view s) {
   static_assert((std::is_integral_v<T> && !std::is_same_v<T, bool>) || std::is_floating_point_v<T>);
-  if (!s.empty() && s[0] == '+') s.remove_prefix(1);
-  if (s.empty() || s[0] == '+' || (std::is_unsigned_v<T> && s[0] == '-')) return std::nullopt;
+  const bool plus = !s.empty() && s[0] == '+';
+  if (plus) s.remove_prefix(1);
+  if (s.empty() || s[0] == '+' || (s[0] == '-' && (plus || std::is_unsigned_v<T>))) return std::nullopt;  // "+-5"
   T v{};
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;

@@ -441,6 +441,12 @@ TEST_F(BadInputFlags, NumbersAreDecimalAndInRange) {
   expect("plan --method uniform --kbits 0x1p1 --vbits 3 -o " + q(dir_ / "p.json"), 2,
          "error: --kbits: expected a decimal number, got '0x1p1'");
   EXPECT_FALSE(fs::exists(dir_ / "p.json"));
+  expect("rd --n +-5", 2, "error: --n: expected a decimal integer, got '+-5'");
+  // A finite number that passed a >= 0 test, then overflowed size_t as bytes.
+  for (const char* gib : {"inf", "1e300"})
+    expect(std::string("bench --synthetic tiny-llama -p 16 -n 0 -r 1 --pool-gib ") + gib, 1,
+           "--pool-gib " + std::string(gib == std::string("inf") ? "inf" : "1e+300") +
+               ": expected a number of GiB in 0..1048576");
   // Leading zeros and a plus sign read as decimal: 064 vectors are 64 (octal 52 before), +2 is 2.
   const Result r = run_cli("rd --n 064 --bits +1,02 --quantizers tq_mse --n-seeds 1 --json -");
   EXPECT_EQ(r.status, 0) << r.output;
