@@ -279,7 +279,7 @@ def calibrate(
             accumulated in double from float32 copies.
         tokenizer, texts: texts are tokenized with ``tokenizer(text)`` and
             concatenated; or give ``token_ids`` (1-D) directly.
-        n_tokens: calibration tokens N (default: all); the first N are run in
+        n_tokens: calibration tokens N ≥ 2 (default: all); the first N are run in
             consecutive chunks of ``ctx``, each from an empty cache at positions 0.. (as
             ``ratekv calibrate --tokens N --ctx C``).
         sensitivity: also E_t (∂L/∂k)², E_t (∂L/∂v)² over ``sens_seqs`` (default 16) sequences of
@@ -327,8 +327,8 @@ def calibrate(
                               "are recorded)")
         text_sha = _sha256(tf)
     ctx = _int_arg("calibrate", "ctx", ctx, 1, cfg.n_ctx_train)
-    if n_tokens is not None:
-        n_tokens = _int_arg("calibrate", "n_tokens", n_tokens, 1, _I32[1])
+    if n_tokens is not None:  # ≥ 2: the key covariance of one token is 0 (as `ratekv calibrate --tokens`)
+        n_tokens = _int_arg("calibrate", "n_tokens", n_tokens, 2, _I32[1])
     if not isinstance(sensitivity, bool):
         raise RatekvError(f"calibrate: sensitivity = {sensitivity!r}: expected True or False")
     if sensitivity:
@@ -342,8 +342,11 @@ def calibrate(
     curves, curve_bits = _curve_args(curves, curve_bits)
     ids = _tokens(tokenizer, texts, token_ids, _vocab_size(model, cfg))
     N = int(n_tokens) if n_tokens is not None else int(ids.numel())
-    if N < 1 or N > ids.numel():
+    if N > ids.numel():
         raise RatekvError(f"calibrate: n_tokens = {N}: the text has {ids.numel()} tokens")
+    if N < 2:
+        raise RatekvError(f"calibrate: {N} calibration token; at least 2 are needed (the key covariance of one token "
+                          "is 0)")
     if sensitivity:
         if sens_seqs < 1 or sens_len < 2 or sens_len > cfg.n_ctx_train:
             raise RatekvError(f"calibrate: sensitivity needs sens_seqs ≥ 1 and 2 ≤ sens_len ≤ {cfg.n_ctx_train} "
@@ -351,7 +354,9 @@ def calibrate(
         if sens_seqs * sens_len > ids.numel():
             raise RatekvError(f"calibrate: sensitivity reads {sens_seqs} × {sens_len} tokens, the text has "
                               f"{ids.numel()}")
-    if output is not None:
+    if output is not None:  # "" failed only after the run, 5 was os.fspath's bare TypeError
+        if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
+            raise RatekvError(f"calibrate: output = {output!r}: expected a new file's path (str or os.PathLike)")
         _check_output(os.fspath(output))
 
     mods = _attention_modules(model)

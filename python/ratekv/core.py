@@ -11,6 +11,7 @@ include/ratekv/cache/fake_quant_cache.h (fake quantization).
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import weakref
 from typing import Any, Optional, Union
@@ -123,11 +124,23 @@ def _range_str(lo: int, hi: int) -> str:
     return f"{f(lo)}..{f(hi)}"
 
 
+def _path_arg(what: str, name: str, path: Any) -> str:
+    """``path`` as a str, or RatekvError naming the argument for what is not a non-empty str / os.PathLike (None or
+    a number used to reach os.fspath's bare TypeError)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise RatekvError(f"{what}: {name} is a {type(path).__name__}, expected a file path (str or os.PathLike)")
+    p = os.fspath(path)
+    if not isinstance(p, str) or not p:
+        raise RatekvError(f"{what}: {name} = {p!r}: expected a non-empty file path")
+    return p
+
+
 def load_plan(path: PathLike) -> Plan:
     """Reads and validates a plan file (JSON, docs/plan_format.md).
 
-    Raises RatekvError naming the file and the JSON path of a bad field."""
-    return Plan.load(os.fspath(path))
+    Raises RatekvError naming the file and the JSON path of a bad field, or naming ``path`` when it is not a
+    file path."""
+    return Plan.load(_path_arg("load_plan", "path", path))
 
 
 def save_plan(plan: Plan, path: PathLike, *, overwrite: bool = False) -> None:
@@ -139,7 +152,7 @@ def save_plan(plan: Plan, path: PathLike, *, overwrite: bool = False) -> None:
         raise RatekvError(f"save_plan: plan is a {type(plan).__name__}, expected a ratekv.Plan")
     if not isinstance(overwrite, bool):
         raise RatekvError(f"save_plan: overwrite = {overwrite!r}: expected True or False")
-    p = os.fspath(path)
+    p = _path_arg("save_plan", "path", path)
     if not overwrite and os.path.lexists(p):
         raise RatekvError(f"save_plan: '{p}' exists (pass overwrite=True to replace it)")
     plan.save(p)
@@ -166,8 +179,9 @@ def load_stats(path: PathLike) -> KVStats:
     """Reads a statistics file written by ``ratekv calibrate`` or :func:`ratekv.calibrate`
     (safetensors, docs/calibration_stats.md). Raises RatekvError naming the tensor or field,
     or saying the file is not a safetensors statistics file."""
-    _check_safetensors("load_stats", os.fspath(path))
-    return KVStats.load(os.fspath(path))
+    p = _path_arg("load_stats", "path", path)
+    _check_safetensors("load_stats", p)
+    return KVStats.load(p)
 
 
 # The largest n_layers, n_heads, n_kv_heads and head_dim a statistics file holds (KVStats::validate; the C++
@@ -189,7 +203,10 @@ def model_config(hf_config: Any) -> ModelConfig:
     Raises RatekvError when a field is missing, not a positive integer (naming the
     Hugging Face field: num_hidden_layers, num_attention_heads, num_key_value_heads,
     hidden_size, head_dim, intermediate_size, vocab_size, max_position_embeddings) or
-    larger than 4096 (num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim),
+    larger than 4096 (num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim), when
+    rope_theta, rms_norm_eps or partial_rotary_factor is given and not a finite positive number (a field
+    left out, None, takes its default: intermediate_size 4·hidden_size, max_position_embeddings 2048,
+    rope_theta 10000, rms_norm_eps 1e-6), when rope_parameters is not a dict or layer_types not a list of str,
     when the heads do not divide (num_attention_heads by num_key_value_heads, or
     hidden_size by num_attention_heads without head_dim), when the model uses partial rotary embeddings
     (``partial_rotary_factor`` < 1), which the plans cannot describe, or when any layer has an active
@@ -227,18 +244,34 @@ def model_config(hf_config: Any) -> ModelConfig:
         raise RatekvError(f"{src}: hidden_size = {cfg.d_model} is not a multiple of num_attention_heads = "
                           f"{cfg.n_heads} (and no head_dim is given)")
     cfg.head_dim = positive("head_dim", hd if hd is not None else cfg.d_model // cfg.n_heads, _MAX_SHAPE)
-    cfg.d_ff = positive("intermediate_size", getattr(text, "intermediate_size", None) or 4 * cfg.d_model)
+    def given(name: str, default: Any) -> Any:
+        # A field left out (None) takes its default; a given 0 is refused below (`x or default` made
+        # max_position_embeddings = 0 into 2048 and rope_theta = 0 into 10000).
+        v = getattr(text, name, None)
+        return default if v is None else v
+
+    def positive_float(name: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
+                math.isfinite(float(v)) and float(v) > 0):
+            raise RatekvError(f"{src}: {name} = {v!r}: expected a finite positive number")
+        return float(v)
+
+    cfg.d_ff = positive("intermediate_size", given("intermediate_size", 4 * cfg.d_model))
     cfg.n_vocab = positive("vocab_size", need("vocab_size"))
-    cfg.n_ctx_train = positive("max_position_embeddings", getattr(text, "max_position_embeddings", None) or 2048)
-    rp = getattr(text, "rope_parameters", None) or {}
-    if isinstance(rp, dict) and "full_attention" in rp and isinstance(rp["full_attention"], dict):
+    cfg.n_ctx_train = positive("max_position_embeddings", given("max_position_embeddings", 2048))
+    rp = getattr(text, "rope_parameters", None)
+    if rp is not None and not isinstance(rp, dict):
+        raise RatekvError(f"{src}: rope_parameters is a {type(rp).__name__}, expected a dict")
+    rp = rp or {}
+    if isinstance(rp.get("full_attention"), dict):
         rp = rp["full_attention"]
-    theta = (rp.get("rope_theta") if isinstance(rp, dict) else None) or getattr(text, "rope_theta", None) or 10000.0
-    cfg.rope_theta = float(theta)
-    prf = (rp.get("partial_rotary_factor") if isinstance(rp, dict) else None) or getattr(text, "partial_rotary_factor", 1.0)
-    if prf is not None and float(prf) != 1.0:
+    theta = rp.get("rope_theta")
+    cfg.rope_theta = positive_float("rope_theta", given("rope_theta", 10000.0) if theta is None else theta)
+    prf = rp.get("partial_rotary_factor")
+    prf = positive_float("partial_rotary_factor", given("partial_rotary_factor", 1.0) if prf is None else prf)
+    if prf != 1.0:
         raise RatekvError(f"{cfg.arch}: partial_rotary_factor = {prf}: ratekv plans describe full-head RoPE only")
-    cfg.rms_eps = float(getattr(text, "rms_norm_eps", None) or 1e-6)
+    cfg.rms_eps = positive_float("rms_norm_eps", given("rms_norm_eps", 1e-6))
     _refuse_sliding_window(text, src, cfg.n_layers)
     cfg.rope_layout = RopeLayout.neox
     cfg.validate(f"{type(hf_config).__name__}")
@@ -257,6 +290,9 @@ def _refuse_sliding_window(text: Any, src: str, n_layers: int) -> None:
     window = getattr(text, "sliding_window", None)
     use = getattr(text, "use_sliding_window", None)
     types = getattr(text, "layer_types", None)
+    if types is not None and (isinstance(types, str) or not isinstance(types, (list, tuple))
+                              or not all(isinstance(t, str) for t in types)):
+        raise RatekvError(f"{src}: layer_types = {types!r}: expected a list of attention kinds (str) per layer")
     if types is not None:
         sliding = [i for i, t in enumerate(types) if t != "full_attention"]
         kinds = sorted({str(types[i]) for i in sliding})
@@ -290,7 +326,8 @@ def uniform_plan(
     norm per head per token); "effective": the widest code whose code + metadata bits
     fit the budget. ``seed`` (default 0) seeds the rotations of tq-mse and quarot codecs;
     given for another quantizer it is refused (as :func:`make_plan` does). Raises
-    RatekvError for an impossible budget."""
+    RatekvError for an impossible budget, or naming ``config`` when it is not a ratekv.ModelConfig."""
+    _check_config("uniform_plan", config)
     return make_plan(
         _core.identity_stats(config), "uniform", k_bits=k_bits, v_bits=v_bits, quantizer=quantizer,
         budget_unit=budget_unit, seed=seed,
@@ -400,9 +437,21 @@ def _refuse_unused_codec_args(method: Any, quantizer: Any, v_quantizer: Any, see
                           "kivi and quarot codecs")
 
 
+def _check_config(what: str, config: Any) -> None:
+    if not isinstance(config, ModelConfig):
+        raise RatekvError(f"{what}: config is a {type(config).__name__}, expected a ratekv.ModelConfig "
+                          "(ratekv.model_config(hf_config) makes one)")
+
+
 def codecs(plan: Plan, config: ModelConfig, name: str = "plan") -> PlanCodecs:
     """The quantizers of ``plan`` for a model. Raises RatekvError listing every mismatch
-    between plan and model (arch, layers, KV heads, head_dim, RoPE layout)."""
+    between plan and model (arch, layers, KV heads, head_dim, RoPE layout), or naming ``plan``,
+    ``config`` or ``name`` when it is not a ratekv.Plan, a ratekv.ModelConfig or a str."""
+    if not isinstance(plan, Plan):
+        raise RatekvError(f"codecs: plan is a {type(plan).__name__}, expected a ratekv.Plan")
+    _check_config("codecs", config)
+    if not isinstance(name, str):
+        raise RatekvError(f"codecs: name = {name!r}: expected a str (the plan's name in messages)")
     return PlanCodecs(plan, config, name)
 
 
@@ -476,8 +525,18 @@ def fake_quantize(
     xs = _to_f32_numpy(x)  # (a list is read by numpy; x.shape of a list was a bare AttributeError)
     four_d = xs.ndim == 4
     kp = None if k_pre is None else _to_f32_numpy(k_pre)
-    pos = None if positions is None else np.ascontiguousarray(np.asarray(
-        positions.cpu() if hasattr(positions, "cpu") else positions, dtype=np.int32))
+    pos = None
+    if positions is not None:
+        try:
+            p64 = np.asarray(positions.cpu() if hasattr(positions, "cpu") else positions)
+        except Exception:  # noqa: BLE001  (ragged lists and the like: named below)
+            p64 = np.asarray([], dtype=object)
+        if p64.dtype.kind not in "iu":  # "abc" was numpy's ValueError, 2**40 an OverflowError
+            raise RatekvError(f"fake_quantize: positions has dtype {p64.dtype}, expected integer token positions")
+        if p64.size and (int(p64.min()) < 0 or int(p64.max()) > _I32[1]):
+            raise RatekvError(f"fake_quantize: positions span {int(p64.min())}..{int(p64.max())}, expected "
+                              "0..2^31-1")
+        pos = np.ascontiguousarray(p64, dtype=np.int32)
     if four_d:
         rows = np.ascontiguousarray(xs.transpose(0, 2, 1, 3))  # (B, T, H, d)
         kps = None if kp is None else np.ascontiguousarray(kp.transpose(0, 2, 1, 3))

@@ -120,6 +120,11 @@ def test_packed_cache_refuses_unpacked_codecs_at_construction(llama, quantizer, 
     (dict(curves=["kivi"], curve_bits=[2, 2, 3]), r"curve_bits: widths must be distinct"),
     (dict(curves=["kivi"], curve_bits=[0, 1]), r"curve_bits: widths must be in 1..8 \(got 0..1\)"),
     (dict(curves=["kivi"], curve_bits="23"), r"curve_bits = '23': expected a list of code widths"),
+    # One token (a key covariance of 0) ran; output "" failed after the run, 5 was a bare TypeError.
+    (dict(n_tokens=1), r"n_tokens = 1: expected an integer in 2..2\^31-1"),
+    (dict(token_ids=[5]), r"1 calibration token; at least 2 are needed"),
+    (dict(output=""), r"output = '': expected a new file's path"),
+    (dict(output=5), r"output = 5: expected a new file's path"),
 ])
 def test_calibrate_arguments_are_checked_before_the_run(llama, kw, msg):
     # text_file / model_sha256 used to fail only after the whole run (hashing the file, setting the field).
@@ -235,3 +240,60 @@ def test_fake_quantize_reads_a_list(llama):
     out = ratekv.fake_quantize(x.tolist(), c, 1, "value")
     ref = ratekv.fake_quantize(x.numpy(), c, 1, "value")
     assert (out == ref).all() and abs(out - x.numpy()).max() > 0
+
+
+@pytest.mark.parametrize("fields,msg", [
+    (dict(rope_theta="abc"), r"rope_theta = 'abc': expected a finite positive number"),
+    (dict(rope_theta=0), r"rope_theta = 0: expected a finite positive number"),
+    (dict(rope_parameters={"rope_theta": "y"}), r"rope_theta = 'y': expected a finite positive number"),
+    (dict(rope_parameters=[1]), r"rope_parameters is a list, expected a dict"),
+    (dict(rms_norm_eps="x"), r"rms_norm_eps = 'x': expected a finite positive number"),
+    (dict(rms_norm_eps=float("nan")), r"rms_norm_eps = nan: expected a finite positive number"),
+    (dict(partial_rotary_factor="x"), r"partial_rotary_factor = 'x': expected a finite positive number"),
+    (dict(layer_types=3), r"layer_types = 3: expected a list of attention kinds"),
+    # A given 0 was replaced by the default (`x or default`): 2048 positions, 4·hidden_size.
+    (dict(max_position_embeddings=0), r"max_position_embeddings = 0: expected an integer in 1"),
+    (dict(intermediate_size=0), r"intermediate_size = 0: expected an integer in 1"),
+])
+def test_model_config_fields_are_checked_not_defaulted(fields, msg):
+    from types import SimpleNamespace
+
+    base = dict(model_type="llama", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                hidden_size=128, head_dim=64, intermediate_size=256, vocab_size=320, max_position_embeddings=1024,
+                rope_theta=10000.0, rms_norm_eps=1e-6)
+    base.update(fields)
+    with pytest.raises(RatekvError, match=r"^SimpleNamespace: " + msg):
+        ratekv.model_config(SimpleNamespace(**base))
+    # Left out (None), the defaults still apply.
+    del base["intermediate_size"], base["max_position_embeddings"]
+    base.update(rope_theta=None, rms_norm_eps=None, rope_parameters=None, layer_types=None,
+                partial_rotary_factor=None)
+    cfg = ratekv.model_config(SimpleNamespace(**base))
+    assert (cfg.d_ff, cfg.n_ctx_train, cfg.rope_theta) == (512, 2048, 10000.0)
+    assert cfg.rms_eps == pytest.approx(1e-6, rel=1e-6)  # a float in C++
+
+
+def test_wrong_types_name_the_argument(llama, tmp_path):
+    _, cfg = llama
+    plan = ratekv.uniform_plan(cfg, 3, 3)
+    # Each was nanobind's "incompatible function arguments" or os.fspath's bare TypeError.
+    cases = [
+        (lambda: ratekv.uniform_plan(None), r"^uniform_plan: config is a NoneType, expected a ratekv.ModelConfig"),
+        (lambda: ratekv.codecs(None, cfg), r"^codecs: plan is a NoneType, expected a ratekv.Plan"),
+        (lambda: ratekv.codecs(plan, None), r"^codecs: config is a NoneType, expected a ratekv.ModelConfig"),
+        (lambda: ratekv.codecs(plan, cfg, 5), r"^codecs: name = 5: expected a str"),
+        (lambda: ratekv.save_plan(plan, None), r"^save_plan: path is a NoneType, expected a file path"),
+        (lambda: ratekv.save_plan(plan, ""), r"^save_plan: path = '': expected a non-empty file path"),
+        (lambda: ratekv.load_plan(None), r"^load_plan: path is a NoneType, expected a file path"),
+        (lambda: ratekv.load_stats(3), r"^load_stats: path is a int, expected a file path"),
+    ]
+    for call, msg in cases:
+        with pytest.raises(RatekvError, match=msg):
+            call()
+    c = ratekv.codecs(plan, cfg)
+    x = torch.randn(5, cfg.n_kv_heads, cfg.head_dim, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RatekvError, match=r"^fake_quantize: positions has dtype <U3, expected integer"):
+        ratekv.fake_quantize(x, c, 0, positions=["abc"] * 5)
+    with pytest.raises(RatekvError, match=r"^fake_quantize: positions span 1099511627776..1099511627776, expected "
+                                          r"0..2\^31-1"):
+        ratekv.fake_quantize(x, c, 0, positions=[2**40] * 5)
