@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python package on the GPU machine (issue 23), one call, ≤ ~7.5 min of wall time in all.
+# The Python package on the GPU machine (issue 23), one call, ≤ ~9 min of wall time in all.
 # Stages (STAGES, default "build test sanitize bench"), each under its own time limit and
 # printing its wall time; a failing stage does not stop the later ones (exit 1 at the end):
 #   build     tools/device/build.sh: the extension ratekv._core (Python 3.12 there; an extension
@@ -8,7 +8,8 @@
 #             pytest on CUDA: python/tests/test_cuda.py (ops vs the CPU packed cache, the pool's
 #             store-from-pool test, CUDA graphs, torch.compile, HF PackedCache vs FakeQuantCache),
 #             test_exit_leaks.py (no nanobind instance outlives the interpreter, CPU and CUDA)
-#             (≤ 120 s; the CPU-only Python tests run in CI)
+#             (engine tests ≤ 150 s: 95 s on 2026-12-04, over the 60 s they had; pytest ≤ 120 s; the
+#             CPU-only Python tests run in CI)
 #   sanitize  compute-sanitizer memcheck (SANITIZE_TOOLS) on the ops (tools/device/python_ops_smoke.py;
 #             ≤ 90 s)
 #   bench     bench/hf_decode.py (transformers, Llama-3.1-8B shapes, random bf16 weights) into
@@ -84,7 +85,7 @@ for s in $STAGES; do
     test)
       # shellcheck disable=SC1091
       source $B/env.sh
-      stage engine-tests 60 engine_tests
+      stage engine-tests 150 engine_tests
       stage pytest 120 pytests ;;
     sanitize)
       source $B/env.sh
