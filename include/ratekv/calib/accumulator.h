@@ -13,7 +13,7 @@ namespace ratekv::calib {
 
 /// Running sums of every statistic in kv_stats.h, in double. One instance per
 /// calibration run; add() must see every layer of every chunk exactly once
-/// (finish() checks that all layers saw the same number of tokens).
+/// (finish() checks that all layers saw the same number of tokens, at least 2).
 class KVStatsAccumulator {
  public:
   /// Throws Error for an invalid config (via ModelConfig::validate).
@@ -29,8 +29,8 @@ class KVStatsAccumulator {
   int64_t n_tokens() const { return n_[0]; }
 
   /// Means and covariance over everything added. Identity fields (model file,
-  /// text, ctx) are left for the caller. Throws Error if no token was added or
-  /// the layers saw different token counts.
+  /// text, ctx) are left for the caller. Throws Error if fewer than 2 tokens were
+  /// added (one token's key covariance is 0) or the layers saw different token counts.
   KVStats finish() const;
 
  private:
