@@ -478,8 +478,8 @@ def _check_float_array(what: str, name: str, x: Any) -> None:
     except Exception:  # noqa: BLE001  (ragged lists and the like: named below)
         dtype = "object"
     if np.dtype(dtype).kind != "f":
-        raise RatekvError(f"{what}: {name} is a {type(x).__name__} of dtype {dtype}, expected a floating-point "
-                          "numpy array or torch tensor")
+        raise RatekvError(f"{what}: {name} is a {type(x).__name__} of dtype {dtype}, expected floating-point values "
+                          "(a numpy array, torch tensor or list of floats)")
 
 
 def fake_quantize(
@@ -500,7 +500,7 @@ def fake_quantize(
     ``x``: (T, n_kv_heads, head_dim) post-RoPE keys or values, or
     (B, n_kv_heads, T, head_dim) (Hugging Face layout, 4-D; each batch row on its
     own). Returns the same type (numpy array, or torch tensor of x's dtype and
-    device; a numpy array for a list) and shape. vq key layers need ``k_pre`` (pre-RoPE keys, x's layout)
+    device; a numpy array of x's dtype, float32 for a list) and shape. vq key layers need ``k_pre`` (pre-RoPE keys, x's layout)
     and ``positions``. ``window``/``sink``: fp16 rows at the end / start.
     Raises RatekvError for a wrong shape or non-finite input, for ``layer``
     outside 0..n_layers-1 or a negative ``window`` / ``sink``, for ``codecs`` that
@@ -550,4 +550,6 @@ def fake_quantize(
         _core.fake_quant_sequence(codecs, layer, s, xs, out, kp, pos, window, sink)
     if is_torch:
         return torch.from_numpy(out).to(device=x.device, dtype=x.dtype)
+    if isinstance(x, np.ndarray) and x.dtype != out.dtype:  # float64 / float16 came back as float32
+        return out.astype(x.dtype)
     return out

@@ -1,6 +1,7 @@
 """Arguments of the Python API that were accepted silently or refused with a message naming internals; each
 error must name the Python argument and what was expected, before any expensive work."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,7 +66,8 @@ def test_fake_quantize_input_dtype_device_and_codecs_are_named(llama):
     for bad in (x.to(torch.int32), x > 0, x.to(torch.complex64)):
         with pytest.raises(RatekvError, match=rf"fake_quantize: x has dtype {bad.dtype}, expected a floating-point"):
             ratekv.fake_quantize(bad, cod, 0)
-    with pytest.raises(RatekvError, match=r"fake_quantize: x is a ndarray of dtype int64, expected a floating"):
+    with pytest.raises(RatekvError, match=r"fake_quantize: x is a ndarray of dtype int64, expected floating-point "
+                                          r"values \(a numpy array, torch tensor or list of floats\)"):
         ratekv.fake_quantize(x.numpy().astype("int64"), cod, 0)
     with pytest.raises(RatekvError, match=r"x is on device 'meta', expected a cpu or cuda tensor"):  # NotImplementedError
         ratekv.fake_quantize(x.to("meta"), cod, 0)
@@ -239,7 +241,12 @@ def test_fake_quantize_reads_a_list(llama):
     # x.shape of a list was a bare AttributeError.
     out = ratekv.fake_quantize(x.tolist(), c, 1, "value")
     ref = ratekv.fake_quantize(x.numpy(), c, 1, "value")
-    assert (out == ref).all() and abs(out - x.numpy()).max() > 0
+    assert (out == ref).all() and abs(out - x.numpy()).max() > 0 and out.dtype == np.float32
+    # A float64 / float16 array comes back in its own dtype (it came back float32), the values those of float32 x.
+    for dt in (np.float64, np.float16):
+        o = ratekv.fake_quantize(x.numpy().astype(dt), c, 1, "value")
+        assert o.dtype == dt
+    assert (ratekv.fake_quantize(x.numpy().astype(np.float64), c, 1, "value") == ref.astype(np.float64)).all()
 
 
 @pytest.mark.parametrize("fields,msg", [
