@@ -37,6 +37,9 @@ std::filesystem::path plot_script() {
 
 void run(const EvalArgs& a) {
   check(!a.plans.empty() || !a.baselines.empty(), "eval: give at least one --plan or --baseline");
+  // Named by the library as "two plans are named 'fp16'", after the weights loaded.
+  const std::optional<std::string> twice = first_repeat(a.baselines);
+  check(!twice, "--baseline {}: given twice", twice.value_or(""));
   check(a.tokens >= a.ctx, "--tokens {} must be at least --ctx {}", a.tokens, a.ctx);
   if (!a.json_out.empty()) check_output_path(a.json_out, a.force, "--json");
   if (!a.plot_out.empty()) {

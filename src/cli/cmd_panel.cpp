@@ -257,6 +257,9 @@ void run(const PanelArgs& a) {
   for (int b : a.code_bits) check(b >= 1 && b <= 8, "--bits {}: expected 1..8 code bits", b);
   const std::optional<int> twice = first_repeat(a.code_bits);
   check(!twice, "--bits {}: given twice (each budget once)", twice.value_or(0));
+  // The eval step refused it, naming its plans, after the calibration and the plans.
+  const std::optional<std::string> twice_b = first_repeat(a.baselines);
+  check(!twice_b, "--baseline {}: given twice", twice_b.value_or(""));
   const std::string calib = a.calib.empty() ? assets_dir() + "/text/calib.txt" : a.calib;
   const std::string evalt = a.eval.empty() ? assets_dir() + "/text/eval.txt" : a.eval;
   check(fs::is_regular_file(calib), "--calib '{}': not a file (run tools/fetch_assets.sh)", calib);

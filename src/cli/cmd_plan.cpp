@@ -66,6 +66,9 @@ void run_vq(PlanArgs& a) {
   check(a.n_seeds >= 1 && a.n_seeds <= 100, "--kmeans-seeds {}: expected 1..100", a.n_seeds);
   check(a.also_seeds >= 0 && a.also_seeds <= a.n_seeds, "--also-kmeans-seeds {}: expected 1..--kmeans-seeds ({})",
         a.also_seeds, a.n_seeds);
+  // It sets the k-means seeds of the --also variants only; without them it was ignored silently.
+  check(a.also_seeds == 0 || !a.also.empty(), "--also-kmeans-seeds {}: needs --also (it sets the k-means seeds of "
+        "the --also variants)", a.also_seeds);
   const std::string values = a.rq.v_quantizer.empty() ? "cq" : a.rq.v_quantizer;
   check(values == "cq" || values == "fp16", "--vquantizer {}: --method {} takes cq or fp16", values, a.rq.method);
   struct Variant {

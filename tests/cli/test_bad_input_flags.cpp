@@ -326,6 +326,11 @@ TEST_F(BadInputFlags, FlagsThatDoNotApplyAreRefusedBeforeLoading) {
   EXPECT_NE(neg.output.find("--layers: expected a whole number of layers ≥ 0 (0 = all), got '-1'"), std::string::npos)
       << neg.output;
   EXPECT_EQ(neg.output.find("1.79769"), std::string::npos) << neg.output;
+#ifdef RATEKV_HAVE_TASQ
+  // plan: --also-kmeans-seeds sets the --also variants' seeds; without --also it was ignored silently.
+  expect("plan --method tasq" + m + f + "--kmeans-seeds 3 --also-kmeans-seeds 2 -o " + q(dir_ / "t.json"), 1,
+         "error: --also-kmeans-seeds 2: needs --also");
+#endif
   // calibrate: curve options before the model loads; --curve-bits without --curves, --sens-seqs/--sens-len
   // without --sensitivity; --tokens ≥ 2.
   const std::string cal = "calibrate" + m + f + "-o " + q(dir_ / "s.safetensors") + " ";

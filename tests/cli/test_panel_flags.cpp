@@ -26,6 +26,7 @@ TEST(PanelFlags, BadValuesNameTheFlagBeforeLoading) {
       {"--calib-tokens 0", "--calib-tokens"},
       {"--calib-tokens 1", "--calib-tokens 1: expected >= 2"},  // ran on one token (a key covariance of 0)
       {"--tokens 512 --ctx 512", "--tokens 512 must be at least 2 × --ctx 512"},  // failed after calibrating
+      {"--baseline fp16,q8_0,fp16", "--baseline fp16: given twice"},              // named by eval, after the plans
   };
   for (const auto& [args, flag] : cases) {
     const Result r = run_cli(base + args);
@@ -41,6 +42,11 @@ TEST(PanelFlags, BadValuesNameTheFlagBeforeLoading) {
     EXPECT_EQ(r.status, 2) << cmd << r.output;
     EXPECT_NE(r.output.find("--baseline: nope not in {fp16,q8_0,q4_0,kivi2,kivi4}"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("GGUF"), std::string::npos) << r.output;  // model never read
+    // eval: "two plans are named 'fp16'" after the weights loaded.
+    const Result twice = run_cli(cmd + "--baseline fp16 --baseline q4_0 --baseline fp16");
+    EXPECT_EQ(twice.status, 1) << cmd << twice.output;
+    EXPECT_NE(twice.output.find("error: --baseline fp16: given twice"), std::string::npos) << twice.output;
+    EXPECT_EQ(twice.output.find("GGUF"), std::string::npos) << twice.output;
   }
   const Result missing = run_cli("panel -o '" + (dir / "out").string() + "' -m '" + (dir / "m.gguf").string() +
                                  "' --calib '" + (dir / "none.txt").string() + "'");
