@@ -379,7 +379,7 @@ TEST(Engine, ChunkedPrefillEqualsOnePiece) {
     for (const std::string type : {"f16", "K3"})
       for (const PrefillMode mode : {PrefillMode::evaluation, PrefillMode::serving}) {
         if (type == "f16" && mode == PrefillMode::serving) continue;  // the same path for fp16
-        for (const auto [n, chunk] : {std::pair{97, 64}, std::pair{300, 128}, std::pair{300, 64}}) {
+        for (const auto& [n, chunk] : {std::pair{97, 64}, std::pair{300, 128}, std::pair{300, 64}}) {
           EngineOptions o1;
           o1.max_prefill_tokens = 300;
           o1.pool_bytes = size_t{256} << 20;
@@ -414,7 +414,9 @@ TEST(Engine, ChunkedPrefillEqualsOnePiece) {
           one->decode(std::span<const int>(&s1, 1), std::span<const int32_t>(&t, 1), 1, std::span<int32_t>(&na, 1), la);
           chk->decode(std::span<const int>(&s2, 1), std::span<const int32_t>(&t, 1), 1, std::span<int32_t>(&nb, 1), lb);
           const double ed = rel_l2(lb, la, 0, V);
-          if (mode == PrefillMode::evaluation) EXPECT_LT(ed, type == "f16" ? 1e-2 : 0.1) << "decode after prefill";
+          if (mode == PrefillMode::evaluation) {
+            EXPECT_LT(ed, type == "f16" ? 1e-2 : 0.1) << "decode after prefill";
+          }
         }
       }
   }
