@@ -53,7 +53,8 @@ std::optional<T> parse_number(std::string_view s) {
 
 /// Gives every option of `app` and its subcommands whose value type is an integer or a floating-point
 /// number (CLI11 type names INT, UINT, FLOAT) the strict reading of parse_number (64-bit range; CLI11 then
-/// narrows to the option's own type and refuses what does not fit): a usage error (exit 2) "<flag>: expected a
+/// narrows to the option's own type and refuses what does not fit; main.cpp words that refusal as "<flag>: '…' is
+/// out of range for this flag"): a usage error (exit 2) "<flag>: expected a
 /// decimal integer, got '0x10'" / "… '99999999999999999999' is out of range" / "expected a decimal number, got
 /// ''". An option's own checks (seed_validator, non_negative_validator) still speak first.
 /// Integers reach CLI11 in canonical decimal ("010" → "10"). main.cpp calls it after every command's setup.

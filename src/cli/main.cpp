@@ -215,6 +215,17 @@ int main(int argc, char** argv) {
     // says only "A subcommand is required").
     if (e.get_exit_code() == 0) return app.exit(e);
     std::string what = e.what();
+    // strict_number_options has read the value in 64-bit range already, so a conversion that still fails is a
+    // value beyond a narrower (32-bit) option: CLI11 says only "Could not convert: --flag = value".
+    if (const std::string head = "Could not convert: "; e.get_name() == "ConversionError" && what.rfind(head, 0) == 0) {
+      const std::string rest = what.substr(head.size());
+      if (const size_t eq = rest.find(" = "); eq != std::string::npos) {
+        const std::string value = rest.substr(eq + 3);
+        const bool integer = !value.empty() && value.find_first_not_of("+-0123456789") == std::string::npos;
+        what = rest.substr(0, eq) + ": '" + value + "' is out of range for this flag" +
+               (integer ? " (expected an integer in -2147483648..2147483647)" : "");
+      }
+    }
     if (argc >= 2 && argv[1][0] != '-' &&
         std::none_of(reg.begin(), reg.end(), [&](const auto& c) { return c.name == argv[1]; })) {
       what = std::string("unknown command '") + argv[1] + "' (expected one of:";

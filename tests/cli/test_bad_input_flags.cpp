@@ -447,6 +447,9 @@ TEST_F(BadInputFlags, NumbersAreDecimalAndInRange) {
          "error: --kbits: expected a decimal number, got '0x1p1'");
   EXPECT_FALSE(fs::exists(dir_ / "p.json"));
   expect("rd --n +-5", 2, "error: --n: expected a decimal integer, got '+-5'");
+  // Within int64 but past a 32-bit flag: CLI11 said only "Could not convert: --dim = 2147483648".
+  expect("rd --dim 2147483648", 2,
+         "error: --dim: '2147483648' is out of range for this flag (expected an integer in -2147483648..2147483647)");
   // A finite number that passed a >= 0 test, then overflowed size_t as bytes.
   for (const char* gib : {"inf", "1e300"})
     expect(std::string("bench --synthetic tiny-llama -p 16 -n 0 -r 1 --pool-gib ") + gib, 1,
