@@ -52,8 +52,9 @@ def main() -> None:
     model, tok = load(a.model)
     text = pathlib.Path(a.calib).read_text(encoding="utf-8", errors="replace")[: a.calib_tokens * 8]
     t0 = time.time()
-    stats = ratekv.calibrate(model, tok, text, n_tokens=a.calib_tokens, ctx=512, sensitivity=a.sensitivity,
-                             sens_seqs=2, sens_len=256, output=a.stats_out or None, text_file=a.calib)
+    sens = dict(sensitivity=True, sens_seqs=2, sens_len=256) if a.sensitivity else {}
+    stats = ratekv.calibrate(model, tok, text, n_tokens=a.calib_tokens, ctx=512, output=a.stats_out or None,
+                             text_file=a.calib, **sens)
     print(f"calibrated on {stats.n_tokens} tokens in {time.time() - t0:.1f} s (rope_layout {stats.rope_layout})")
     plan = ratekv.make_plan(stats, "block-gtq", k_bits=a.bits, v_bits=a.bits)
     print(f"plan: {plan.method}, achieved {plan.achieved['total']:.3f} effective bits/element")
