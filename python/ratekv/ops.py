@@ -76,12 +76,24 @@ class _CpuStore:
 
     def __init__(self, codecs: PlanCodecs, batch: int, max_tokens: int) -> None:
         self.impl = _core.PackedBatch(codecs, batch, max_tokens)
+        self.n_layers = codecs.config.n_layers
+        self.batch = batch
+
+    def check_lens(self, what: str, layer: int, seq_lens: torch.Tensor) -> None:
+        """The lengths the op was given are the ones this store holds (the CPU store keeps its own: a
+        mismatch would be ignored silently, and the caller's tensor would drift from the cache)."""
+        held = [self.impl.length(b, layer) for b in range(self.impl.batch)] if 0 <= layer < self.n_layers else None
+        if held is not None and seq_lens.tolist() != held:
+            raise RatekvError(f"{what}: seq_lens {seq_lens.tolist()} differ from the {held} tokens the cache holds "
+                              f"for layer {layer} (pass the PackedKVCache's own seq_lens[layer])")
 
     def append(self, layer: int, seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.check_lens("ratekv::append", layer, seq_lens)
         self.impl.append(layer, k.detach().float().contiguous(), v.detach().float().contiguous(), None)
         seq_lens.add_(k.shape[1])
 
     def attend(self, layer: int, seq_lens: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
+        self.check_lens("ratekv::decode_attention", layer, seq_lens)
         qf = q.detach().float().contiguous().unsqueeze(1)
         out = torch.empty_like(qf)
         self.impl.attend(layer, qf, out, float(scale))
@@ -175,6 +187,17 @@ def _check_device(what: str, t: torch.Tensor, store: Any) -> None:
         raise RatekvError(f"{what}: tensor on {t.device}, the cache lives on {want}")
 
 
+def _check_store_lens(what: str, seq_lens: torch.Tensor, store: Any) -> None:
+    """seq_lens holds one length per sequence of the store, on its device: the CUDA kernels read B entries
+    from its data pointer (a shorter tensor was read past its end). Its values are checked against the
+    cache on the CPU (_CpuStore.check_lens); on CUDA that would synchronize, so there they are the caller's
+    contract (PackedKVCache passes its own)."""
+    if seq_lens.numel() != store.batch:
+        raise RatekvError(f"{what}: seq_lens has {seq_lens.numel()} entries, the cache holds {store.batch} "
+                          "sequences")
+    _check_device(what, seq_lens, store)
+
+
 #: dtypes of K, V and Q the packed cache takes (CPU: computed in float32; CUDA: fp16 / bf16 go to the kernels
 #: as fp16, float32 as float32).
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -216,6 +239,7 @@ def append(seq_lens: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int
     store = _lookup(handle)
     _check_device("ratekv::append", k, store)
     _check_device("ratekv::append", v, store)
+    _check_store_lens("ratekv::append", seq_lens, store)
     store.append(layer, seq_lens, k, v)
 
 
@@ -231,6 +255,7 @@ def decode_attention(seq_lens: torch.Tensor, q: torch.Tensor, handle: int, layer
     _check_fake_args("ratekv::decode_attention", seq_lens, q=q)
     store = _lookup(handle)
     _check_device("ratekv::decode_attention", q, store)
+    _check_store_lens("ratekv::decode_attention", seq_lens, store)
     return store.attend(layer, seq_lens, q, scale)
 
 

@@ -6,14 +6,20 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <optional>
 #include <vector>
 
 #include "bind_common.h"
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/cache/plan_codecs.h"
+#include "ratekv/format/stored_bytes.h"
 
 namespace ratekv::py {
 
@@ -30,12 +36,30 @@ void check_finite(const float* x, size_t n, const char* what, int layer) {
 /// tokens of sequence b sit at positions 0, 1, … in append order.
 class PackedBatch {
  public:
+  /// Throws Error for batch or n_ctx < 1, and when `batch` sequences would not fit in this machine's memory
+  /// (each sequence's layout tables, measured on the first, plus its stored bytes at n_ctx tokens,
+  /// plan_stored_bytes_at): a clean refusal instead of allocating until the kernel kills the process.
   PackedBatch(std::shared_ptr<const cache::PlanCodecs> codecs, int batch, int64_t n_ctx)
       : codecs_(std::move(codecs)) {
     const ModelConfig& cfg = codecs_->config();
-    check(batch >= 1, "PackedCache: batch {} must be ≥ 1", batch);
-    check(n_ctx >= 1, "PackedCache: n_ctx {} must be ≥ 1", n_ctx);
-    for (int b = 0; b < batch; ++b) seqs_.emplace_back(cfg.kv_shape(n_ctx), codecs_);
+    check(batch >= 1, "PackedKVCache: batch_size {} must be ≥ 1", batch);
+    check(n_ctx >= 1, "PackedKVCache: max_tokens {} must be ≥ 1", n_ctx);
+    const auto heap = [] {
+      const struct mallinfo2 m = mallinfo2();
+      return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
+    };
+    const double before = heap();
+    seqs_.emplace_back(cfg.kv_shape(n_ctx), codecs_);
+    const double tables = std::max(0.0, heap() - before);
+    const double stored = plan_stored_bytes_at(codecs_->plan(), n_ctx);
+    const double need = static_cast<double>(batch) * (tables + stored);
+    const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    check(phys <= 0 || need <= phys,
+          "PackedKVCache: batch_size {} × max_tokens {} needs ~{:.1f} GB ({:.2f} MB per sequence: {:.2f} MB of "
+          "layout tables + {:.2f} MB stored at max_tokens), more than this machine's {:.1f} GB of memory",
+          batch, n_ctx, need / 1e9, (tables + stored) / 1e6, tables / 1e6, stored / 1e6, phys / 1e9);
+    seqs_.reserve(static_cast<size_t>(batch));
+    for (int b = 1; b < batch; ++b) seqs_.emplace_back(cfg.kv_shape(n_ctx), codecs_);
     len_.assign(static_cast<size_t>(batch), std::vector<int64_t>(static_cast<size_t>(cfg.n_layers), 0));
   }
 
@@ -52,15 +76,30 @@ class PackedBatch {
     check(n >= 1, "PackedKVCache.append: no tokens");
     check_shape(v, "PackedKVCache.append: v", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
     if (k_pre) check_shape(*k_pre, "PackedKVCache.append: k_pre", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
+    check_usable("append");
     check_finite(k.data(), k.size(), "key", layer);
     check_finite(v.data(), v.size(), "value", layer);
     const size_t per = static_cast<size_t>(n) * cfg.n_kv_heads * cfg.head_dim;
     nb::gil_scoped_release rel;
+    std::vector<std::vector<int32_t>> pos(static_cast<size_t>(batch()), std::vector<int32_t>(static_cast<size_t>(n)));
+    for (int b = 0; b < batch(); ++b)
+      for (int64_t i = 0; i < n; ++i) pos[b][i] = static_cast<int32_t>(len_[b][layer] + i);
+    // Every sequence is checked before any is written: one bad sequence leaves the whole batch as it was
+    // (before, sequences 0..b-1 were stored while the lengths stayed, and later attention read extra tokens).
+    for (int b = 0; b < batch(); ++b)
+      with_sequence(b, [&] { seqs_[b].check_append(layer, n, pos[b].data(), k.data() + b * per, v.data() + b * per); });
     for (int b = 0; b < batch(); ++b) {
-      std::vector<int32_t> pos(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(len_[b][layer] + i);
       const float* kp = k_pre ? k_pre->data() + b * per : k.data() + b * per;
-      seqs_[b].append(layer, n, pos.data(), kp, k.data() + b * per, v.data() + b * per);
+      try {
+        with_sequence(b, [&] { seqs_[b].append(layer, n, pos[b].data(), kp, k.data() + b * per, v.data() + b * per); });
+      } catch (const Error&) {
+        // Only what check_append cannot see (a vq scale beyond fp16) fails here; sequence b is as it was, but
+        // 0..b-1 hold the new tokens and cannot give them back: the batch refuses further use until clear().
+        if (b > 0)
+          broken_ = fmt::format("an append to layer {} failed at sequence {} after sequences 0..{} were written",
+                                layer, b, b - 1);
+        throw;
+      }
       len_[b][layer] += n;
     }
   }
@@ -73,6 +112,7 @@ class PackedBatch {
     check_shape(q, "PackedKVCache.decode_attention: q", {batch(), -1, cfg.n_heads, cfg.head_dim});
     const int64_t n = static_cast<int64_t>(q.shape(1));
     check_shape(out, "PackedKVCache.decode_attention: out", {batch(), n, cfg.n_heads, cfg.head_dim});
+    check_usable("decode_attention");
     check_finite(q.data(), q.size(), "query", layer);
     const size_t per = static_cast<size_t>(n) * cfg.n_heads * cfg.head_dim;
     AttnParams p;
@@ -91,6 +131,7 @@ class PackedBatch {
   void clear() {
     for (auto& s : seqs_) s.clear();
     for (auto& l : len_) std::fill(l.begin(), l.end(), 0);
+    broken_.clear();
   }
   size_t bytes() const {
     size_t t = 0;
@@ -104,9 +145,23 @@ class PackedBatch {
   }
 
  private:
+  void check_usable(const char* what) const {
+    check(broken_.empty(), "PackedKVCache.{}: the cache is unusable: {}; clear() it", what, broken_);
+  }
+  /// Runs f; an Error it throws comes back with the batch index in front ("sequence 1 of 2: …").
+  template <class F>
+  void with_sequence(int b, F&& f) const {
+    try {
+      f();
+    } catch (const Error& e) {
+      throw Error(fmt::format("sequence {} of {}: {}", b, batch(), e.what()));
+    }
+  }
+
   std::shared_ptr<const cache::PlanCodecs> codecs_;
   std::vector<cache::PackedKVCache> seqs_;
   std::vector<std::vector<int64_t>> len_;  // [b][layer] tokens appended
+  std::string broken_;                       // why the batch refuses use until clear() (empty: usable)
 };
 
 }  // namespace

@@ -179,3 +179,42 @@ def test_calibrate_output_checked_before_the_run(tmp_path):
         ratekv.calibrate(m, token_ids=ids, output=tmp_path / "nowhere" / "x.safetensors")
     with pytest.raises(ratekv.RatekvError, match=r"cannot write in '/proc'"):
         ratekv.calibrate(m, token_ids=ids, output="/proc/ratekv_test.safetensors")
+
+
+def test_bad_sequence_leaves_the_whole_batch_unwritten(cache):
+    # Sequence 1's values overflow the fp16 norm. Before, sequence 0's tokens were stored anyway while
+    # seq_lens stayed [0, 0]; after the next append sequence 0 attended over 8 tokens instead of 4.
+    k, v = kv(n=4)
+    bad_v = v * torch.tensor([1.0, 1e30]).view(2, 1, 1, 1)
+    with pytest.raises(ratekv.RatekvError, match=r"sequence 1 of 2: .*norm .* beyond the fp16 norm"):
+        cache.append(0, k, bad_v)
+    assert cache.seq_lens[0].tolist() == [0, 0] and cache.nbytes == 0
+    k2, v2 = kv(n=3)
+    cache.append(0, k2, v2)
+    q = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(3))
+    cfg = small_config()
+    fresh = PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 2, 64)
+    fresh.append(0, k2, v2)
+    assert cache.seq_lens[0].tolist() == [3, 3] and cache.nbytes == fresh.nbytes
+    assert torch.equal(cache.decode_attention(0, q), fresh.decode_attention(0, q))
+
+
+def test_op_seq_lens_must_be_the_caches(cache):
+    k, v = kv(n=4)
+    with pytest.raises(ratekv.RatekvError, match=r"ratekv::append: seq_lens has 5 entries, the cache holds 2"):
+        torch.ops.ratekv.append(torch.zeros(5, dtype=torch.int32), k, v, cache.handle, 0)
+    cache.append(0, k, v)
+    q = torch.randn(2, 4, 64)
+    with pytest.raises(ratekv.RatekvError, match=r"decode_attention: seq_lens \[4, 100\] differ from the \[4, 4\]"):
+        torch.ops.ratekv.decode_attention(torch.tensor([4, 100], dtype=torch.int32), q, cache.handle, 0, 0.125)
+    cache.seq_lens[0][0] = 1000  # the cache's own tensor, edited
+    with pytest.raises(ratekv.RatekvError, match=r"seq_lens \[1000, 4\] differ from the \[4, 4\] tokens"):
+        cache.decode_attention(0, q)
+
+
+def test_batch_beyond_memory_is_refused_before_allocating():
+    cfg = small_config()
+    # ~1 MB per sequence at 4096 tokens: 10^6 sequences need ~1 TB.
+    with pytest.raises(ratekv.RatekvError, match=r"batch_size 1000000 × max_tokens 4096 needs ~.* more than this "
+                                                  r"machine's .* GB of memory"):
+        PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 10**6, 4096)

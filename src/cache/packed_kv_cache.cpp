@@ -254,12 +254,12 @@ void PackedKVCache::quantize_rows(Layer& L, int layer, const float* k, const flo
   L.n_codes = c1;
 }
 
-void PackedKVCache::append(int layer, int64_t n, const int32_t* pos, const float* k_pre, const float* k_post,
-                           const float* v) {
+void PackedKVCache::check_append(int layer, int64_t n, const int32_t* pos, const float* k_post,
+                                 const float* v) const {
   check(layer >= 0 && layer < shape_.n_layers, "PackedKVCache::append: layer {} out of range [0, {})", layer,
         shape_.n_layers);
   check(n > 0, "PackedKVCache::append: n = {} must be positive", n);
-  Layer& L = layers_[layer];
+  const Layer& L = layers_[layer];
   const int64_t T0 = static_cast<int64_t>(L.pos.size()), T = T0 + n;
   check(T <= shape_.n_ctx, "PackedKVCache::append: layer {}: {} cached + {} new tokens exceed capacity n_ctx = {}",
         layer, T0, n, shape_.n_ctx);
@@ -269,6 +269,13 @@ void PackedKVCache::append(int layer, int64_t n, const int32_t* pos, const float
           pos[i], prev);
   }
   check_rows(L, layer, n, k_post, v);
+}
+
+void PackedKVCache::append(int layer, int64_t n, const int32_t* pos, const float* k_pre, const float* k_post,
+                           const float* v) {
+  check_append(layer, n, pos, k_post, v);
+  Layer& L = layers_[layer];
+  const int64_t T0 = static_cast<int64_t>(L.pos.size());
   // Strong guarantee: when quantizing fails (a norm or a vq scale that overflows fp16), the layer is left
   // as it was before the call — no positions without codes, no half-written window.
   const size_t n_sink = L.sink_k.size(), n_win_k = L.win_k.size(), n_win_kpre = L.win_kpre.size(),

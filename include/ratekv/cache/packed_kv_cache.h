@@ -127,6 +127,11 @@ class PackedKVCache final : public KVCache {
   /// after an error the layer holds exactly what it held before the call.
   void append(int layer, int64_t n, const int32_t* pos, const float* k_pre, const float* k_post,
               const float* v) override;
+  /// Every check append() makes before it writes (layer, n, position order, capacity, finite K/V, group
+  /// norms within fp16), without writing: a caller that appends to several caches (a batch of sequences)
+  /// checks all of them first, so one bad sequence leaves none written. Same arguments and Errors as
+  /// append(); a vq scale overflow is found only by append() itself.
+  void check_append(int layer, int64_t n, const int32_t* pos, const float* k_post, const float* v) const;
   /// Causal attention of n queries over the cached tokens, from the codes
   /// (see the file comment). Same rules and errors as DenseKVCache::attend.
   void attend(int layer, int64_t n, const int32_t* pos, const float* q, float* out,
