@@ -158,10 +158,16 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """
-        Text → token ids, exactly as `ratekv calibrate -f` tokenizes (add_bos None: the file's flag).
+        Text → token ids, exactly as `ratekv calibrate -f` tokenizes (add_bos None: the file's flag). Raises RatekvError for text with a lone surrogate (no UTF-8 form).
         """
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str:
+        """
+        Token ids → text. Bytes that are no whole UTF-8 character (a token holding part of one, as when decoding token by token) become U+FFFD, as transformers' decode gives them; decode_bytes returns the raw bytes, to join before decoding.
+        """
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        """Token ids → the bytes their pieces spell (UTF-8 only once whole characters are joined)."""
 
     @property
     def n_vocab(self) -> int: ...

@@ -80,14 +80,37 @@ void bind_config(nb::module_& m) {
       .def_ro("add_bos", &GgufTokenizer::add_bos, "the file's tokenizer.ggml.add_bos_token")
       .def(
           "encode",
-          [](const GgufTokenizer& t, const std::string& text, std::optional<bool> add_bos) {
-            return t.tok.encode(text, add_bos.value_or(t.add_bos));
+          [](const GgufTokenizer& t, const nb::str& text, std::optional<bool> add_bos) {
+            Py_ssize_t n = 0;
+            const char* utf8 = PyUnicode_AsUTF8AndSize(text.ptr(), &n);
+            if (utf8 == nullptr) {  // a lone surrogate ('\udcff') has no UTF-8 form
+              PyErr_Clear();
+              fail("Tokenizer.encode: text is not encodable as UTF-8 (it holds a lone surrogate code point)");
+            }
+            return t.tok.encode(std::string(utf8, static_cast<size_t>(n)), add_bos.value_or(t.add_bos));
           },
           nb::arg("text"), nb::arg("add_bos") = nb::none(),
-          "Text → token ids, exactly as `ratekv calibrate -f` tokenizes (add_bos None: the file's flag).")
+          "Text → token ids, exactly as `ratekv calibrate -f` tokenizes (add_bos None: the file's flag). Raises "
+          "RatekvError for text with a lone surrogate (no UTF-8 form).")
       .def(
-          "decode", [](const GgufTokenizer& t, const std::vector<int32_t>& ids) { return t.tok.decode(ids); },
-          nb::arg("ids"))
+          "decode",
+          [](const GgufTokenizer& t, const std::vector<int32_t>& ids) {
+            const std::string s = t.tok.decode(ids);
+            PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+            if (o == nullptr) throw nb::python_error();
+            return nb::steal<nb::str>(o);
+          },
+          nb::arg("ids"),
+          "Token ids → text. Bytes that are no whole UTF-8 character (a token holding part of one, as when "
+          "decoding token by token) become U+FFFD, as transformers' decode gives them; decode_bytes returns the "
+          "raw bytes, to join before decoding.")
+      .def(
+          "decode_bytes",
+          [](const GgufTokenizer& t, const std::vector<int32_t>& ids) {
+            const std::string s = t.tok.decode(ids);
+            return nb::bytes(s.data(), s.size());
+          },
+          nb::arg("ids"), "Token ids → the bytes their pieces spell (UTF-8 only once whole characters are joined).")
       .def_prop_ro("n_vocab", [](const GgufTokenizer& t) { return t.tok.n_vocab(); });
 }
 

@@ -304,3 +304,18 @@ def test_wrong_types_name_the_argument(llama, tmp_path):
     with pytest.raises(RatekvError, match=r"^fake_quantize: positions span 1099511627776..1099511627776, expected "
                                           r"0..2\^31-1"):
         ratekv.fake_quantize(x, c, 0, positions=[2**40] * 5)
+
+
+def test_tokenizer_decodes_partial_characters_and_refuses_lone_surrogates():
+    from conftest import smollm2_path
+
+    t = ratekv.Tokenizer(str(smollm2_path()))
+    ids = t.encode("a😀", add_bos=False)
+    assert t.decode(ids) == "a😀"
+    assert b"".join(t.decode_bytes([i]) for i in ids) == "a😀".encode()
+    # Token by token (streaming), the emoji's pieces are no whole characters: U+FFFD, not UnicodeDecodeError.
+    pieces = [t.decode([i]) for i in ids]
+    assert len(pieces) >= 3, ids  # byte-level BPE: the emoji's 4 bytes span several tokens
+    assert pieces[0] == "a" and all("\ufffd" in p for p in pieces[1:]), pieces
+    with pytest.raises(ratekv.RatekvError, match=r"Tokenizer.encode: text is not encodable as UTF-8"):
+        t.encode("a\udcff")
