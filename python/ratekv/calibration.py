@@ -340,6 +340,10 @@ def calibrate(
                 raise RatekvError(f"calibrate: {name} = {v!r} needs sensitivity=True (no gradient sensitivity is "
                                   "measured without it)")
     curves, curve_bits = _curve_args(curves, curve_bits)
+    for q in curves:  # the curves' kivi / quarot plans use make_plan's default scale group of 32
+        if q in ("kivi", "quarot") and cfg.head_dim % 32:
+            raise RatekvError(f"calibrate: curves: {q} quantizes in scale groups of 32 channels, which must divide "
+                              f"head_dim; this model's head_dim is {cfg.head_dim}")
     ids = _tokens(tokenizer, texts, token_ids, _vocab_size(model, cfg))
     N = int(n_tokens) if n_tokens is not None else int(ids.numel())
     if N > ids.numel():

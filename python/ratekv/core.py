@@ -318,6 +318,7 @@ def uniform_plan(
     quantizer: str = "tq-mse",
     budget_unit: str = "code",
     seed: Optional[int] = None,
+    group_size: Optional[int] = None,
 ) -> Plan:
     """A uniform plan (every head, K at ``k_bits``, V at ``v_bits``) from the model's
     shapes alone, built by the C++ allocator (method ``uniform`` of make_plan.h).
@@ -325,13 +326,21 @@ def uniform_plan(
     ``budget_unit`` "code": the widths are code bits (integers; TQ-MSE adds one fp16
     norm per head per token); "effective": the widest code whose code + metadata bits
     fit the budget. ``seed`` (default 0) seeds the rotations of tq-mse and quarot codecs;
-    given for another quantizer it is refused (as :func:`make_plan` does). Raises
-    RatekvError for an impossible budget, or naming ``config`` when it is not a ratekv.ModelConfig."""
+    given for another quantizer it is refused (as :func:`make_plan` does); ``group_size``
+    (default 32, a divisor of head_dim) is the scale group of kivi and quarot, refused for
+    the others. Raises RatekvError for an impossible budget, naming the argument, or naming
+    ``config`` when it is not a ratekv.ModelConfig."""
     _check_config("uniform_plan", config)
-    return make_plan(
-        _core.identity_stats(config), "uniform", k_bits=k_bits, v_bits=v_bits, quantizer=quantizer,
-        budget_unit=budget_unit, seed=seed,
-    )
+    try:
+        return make_plan(
+            _core.identity_stats(config), "uniform", k_bits=k_bits, v_bits=v_bits, quantizer=quantizer,
+            budget_unit=budget_unit, seed=seed, group_size=group_size,
+        )
+    except RatekvError as e:
+        msg = str(e)
+        if msg.startswith("make_plan: "):
+            raise RatekvError("uniform_plan: " + msg[len("make_plan: "):]) from None
+        raise
 
 
 class _DefaultBits(float):
@@ -416,7 +425,15 @@ def make_plan(
     rq.fp16_window = _int_arg("make_plan", "fp16_window", fp16_window, 0, _I32[1])
     rq.sink_tokens = _int_arg("make_plan", "sink_tokens", sink_tokens, 0, _I32[1])
     rq.stats_file = stats_file
-    return _core.make_plan(st, rq)
+    try:
+        return _core.make_plan(st, rq)
+    except RatekvError as e:
+        # The allocator names its own fields ("PlanRequest.group_size 32: …"); they are this function's arguments.
+        msg = str(e)
+        if msg.startswith("PlanRequest."):
+            field, _, rest = msg[len("PlanRequest."):].partition(" ")
+            raise RatekvError(f"make_plan: {field} = {rest}") from None
+        raise
 
 
 def _refuse_unused_codec_args(method: Any, quantizer: Any, v_quantizer: Any, seed_given: bool,

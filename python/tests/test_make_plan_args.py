@@ -15,6 +15,7 @@ import pathlib
 import subprocess
 
 import pytest
+import torch
 
 import ratekv
 from ratekv import RatekvError
@@ -177,3 +178,22 @@ def test_avg_bits_alone_and_k_bits_v_bits_alone_are_accepted(stats_json):
     kv = ratekv.make_plan(stats_json, "ratequant", k_bits=4, v_bits=2, budget_unit="code")
     assert json.loads(avg.to_json()) == json.loads(kv.to_json())
     assert ratekv.make_plan(stats_json, "uniform", avg_bits=3.0, budget_unit="code").method == "uniform"
+
+
+def test_group_size_is_named_as_the_argument_of_the_function_called():
+    # head_dim 16: kivi's default scale group of 32 does not divide it. The allocator's message named
+    # PlanRequest.group_size, which neither uniform_plan (it had no group_size) nor calibrate takes.
+    from conftest import tiny_model
+
+    m = tiny_model("llama", 16, 4, 2)
+    cfg = ratekv.model_config(m.config)
+    with pytest.raises(ratekv.RatekvError, match=r"^uniform_plan: group_size = 32: expected a divisor of head_dim 16 "
+                                                  r"for kivi"):
+        ratekv.uniform_plan(cfg, 3, 3, quantizer="kivi")
+    assert json.loads(ratekv.uniform_plan(cfg, 3, 3, quantizer="kivi", group_size=8).to_json())["layers"][0]["heads"][0]["key"][
+        "group_size"] == 8
+    with pytest.raises(ratekv.RatekvError, match=r"^make_plan: group_size = 5: expected a divisor of head_dim 16"):
+        ratekv.make_plan(ratekv._core.identity_stats(cfg), "uniform", quantizer="kivi", group_size=5, budget_unit="code")
+    with pytest.raises(ratekv.RatekvError, match=r"^calibrate: curves: kivi quantizes in scale groups of 32 channels, "
+                                                  r"which must divide head_dim; this model's head_dim is 16"):
+        ratekv.calibrate(m, token_ids=torch.arange(100), ctx=64, curves="kivi,tq-mse", curve_bits=[2, 3])
