@@ -218,7 +218,7 @@ std::string markdown(const nlohmann::json& panel) {
     for (const auto& p : m.at("plans")) {
       const auto& b = p.at("bits");
       const std::string bytes =
-          p.contains("stored") ? fmt::format("{:g}", p.at("stored").at("bytes_per_token").get<double>()) : "–";
+          p.contains("stored") ? fmt::format("{:.10g}", p.at("stored").at("bytes_per_token").get<double>()) : "–";
       md += fmt::format("| {} | {:.4f} | {:.4f} | {:.4f} | {} | {:.4f} | {:.5f} | {} | {} | {} | {} | {} |\n",
                         p.at("name").get<std::string>(), b.value("k", 0.0), b.value("v", 0.0), b.value("k_code", 0.0),
                         bytes, p.at("mae").get<double>(), p.at("kl").get<double>(), ppl_cell(p.at("ppl_k")),

@@ -174,6 +174,7 @@ void run_rd(const RdOptions& o) {
   json points = json::array(), fits = json::array();
   std::string table = fmt::format("{:<11} {:>4} {:>9} {:>12} {:>12} {:>12}\n", "quantizer", "bits", "eff_bits",
                                   "D_mean", "D_min", "D_max");
+  std::string skipped;  // widths a quantizer does not offer, named under the table
   std::string fit_table =
       fmt::format("{:<11} {:>10} {:>8} {:>10} {:>9}\n", "quantizer", "alpha", "beta", "bit_range", "rmse_ln");
   for (const auto& name : o.quantizers) {
@@ -181,7 +182,10 @@ void run_rd(const RdOptions& o) {
     // Fixed-width formats are measured once, at their own width, whatever --bits says.
     const std::vector<int> widths = name == "q8_0" ? std::vector<int>{8} : name == "q4_0" ? std::vector<int>{4} : o.bits;
     for (int b : widths) {
-      if (describe(name, b, m, 0, o).is_null()) continue;
+      if (describe(name, b, m, 0, o).is_null()) {
+        skipped += fmt::format("{} at {} bit: not measured (symmetric QuaRot needs >= 2 code bits)\n", name, b);
+        continue;
+      }
       const int ns = is_seeded(name) ? o.n_seeds : 1;
       std::vector<double> ds;
       double eff = 0;
@@ -229,8 +233,10 @@ void run_rd(const RdOptions& o) {
   // A fit needs two widths with a nonzero distortion; say so instead of printing an empty table.
   if (fits.empty())
     fit_table = "no fit: D(b) = alpha * beta^(-b) needs at least two --bits widths with a nonzero distortion\n";
-  std::printf("data %s, m = %d, N = %lld vectors, %d seed(s), side %s\n\n%s\n%s", o.data.c_str(), m, (long long)n,
-              o.n_seeds, o.side.c_str(), table.c_str(), fit_table.c_str());
+  std::printf("data %s, m = %d, N = %lld vectors, %d seed(s), side %s; D = Σ‖x − x̂‖² / Σ‖x‖² (relative "
+              "distortion; mean/min/max over seeds)\n\n%s%s\n%s",
+              o.data.c_str(), m, (long long)n, o.n_seeds, o.side.c_str(), table.c_str(), skipped.c_str(),
+              fit_table.c_str());
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
     check((bool)f, "--json: cannot write '{}'", o.json_path);

@@ -165,8 +165,8 @@ std::string cache_size_report(const std::string& kind, const KVCache& cache, con
   const double per_token = static_cast<double>(cache.bytes()) / static_cast<double>(n);
   // The fake-quant cache keeps fp32 reconstructions (and the originals): its
   // size says nothing about compression, and the line says so.
-  const std::string cmp = per_token <= fp16 ? fmt::format("{:.2f}x smaller", fp16 / per_token)
-                                            : fmt::format("{:.2f}x larger", per_token / fp16);
+  const std::string cmp = per_token <= fp16 ? fmt::format("{:.3f}x smaller than fp16", fp16 / per_token)
+                                            : fmt::format("{:.3f}x larger than fp16", per_token / fp16);
   std::string planned;
   if (const auto* pk = dynamic_cast<const cache::PackedKVCache*>(&cache)) {
     // The pages against the plan's stored bytes (format/stored_bytes.h) for these tokens; sink and window
@@ -176,14 +176,14 @@ std::string cache_size_report(const std::string& kind, const KVCache& cache, con
     const double rows16 = static_cast<double>(n - nq) * model.config().n_layers * model.config().n_kv_heads * 2 *
                           model.config().head_dim * 2;
     const double want = plan_stored_bytes_at(p, n, pk->sink_tokens(), pk->fp16_window()) - rows16;
-    planned = fmt::format("; pages {} bytes, planned {:g} (plan_stored_bytes_at){}", pk->page_bytes(), want,
+    planned = fmt::format("; pages {} bytes, planned {:.10g} (plan_stored_bytes_at){}", pk->page_bytes(), want,
                           static_cast<double>(pk->page_bytes()) == want ? ": equal" : ": DIFFERENT");
   }
   return fmt::format(
       "KV cache ({}): {:.1f} bytes/token, {:.3f} MiB for {} tokens (measured from the allocations{}); "
-      "fp16 K/V {:.0f} bytes/token: {:.3f}x of fp16 ({}){}{}",
-      kind, per_token, cache.bytes() / 1048576.0, n, kind == "packed" ? ", whole 64-token pages" : "", fp16,
-      per_token / fp16, cmp, planned,
+      "fp16 K/V {:.0f} bytes/token: {}{}{}",
+      kind, per_token, cache.bytes() / 1048576.0, n, kind == "packed" ? ", whole 64-token pages" : "", fp16, cmp,
+      planned,
       kind == "fake" ? " — the fake-quant cache stores fp32 reconstructions; use --cache packed for real sizes" : "");
 }
 

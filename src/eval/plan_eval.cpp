@@ -524,6 +524,12 @@ json evaluate_plans(Model& model, std::span<const int32_t> tokens, const std::ve
 
 std::string format_eval_report(const json& r) {
   std::string out;
+  // "mean ± sd" over seeds; one seed measures no spread, so only the value is printed.
+  const bool spread = r["seeds"].get<int>() > 1;
+  auto pmf = [spread](double mean, double sd, int prec, bool sign = false) {
+    const std::string m = sign ? fmt::format("{:+.{}f}", mean, prec) : fmt::format("{:.{}f}", mean, prec);
+    return spread ? fmt::format("{} ± {:.{}f}", m, sd, prec) : m;
+  };
   out += fmt::format("ratekv eval: {} tokens, {} windows of {} (perplexity: {} scored tokens, llama.cpp convention), "
                      "{} run seed(s), MAE/KL query stride {}\n",
                      r["n_tokens"].get<int64_t>(), r["n_chunks"].get<int64_t>(), r["ctx"].get<int64_t>(),
@@ -531,7 +537,8 @@ std::string format_eval_report(const json& r) {
   out += "bits = stored bits per element (everything the cache holds per token: codes, norms, scales, tile padding), "
          "B/token = stored bytes per token, all layers; MAE/KL: K-only, V exact, mean over layers (± sd over seeds); "
          "PPL ± sd over seeds; KLD (nats), top-1 agreement and Δp of the next-token distribution against the "
-         "fp16-cache model, K+V quantized (mean over seeds)\n\n";
+         "fp16-cache model, K+V quantized (mean over seeds)";
+  out += spread ? "\n\n" : "; one seed: no spread is measured, no ± is printed\n\n";
   out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>8} | {:>16} | {:>18} | {:>16} | {:>16} | {:>9} | {:>9} | {:>9} | "
                      "{:>7} | {:>8} |\n",
                      "plan", "K bits", "V bits", "B/token", "logit MAE", "attn KL (nats)", "PPL K-only", "PPL K+V",
@@ -549,16 +556,14 @@ std::string format_eval_report(const json& r) {
                            r["model"]["head_dim"].get<int64_t>() * 4;
   out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>8} | {:>16} | {:>18} | {:>16.4f} | {:>16.4f} | {} |\n", "fp32 cache",
                      "32", "32", fp_bytes, "0", "0", fpp, fpp, nt_cells(r["fp"].value("next_token", json())));
-  auto pm = [](const json& j) {
-    return fmt::format("{:.4f} ± {:.4f}", j["mean"].get<double>(), j["sd"].get<double>());
-  };
+  auto pm = [&](const json& j) { return pmf(j["mean"].get<double>(), j["sd"].get<double>(), 4); };
   for (const auto& p : r["plans"]) {
     const json kv = p.contains("next_token") ? p["next_token"].value("kv", json()) : json();
     out += fmt::format("| {:<22} | {:>6.3f} | {:>6.3f} | {:>8} | {:>16} | {:>18} | {:>16} | {:>16} | {} |\n",
                        p["name"].get<std::string>(), p["bits"]["k"].get<double>(), p["bits"]["v"].get<double>(),
-                       p.contains("stored") ? fmt::format("{:g}", p["stored"]["bytes_per_token"].get<double>()) : "-",
-                       fmt::format("{:.4f} ± {:.4f}", p["mae"]["mean"].get<double>(), p["mae"]["mean_sd"].get<double>()),
-                       fmt::format("{:.5f} ± {:.5f}", p["kl"]["mean"].get<double>(), p["kl"]["mean_sd"].get<double>()),
+                       p.contains("stored") ? fmt::format("{:.10g}", p["stored"]["bytes_per_token"].get<double>()) : "-",
+                       pmf(p["mae"]["mean"].get<double>(), p["mae"]["mean_sd"].get<double>(), 4),
+                       pmf(p["kl"]["mean"].get<double>(), p["kl"]["mean_sd"].get<double>(), 5),
                        p.contains("ppl_k") ? pm(p["ppl_k"]) : "-", p.contains("ppl_kv") ? pm(p["ppl_kv"]) : "-", nt_cells(kv));
   }
   out += "\nStored bytes of the first window (planned by plan_stored_bytes_at vs measured):";
@@ -566,7 +571,7 @@ std::string format_eval_report(const json& r) {
     if (!p.contains("stored") || !p["stored"].contains("first_window")) continue;
     const auto& fw = p["stored"]["first_window"];
     const double a = fw["planned_bytes"].get<double>(), b = fw["measured_bytes"].get<double>();
-    out += fmt::format(" {} {:g}{}{:g}{};", p["name"].get<std::string>(), a, a == b ? " = " : " != ", b,
+    out += fmt::format(" {} {:.10g}{}{:.10g}{};", p["name"].get<std::string>(), a, a == b ? " = " : " != ", b,
                        fw["measured_by"].get<std::string>().rfind("packed", 0) == 0 ? " (pages)" : " (quantizers)");
   }
   out += "\n";
@@ -574,20 +579,18 @@ std::string format_eval_report(const json& r) {
     out += "\nPairs at equal stored K bits or the same K budget (a vs b): layers where a has lower MAE, mean per-layer "
            "MAE reduction 1 - MAE_a/MAE_b (± sd over seeds), paired PPL and KLD (K+V) differences a - b\n";
     for (const auto& c : r["comparisons"]) {
-      out += fmt::format("  {} vs {} (K {:.3f} / {:.3f}): {}/{} layers lower ({:.0f} %), MAE reduction {:.1f} % ± {:.1f}",
+      out += fmt::format("  {} vs {} (K {:.3f} / {:.3f}): {}/{} layers lower ({:.0f} %), MAE reduction {} %",
                          c["a"].get<std::string>(), c["b"].get<std::string>(), c["k_bits_a"].get<double>(),
                          c["k_bits_b"].get<double>(), c["layers_a_lower_mae"].get<int>(), c["n_layers"].get<int>(),
                          100.0 * c["fraction_layers_a_lower_mae"].get<double>(),
-                         100.0 * c["mae_reduction"]["mean"].get<double>(), 100.0 * c["mae_reduction"]["sd"].get<double>());
+                         pmf(100.0 * c["mae_reduction"]["mean"].get<double>(),
+                             100.0 * c["mae_reduction"]["sd"].get<double>(), 1));
       if (c.contains("ppl_k_diff"))
-        out += fmt::format(", ΔPPL K-only {:+.4f} ± {:.4f}", c["ppl_k_diff"]["mean"].get<double>(),
-                           c["ppl_k_diff"]["sd"].get<double>());
+        out += ", ΔPPL K-only " + pmf(c["ppl_k_diff"]["mean"].get<double>(), c["ppl_k_diff"]["sd"].get<double>(), 4, true);
       if (c.contains("ppl_kv_diff"))
-        out += fmt::format(", K+V {:+.4f} ± {:.4f}", c["ppl_kv_diff"]["mean"].get<double>(),
-                           c["ppl_kv_diff"]["sd"].get<double>());
+        out += ", ΔPPL K+V " + pmf(c["ppl_kv_diff"]["mean"].get<double>(), c["ppl_kv_diff"]["sd"].get<double>(), 4, true);
       if (c.contains("kld_kv_diff"))
-        out += fmt::format(", ΔKLD K+V {:+.5f} ± {:.5f}", c["kld_kv_diff"]["mean"].get<double>(),
-                           c["kld_kv_diff"]["sd"].get<double>());
+        out += ", ΔKLD K+V " + pmf(c["kld_kv_diff"]["mean"].get<double>(), c["kld_kv_diff"]["sd"].get<double>(), 5, true);
       out += "\n";
     }
   }
