@@ -22,7 +22,7 @@ def main():
         rep = json.load(f)
     if rep.get("format") != "ratekv-eval":
         sys.exit(f"plot_eval.py: {sys.argv[1]} is not a ratekv eval report")
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    fig, ax = plt.subplots(figsize=(12, 5.5))
     for p in rep["plans"]:
         m = p["mae"]["layers_mean"]
         sd = p["mae"]["layers_sd"]
@@ -39,7 +39,8 @@ def main():
     ax.set_title(f'{model.get("file", model.get("arch", ""))}: K-only, V exact; {rep["n_tokens"]} tokens, '
                  f'windows of {rep["ctx"]}, {rep["seeds"]} seed(s)')
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    # Beside the axes: inside, it covered the low-error lines (fp16, q8_0) over the middle layers.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     fig.savefig(sys.argv[2], dpi=120)
 
