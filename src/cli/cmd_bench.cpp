@@ -684,7 +684,7 @@ Registrar reg("bench", [](CLI::App& app) {
   cmd->add_option("--prefill-mode", a->mode,
                   "cuda: evaluation or serving (docs/design.md §9.2); named in every row. The CPU rows always run "
                   "evaluation (serving is refused there)")
-      ->capture_default_str()
+      ->default_str("serving; the CPU runs evaluation")
       ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->add_option("-c,--ctx-size", a->ctx,
                   "context limit in tokens (default: the model's trained context; larger values extrapolate RoPE, "

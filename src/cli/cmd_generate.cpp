@@ -458,7 +458,7 @@ Registrar reg("generate", [](CLI::App& app) {
                   "--device cuda: serving (the prompt attends to its own fp16 K/V, then it is packed) or evaluation "
                   "(it attends to its quantized K/V; docs/design.md §9.2). The CPU always runs evaluation mode "
                   "(serving is refused there)")
-      ->capture_default_str()
+      ->default_str("serving; the CPU runs evaluation")
       ->check(CLI::IsMember({"evaluation", "serving"}));
   cmd->add_option("--chunk", args->chunk,
                   "--device cuda: prefill the prompt in chunks of N tokens (a multiple of 64; 0 = one piece)")
