@@ -318,6 +318,9 @@ def calibrate(
     for name, v in (("model_file", model_file), ("model_sha256", model_sha256)):
         if not isinstance(v, str):
             raise RatekvError(f"calibrate: {name} = {v!r}: expected a str (\"\" when unknown)")
+    if model_sha256 and (len(model_sha256) != 64 or any(c not in "0123456789abcdef" for c in model_sha256)):
+        raise RatekvError(f"calibrate: model_sha256 = {model_sha256!r}: expected 64 lowercase hex digits (the "
+                          "SHA-256 of model_file) or \"\" when unknown")
     text_sha = ""
     if text_file is not None:
         tf = os.fspath(text_file)

@@ -460,12 +460,18 @@ def _check_config(what: str, config: Any) -> None:
                           "(ratekv.model_config(hf_config) makes one)")
 
 
+def _check_plan(what: str, plan: Any) -> None:
+    """RatekvError naming ``plan`` unless it is a ratekv.Plan (nanobind's TypeError named PlanCodecs.__init__)."""
+    if not isinstance(plan, Plan):
+        raise RatekvError(f"{what}: plan is a {type(plan).__name__}, expected a ratekv.Plan (ratekv.load_plan, "
+                          "make_plan or uniform_plan make one)")
+
+
 def codecs(plan: Plan, config: ModelConfig, name: str = "plan") -> PlanCodecs:
     """The quantizers of ``plan`` for a model. Raises RatekvError listing every mismatch
     between plan and model (arch, layers, KV heads, head_dim, RoPE layout), or naming ``plan``,
     ``config`` or ``name`` when it is not a ratekv.Plan, a ratekv.ModelConfig or a str."""
-    if not isinstance(plan, Plan):
-        raise RatekvError(f"codecs: plan is a {type(plan).__name__}, expected a ratekv.Plan")
+    _check_plan("codecs", plan)
     _check_config("codecs", config)
     if not isinstance(name, str):
         raise RatekvError(f"codecs: name = {name!r}: expected a str (the plan's name in messages)")

@@ -35,7 +35,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .core import (_I32, HF_ARCHES, Plan, PlanCodecs, RatekvError, _int_arg, _track_native, fake_quantize,
+from .core import (_I32, HF_ARCHES, Plan, PlanCodecs, RatekvError, _check_plan, _int_arg, _track_native, fake_quantize,
                    model_config)
 from .ops import PackedKVCache
 
@@ -226,6 +226,7 @@ class PackedCache(Cache):
         arch = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "model_type", "")
         if arch not in HF_ARCHES:
             raise RatekvError(f"PackedCache: model_type '{arch}' is not served (expected one of {', '.join(HF_ARCHES)})")
+        _check_plan("PackedCache", plan)
         self.rk_config = model_config(config)
         self.plan = plan
         PlanCodecs(plan, self.rk_config, "plan")  # refuse a plan of another model or layout now, not mid-generate
@@ -370,6 +371,7 @@ class FakeQuantCache(Cache):
     tests; it stores full tensors (no memory saving)."""
 
     def __init__(self, plan: Plan, config: Any) -> None:
+        _check_plan("FakeQuantCache", plan)
         self.rk_config = model_config(config)
         self.codecs = PlanCodecs(plan, self.rk_config, "plan")
         self.window, self.sink = int(plan.fp16_window), int(plan.sink_tokens)

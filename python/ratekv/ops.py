@@ -30,6 +30,7 @@ serves); bf16 inputs are converted to fp16 at the kernel boundary.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import weakref
 from typing import Any, Optional
@@ -37,7 +38,8 @@ from typing import Any, Optional
 import torch
 
 from . import _core
-from .core import _I32, ModelConfig, Plan, PlanCodecs, RatekvError, _int_arg, _track_native
+from .core import (_I32, ModelConfig, Plan, PlanCodecs, RatekvError, _check_config, _check_plan, _float_arg, _int_arg,
+                   _track_native)
 
 # handle -> store, held weakly: the store belongs to its PackedKVCache; this module's
 # globals are reachable from torch's operator registry (the op functions below) for the
@@ -287,6 +289,8 @@ class PackedKVCache:
 
     def __init__(self, plan: Plan, config: ModelConfig, batch_size: int, max_tokens: int,
                  device: Any = "cpu") -> None:
+        _check_plan("PackedKVCache", plan)
+        _check_config("PackedKVCache", config)
         self.device = torch.device(device)
         self.config = config
         self.plan = plan
@@ -345,7 +349,14 @@ class PackedKVCache:
         Raises RatekvError as :meth:`append` for ``layer`` and ``q``."""
         layer = self._layer("decode_attention", layer)
         _check_tensor("PackedKVCache.decode_attention", "q", q)
-        s = self.scale if scale is None else float(scale)
+        if scale is None:
+            s = self.scale
+        elif torch.compiler.is_compiling():
+            s = scale  # traced (a SymFloat): the checks below would break torch.compile's graph
+        else:
+            s = _float_arg("PackedKVCache.decode_attention", "scale", scale)
+            if not math.isfinite(s):
+                raise RatekvError(f"PackedKVCache.decode_attention: scale = {scale!r}: expected a finite number")
         return torch.ops.ratekv.decode_attention(self.seq_lens[layer], q, self.handle, layer, s)
 
     def reset(self) -> None:

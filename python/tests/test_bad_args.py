@@ -30,7 +30,7 @@ def test_ratequant_budget_above_the_fitted_widths_is_refused(curve_stats, unit, 
     p = ratekv.make_plan(curve_stats, "ratequant", avg_bits=ok, budget_unit=unit, sensitivity="activation")
     assert p.achieved["k_code"] == 5 and p.achieved["v_code"] == 5
     for b in (bad, 8, 20):
-        with pytest.raises(RatekvError, match=rf"avg_bits {b} \({unit} bits per element\): above what ratequant "
+        with pytest.raises(RatekvError, match=rf"^make_plan: avg_bits = {b} \({unit} bits per element\): above what ratequant "
                                               rf"reaches .* at most {top} bits per element"):
             ratekv.make_plan(curve_stats, "ratequant", avg_bits=b, budget_unit=unit, sensitivity="activation")
 
@@ -39,7 +39,7 @@ def test_uniform_effective_budget_above_the_widest_code_is_refused(llama):
     _, cfg = llama
     # head_dim 64: 8 code bits + fp16 norm + extension norm store 8.5 bits per element.
     assert ratekv.uniform_plan(cfg, 9.4, 3, budget_unit="effective").achieved["k_code"] == 8
-    with pytest.raises(RatekvError, match=r"k_bits 64 \(effective bits per element\): above what tq-mse reaches: "
+    with pytest.raises(RatekvError, match=r"^uniform_plan: k_bits = 64 \(effective bits per element\): above what tq-mse reaches: "
                                           r"its widest code, 8 bits \(b_max\), stores 8.5 bits per element at "
                                           r"head_dim 64; expected a budget below 9.5"):
         ratekv.uniform_plan(cfg, 64, 64, budget_unit="effective")
@@ -48,10 +48,10 @@ def test_uniform_effective_budget_above_the_widest_code_is_refused(llama):
 def test_uniform_code_width_outside_1_to_8_names_k_bits(llama):
     # Used to fail inside the message, naming "stored bytes: kind tq-mse group at 9 bits".
     _, cfg = llama
-    with pytest.raises(RatekvError, match=r"k_bits 9 \(code bits per element\): gives 9 code bits per element, "
-                                          r"outside 1..8 .*expected a whole number of code bits in 1..8;"):
+    with pytest.raises(RatekvError, match=r"^uniform_plan: k_bits = 9 \(code bits per element\): gives 9 code bits per "
+                                          r"element, outside 1..8 .*expected a whole number of code bits in 1..8;"):
         ratekv.uniform_plan(cfg, 9, 3)
-    with pytest.raises(RatekvError, match=r"v_bits 0 \(code bits per element\).*outside 1..8"):
+    with pytest.raises(RatekvError, match=r"^uniform_plan: v_bits = 0 \(code bits per element\).*outside 1..8"):
         ratekv.uniform_plan(cfg, 3, 0)
 
 
@@ -99,6 +99,8 @@ def test_packed_cache_refuses_unpacked_codecs_at_construction(llama, quantizer, 
     (dict(text_file="/nope.txt"), r"text_file '/nope.txt' does not exist, expected the calibration text's file"),
     (dict(text_file="/"), r"text_file '/' is a directory"),
     (dict(model_sha256=None), r"model_sha256 = None: expected a str"),
+    (dict(model_sha256='zz\n"{'), r"model_sha256 = 'zz\\n\"\{': expected 64 lowercase hex digits"),
+    (dict(model_sha256="AB" * 32), r"model_sha256 = 'ABAB.*': expected 64 lowercase hex digits"),
     (dict(token_ids=[]), r"token_ids is empty, expected at least one token id"),
     (dict(ctx="32"), r"ctx = '32': expected an integer in 1..1024"),
     (dict(ctx=0), r"ctx = 0: expected an integer in 1..1024"),

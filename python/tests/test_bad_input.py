@@ -218,3 +218,21 @@ def test_batch_beyond_memory_is_refused_before_allocating():
     with pytest.raises(ratekv.RatekvError, match=r"batch_size 1000000 × max_tokens 4096 needs ~.* more than this "
                                                   r"machine's .* GB of memory"):
         PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 10**6, 4096)
+
+
+def test_plan_and_scale_arguments_are_named():
+    cfg = small_config()
+    m = tiny_model("llama", 64, 4, 2)
+    for make, what in ((lambda: PackedKVCache(None, cfg, 1, 8), "PackedKVCache"),
+                       (lambda: ratekv.hf.PackedCache("plan.json", m.config), "PackedCache"),
+                       (lambda: ratekv.hf.FakeQuantCache(None, m.config), "FakeQuantCache")):
+        with pytest.raises(ratekv.RatekvError, match=rf"^{what}: plan is a (NoneType|str), expected a ratekv.Plan"):
+            make()
+    with pytest.raises(ratekv.RatekvError, match=r"^PackedKVCache: config is a NoneType, expected a ratekv.ModelConfig"):
+        PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), None, 1, 8)
+    c = PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 2, 8)
+    k, v = kv(n=2)
+    c.append(0, k, v)
+    for bad, msg in (("x", "expected a number"), (float("nan"), "expected a finite number")):
+        with pytest.raises(ratekv.RatekvError, match=rf"decode_attention: scale = .*: {msg}"):
+            c.decode_attention(0, torch.randn(2, 4, 64), scale=bad)
