@@ -240,3 +240,20 @@ def test_cuda_store_pages_come_from_the_engine_page_pool():
     with pytest.raises(ratekv.RatekvError, match="130 cached \\+ 1 new tokens exceed capacity max_tokens = 130"):
         c.append(0, k[:, :1], k[:, :1])
     assert c.seq_lens[0].tolist() == [130] * 3
+
+
+def test_cuda_op_seq_lens_length_and_device_are_checked():
+    """The CUDA kernels read B lengths from seq_lens' data pointer: a shorter tensor was read past its end, and a
+    CPU tensor's pointer would have been read as device memory. Both are refused before any launch."""
+    cfg = small_config(head_dim=64, n_heads=4, n_kv=2)
+    c = PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 2, 64, device="cuda")
+    k, v = torch.randn(2, 4, 2, 64, device="cuda"), torch.randn(2, 4, 2, 64, device="cuda")
+    with pytest.raises(ratekv.RatekvError, match=r"ratekv::append: seq_lens has 1 entries, the cache holds 2"):
+        torch.ops.ratekv.append(torch.zeros(1, dtype=torch.int32, device="cuda"), k, v, c.handle, 0)
+    with pytest.raises(ratekv.RatekvError, match=r"ratekv::append: tensor on cpu, the cache lives on cuda"):
+        torch.ops.ratekv.append(torch.zeros(2, dtype=torch.int32), k, v, c.handle, 0)
+    c.append(0, k, v)
+    q = torch.randn(2, 4, 64, device="cuda")
+    with pytest.raises(ratekv.RatekvError, match=r"decode_attention: seq_lens has 3 entries"):
+        torch.ops.ratekv.decode_attention(torch.full((3,), 4, dtype=torch.int32, device="cuda"), q, c.handle, 0, 0.125)
+    assert c.seq_lens[0].tolist() == [4, 4] and torch.isfinite(c.decode_attention(0, q)).all()
