@@ -399,7 +399,13 @@ struct Reader {
   std::string string(const json& o, const std::string& path, const char* key) const {
     const json& v = member(o, path, key);
     check(v.is_string(), "{}: {} is {}: expected a string", name, join(path, key), type_of(v));
-    return v.get<std::string>();
+    std::string out = v.get<std::string>();
+    // A control character (a NUL above all) would cut or garble every message that quotes the value.
+    for (size_t i = 0; i < out.size(); ++i)
+      check(static_cast<unsigned char>(out[i]) >= 0x20 && out[i] != 0x7f,
+            "{}: {}: control character U+{:04X} at byte {}: expected printable text", name, join(path, key),
+            static_cast<unsigned>(static_cast<unsigned char>(out[i])), i);
+    return out;
   }
   const json& array(const json& o, const std::string& path, const char* key) const {
     const json& v = member(o, path, key);

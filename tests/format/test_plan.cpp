@@ -185,6 +185,11 @@ TEST(Plan, BadFieldsAreNamed) {
   expect_error([](json& j) { j["layers"][1]["heads"][1]["value"]["groups"][0]["channels"][5] = 4; },
                "plan.json: layers[1].heads[1].value.groups[0].channels[5] = 4: already in groups[0]");
   expect_error([](json& j) { j["layers"] = 3; }, "plan.json: layers is an integer: expected an array");
+  // A NUL inside a string cut every message that quoted it ("…gguf, lla").
+  expect_error([](json& j) { j["model"]["arch"] = std::string("lla\0ma", 5); },
+               "plan.json: model.arch: control character U+0000 at byte 3: expected printable text");
+  expect_error([](json& j) { j["method"] = "block\ngtq"; },
+               "plan.json: method: control character U+000A at byte 5: expected printable text");
 }
 
 TEST(Plan, LoadRejectsBadFiles) {
