@@ -540,13 +540,22 @@ class PackedBatch:
 
     def __init__(self, codecs: PlanCodecs, batch: int, n_ctx: int) -> None:
         """
-        Raises RatekvError when a codec kind is not served (kivi, quarot, q8_0, q4_0), naming it.
+        Raises RatekvError when a codec kind is not served (kivi, quarot, q8_0, q4_0), naming it, and when the batch's layout tables alone would not fit in this machine's memory.
         """
 
     @property
     def batch(self) -> int: ...
 
     def length(self, b: int, layer: int) -> int: ...
+
+    def lengths(self, layer: int) -> list[int]:
+        """tokens stored per sequence at `layer`"""
+
+    @property
+    def unusable(self) -> str:
+        """
+        why the batch refuses use until clear() (an append failed after writing some sequences); '' when usable
+        """
 
     def append(self, layer: int, k: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], k_pre: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)] | None = None) -> None:
         """

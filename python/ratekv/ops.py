@@ -84,7 +84,9 @@ class _CpuStore:
     def check_lens(self, what: str, layer: int, seq_lens: torch.Tensor) -> None:
         """The lengths the op was given are the ones this store holds (the CPU store keeps its own: a
         mismatch would be ignored silently, and the caller's tensor would drift from the cache)."""
-        held = [self.impl.length(b, layer) for b in range(self.impl.batch)] if 0 <= layer < self.n_layers else None
+        if self.impl.unusable:
+            raise RatekvError(f"{what}: the cache is unusable: {self.impl.unusable}; reset() it")
+        held = self.impl.lengths(layer) if 0 <= layer < self.n_layers else None
         if held is not None and seq_lens.tolist() != held:
             raise RatekvError(f"{what}: seq_lens {seq_lens.tolist()} differ from the {held} tokens the cache holds "
                               f"for layer {layer} (pass the PackedKVCache's own seq_lens[layer])")
@@ -284,7 +286,9 @@ class PackedKVCache:
     int32 tensor on ``device`` with the tokens stored per sequence.
     Raises RatekvError for a plan the packed cache cannot serve (kivi, quarot,
     q8_0, q4_0 codecs), a plan of another model or RoPE layout, non-finite K/V/Q,
-    ``batch_size`` / ``max_tokens`` outside 1..2^31-1, a device other than cpu / cuda.
+    ``batch_size`` / ``max_tokens`` outside 1..2^31-1, a device other than cpu / cuda,
+    and (cpu) a ``batch_size`` whose sequences' layout tables alone exceed this machine's memory.
+    An append checks every sequence before it writes any: a bad one leaves the batch as it was.
     """
 
     def __init__(self, plan: Plan, config: ModelConfig, batch_size: int, max_tokens: int,

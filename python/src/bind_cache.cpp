@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <malloc.h>
@@ -19,7 +20,6 @@
 #include "bind_common.h"
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/cache/plan_codecs.h"
-#include "ratekv/format/stored_bytes.h"
 
 namespace ratekv::py {
 
@@ -32,39 +32,53 @@ void check_finite(const float* x, size_t n, const char* what, int layer) {
     if (!std::isfinite(x[i])) fail("PackedCache: layer {}: {} element {} is {} (K/V must be finite)", layer, what, i, x[i]);
 }
 
+/// Bytes the heap has handed out (glibc's mallinfo2); 0 where it cannot be read (then nothing is refused).
+double heap_bytes() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
+#else
+  return 0.0;
+#endif
+}
+
 /// B independent PackedKVCache sequences sharing one plan. Per layer, the
 /// tokens of sequence b sit at positions 0, 1, … in append order.
 class PackedBatch {
  public:
-  /// Throws Error for batch or n_ctx < 1, and when `batch` sequences would not fit in this machine's memory
-  /// (each sequence's layout tables, measured on the first, plus its stored bytes at n_ctx tokens,
-  /// plan_stored_bytes_at): a clean refusal instead of allocating until the kernel kills the process.
+  /// Throws Error for batch or n_ctx < 1, and when the `batch` sequences' layout tables alone (allocated up
+  /// front, measured on the first sequence; pages are allocated as tokens arrive) would not fit in this
+  /// machine's physical memory: a clean refusal instead of allocating until the kernel kills the process.
   PackedBatch(std::shared_ptr<const cache::PlanCodecs> codecs, int batch, int64_t n_ctx)
       : codecs_(std::move(codecs)) {
     const ModelConfig& cfg = codecs_->config();
     check(batch >= 1, "PackedKVCache: batch_size {} must be ≥ 1", batch);
     check(n_ctx >= 1, "PackedKVCache: max_tokens {} must be ≥ 1", n_ctx);
-    const auto heap = [] {
-      const struct mallinfo2 m = mallinfo2();
-      return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
-    };
-    const double before = heap();
+    const double before = heap_bytes();
     seqs_.emplace_back(cfg.kv_shape(n_ctx), codecs_);
-    const double tables = std::max(0.0, heap() - before);
-    const double stored = plan_stored_bytes_at(codecs_->plan(), n_ctx);
-    const double need = static_cast<double>(batch) * (tables + stored);
+    const double tables = std::max(0.0, heap_bytes() - before);  // 0 where the heap cannot be read
+    const double need = static_cast<double>(batch) * tables;
     const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
     check(phys <= 0 || need <= phys,
-          "PackedKVCache: batch_size {} × max_tokens {} needs ~{:.1f} GB ({:.2f} MB per sequence: {:.2f} MB of "
-          "layout tables + {:.2f} MB stored at max_tokens), more than this machine's {:.1f} GB of memory",
-          batch, n_ctx, need / 1e9, (tables + stored) / 1e6, tables / 1e6, stored / 1e6, phys / 1e9);
+          "PackedKVCache: batch_size {}: the sequences' layout tables alone need ~{:.1f} GB ({:.2f} MB per sequence, "
+          "before any token is stored), more than this machine's {:.1f} GB of memory",
+          batch, need / 1e9, tables / 1e6, phys / 1e9);
     seqs_.reserve(static_cast<size_t>(batch));
     for (int b = 1; b < batch; ++b) seqs_.emplace_back(cfg.kv_shape(n_ctx), codecs_);
+    capacity_ = n_ctx;
     len_.assign(static_cast<size_t>(batch), std::vector<int64_t>(static_cast<size_t>(cfg.n_layers), 0));
   }
 
   int batch() const { return static_cast<int>(seqs_.size()); }
   int64_t length(int b, int layer) const { return len_.at(b).at(layer); }
+  /// The tokens of every sequence at `layer` (one call per op instead of B).
+  std::vector<int64_t> lengths(int layer) const {
+    std::vector<int64_t> out;
+    for (const auto& l : len_) out.push_back(l.at(layer));
+    return out;
+  }
+  /// Why the batch refuses use until clear() (an append failed after writing some sequences); "" when usable.
+  const std::string& unusable() const { return broken_; }
 
   /// k, v (B, n, n_kv_heads, head_dim) float32, post-RoPE keys; k_pre as k
   /// (pre-RoPE; needed by vq key layers only).
@@ -77,6 +91,9 @@ class PackedBatch {
     check_shape(v, "PackedKVCache.append: v", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
     if (k_pre) check_shape(*k_pre, "PackedKVCache.append: k_pre", {batch(), n, cfg.n_kv_heads, cfg.head_dim});
     check_usable("append");
+    // Every sequence holds the same count per layer (appends take all of them at once).
+    check(len_[0][layer] + n <= capacity_, "PackedKVCache.append: layer {}: {} cached + {} new tokens exceed capacity "
+          "max_tokens = {}", layer, len_[0][layer], n, capacity_);
     check_finite(k.data(), k.size(), "key", layer);
     check_finite(v.data(), v.size(), "value", layer);
     const size_t per = static_cast<size_t>(n) * cfg.n_kv_heads * cfg.head_dim;
@@ -92,7 +109,7 @@ class PackedBatch {
       const float* kp = k_pre ? k_pre->data() + b * per : k.data() + b * per;
       try {
         with_sequence(b, [&] { seqs_[b].append(layer, n, pos[b].data(), kp, k.data() + b * per, v.data() + b * per); });
-      } catch (const Error&) {
+      } catch (...) {
         // Only what check_append cannot see (a vq scale beyond fp16) fails here; sequence b is as it was, but
         // 0..b-1 hold the new tokens and cannot give them back: the batch refuses further use until clear().
         if (b > 0)
@@ -162,6 +179,7 @@ class PackedBatch {
   std::vector<cache::PackedKVCache> seqs_;
   std::vector<std::vector<int64_t>> len_;  // [b][layer] tokens appended
   std::string broken_;                       // why the batch refuses use until clear() (empty: usable)
+  int64_t capacity_ = 0;                     // tokens per sequence and layer (max_tokens)
 };
 
 }  // namespace
@@ -172,9 +190,14 @@ void bind_cache(nb::module_& m) {
                           "packed format, attention from the codes, never the whole cache expanded.")
       .def(nb::init<std::shared_ptr<const cache::PlanCodecs>, int, int64_t>(), nb::arg("codecs"), nb::arg("batch"),
            nb::arg("n_ctx"),
-           "Raises RatekvError when a codec kind is not served (kivi, quarot, q8_0, q4_0), naming it.")
+           "Raises RatekvError when a codec kind is not served (kivi, quarot, q8_0, q4_0), naming it, and when the "
+           "batch's layout tables alone would not fit in this machine's memory.")
       .def_prop_ro("batch", &PackedBatch::batch)
       .def("length", &PackedBatch::length, nb::arg("b"), nb::arg("layer"))
+      .def("lengths", &PackedBatch::lengths, nb::arg("layer"), "tokens stored per sequence at `layer`")
+      .def_prop_ro("unusable", &PackedBatch::unusable,
+                   "why the batch refuses use until clear() (an append failed after writing some sequences); '' "
+                   "when usable")
       .def("append", &PackedBatch::append, nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::arg("k_pre") = nb::none(),
            "Quantizes and stores n new tokens per sequence: k, v (B, n, n_kv_heads, head_dim) float32.")
       .def("attend", &PackedBatch::attend, nb::arg("layer"), nb::arg("q"), nb::arg("out"), nb::arg("scale"),

@@ -214,10 +214,16 @@ def test_op_seq_lens_must_be_the_caches(cache):
 
 def test_batch_beyond_memory_is_refused_before_allocating():
     cfg = small_config()
-    # ~1 MB per sequence at 4096 tokens: 10^6 sequences need ~1 TB.
-    with pytest.raises(ratekv.RatekvError, match=r"batch_size 1000000 × max_tokens 4096 needs ~.* more than this "
-                                                  r"machine's .* GB of memory"):
-        PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 10**6, 4096)
+    # Each sequence's layout tables (allocated up front; pages come with the tokens) are ~10 KB for this config:
+    # 2^31 - 1 sequences need ~20 TB. Before, it allocated until the kernel killed the process.
+    with pytest.raises(ratekv.RatekvError, match=r"batch_size 2147483647: the sequences' layout tables alone need "
+                                                  r"~.* GB .* more than this machine's .* GB of memory"):
+        PackedKVCache(ratekv.uniform_plan(cfg, 3, 3), cfg, 2**31 - 1, 4096)
+    # A long capacity alone is no reason to refuse (CPU pages are allocated as tokens arrive): a Llama-3-8B-shaped
+    # batch of 64 at 128K tokens needs ~1 MB of tables per sequence now.
+    big = small_config(head_dim=128, n_layers=32, n_heads=32, n_kv=8)
+    c = PackedKVCache(ratekv.uniform_plan(big, 3, 3), big, 64, 131072)
+    assert c.nbytes == 0
 
 
 def test_plan_and_scale_arguments_are_named():

@@ -220,10 +220,12 @@ int main(int argc, char** argv) {
     if (const std::string head = "Could not convert: "; e.get_name() == "ConversionError" && what.rfind(head, 0) == 0) {
       const std::string rest = what.substr(head.size());
       if (const size_t eq = rest.find(" = "); eq != std::string::npos) {
+        // Only an integer in 64-bit range that an int flag cannot hold; other conversions (true/false flags
+        // given 'maybe') keep CLI11's words.
         const std::string value = rest.substr(eq + 3);
-        const bool integer = !value.empty() && value.find_first_not_of("+-0123456789") == std::string::npos;
-        what = rest.substr(0, eq) + ": '" + value + "' is out of range for this flag" +
-               (integer ? " (expected an integer in -2147483648..2147483647)" : "");
+        if (ratekv::cli::parse_number<int64_t>(value))
+          what = rest.substr(0, eq) + ": '" + value +
+                 "' is out of range for this flag (expected an integer in -2147483648..2147483647)";
       }
     }
     if (argc >= 2 && argv[1][0] != '-' &&

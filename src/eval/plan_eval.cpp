@@ -534,11 +534,13 @@ std::string format_eval_report(const json& r) {
                      "{} run seed(s), MAE/KL query stride {}\n",
                      r["n_tokens"].get<int64_t>(), r["n_chunks"].get<int64_t>(), r["ctx"].get<int64_t>(),
                      r["ppl_scored_tokens"].get<int64_t>(), r["seeds"].get<int>(), r["query_stride"].get<int64_t>());
-  out += "bits = stored bits per element (everything the cache holds per token: codes, norms, scales, tile padding), "
-         "B/token = stored bytes per token, all layers; MAE/KL: K-only, V exact, mean over layers (± sd over seeds); "
-         "PPL ± sd over seeds; KLD (nats), top-1 agreement and Δp of the next-token distribution against the "
-         "fp16-cache model, K+V quantized (mean over seeds)";
-  out += spread ? "\n\n" : "; one seed: no spread is measured, no ± is printed\n\n";
+  out += std::string("bits = stored bits per element (everything the cache holds per token: codes, norms, scales, "
+                     "tile padding), B/token = stored bytes per token, all layers; MAE/KL: K-only, V exact, mean over "
+                     "layers") +
+         (spread ? " (± sd over seeds); PPL ± sd over seeds" : "") +
+         "; KLD (nats), top-1 agreement and Δp of the next-token distribution against the fp16-cache model, K+V "
+         "quantized" +
+         (spread ? " (mean over seeds)\n\n" : "; one seed: no spread is measured, no ± is printed\n\n");
   out += fmt::format("| {:<22} | {:>6} | {:>6} | {:>8} | {:>16} | {:>18} | {:>16} | {:>16} | {:>9} | {:>9} | {:>9} | "
                      "{:>7} | {:>8} |\n",
                      "plan", "K bits", "V bits", "B/token", "logit MAE", "attn KL (nats)", "PPL K-only", "PPL K+V",
@@ -576,8 +578,9 @@ std::string format_eval_report(const json& r) {
   }
   out += "\n";
   if (!r["comparisons"].empty()) {
-    out += "\nPairs at equal stored K bits or the same K budget (a vs b): layers where a has lower MAE, mean per-layer "
-           "MAE reduction 1 - MAE_a/MAE_b (± sd over seeds), paired PPL and KLD (K+V) differences a - b\n";
+    out += std::string("\nPairs at equal stored K bits or the same K budget (a vs b): layers where a has lower MAE, "
+                       "mean per-layer MAE reduction 1 - MAE_a/MAE_b") +
+           (spread ? " (± sd over seeds)" : "") + ", paired PPL and KLD (K+V) differences a - b\n";
     for (const auto& c : r["comparisons"]) {
       out += fmt::format("  {} vs {} (K {:.3f} / {:.3f}): {}/{} layers lower ({:.0f} %), MAE reduction {} %",
                          c["a"].get<std::string>(), c["b"].get<std::string>(), c["k_bits_a"].get<double>(),
