@@ -123,6 +123,9 @@ TEST_F(BadInputFlags, RdFlagsAreNamed) {
   // the Haar rotation and QuaRot.
   const Result r = run_cli(base + "--quantizers kivi_key,kivi_value,quarot,tq_mse --group-size 32 --dim 96");
   EXPECT_EQ(r.status, 0) << r.output;
+  // QuaRot has no 1-bit width: named under the table (it was dropped silently).
+  EXPECT_NE(r.output.find("quarot at 1 bit: not measured (symmetric QuaRot needs >= 2 code bits)"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("kivi_key"), std::string::npos) << r.output;
 }
 

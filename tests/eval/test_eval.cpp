@@ -294,4 +294,19 @@ TEST(EvaluatePlans, KOnlyPerplexity) {
   EXPECT_EQ(k["comparisons"][0]["ppl_k_diff"]["mean"].get<double>(), 0.0);
   EXPECT_FALSE(k["comparisons"][0].contains("ppl_kv_diff"));
   EXPECT_NE(format_eval_report(k).find("ΔPPL K-only"), std::string::npos);
+  // One seed measures no spread: the table prints values without "± 0.0000" (the header says so, its only ±);
+  // with two seeds every MAE / KL / PPL cell carries its sd.
+  const auto count_pm = [](const std::string& s) {
+    size_t n = 0;
+    for (size_t at = s.find("±"); at != std::string::npos; at = s.find("±", at + 1)) ++n;
+    return n;
+  };
+  const std::string one = format_eval_report(both);
+  EXPECT_EQ(both["seeds"].get<int>(), 1);
+  EXPECT_EQ(count_pm(one), 1u) << one;
+  EXPECT_NE(one.find("one seed: no spread is measured, no ± is printed"), std::string::npos) << one;
+  opt.perplexity_kv = true;
+  opt.n_seeds = 2;
+  const std::string two = format_eval_report(evaluate_plans(m, t, plans, opt));
+  EXPECT_GE(count_pm(two), 2u * 4u + 2u) << two;  // 2 plans × (MAE, KL, PPL K, PPL K+V) + the header's two
 }
