@@ -114,7 +114,12 @@ PlanCodecs::PlanCodecs(Plan plan, const ModelConfig& cfg, const std::string& nam
       check(plan_.tensors_file.has_value(), "{}: tensors: vq codecs need a side file", name);
       std::filesystem::path p(*plan_.tensors_file);
       if (p.is_relative() && !plan_.source_dir.empty()) p = std::filesystem::path(plan_.source_dir) / p;
-      vq_tensors_ = std::make_shared<const VqTensors>(VqTensors::load(p.string(), plan_));
+      try {
+        vq_tensors_ = std::make_shared<const VqTensors>(VqTensors::load(p.string(), plan_));
+      } catch (const Error& e) {
+        fail("{}: tensors '{}' (the plan's side file, relative to its directory): {}", name, *plan_.tensors_file,
+             e.what());
+      }
     } else {
       vq_tensors_->validate_against(plan_, name);
     }

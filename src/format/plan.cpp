@@ -586,6 +586,19 @@ Plan Plan::load(const std::string& path) {
 
 void Plan::save(const std::string& path) const {
   validate(path);
+  // A loaded plan names its side file relative to the directory it came from: saved elsewhere, the JSON would
+  // point at a file that is not there (found only when the codecs load it, naming a file the user never made).
+  if (tensors_file && !source_dir.empty() && std::filesystem::path(*tensors_file).is_relative()) {
+    namespace fs = std::filesystem;
+    const fs::path from = fs::path(source_dir) / *tensors_file;
+    fs::path dir = fs::path(path).parent_path();
+    if (dir.empty()) dir = ".";
+    const fs::path to = dir / *tensors_file;
+    std::error_code ec;
+    check(fs::equivalent(from, to, ec) || fs::exists(to),
+          "{}: the plan's side file '{}' (field tensors, relative to the plan's directory) is in '{}', not beside "
+          "the new file: copy it to '{}' first", path, *tensors_file, source_dir, to.string());
+  }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   check((bool)out, "{}: cannot open for writing", path);
   out << to_json().dump(1) << '\n';

@@ -11,6 +11,8 @@
 
 #include "../support/temp_dir.h"
 #include "cli_runner.h"
+#include "ratekv/common/error.h"
+#include "ratekv/format/plan.h"
 
 namespace fs = std::filesystem;
 using ratekv_test::cli_path;
@@ -60,6 +62,25 @@ TEST_F(PlanTasqFlags, BadRateFlagsAndMissingSideFile) {
               (dir_ / "cq.json").string() + "'");
   ASSERT_EQ(r.status, 0) << r.output;
   ASSERT_TRUE(fs::exists(dir_ / "cq.tensors.safetensors"));
+  // Saved into another directory, the loaded plan would name a side file that is not there (found only when the
+  // codecs load it): refused before writing, naming the field; with the side file copied there, it saves.
+  {
+    const ratekv::Plan cq = ratekv::Plan::load((dir_ / "cq.json").string());
+    fs::create_directories(dir_ / "other");
+    try {
+      cq.save((dir_ / "other" / "cq.json").string());
+      ADD_FAILURE() << "saved without its side file";
+    } catch (const ratekv::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the plan's side file 'cq.tensors.safetensors' (field tensors, relative "
+                                           "to the plan's directory)"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "other" / "cq.json"));
+    fs::copy_file(dir_ / "cq.tensors.safetensors", dir_ / "other" / "cq.tensors.safetensors");
+    EXPECT_NO_THROW(cq.save((dir_ / "other" / "cq.json").string()));
+    EXPECT_NO_THROW(cq.save((dir_ / "cq-again.json").string()));  // the same directory
+  }
   // The plan without its side file: eval names the missing file.
   fs::remove(dir_ / "cq.tensors.safetensors");
   r = run_cli("eval -m '" + model_path().string() + "' -f '" + (dir_ / "calib.txt").string() + "' --tokens 16 --ctx 8 --no-ppl --plan '" +

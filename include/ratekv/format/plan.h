@@ -191,7 +191,8 @@ struct Plan {
   /// Reads and validates a plan file. Throws Error for I/O, JSON syntax,
   /// schema and range errors.
   static Plan load(const std::string& path);
-  /// Validates, then writes pretty JSON. Throws Error on I/O failure.
+  /// Validates, then writes pretty JSON. Throws Error on I/O failure, and for a loaded plan (source_dir set)
+  /// whose relative tensors_file is not beside `path` (the saved JSON would name a missing side file).
   void save(const std::string& path) const;
 
   /// Checks every structural rule of the schema; throws Error naming `name`
