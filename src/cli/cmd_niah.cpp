@@ -20,6 +20,7 @@
 #include "cli/gpu_cache.h"
 #include "cli/loaded_model.h"
 #include "cli/text_tokens.h"
+#include "ratekv/format/stored_bytes.h"
 #include "ratekv/cache/fake_quant_cache.h"
 #include "ratekv/cache/packed_kv_cache.h"
 #include "ratekv/common/error.h"
@@ -223,6 +224,10 @@ void run(const NiahArgs& a) {
     // and the evaluation cache's own bytes under another key.
     const bool fp16_entry = e.plan_file.empty();
     const double fp16_bytes = static_cast<double>(cfg.kv_bytes_per_token_fp16());
+    // A fake-quant cache keeps fp32 reconstructions and originals: like the fp16 entry, it reports the bytes of
+    // the cache it models (the plan's stored bytes per token, format/stored_bytes.h), its own under another key.
+    const bool fake_entry = !fp16_entry && !cuda && !e.packed;
+    const double planned_bytes = fake_entry ? plan_stored_bytes(e.codecs->plan()).bytes_per_token() : 0.0;
     auto grid_json = [&](const eval::NiahGrid& g, bool complete) {
       nlohmann::ordered_json gj = g.to_json();
       gj["complete"] = complete;
@@ -237,7 +242,11 @@ void run(const NiahArgs& a) {
 #ifdef RATEKV_HAVE_ENGINE
         if (cuda) gj["cache"] = e.gpu->is_fp16() ? "cuda fp16" : "cuda packed";
 #endif
-        if (!cuda) gj["cache"] = e.packed ? "packed" : "fake";
+        if (!cuda) gj["cache"] = e.packed ? "packed" : "fake (the plan's stored bytes; evaluated with a fake-quant cache)";
+        if (fake_entry) {
+          gj["cache_bytes_per_token"] = planned_bytes;
+          gj["evaluation_cache_bytes_per_token"] = g.cache_bytes_per_token;
+        }
         const auto ach = e.codecs->plan().achieved();
         gj["effective_bits"] = {{"k", ach.k}, {"v", ach.v}, {"total", ach.total}};
       }
@@ -288,6 +297,7 @@ void run(const NiahArgs& a) {
     progress.finish();
     eval::NiahGrid shown = g;
     if (fp16_entry) shown.cache_bytes_per_token = fp16_bytes;  // fp16 K/V, not the evaluation copies
+    if (fake_entry) shown.cache_bytes_per_token = planned_bytes;
     std::cout << table(shown) << std::endl;
     out["grids"].push_back(grid_json(g, true));
     write(out);

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 
 #include "../support/assets.h"
 #include "../support/temp_dir.h"
@@ -139,4 +140,17 @@ TEST_F(EarlyErrors, NiahOnTheGpuRefusesWhatItCannotServe) {
 #else
   expect_error_before_weights(base + " --device cuda", {"--device cuda", "no GPU engine"});
 #endif
+}
+
+// A fake-quant grid reports the bytes of the cache it models (the plan's stored bytes per token: q4_0 at 4.5
+// bits, 30 layers x 3 KV heads x 64 x 2 sides = 6480), not the fake cache's fp32 copies (92280 before).
+TEST_F(EarlyErrors, NiahFakeCacheReportsThePlansStoredBytes) {
+  const Result r = run_cli("niah -m " + q(smollm2_) + " --ctx 128 --depth-list 0 --trials 1 --no-fp16 -ctk q4_0 "
+                           "-ctv q4_0 --json " + q(dir_ / "n.json"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("(fake) (6480.0 cache bytes/token"), std::string::npos) << r.output;
+  std::ifstream in(dir_ / "n.json");
+  const std::string j((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(j.find("\"cache_bytes_per_token\": 6480.0"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"evaluation_cache_bytes_per_token\""), std::string::npos) << j;
 }
