@@ -79,8 +79,22 @@ def _tokens(tokenizer: Any, texts: Union[str, Sequence[str], None], token_ids: A
     else:
         if tokenizer is None or texts is None:
             raise RatekvError("calibrate: give texts and a tokenizer, or token_ids")
+        if not callable(tokenizer):
+            hint = (" (ratekv.Tokenizer is the GGUF tokenizer: pass token_ids=ratekv.Tokenizer(path).encode(text))"
+                    if isinstance(tokenizer, _core.Tokenizer) else "")
+            raise RatekvError(f"calibrate: tokenizer is a {type(tokenizer).__name__}, expected a transformers "
+                              f"tokenizer (called as tokenizer(text)){hint}")
+        import collections.abc
+
         if isinstance(texts, str):
             texts = [texts]
+        # bytes, a dict (its keys were calibrated on) and non-str items were passed on to the tokenizer.
+        if isinstance(texts, (bytes, collections.abc.Mapping)) or not isinstance(texts, collections.abc.Iterable):
+            raise RatekvError(f"calibrate: texts is a {type(texts).__name__}, expected a str or a sequence of str")
+        texts = list(texts)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise RatekvError(f"calibrate: texts[{i}] is a {type(t).__name__}, expected a str")
         parts = []
         for t in texts:
             enc = tokenizer(t, add_special_tokens=True)["input_ids"]
@@ -323,6 +337,8 @@ def calibrate(
                           "SHA-256 of model_file) or \"\" when unknown")
     text_sha = ""
     if text_file is not None:
+        if not isinstance(text_file, (str, os.PathLike)) or isinstance(os.fspath(text_file), bytes):
+            raise RatekvError(f"calibrate: text_file = {text_file!r}: expected a path (str or os.PathLike of str)")
         tf = os.fspath(text_file)
         if not os.path.isfile(tf):
             raise RatekvError(f"calibrate: text_file '{tf}' " + ("is a directory" if os.path.isdir(tf) else

@@ -548,6 +548,8 @@ def fake_quantize(
     xs = _to_f32_numpy(x)  # (a list is read by numpy; x.shape of a list was a bare AttributeError)
     four_d = xs.ndim == 4
     kp = None if k_pre is None else _to_f32_numpy(k_pre)
+    if kp is not None and kp.shape != xs.shape:  # a 3-D k_pre beside a 4-D x reached numpy's transpose
+        raise RatekvError(f"fake_quantize: k_pre has shape {tuple(kp.shape)}, expected x's shape {tuple(xs.shape)}")
     pos = None
     if positions is not None:
         try:

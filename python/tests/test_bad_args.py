@@ -321,3 +321,43 @@ def test_tokenizer_decodes_partial_characters_and_refuses_lone_surrogates():
     assert pieces[0] == "a" and all("\ufffd" in p for p in pieces[1:]), pieces
     with pytest.raises(ratekv.RatekvError, match=r"Tokenizer.encode: text is not encodable as UTF-8"):
         t.encode("a\udcff")
+
+
+def test_calibrate_tokenizer_texts_and_text_file_types_are_named():
+    from conftest import smollm2_path
+
+    m = tiny_model("llama", 64, 4, 2)
+    tok = ratekv.Tokenizer(str(smollm2_path()))
+    with pytest.raises(RatekvError, match=r"calibrate: tokenizer is a Tokenizer, expected a transformers tokenizer .*"
+                                          r"token_ids=ratekv.Tokenizer\(path\).encode\(text\)"):
+        ratekv.calibrate(m, tok, "some text")
+    hf_tok = lambda t, add_special_tokens=True: {"input_ids": [1, 2, 3] * 30}  # noqa: E731 (any callable)
+    for texts, msg in ((b"bytes", r"texts is a bytes"), ({"a": "x"}, r"texts is a dict"),
+                       (["ok", 3], r"texts\[1\] is a int, expected a str")):
+        with pytest.raises(RatekvError, match=rf"calibrate: {msg}"):
+            ratekv.calibrate(m, hf_tok, texts, ctx=32)
+    for bad in (b"/etc/hostname", 3):
+        with pytest.raises(RatekvError, match=r"calibrate: text_file = .*: expected a path"):
+            ratekv.calibrate(m, token_ids=torch.arange(64), ctx=32, text_file=bad)
+    with pytest.raises(RatekvError, match=r"fake_quantize: k_pre has shape \(5, 2, 64\), expected x's shape"):
+        ratekv.fake_quantize(torch.randn(1, 2, 5, 64), ratekv.codecs(ratekv.uniform_plan(
+            ratekv.model_config(m.config), 3, 3), ratekv.model_config(m.config)), 0, "key", k_pre=torch.randn(5, 2, 64))
+
+
+def test_fp16_rows_beyond_fp16_are_refused_not_inf():
+    # Rows stored as fp16 (the fp16 window / sink, an fp16 codec) turned 1e6 into inf silently; the TQ-MSE rows
+    # refused the same input (its norm overflows fp16).
+    from test_core import small_config
+
+    cfg = small_config(head_dim=64, n_heads=4, n_kv=2)
+    x = torch.randn(3, 2, 64)
+    x[1, 1, 5] = 1e6
+    tq = ratekv.codecs(ratekv.uniform_plan(cfg, 3, 3), cfg)
+    with pytest.raises(RatekvError, match=r"fake_quant_sequence: layer 0: row 1, KV head 1, channel 5 is 1000000, "
+                                          r"beyond fp16 .* stored as fp16 \(sink / fp16 window\)"):
+        ratekv.fake_quantize(x, tq, 0, "key", window=3)
+    fp16 = ratekv.codecs(ratekv.uniform_plan(cfg, 16, 16, quantizer="fp16"), cfg)
+    with pytest.raises(RatekvError, match=r"layer 0 head 1 value: token 1, channel 5 is 1000000, beyond fp16"):
+        ratekv.fake_quantize(x, fp16, 0, "value")
+    ok = ratekv.fake_quantize(x.clamp(-6e4, 6e4), fp16, 0, "value")  # within fp16: rounded, finite
+    assert torch.isfinite(torch.as_tensor(ok)).all()

@@ -49,7 +49,11 @@ void FakeQuantKVCache::append(int layer, int64_t n, const int32_t* pos, const fl
     // New rows outside the quantized region: sink / window, rounded to fp16.
     for (int64_t t = T0; t < T; ++t) {
       if (t >= sink_ && t < end) continue;
-      for (int64_t i = t * row; i < (t + 1) * row; ++i) dst[i] = round_fp16(src[i]);
+      float v = 0;
+      const int64_t bad = round_fp16_span(src.data() + t * row, row, dst.data() + t * row, &v);
+      check(bad < 0, "FakeQuantKVCache::append: layer {}: {} of token {}, KV head {}, channel {} is {}, beyond "
+            "fp16 (|x| <= 65504), and this row is stored as fp16 (sink / fp16 window)", layer,
+            s == 0 ? "key" : "value", t, bad / shape_.head_dim, bad % shape_.head_dim, v);
     }
     if (codecs_->layer_is_vq(layer, side)) {  // all heads at once (shared scale); keys pre-RoPE
       const int64_t a = std::max<int64_t>(sink_, prev);
@@ -118,8 +122,12 @@ void fake_quant_sequence(const PlanCodecs& codecs, int layer, KVSide side, const
   const int Hkv = c.n_kv_heads, d = c.head_dim;
   const int64_t row = int64_t{Hkv} * d;
   const int64_t a = std::min<int64_t>(sink, T), end = std::max<int64_t>(a, T - window);
-  for (int64_t i = 0; i < a * row; ++i) out[i] = round_fp16(x[i]);
-  for (int64_t i = end * row; i < T * row; ++i) out[i] = round_fp16(x[i]);
+  for (const auto& [r0, r1] : {std::pair<int64_t, int64_t>{0, a}, {end, T}}) {  // sink, then window rows: fp16
+    float v = 0;
+    const int64_t bad = round_fp16_span(x + r0 * row, (r1 - r0) * row, out + r0 * row, &v);
+    check(bad < 0, "fake_quant_sequence: layer {}: row {}, KV head {}, channel {} is {}, beyond fp16 (|x| <= 65504), "
+          "and this row is stored as fp16 (sink / fp16 window)", layer, r0 + bad / row, (bad % row) / d, bad % d, v);
+  }
   const int64_t m = end - a;
   if (m <= 0) return;
   if (codecs.layer_is_vq(layer, side)) {

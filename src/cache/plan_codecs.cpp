@@ -221,7 +221,11 @@ void PlanCodecs::fake_quant_rows(int layer, int head, KVSide side, const float* 
   const quant::Quantizer* q = quantizer(layer, head, side);
   if (q == nullptr) {
     const int64_t n = T * cfg_.head_dim;
-    for (int64_t i = 0; i < n; ++i) xhat[i] = round_fp16(x[i]);
+    float v = 0;
+    const int64_t bad = round_fp16_span(x, n, xhat, &v);
+    check(bad < 0, "PlanCodecs::fake_quant: layer {} head {} {}: token {}, channel {} is {}, beyond fp16 (|x| <= "
+          "65504), and the codec stores it as fp16", layer, head, side == KVSide::key ? "key" : "value",
+          bad / cfg_.head_dim, bad % cfg_.head_dim, v);
     return;
   }
   q->fake_quant(x, T, xhat);

@@ -4,6 +4,7 @@
 // NaN. These define how every fp16 norm/scale in a packed format is stored.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -67,6 +68,23 @@ inline uint16_t fp32_to_fp16(float f) {
 
 /// Rounds a float32 through binary16 and back (what storing it as fp16 does).
 inline float round_fp16(float f) { return fp16_to_fp32(fp32_to_fp16(f)); }
+
+/// out[i] = round_fp16(x[i]) for i < n (out may be x). Returns the index of the first finite value that
+/// rounds to an infinity (|x| ≥ 65520: beyond fp16), or -1 when there is none, and that value in
+/// *bad_value (out may have overwritten it); callers turn it into an error naming the row, instead of
+/// storing inf silently.
+inline int64_t round_fp16_span(const float* x, int64_t n, float* out, float* bad_value) {
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i], r = round_fp16(v);
+    if (bad < 0 && !std::isfinite(r) && std::isfinite(v)) {
+      bad = i;
+      *bad_value = v;
+    }
+    out[i] = r;
+  }
+  return bad;
+}
 
 /// bfloat16 bits -> float32 (exact).
 inline float bf16_to_fp32(uint16_t h) {
