@@ -145,7 +145,7 @@ void bind_plan(nb::module_& m) {
           kp = k_pre->data();
         }
         if (pos) {
-          check_shape(*pos, "fake_quantize: pos", {T});
+          check_shape(*pos, "fake_quantize: positions", {T});
           ps = pos->data();
         }
         check(window >= 0 && sink >= 0, "fake_quantize: window {} and sink {} must be ≥ 0", window, sink);

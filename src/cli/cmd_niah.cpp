@@ -112,6 +112,8 @@ void run(const NiahArgs& a) {
     check(c >= 64, "--ctx: {} is too short (need ≥ 64 tokens)", c);
     max_ctx = std::max(max_ctx, c);
   }
+  const std::optional<int64_t> twice = first_repeat(a.ctx);  // ran the same row twice
+  check(!twice, "--ctx: {} is listed twice (each context length is one row of the grid)", twice.value_or(0));
   struct Entry {
     std::string name, plan_file;
     std::shared_ptr<const cache::PlanCodecs> codecs;

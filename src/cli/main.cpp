@@ -184,6 +184,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))  // a usage error: exit 2
       ->each([](const std::string& s) {
         ratekv::cli::with_flag_names({{"set_log_level.level", "--log-level"}}, [&] { ratekv::set_log_level(s); });
       });

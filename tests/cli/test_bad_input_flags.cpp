@@ -595,3 +595,12 @@ TEST_F(BadInputFlags, SamplingFlagsUnderGreedyDecodingWarn) {
 }
 
 }  // namespace
+
+// A bad --log-level is a usage error (exit 2, as the help's exit-status footer says), not a run failure; a
+// repeated niah --ctx ran the same grid row twice.
+TEST_F(BadInputFlags, LogLevelAndRepeatedNiahContext) {
+  expect("--log-level bogus rd --n 64 --bits 1,2", 2, "error: --log-level: bogus not in {trace,debug,info,warn,error,off}");
+  std::ofstream(dir_ / "m.gguf") << "x";  // not a model: the refusal comes before anything is read
+  expect("niah -m " + q(dir_ / "m.gguf") + " --ctx 128,256,128", 1,
+         "error: --ctx: 128 is listed twice (each context length is one row of the grid)");
+}
