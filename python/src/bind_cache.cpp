@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "bind_common.h"
@@ -110,7 +110,7 @@ class PackedBatch {
       try {
         with_sequence(b, [&] { seqs_[b].append(layer, n, pos[b].data(), kp, k.data() + b * per, v.data() + b * per); });
       } catch (...) {
-        // Only what check_append cannot see (a vq scale beyond fp16) fails here; sequence b is as it was, but
+        // Only what check_append cannot see (a vq scale beyond fp16, memory) fails here; sequence b is as it was, but
         // 0..b-1 hold the new tokens and cannot give them back: the batch refuses further use until clear().
         if (b > 0)
           broken_ = fmt::format("an append to layer {} failed at sequence {} after sequences 0..{} were written",
