@@ -4,6 +4,7 @@ ratekv C++ core (nanobind). Use the `ratekv` package, not this module directly.
 
 from collections.abc import Sequence
 import enum
+import os
 from typing import Annotated
 
 import numpy
@@ -129,8 +130,8 @@ class ModelConfig:
     def kv_bytes_per_token_fp16(self) -> int: ...
 
     @staticmethod
-    def from_gguf(path: str) -> ModelConfig:
-        """Reads and validates the config of a GGUF file."""
+    def from_gguf(path: str | os.PathLike) -> ModelConfig:
+        """Reads and validates the config of a GGUF file (path: str or os.PathLike)."""
 
     def __repr__(self) -> str: ...
 
@@ -150,7 +151,8 @@ def lloyd_max_distortion(dim: int, bits: int) -> float:
 class Tokenizer:
     """The GGUF tokenizer of the C++ runtime (model/tokenizer.h)."""
 
-    def __init__(self, gguf_path: str) -> None: ...
+    def __init__(self, gguf_path: str | os.PathLike) -> None:
+        """Reads the tokenizer of a GGUF file (gguf_path: str or os.PathLike)."""
 
     @property
     def add_bos(self) -> bool:

@@ -1,10 +1,12 @@
 // Bindings: model configuration, RoPE layout, GGUF tokenizer (model/).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 
+#include <filesystem>
 #include <optional>
 
 #include "bind_common.h"
@@ -59,8 +61,9 @@ void bind_config(nb::module_& m) {
       .def("attention_scale", &ModelConfig::attention_scale)
       .def("kv_bytes_per_token_fp16", &ModelConfig::kv_bytes_per_token_fp16)
       .def_static(
-          "from_gguf", [](const std::string& path) { return ModelConfig::from_gguf(GgufFile::open(path)); },
-          nb::arg("path"), "Reads and validates the config of a GGUF file.")
+          "from_gguf",
+          [](const std::filesystem::path& path) { return ModelConfig::from_gguf(GgufFile::open(path.string())); },
+          nb::arg("path"), "Reads and validates the config of a GGUF file (path: str or os.PathLike).")
       .def("__repr__", [](const ModelConfig& c) {
         return fmt::format("ModelConfig(arch='{}', n_layers={}, n_heads={}, n_kv_heads={}, head_dim={}, rope_layout='{}')",
                            c.arch, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, rope_layout_name(c.rope_layout));
@@ -76,7 +79,9 @@ void bind_config(nb::module_& m) {
       "Unit-vector distortion E‖u − û‖² of TurboQuant-MSE at `bits` in dimension `dim` (docs/design.md §2).");
 
   nb::class_<GgufTokenizer>(m, "Tokenizer", "The GGUF tokenizer of the C++ runtime (model/tokenizer.h).")
-      .def(nb::init<const std::string&>(), nb::arg("gguf_path"))
+      .def("__init__",
+           [](GgufTokenizer* t, const std::filesystem::path& p) { new (t) GgufTokenizer(p.string()); },
+           nb::arg("gguf_path"), "Reads the tokenizer of a GGUF file (gguf_path: str or os.PathLike).")
       .def_ro("add_bos", &GgufTokenizer::add_bos, "the file's tokenizer.ggml.add_bos_token")
       .def(
           "encode",

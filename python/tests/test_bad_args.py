@@ -311,7 +311,8 @@ def test_wrong_types_name_the_argument(llama, tmp_path):
 def test_tokenizer_decodes_partial_characters_and_refuses_lone_surrogates():
     from conftest import smollm2_path
 
-    t = ratekv.Tokenizer(str(smollm2_path()))
+    t = ratekv.Tokenizer(smollm2_path())  # a pathlib.Path, as load_plan takes (it was a nanobind TypeError)
+    assert ratekv.ModelConfig.from_gguf(smollm2_path()).n_layers == 30
     ids = t.encode("a😀", add_bos=False)
     assert t.decode(ids) == "a😀"
     assert b"".join(t.decode_bytes([i]) for i in ids) == "a😀".encode()
