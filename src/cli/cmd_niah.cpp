@@ -6,6 +6,7 @@
 // --device cuda every grid runs on the GPU engine (ratekv/engine/niah.h): the
 // same prompts, needles and scoring; plans the engine cannot serve are
 // refused, naming the flag, before the weights load.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -179,12 +180,16 @@ void run(const NiahArgs& a) {
       entries.back().gpu = gf;
 #endif
     }
-    // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×).
+    // Tokenize only as much of the haystack as the longest context needs (≈ 4.3 bytes/token, margin 3×); text
+    // with more bytes per token (long whitespace runs) is read further, 4× at a time, until it gives max_ctx
+    // tokens or ends (it was called too short while the file held thousands of tokens).
     // A file that is not UTF-8 text is tokenized as raw bytes: warned about, naming it, as perplexity -f does.
-    std::string hay = eval::load_haystack(
+    const std::string hay = eval::load_haystack(
         hay_dir, [](const std::string& f, std::string_view t) { warn_if_not_utf8(t, "--haystack", f); });
-    if (hay.size() > static_cast<size_t>(max_ctx) * 13) hay.resize(static_cast<size_t>(max_ctx) * 13);
-    hay_tok = h.tokenizer.encode(hay, false);
+    for (size_t limit = static_cast<size_t>(max_ctx) * 13;; limit *= 4) {
+      hay_tok = h.tokenizer.encode(hay.substr(0, std::min(limit, hay.size())), false);
+      if (limit >= hay.size() || static_cast<int64_t>(hay_tok.size()) >= max_ctx) break;
+    }
     spdlog::info("haystack: {} tokens from {}", hay_tok.size(), hay_dir);
     // Every context's prompts (tokenization only): --ctx shorter than the prompt, or a haystack too short for it,
     // fails here, before the weights load.

@@ -154,3 +154,18 @@ TEST_F(EarlyErrors, NiahFakeCacheReportsThePlansStoredBytes) {
   EXPECT_NE(j.find("\"cache_bytes_per_token\": 6480.0"), std::string::npos) << j;
   EXPECT_NE(j.find("\"evaluation_cache_bytes_per_token\""), std::string::npos) << j;
 }
+
+// A haystack with many bytes per token (long whitespace runs) was cut at 13 bytes per context token before
+// tokenizing and called too short ("haystack has 90 tokens, context 256 needs 166") though it held thousands.
+TEST_F(EarlyErrors, NiahReadsMoreOfASparseHaystack) {
+  const fs::path hay = dir_ / "sparse_hay";
+  fs::create_directories(hay);
+  {
+    std::ofstream f(hay / "essay.txt");
+    for (int i = 0; i < 400; ++i) f << "Word" << i << " " << std::string(200, ' ') << "\n";  // ~80 KB, ~1K tokens
+  }
+  const Result r = run_cli("niah -m " + q(smollm2_) + " --ctx 256 --depth-list 0 --trials 1 --no-fp16 -ctk q8_0 "
+                           "-ctv q8_0 --haystack " + q(hay));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("haystack has"), std::string::npos) << r.output;
+}
